@@ -1,0 +1,73 @@
+"""Shared pieces of the text environments: the prompt data an env hands to the prompt builder, and the
+observation space helper.
+
+Every env in this package is a plain :class:`gymnasium.Env` whose observations are strings. Turning model text into
+actions is NOT the env's job (it lives in the trainer's prompting code); an env only publishes the words it
+understands (``action_names``) and the instruction/legend text a prompt needs (:meth:`TextEnv.prompt_spec`).
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+from gymnasium import spaces
+
+# Printable ASCII (letters, digits, punctuation, space, \t \n \r \x0b \x0c); envs add their own non-ASCII symbols.
+PRINTABLE = string.printable
+
+
+def text_space(extra_chars: str = "", max_length: int = 8192) -> spaces.Text:
+    """A ``spaces.Text`` over printable ASCII plus ``extra_chars``.
+
+    gymnasium's default ``Text`` charset is alphanumeric only, so a board with spaces, newlines or ``#`` would not be
+    "in" the space and ``check_env`` would fail; every env declares the full set of characters it renders.
+    """
+    charset = "".join(dict.fromkeys(PRINTABLE + extra_chars))  # ordered, unique
+    return spaces.Text(min_length=0, max_length=max_length, charset=charset)
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """What a prompt needs to know about an env, as plain data.
+
+    Attributes:
+        instruction: the task description placed in the system prompt (RAGEN's ``env_instruction``).
+        action_names: the action words, in action-index order, for discrete envs; empty for free-text envs
+            (the answer string itself is the action).
+        symbols: the legend of the rendered state, ``(symbol, meaning)`` pairs in display order; empty when the
+            observation needs no legend.
+    """
+
+    instruction: str
+    action_names: tuple[str, ...] = ()
+    symbols: tuple[tuple[str, str], ...] = field(default=())
+
+
+class TextEnv(gym.Env[str, Any]):
+    """Base class: string observations, ``render_mode="ansi"`` returns the current observation text.
+
+    Subclasses set ``action_names`` (class or instance attribute) and implement :meth:`prompt_spec` and
+    :meth:`_render_text`.
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+    action_names: tuple[str, ...] = ()
+
+    def __init__(self, render_mode: str | None = None):
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+        self.render_mode = render_mode
+
+    def prompt_spec(self) -> PromptSpec:  # pragma: no cover - every env overrides it
+        raise NotImplementedError
+
+    def _render_text(self) -> str:  # pragma: no cover - every env overrides it
+        raise NotImplementedError
+
+    def render(self) -> str | None:
+        if self.render_mode == "ansi":
+            return self._render_text()
+        return None
