@@ -1,0 +1,162 @@
+"""Prompt text and response parsing for multi-turn agent episodes (pure functions, no tokenizer).
+
+Follows RAGEN's context manager (system prompt, per-turn user blocks, ``<think>``/``<answer>`` parsing, ``||``
+action separator, per-turn format penalty) with two deliberate departures:
+
+* the symbol legend and the action list come from the env's own :class:`~envs.base.PromptSpec`-like data, so a
+  variant with a different grid vocabulary shows its real legend (RAGEN shows the default one);
+* the parsed response is never re-rendered into training text: the trainer keeps the sampled token ids
+  (``rollout/tokens.py``); :class:`ParsedResponse` only says which actions to execute.
+
+The env object is duck-typed (anything with ``instruction``, ``action_names`` and ``symbols``), so this module does
+not import ``envs``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+SYSTEM_PREFIX = "You're a helpful assistant. "
+THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE = "<think>", "</think>", "<answer>", "</answer>"
+TAG_TOKENS = (THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
+ACTION_SEP = "||"
+FORMAT_PENALTY = -0.1
+INVALID_ACTION_WARNING = "No valid action provided previously. Environment state remains the same. Please try again.\n"
+
+_THINK_RE = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# strings stripped from the parsed parts (tags and the chat markers a model may emit as text)
+_STRIP_STRINGS = (*TAG_TOKENS, "<|im_start|>", "<|im_end|>", "<|endoftext|>")
+
+
+class PromptSpecLike(Protocol):
+    instruction: str
+    action_names: tuple[str, ...]
+    symbols: tuple[tuple[str, str], ...]
+
+
+def format_prompt(enable_think: bool = True) -> str:
+    """The answer-format reminder of every turn block."""
+    if enable_think:
+        return "<think> [Your thoughts] </think> <answer> [your answer] </answer>"
+    return "<answer> [your answer] </answer>"
+
+
+def generation_prefix(enable_think: bool = True) -> str:
+    """Text the assistant turn is primed with (given to the model, never trained on)."""
+    return THINK_OPEN if enable_think else ANSWER_OPEN
+
+
+def system_prompt(spec: PromptSpecLike, max_actions_per_episode: int | None = None) -> str:
+    """RAGEN's system message: instruction, symbol legend, action list and the action budget line.
+
+    Args:
+        spec: the env's prompt data (instruction, action names, legend).
+        max_actions_per_episode: the episode's action budget shown in the prompt; omitted when None.
+    """
+    text = SYSTEM_PREFIX + spec.instruction
+    if spec.symbols:
+        text += "\nThe meaning of each symbol in the state is:\n" + ", ".join(f"{s}: {m}" for s, m in spec.symbols)
+    if spec.action_names:
+        text += "\nYour available actions are:\n" + ", ".join(spec.action_names)
+        if max_actions_per_episode is not None:
+            text += (
+                f"\nYou can make up to {max_actions_per_episode} actions, separated by the action separator "
+                f'" {ACTION_SEP} "\n'
+            )
+    return text
+
+
+def turn_block(
+    turn: int,
+    state: str,
+    actions_left: int,
+    *,
+    max_response_tokens: int,
+    enable_think: bool = True,
+    warn_invalid: bool = False,
+) -> str:
+    """The per-turn user block (``turn`` is 1-based)."""
+    warning = INVALID_ACTION_WARNING if warn_invalid else ""
+    return (
+        f"\nTurn {turn}:\nState:\n{state}\n{warning}You have {actions_left} actions left. "
+        f"Always output: {format_prompt(enable_think)} with no extra text. Strictly follow this format. "
+        f"Max response length: {max_response_tokens} words (tokens).\n"
+    )
+
+
+def reward_text(reward: float) -> str:
+    """Feedback prepended to the next turn block: the summed env reward of the previous turn."""
+    return f"Reward:\n{_number(reward)}\n"
+
+
+def _number(x: float) -> str:
+    # 0.1 * 3 prints as 0.30000000000000004 in Python; rewards are shown rounded like a human would write them
+    r = round(float(x), 6)
+    return str(int(r)) if r == int(r) else repr(r)
+
+
+@dataclass(frozen=True)
+class ParsedResponse:
+    """What the env gets out of one assistant turn.
+
+    Attributes:
+        think: the reasoning text (empty when missing or thinking is off).
+        answer: the raw answer text between the answer tags ('' when the format did not match).
+        actions: the parsed action strings, at most ``max_actions_per_turn`` of them.
+        format_ok: the response matched the required tag format.
+        num_proposed: how many actions the answer proposed before truncation to ``max_actions_per_turn``.
+    """
+
+    think: str
+    answer: str
+    actions: tuple[str, ...]
+    format_ok: bool
+    num_proposed: int
+
+
+def _clean(text: str) -> str:
+    for s in _STRIP_STRINGS:
+        text = text.replace(s, "")
+    return text.strip()
+
+
+def parse_response(text: str, *, enable_think: bool = True, max_actions_per_turn: int = 2) -> ParsedResponse:
+    """Parse the decoded assistant text (without the generation prefix) into actions.
+
+    The generation prefix (``<think>`` or ``<answer>``) was given to the model, so it is prepended before matching.
+    The first match wins; anything after ``</answer>`` is ignored. No match gives no actions.
+    """
+    if max_actions_per_turn < 1:
+        raise ValueError(f"max_actions_per_turn must be >= 1, got {max_actions_per_turn}")
+    full = generation_prefix(enable_think) + text
+    if enable_think:
+        m = _THINK_RE.search(full)
+        if m is None:
+            return ParsedResponse("", "", (), False, 0)
+        think, answer = _clean(m.group(1)), _clean(m.group(2))
+    else:
+        m = _ANSWER_RE.search(full)
+        if m is None:
+            return ParsedResponse("", "", (), False, 0)
+        think, answer = "", _clean(m.group(1))
+    proposed = [a.strip() for a in answer.split(ACTION_SEP) if a.strip()]
+    return ParsedResponse(think, answer, tuple(proposed[:max_actions_per_turn]), True, len(proposed))
+
+
+def map_actions(actions: Sequence[str], action_names: Sequence[str]) -> list[int | str | None]:
+    """Map action words to env action indices (case-insensitive); unknown words map to None.
+
+    Free-text envs (no ``action_names``) take the answer string itself, so each action passes through unchanged.
+    """
+    if not action_names:
+        return list(actions)
+    lookup = {name.lower(): i for i, name in enumerate(action_names)}
+    return [lookup.get(a.strip().lower()) for a in actions]
+
+
+def turn_format_penalty(num_valid: int, num_parsed: int, penalty: float = FORMAT_PENALTY) -> float:
+    """RAGEN's per-turn format penalty: charged once when any parsed action was invalid or none was valid."""
+    return penalty if (num_valid == 0 or num_valid != num_parsed) else 0.0

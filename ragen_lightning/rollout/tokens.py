@@ -1,0 +1,162 @@
+"""Token-in/token-out conversations: the exact ids the model was given and sampled, with the loss mask.
+
+A trajectory is built incrementally from token ids, never by re-tokenising sampled text:
+
+    ids = [chat(system, user_1) + "<think>"]  [sampled_1]  [glue + user_2 + "<think>"]  [sampled_2] ...
+    mask        0 ... 0                       1 ... 1      0 ... 0                       1 ... 1
+
+The "glue" is whatever the chat template puts between an assistant message's content and the next user message
+(for Qwen-style templates ``<|im_end|>\\n``; when the model already sampled the end-of-turn token only the rest of
+it). It is derived once from the template itself by rendering probe conversations, so any chat template works
+without per-model special cases (RAGEN recovers masks from ``<|im_start|>`` parity and supports Qwen and Llama-3
+only).
+
+Sampled ids are kept verbatim, so the tokens trained on are the tokens whose log-probs the engine reported. The
+price is that re-rendering the decoded conversation through the template may give other ids (a model can sample a
+non-canonical split of a word); :meth:`ChatTokens.drift` measures exactly that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ragen_lightning.rollout.prompting import generation_prefix
+
+_PROBE_SYS, _PROBE_USER, _PROBE_ASSISTANT, _PROBE_NEXT = "\x01S\x01", "\x01U\x01", "\x01A\x01", "\x01V\x01"
+
+
+@dataclass
+class Conversation:
+    """One episode's token stream.
+
+    Attributes:
+        input_ids: every token id of the conversation so far.
+        loss_mask: 1 exactly on sampled tokens, 0 on system/user/template/prefix tokens.  # [T]
+        sampled_logprobs: the engine's log-prob of each sampled token, 0.0 elsewhere.  # [T]
+        turn_spans: ``(start, end)`` of each assistant turn's sampled tokens in ``input_ids``.
+        messages: the chat messages (assistant content = generation prefix + decoded sampled text).
+        ended_with_eos: whether the last assistant turn ended with the end-of-turn token.
+    """
+
+    input_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    sampled_logprobs: list[float] = field(default_factory=list)
+    turn_spans: list[tuple[int, int]] = field(default_factory=list)
+    messages: list[dict[str, str]] = field(default_factory=list)
+    ended_with_eos: bool = True
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def extend(self, ids: Sequence[int], *, sampled: bool, logprobs: Sequence[float] | None = None) -> None:
+        ids = list(ids)
+        if logprobs is not None and len(logprobs) != len(ids):
+            raise ValueError(f"got {len(logprobs)} logprobs for {len(ids)} sampled tokens")
+        self.input_ids.extend(ids)
+        self.loss_mask.extend([1 if sampled else 0] * len(ids))
+        self.sampled_logprobs.extend(list(logprobs) if logprobs is not None else [0.0] * len(ids))
+
+
+class ChatTokens:
+    """Builds :class:`Conversation` token streams with a tokenizer's chat template.
+
+    Args:
+        tokenizer: a transformers tokenizer with a chat template and an end-of-turn (eos) token.
+        enable_think: prime each assistant turn with ``<think>`` (else ``<answer>``).
+    """
+
+    def __init__(self, tokenizer: Any, *, enable_think: bool = True):
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no chat template")
+        self.tokenizer = tokenizer
+        self.enable_think = enable_think
+        self.prefix = generation_prefix(enable_think)
+        self.eos_id = tokenizer.eos_token_id
+        self.eos_text = tokenizer.eos_token
+        if self.eos_id is None:
+            raise ValueError("tokenizer has no eos (end-of-turn) token; generation could never stop a turn")
+        self._glue_after_eos, self._glue_no_eos, self._user_before, self._user_after = self._probe_template()
+        self.prefix_ids = self.encode(self.prefix)
+
+    # -- template probing -------------------------------------------------------------------------------------
+    def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+
+    def _probe_template(self) -> tuple[str, str, str, str]:
+        base = [{"role": "system", "content": _PROBE_SYS}, {"role": "user", "content": _PROBE_USER}]
+        with_assistant = base + [{"role": "assistant", "content": _PROBE_ASSISTANT}]
+        with_next = with_assistant + [{"role": "user", "content": _PROBE_NEXT}]
+        a = self._render(with_assistant, False)
+        b = self._render(with_next, True)
+        if not b.startswith(a) or _PROBE_ASSISTANT not in a or _PROBE_NEXT not in b:
+            raise ValueError(
+                "the chat template does not render a conversation as a prefix of its continuation; "
+                "token-in/token-out needs an append-only template"
+            )
+        after_assistant = a[a.index(_PROBE_ASSISTANT) + len(_PROBE_ASSISTANT):]  # e.g. "<|im_end|>\n"
+        delta = b[len(a):]  # e.g. "<|im_start|>user\nV<|im_end|>\n<|im_start|>assistant\n"
+        user_before, user_after = delta.split(_PROBE_NEXT)
+        glue_after_eos = after_assistant[len(self.eos_text):] if after_assistant.startswith(self.eos_text) else None
+        if glue_after_eos is None:
+            raise ValueError(
+                f"the chat template does not close an assistant message with the eos token {self.eos_text!r}"
+            )
+        return glue_after_eos, after_assistant, user_before, user_after
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    # -- building ---------------------------------------------------------------------------------------------
+    def start(self, system: str, user: str) -> Conversation:
+        """A new conversation: system + first user message + assistant header + generation prefix."""
+        conv = Conversation(messages=[{"role": "system", "content": system}, {"role": "user", "content": user}])
+        ids = self.tokenizer.apply_chat_template(
+            conv.messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        conv.extend(list(ids) + self.prefix_ids, sampled=False)
+        return conv
+
+    def add_response(self, conv: Conversation, sampled_ids: Sequence[int],
+                     logprobs: Sequence[float] | None = None) -> str:
+        """Append one assistant turn's sampled ids (mask 1); returns the decoded text without the prefix."""
+        sampled_ids = list(sampled_ids)
+        start = len(conv)
+        conv.extend(sampled_ids, sampled=True, logprobs=logprobs)
+        conv.turn_spans.append((start, len(conv)))
+        conv.ended_with_eos = bool(sampled_ids) and sampled_ids[-1] == self.eos_id
+        body = sampled_ids[:-1] if conv.ended_with_eos else sampled_ids
+        text = self.tokenizer.decode(body, skip_special_tokens=False)
+        conv.messages.append({"role": "assistant", "content": self.prefix + text})
+        return text
+
+    def next_user_ids(self, conv: Conversation, user: str) -> list[int]:
+        """Ids that :meth:`add_user` would append (used to check the context budget before appending)."""
+        glue = self._glue_after_eos if conv.ended_with_eos else self._glue_no_eos
+        return self.encode(glue + self._user_before + user + self._user_after) + self.prefix_ids
+
+    def add_user(self, conv: Conversation, user: str) -> None:
+        """Close the assistant turn (template glue) and append the next user message + generation prefix."""
+        conv.extend(self.next_user_ids(conv, user), sampled=False)
+        conv.messages.append({"role": "user", "content": user})
+
+    # -- checks -----------------------------------------------------------------------------------------------
+    def retokenize(self, conv: Conversation) -> list[int]:
+        """Ids of the conversation's messages rendered by the chat template, cut where the stored ids end."""
+        ids = self.tokenizer.apply_chat_template(
+            conv.messages, add_generation_prompt=conv.messages[-1]["role"] == "user", tokenize=True,
+            return_dict=False,
+        )
+        ids = list(ids)
+        if conv.messages[-1]["role"] == "user":
+            ids += self.prefix_ids
+        elif not conv.ended_with_eos:
+            # the template closes the last assistant message with eos + glue; the stored stream stops before it
+            ids = ids[: len(ids) - len(self.encode(self._glue_no_eos))]
+        else:
+            ids = ids[: len(ids) - len(self.encode(self._glue_after_eos))]
+        return ids
+
+    def drift(self, conv: Conversation) -> bool:
+        """True when re-rendering the messages does not reproduce the stored ids."""
+        return self.retokenize(conv) != conv.input_ids

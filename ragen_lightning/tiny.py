@@ -1,0 +1,232 @@
+"""The embedded tiny model: a small Qwen2-architecture causal LM and a tokenizer built from the project's own text.
+
+No model weights can be downloaded on the machines this project is built and tested on, so the project carries its
+own model. It is built deterministically on first use and cached as an ordinary Hugging Face folder
+(``save_pretrained``), so ``AutoModelForCausalLM``/``AutoTokenizer`` and vLLM load it like any hub model.
+
+Tokenizer: byte-level BPE trained on prompts and env renderings, with Qwen2's normaliser and split pattern (a folder
+whose config says ``qwen2`` is re-loaded by transformers with Qwen2's tokenizer class, which re-applies exactly that
+pre-tokenisation; training with anything else would change the ids after a reload). Chat markers are special tokens;
+``<think>``/``</think>``/``<answer>``/``</answer>`` are single, NON-special tokens so decoding with
+``skip_special_tokens=True`` keeps them.
+
+The cache key hashes the model spec and the training corpus, so a change to the env renderings or prompt text builds
+a new folder instead of silently reusing a tokenizer trained on other text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from ragen_lightning.rollout import prompting
+
+PAD_TOKEN, BOS_MARK, EOS_TOKEN = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+SPECIAL_TOKENS = (PAD_TOKEN, BOS_MARK, EOS_TOKEN)
+# Qwen-style chat template without an implicit default system message.
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+# env ids whose renderings enter the tokenizer corpus (resolved through gymnasium's "module:id" syntax, so this
+# package does not import ``envs`` itself); ids whose module is missing are skipped.
+CORPUS_ENV_IDS = (
+    "ragen/SimpleSokoban-v0",
+    "ragen/LargerSokoban-v0",
+    "ragen/CoordSokoban-v0",
+    "ragen/SokobanDifferentGridVocab-v0",
+    "ragen/FrozenLake-v0",
+    "ragen/CoordFrozenLake-v0",
+    "ragen/Bandit-v0",
+    "ragen/BanditTest-v0",
+    "ragen/Countdown-v0",
+    "ragen/MetaMathQA-v0",
+    "ragen/Sudoku-v0",
+    "ragen/2048-v0",
+    "ragen/RubiksCube-v0",
+)
+CACHE_ENV_VAR = "RAGEN_LIGHTNING_CACHE"
+_BUILD_VERSION = 1  # bump when the build recipe changes in a way the corpus hash does not see
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """Architecture of the tiny model (defaults: ~1M parameters, fp32, fast on 2 CPU cores).
+
+    Args:
+        hidden_size: model width.
+        num_layers: transformer blocks.
+        num_heads: attention heads.
+        num_kv_heads: key/value heads (grouped-query attention like Qwen2).
+        intermediate_size: MLP width.
+        vocab_size: BPE vocabulary target (the trained tokenizer may be smaller; the model uses its real size).
+        max_position_embeddings: context length.
+        seed: initialisation seed of the weights.
+    """
+
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 512
+    vocab_size: int = 1024
+    max_position_embeddings: int = 4096
+    seed: int = 0
+
+
+def cache_root() -> Path:
+    """Where built models live: ``$RAGEN_LIGHTNING_CACHE`` or ``~/.cache/ragen_lightning``."""
+    return Path(os.environ.get(CACHE_ENV_VAR) or Path.home() / ".cache" / "ragen_lightning")
+
+
+def default_corpus(env_ids: Sequence[str] = CORPUS_ENV_IDS, seeds: int = 24, steps: int = 4) -> list[str]:
+    """Text the tokenizer is trained on: prompts, turn blocks, tagged answers and env renderings.
+
+    Each env is reset on ``seeds`` seeds and stepped ``steps`` times with actions drawn from its own seeded action
+    space, so the corpus is deterministic.
+    """
+    import gymnasium as gym
+
+    texts: list[str] = []
+    for env_id in env_ids:
+        try:
+            env = gym.make(f"envs:{env_id}")
+        except (ImportError, ModuleNotFoundError, gym.error.Error, AttributeError):
+            continue
+        core = env.unwrapped
+        spec = core.prompt_spec()
+        texts.append(prompting.system_prompt(spec, max_actions_per_episode=10))
+        for seed in range(seeds):
+            obs, _ = env.reset(seed=seed)
+            env.action_space.seed(seed)
+            names = tuple(getattr(core, "action_names", ()) or ())
+            for turn in range(1, steps + 1):
+                texts.append(prompting.turn_block(turn, obs, 10 - turn, max_response_tokens=100))
+                action = env.action_space.sample()
+                if names:
+                    word = names[int(action) % len(names)]
+                    texts.append(f"<think>I should go {word}.</think><answer>{word} || {names[0]}</answer>")
+                else:
+                    texts.append(f"<think>The answer is {action}.</think><answer>{action}</answer>")
+                obs, reward, terminated, truncated, _ = env.step(action)
+                texts.append(prompting.reward_text(reward))
+                if terminated or truncated:
+                    break
+        env.close()
+    # numbers and punctuation in many forms, so digits and rewards tokenise compactly
+    texts.append(" ".join(str(i) for i in range(-20, 200)))
+    texts.append(" ".join(f"{i / 10:.1f}" for i in range(-30, 120)))
+    texts.append(prompting.INVALID_ACTION_WARNING + prompting.format_prompt(True) + prompting.format_prompt(False))
+    return texts
+
+
+def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024):
+    """Train the byte-level BPE tokenizer and wrap it as a transformers fast tokenizer with the chat template."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(corpus), trainer=trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in prompting.TAG_TOKENS])
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        bos_token=None,
+        additional_special_tokens=[BOS_MARK],
+        padding_side="left",
+        chat_template=CHAT_TEMPLATE,
+    )
+    return wrapped
+
+
+def build_model(spec: TinySpec, tokenizer):
+    """A randomly initialised Qwen2 causal LM sized by ``spec`` (fp32), seeded by ``spec.seed``."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.convert_tokens_to_ids(EOS_TOKEN),
+        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+        bos_token_id=None,
+        dtype="float32",
+    )
+    devices = []  # fork the global RNG so building never perturbs the caller's random stream
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(spec.seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.generation_config.pad_token_id = config.pad_token_id
+    return model
+
+
+def _key(spec: TinySpec, corpus: Sequence[str]) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps({"spec": asdict(spec), "version": _BUILD_VERSION}, sort_keys=True).encode())
+    for text in corpus:
+        h.update(text.encode("utf-8"))
+        h.update(b"\x00")
+    return h.hexdigest()[:16]
+
+
+def tiny_model_path(spec: TinySpec | None = None, *, cache_dir: str | Path | None = None,
+                    corpus: Sequence[str] | None = None) -> Path:
+    """Path of the cached tiny model folder, building it first if needed.
+
+    The folder is written to a temporary directory and renamed into place, so an interrupted build never leaves a
+    half-written model behind, and concurrent builders (e.g. two DDP ranks) end with the same folder.
+    """
+    spec = spec or TinySpec()
+    corpus = list(corpus) if corpus is not None else default_corpus()
+    root = Path(cache_dir) if cache_dir is not None else cache_root()
+    final = root / f"tiny-{_key(spec, corpus)}"
+    if (final / "config.json").is_file() and (final / "tokenizer.json").is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
+    try:
+        tokenizer = build_tokenizer(corpus, spec.vocab_size)
+        model = build_model(spec, tokenizer)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "ragen_tiny.json").write_text(json.dumps({"spec": asdict(spec), "version": _BUILD_VERSION}))
+        try:
+            os.replace(tmp, final)
+        except OSError:  # another process won the race: its folder is identical
+            if not (final / "config.json").is_file():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
