@@ -118,12 +118,16 @@ class ChatTokens:
         return conv
 
     def add_response(self, conv: Conversation, sampled_ids: Sequence[int],
-                     logprobs: Sequence[float] | None = None) -> str:
-        """Append one assistant turn's sampled ids (mask 1); returns the decoded text without the prefix."""
+                     logprobs: Sequence[float] | None = None, *, trainable: bool = True) -> str:
+        """Append one assistant turn's sampled ids; returns the decoded text without the prefix.
+
+        ``trainable=False`` replays an earlier turn as context (mask 0, no turn span), as windowed context modes do.
+        """
         sampled_ids = list(sampled_ids)
         start = len(conv)
-        conv.extend(sampled_ids, sampled=True, logprobs=logprobs)
-        conv.turn_spans.append((start, len(conv)))
+        conv.extend(sampled_ids, sampled=trainable, logprobs=logprobs if trainable else None)
+        if trainable:
+            conv.turn_spans.append((start, len(conv)))
         conv.ended_with_eos = bool(sampled_ids) and sampled_ids[-1] == self.eos_id
         body = sampled_ids[:-1] if conv.ended_with_eos else sampled_ids
         text = self.tokenizer.decode(body, skip_special_tokens=False)

@@ -1,0 +1,298 @@
+"""Multi-turn episodes over groups of envs: prompt -> generate -> parse -> act, token-in/token-out.
+
+``num_groups x group_size`` envs run in lock-step; every member of a group is reset with the group's seed, so a group
+is ``group_size`` samples of the same initial state (what GRPO baselines and the reward-variance filter compare).
+Each turn, every live episode gets one generation request; actions are executed up to the episode's remaining
+action budget, stopping when the env ends the episode.
+
+Context modes (RAGEN's ``context_window_mode``):
+
+* ``full``: the prompt is the whole conversation so far; one training sample per episode, every turn trained.
+* ``limited``: the prompt keeps the system message and the last ``window_turns`` turns; one sample per turn with
+  only that turn trained (earlier turns in the window are replayed from their sampled ids with loss mask 0).
+* ``single_turn``: one user message per turn summarising the history (state/action/reward of the last
+  ``window_turns - 1`` turns) plus the current state; one sample per turn.
+
+``max_model_len`` is a hard limit: when the next turn's prompt plus ``max_new_tokens`` would not fit, the episode
+ends (``context_truncated``) and nothing already built is cut, so masks never shift (RAGEN drops old messages and
+can flip its parity-based masks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Sequence
+
+import gymnasium as gym
+import numpy as np
+
+from ragen_lightning.rollout import prompting
+from ragen_lightning.rollout.engine import GenerationEngine, SamplingParams
+from ragen_lightning.rollout.tokens import ChatTokens, Conversation
+from ragen_lightning.types import Sample, Trajectory
+
+ContextWindow = Literal["full", "limited", "single_turn"]
+
+
+def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None) -> gym.Env:
+    """``gymnasium.make`` with a clear error for ids nobody registered."""
+    try:
+        return gym.make(env_id, disable_env_checker=True, **(env_kwargs or {}))
+    except (gym.error.NameNotFound, gym.error.NamespaceNotFound, gym.error.VersionNotFound) as e:
+        raise ValueError(
+            f"unknown env id {env_id!r}: import the package that registers it first (the project's envs register "
+            f"on `import envs`) or write it as 'module:id', e.g. 'envs:ragen/Sokoban-v0' ({e})"
+        ) from None
+
+
+def request_seed(base: int, env_index: int, turn: int) -> int:
+    """A generation seed for (rollout, env, turn), independent of batch composition."""
+    return int(np.random.SeedSequence([base % 2**63, env_index, turn]).generate_state(1, dtype=np.uint64)[0])
+
+
+@dataclass
+class _Turn:
+    user: str  # the full user message of this turn (reward feedback of the previous turn + turn block)
+    state: str
+    sampled: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    response: str = ""
+    reward: float = 0.0
+    penalty: float = 0.0
+
+
+@dataclass
+class _Episode:
+    traj: Trajectory
+    env: gym.Env
+    system: str
+    obs: str
+    turns: list[_Turn] = field(default_factory=list)
+    conv: Conversation | None = None  # full mode: the running conversation
+    actions_left: int = 0
+    warn_invalid: bool = False
+    info_sums: dict[str, float] = field(default_factory=dict)
+    done: bool = False
+
+
+class RolloutRunner:
+    """Runs groups of multi-turn episodes with a generation engine.
+
+    Args:
+        env_id: a registered gymnasium id (e.g. ``ragen/Sokoban-v0``).
+        env_kwargs: keyword arguments for ``gymnasium.make``.
+        chat: the token-in/token-out conversation builder (tokenizer + chat template).
+        engine: the generation engine.
+        max_turns: assistant turns per episode at most.
+        max_actions_per_turn: actions executed per turn at most (extra parsed actions are ignored).
+        max_actions_per_episode: the episode's action budget (RAGEN's ``max_actions_per_traj``).
+        max_response_tokens: the response length announced in the prompt (defaults to the sampling cap).
+        context_window: ``full``, ``limited`` or ``single_turn`` (see module docstring).
+        window_turns: turns kept in the prompt in ``limited``/``single_turn`` modes (including the current one).
+        max_model_len: hard limit on prompt + response tokens.
+        format_penalty: added to the episode score for every turn with an invalid or missing action.
+        enable_think: ask for and parse ``<think>...</think>`` before the answer.
+    """
+
+    def __init__(
+        self,
+        env_id: str,
+        env_kwargs: dict[str, Any] | None,
+        chat: ChatTokens,
+        engine: GenerationEngine,
+        *,
+        max_turns: int = 5,
+        max_actions_per_turn: int = 2,
+        max_actions_per_episode: int = 10,
+        max_response_tokens: int | None = None,
+        context_window: ContextWindow = "full",
+        window_turns: int = 2,
+        max_model_len: int = 4096,
+        format_penalty: float = prompting.FORMAT_PENALTY,
+        enable_think: bool = True,
+    ):
+        for name, value in (("max_turns", max_turns), ("max_actions_per_turn", max_actions_per_turn),
+                            ("max_actions_per_episode", max_actions_per_episode), ("window_turns", window_turns),
+                            ("max_model_len", max_model_len)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if context_window not in ("full", "limited", "single_turn"):
+            raise ValueError(f"context_window must be 'full', 'limited' or 'single_turn', got {context_window!r}")
+        self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
+        self.chat, self.engine = chat, engine
+        self.max_turns, self.max_actions_per_turn = max_turns, max_actions_per_turn
+        self.max_actions_per_episode = max_actions_per_episode
+        self.max_response_tokens = max_response_tokens
+        self.context_window, self.window_turns = context_window, window_turns
+        self.max_model_len, self.format_penalty, self.enable_think = max_model_len, format_penalty, enable_think
+        self._envs: list[gym.Env] = []
+        make_env(env_id, self.env_kwargs).close()  # fail now, with the id in the message, not mid-rollout
+
+    # -- env pool ---------------------------------------------------------------------------------------------
+    def _env(self, i: int) -> gym.Env:
+        while len(self._envs) <= i:
+            self._envs.append(make_env(self.env_id, self.env_kwargs))
+        return self._envs[i]
+
+    def close(self) -> None:
+        for env in self._envs:
+            env.close()
+        self._envs.clear()
+
+    # -- rollout ----------------------------------------------------------------------------------------------
+    def run(self, group_seeds: Sequence[int], group_size: int, params: SamplingParams,
+            seed: int = 0) -> list[Trajectory]:
+        """Run one episode per env: ``len(group_seeds)`` groups of ``group_size`` members.
+
+        Args:
+            group_seeds: the reset seed of each group.
+            group_size: members per group.
+            params: sampling parameters of every turn.
+            seed: base of the per-request generation seeds (same seed => same rollout).
+        """
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        episodes = [self._reset(g * group_size + m, g, int(s)) for g, s in enumerate(group_seeds)
+                    for m in range(group_size)]
+        announce = self.max_response_tokens or params.max_new_tokens
+        for turn in range(1, self.max_turns + 1):
+            live = [ep for ep in episodes if not ep.done]
+            if not live:
+                break
+            fitting = []
+            for ep in live:
+                user = self._user_message(ep, turn, announce)
+                prompt = self._prompt_ids(ep, user, params.max_new_tokens)
+                if prompt is None:
+                    if turn == 1:
+                        need = len(self.chat.start(ep.system, user))
+                        raise ValueError(
+                            f"max_model_len={self.max_model_len} is too small for the first prompt of {self.env_id} "
+                            f"({need} prompt tokens + max_new_tokens={params.max_new_tokens})"
+                        )
+                    ep.traj.context_truncated = ep.traj.truncated = True
+                    self._finish(ep)
+                    continue
+                ep.turns.append(_Turn(user=user, state=ep.obs))
+                fitting.append((ep, prompt))
+            if not fitting:
+                break
+            outs = self.engine.generate([p for _, p in fitting], params,
+                                        [request_seed(seed, ep.traj.env_index, turn) for ep, _ in fitting])
+            for (ep, _), out in zip(fitting, outs):
+                self._apply(ep, turn, out.token_ids, out.logprobs)
+        for ep in episodes:
+            if not ep.done:  # turn limit reached while the env was still running
+                ep.traj.truncated = True
+                self._finish(ep)
+        return [ep.traj for ep in episodes]
+
+    def _reset(self, env_index: int, group_id: int, seed: int) -> _Episode:
+        env = self._env(env_index)
+        obs, info = env.reset(seed=seed)
+        spec = env.unwrapped.prompt_spec()
+        system = prompting.system_prompt(spec, self.max_actions_per_episode)
+        traj = Trajectory(env_index=env_index, group_id=group_id, seed=seed)
+        return _Episode(traj=traj, env=env, system=system, obs=str(obs), actions_left=self.max_actions_per_episode)
+
+    def _turn_block(self, ep: _Episode, turn: int, announce: int) -> str:
+        return prompting.turn_block(turn, ep.obs, ep.actions_left, max_response_tokens=announce,
+                                    enable_think=self.enable_think, warn_invalid=ep.warn_invalid)
+
+    def _user_message(self, ep: _Episode, turn: int, announce: int) -> str:
+        block = self._turn_block(ep, turn, announce)
+        if self.context_window == "single_turn":
+            return self._memory_summary(ep, turn) + block
+        if ep.turns:  # feedback of the previous turn opens this turn's user message
+            return prompting.reward_text(ep.turns[-1].reward) + block
+        return block
+
+    def _memory_summary(self, ep: _Episode, turn: int) -> str:
+        shown = ep.turns[-(self.window_turns - 1):] if self.window_turns > 1 else []
+        if not shown:
+            return f"Current Turn (Turn {turn}):" if ep.turns else ""
+        first = turn - len(shown)
+        lines = [f"Summary: {turn - 1} step(s) completed so far. Showing the last {len(shown)} turn(s) with "
+                 "state/action/reward details. Recent turns:\n---\n"]
+        for i, t in enumerate(shown, start=first):
+            lines.append(f"Turn {i} State:\n{t.state}\nTurn {i} Action: {t.response}\n"
+                         f"Turn {i} Reward: {prompting.reward_text(t.reward)[len('Reward:'):].strip()}\n---\n")
+        lines.append(f"\nCurrent Turn (Turn {turn}):")
+        return "".join(lines)
+
+    def _prompt_ids(self, ep: _Episode, user: str, max_new_tokens: int) -> list[int] | None:
+        """The next prompt's ids, or None (and nothing changed) when prompt + response would exceed the limit."""
+        budget = self.max_model_len - max_new_tokens
+        if self.context_window == "full":
+            if ep.conv is None:
+                conv = self.chat.start(ep.system, user)
+                if len(conv) > budget:
+                    return None
+                ep.conv = conv
+            else:
+                if len(ep.conv) + len(self.chat.next_user_ids(ep.conv, user)) > budget:
+                    return None
+                self.chat.add_user(ep.conv, user)
+            return list(ep.conv.input_ids)
+        window = ep.turns[-(self.window_turns - 1):] if (self.context_window == "limited" and
+                                                          self.window_turns > 1) else []
+        users = [t.user for t in window] + [user]
+        conv = self.chat.start(ep.system, users[0])
+        for prev, next_user in zip(window, users[1:]):
+            self.chat.add_response(conv, prev.sampled, trainable=False)
+            self.chat.add_user(conv, next_user)
+        if len(conv) > budget:
+            return None
+        ep.conv = conv
+        return list(conv.input_ids)
+
+    def _apply(self, ep: _Episode, turn: int, sampled: list[int], logprobs: list[float]) -> None:
+        current = ep.turns[-1]
+        current.sampled, current.logprobs = list(sampled), list(logprobs)
+        text = self.chat.add_response(ep.conv, sampled, logprobs)
+        current.response = prompting.generation_prefix(self.enable_think) + text
+        ep.traj.num_turns += 1
+        ep.traj.response_tokens += len(sampled)
+
+        parsed = prompting.parse_response(text, enable_think=self.enable_think,
+                                          max_actions_per_turn=self.max_actions_per_turn)
+        names = tuple(getattr(ep.env.unwrapped, "action_names", ()) or ())
+        valid = [a for a in prompting.map_actions(parsed.actions, names) if a is not None and a != ""]
+        current.penalty = prompting.turn_format_penalty(len(valid), len(parsed.actions), self.format_penalty)
+        if current.penalty:
+            ep.traj.penalty += current.penalty
+            ep.traj.num_format_errors += 1
+
+        reward, ended = 0.0, False
+        for action in valid[: ep.actions_left]:
+            obs, r, terminated, truncated, info = ep.env.step(action)
+            ep.obs, reward = str(obs), reward + float(r)
+            ep.actions_left -= 1
+            ep.traj.num_actions += 1
+            ep.traj.success = bool(info.get("success", False))
+            for k, v in info.items():
+                if k != "success" and isinstance(v, (int, float, bool, np.number)):
+                    ep.info_sums[k] = ep.info_sums.get(k, 0.0) + float(v)
+            if terminated or truncated:
+                ep.traj.terminated, ep.traj.truncated, ended = bool(terminated), bool(truncated), True
+                break
+        current.reward = reward
+        ep.traj.turn_rewards.append(reward)
+        ep.warn_invalid = not valid
+        if self.context_window != "full":
+            ep.traj.samples.append(Sample(ep.conv, [reward + current.penalty]))
+        if ended:
+            self._finish(ep)
+        elif ep.actions_left <= 0:
+            ep.traj.truncated = True
+            self._finish(ep)
+
+    def _finish(self, ep: _Episode) -> None:
+        if ep.done:
+            return
+        ep.done = True
+        if self.context_window == "full" and ep.conv is not None and ep.conv.turn_spans:
+            ep.traj.samples.append(Sample(ep.conv, [t.reward + t.penalty for t in ep.turns]))
+        turns = max(ep.traj.num_turns, 1)
+        ep.traj.info = {k: v / turns for k, v in ep.info_sums.items()}
+        ep.traj.success = ep.traj.success and ep.traj.terminated

@@ -1,0 +1,122 @@
+"""Typed containers passed between rollout, filtering and the update.
+
+Token tensors of a :class:`RolloutBatch` are right-padded ``[B, T]``. Per-token training quantities live on the
+*target* axis: position ``t`` of ``loss_mask``, ``rewards``, ``engine_logprobs`` and ``turn_ends`` describes token
+``input_ids[:, t]``, whose log-prob the model computes from the logits at ``t - 1``. Position 0 is never a target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ragen_lightning.rollout.tokens import Conversation
+
+
+@dataclass
+class Sample:
+    """One training sequence cut from an episode (a whole episode in ``full`` context mode, one turn otherwise).
+
+    Attributes:
+        conversation: the exact token stream, loss mask on the sampled tokens of this sample's trained turns.
+        turn_rewards: reward assigned to each trained turn, in order (one per trained assistant span).
+    """
+
+    conversation: Conversation
+    turn_rewards: list[float]
+
+
+@dataclass
+class Trajectory:
+    """One episode of one env.
+
+    Attributes:
+        env_index: index of the env in the rollout (``group_id * group_size + member``).
+        group_id: the group (all members share the reset seed).
+        seed: the reset seed.
+        samples: training sequences of this episode.
+        turn_rewards: summed env reward of each turn.
+        penalty: summed format penalty (negative or 0).
+        success: the env reported success at the end.
+        terminated: the env ended the episode.
+        truncated: the episode was cut (action budget, turn limit without termination, or context length).
+        context_truncated: the episode ended because the next turn would not fit ``max_model_len``.
+        num_actions: env actions executed.
+        num_turns: assistant turns generated.
+        num_format_errors: turns charged a format penalty.
+        response_tokens: sampled tokens over all turns.
+        info: numeric env info values averaged over turns (``action_is_effective`` etc.).
+    """
+
+    env_index: int
+    group_id: int
+    seed: int
+    samples: list[Sample] = field(default_factory=list)
+    turn_rewards: list[float] = field(default_factory=list)
+    penalty: float = 0.0
+    success: bool = False
+    terminated: bool = False
+    truncated: bool = False
+    context_truncated: bool = False
+    num_actions: int = 0
+    num_turns: int = 0
+    num_format_errors: int = 0
+    response_tokens: int = 0
+    info: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def env_return(self) -> float:
+        """Sum of env rewards (no format penalty)."""
+        return float(sum(self.turn_rewards))
+
+    @property
+    def score(self) -> float:
+        """The episode's training score: env return plus format penalty."""
+        return self.env_return + self.penalty
+
+
+@dataclass
+class RolloutBatch:
+    """A padded training batch built from kept trajectories.
+
+    Attributes:
+        input_ids: token ids, right-padded.  # [B, T]
+        attention_mask: 1 on real tokens.  # [B, T]
+        loss_mask: 1 on sampled tokens (target axis).  # [B, T]
+        rewards: token-level rewards on the target axis (episode score on the last sampled token, or per turn).  # [B, T]
+        turn_ends: True on the last sampled token of each trained turn.  # [B, T]
+        engine_logprobs: the engine's log-prob of each sampled token, 0 elsewhere.  # [B, T]
+        scores: the episode score of each sample (after reward normalisation).  # [B]
+        group_index: group id of each sample.  # [B]
+        episode_index: episode (trajectory) id of each sample; several samples share it in turn-level modes.  # [B]
+        metrics: rollout and filter statistics to log (floats).
+        trajectories: the trajectories the samples came from (for viewers and diagnostics; not moved to devices).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    rewards: torch.Tensor
+    turn_ends: torch.Tensor
+    engine_logprobs: torch.Tensor
+    scores: torch.Tensor
+    group_index: torch.Tensor
+    episode_index: torch.Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+    trajectories: list[Trajectory] = field(default_factory=list)
+
+    _TENSORS = ("input_ids", "attention_mask", "loss_mask", "rewards", "turn_ends", "engine_logprobs", "scores",
+                "group_index", "episode_index")
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def to(self, device: torch.device | str) -> "RolloutBatch":
+        moved = {k: getattr(self, k).to(device) for k in self._TENSORS}
+        return RolloutBatch(**moved, metrics=self.metrics, trajectories=self.trajectories)
+
+    def select(self, index: torch.Tensor | slice) -> "RolloutBatch":
+        """Rows ``index`` of every tensor (metrics and trajectories are shared)."""
+        rows = {k: getattr(self, k)[index] for k in self._TENSORS}
+        return RolloutBatch(**rows, metrics=self.metrics, trajectories=self.trajectories)

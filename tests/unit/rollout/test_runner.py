@@ -1,0 +1,177 @@
+"""Runner tests with a hand-written env and a scripted engine (no model): exact turns, rewards, masks, seeds."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+from gymnasium import spaces
+
+from ragen_lightning.rollout import prompting
+from ragen_lightning.rollout.engine import Generation, SamplingParams
+from ragen_lightning.rollout.runner import RolloutRunner, request_seed
+from ragen_lightning.rollout.tokens import ChatTokens
+
+
+class LineEnv(gym.Env):
+    """Position 0..4 on a line; start = seed % 3; 'Right' moves +1, 'Left' -1; reward 1 and success at 4."""
+
+    action_names = ("Left", "Right")
+
+    def __init__(self):
+        self.observation_space = spaces.Text(64, charset="0123456789 pos:")
+        self.action_space = spaces.Discrete(2)
+        self.pos = 0
+
+    def prompt_spec(self):
+        return prompting_spec()
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.pos = (seed or 0) % 3
+        return f"pos: {self.pos}", {}
+
+    def step(self, action):
+        self.pos = max(0, self.pos + (1 if action == 1 else -1))
+        done = self.pos >= 4
+        return f"pos: {self.pos}", (1.0 if done else 0.0), done, False, {"success": done, "action_is_effective": 1}
+
+
+def prompting_spec():
+    from types import SimpleNamespace
+
+    return SimpleNamespace(instruction="Reach 4.", action_names=("Left", "Right"), symbols=())
+
+
+if "test/Line-v0" not in gym.registry:
+    gym.register("test/Line-v0", entry_point=LineEnv)
+
+
+class ScriptedEngine:
+    """Answers every prompt with ``script(prompt_text)``; records prompts and seeds."""
+
+    def __init__(self, tokenizer, script):
+        self.tok, self.script = tokenizer, script
+        self.prompts, self.seeds = [], []
+
+    def generate(self, prompts, params, seeds=None):
+        self.prompts.append([list(p) for p in prompts])
+        self.seeds.append(list(seeds))
+        outs = []
+        for p in prompts:
+            ids = self.tok.encode(self.script(self.tok.decode(p)), add_special_tokens=False)[: params.max_new_tokens]
+            if len(ids) < params.max_new_tokens:
+                ids.append(self.tok.eos_token_id)
+            outs.append(Generation(ids, [-0.5] * len(ids), "stop" if ids[-1] == self.tok.eos_token_id else "length"))
+        return outs
+
+    def sync_weights(self):
+        pass
+
+
+def make(tok, script, **kw):
+    engine = ScriptedEngine(tok, script)
+    kw.setdefault("max_turns", 3)
+    return RolloutRunner("test/Line-v0", None, ChatTokens(tok), engine, **kw), engine
+
+
+PARAMS = SamplingParams(max_new_tokens=40)
+
+
+def test_groups_share_seed_and_actions_execute(tiny_tokenizer):
+    runner, engine = make(tiny_tokenizer, lambda p: "go</think><answer>Right || Right</answer>",
+                          max_actions_per_turn=2)
+    trajs = runner.run([10, 11], group_size=2, params=PARAMS, seed=0)
+    assert [t.group_id for t in trajs] == [0, 0, 1, 1] and [t.seed for t in trajs] == [10, 10, 11, 11]
+    # seed 10 starts at pos 1: turn 1 moves to 3 (reward 0), turn 2 moves to 4 (reward 1, terminated) after 1 action
+    t = trajs[0]
+    assert t.turn_rewards == [0.0, 1.0] and t.num_actions == 3 and t.num_turns == 2
+    assert t.success and t.terminated and not t.truncated and t.penalty == 0.0
+    # seed 11 starts at pos 2: done in the first turn
+    assert trajs[2].turn_rewards == [1.0] and trajs[2].num_turns == 1
+    assert t.info["action_is_effective"] == pytest.approx(3 / 2)  # summed info over turns / turns
+
+
+def test_malformed_output_costs_penalty_and_warns(tiny_tokenizer):
+    runner, engine = make(tiny_tokenizer, lambda p: "no tags here", max_turns=2)
+    (t,) = runner.run([0], group_size=1, params=PARAMS)
+    assert t.penalty == pytest.approx(-0.2) and t.num_format_errors == 2 and t.num_actions == 0
+    assert t.score == pytest.approx(-0.2) and t.truncated and not t.success
+    second_prompt = tiny_tokenizer.decode(engine.prompts[1][0])
+    assert prompting.INVALID_ACTION_WARNING in second_prompt and "Reward:\n0\n" in second_prompt
+
+
+def test_unknown_action_word_is_penalised_but_valid_one_runs(tiny_tokenizer):
+    runner, _ = make(tiny_tokenizer, lambda p: "x</think><answer>Jump || Right</answer>", max_turns=1)
+    (t,) = runner.run([0], 1, PARAMS)
+    assert t.num_actions == 1 and t.penalty == pytest.approx(-0.1)
+
+
+def test_full_mode_stored_ids_are_engine_prompts_plus_samples(tiny_tokenizer):
+    runner, engine = make(tiny_tokenizer, lambda p: "x</think><answer>Left</answer>", max_turns=3)
+    (t,) = runner.run([0], 1, PARAMS)
+    (sample,) = t.samples
+    conv = sample.conversation
+    # every prompt the engine saw is a prefix of the stored stream, followed by exactly the sampled tokens
+    for turn, (start, end) in enumerate(conv.turn_spans):
+        prompt = engine.prompts[turn][0]
+        assert conv.input_ids[:start] == prompt
+    assert sum(conv.loss_mask) == sum(e - s for s, e in conv.turn_spans)
+    assert all(conv.loss_mask[i] == 1 for s, e in conv.turn_spans for i in range(s, e))
+    assert sample.turn_rewards == [0.0, 0.0, 0.0] and not runner.chat.drift(conv)
+
+
+def test_action_budget_truncates(tiny_tokenizer):
+    runner, _ = make(tiny_tokenizer, lambda p: "x</think><answer>Left || Left</answer>", max_turns=5,
+                     max_actions_per_episode=3)
+    (t,) = runner.run([0], 1, PARAMS)
+    assert t.num_actions == 3 and t.num_turns == 2 and t.truncated and not t.terminated
+
+
+def test_max_model_len_ends_episode_without_corrupting(tiny_tokenizer):
+    runner, engine = make(tiny_tokenizer, lambda p: "x</think><answer>Left</answer>", max_turns=5)
+    first = len(engine.prompts) or len(runner.chat.start(
+        prompting.system_prompt(prompting_spec(), 10),
+        prompting.turn_block(1, "pos: 0", 10, max_response_tokens=40)))
+    runner.max_model_len = first + 40 + 5  # room for turn 1 only
+    (t,) = runner.run([0], 1, PARAMS)
+    assert t.context_truncated and t.truncated and t.num_turns == 1
+    conv = t.samples[0].conversation
+    assert len(conv.turn_spans) == 1 and conv.messages[-1]["role"] == "assistant"
+    runner.max_model_len = first + 10
+    with pytest.raises(ValueError, match="max_model_len=.* too small for the first prompt"):
+        runner.run([0], 1, PARAMS)
+
+
+def test_limited_window_one_sample_per_turn_last_turn_trained(tiny_tokenizer):
+    runner, engine = make(tiny_tokenizer, lambda p: "x</think><answer>Left</answer>", max_turns=3,
+                          context_window="limited", window_turns=2)
+    (t,) = runner.run([0], 1, PARAMS)
+    assert len(t.samples) == 3
+    third = t.samples[2].conversation
+    assert len(third.turn_spans) == 1  # only the current turn is trained
+    text = tiny_tokenizer.decode(third.input_ids)
+    assert "Turn 2:" in text and "Turn 3:" in text and "Turn 1:" not in text  # window of 2 turns
+    # the replayed turn 2 appears with its sampled ids but mask 0
+    n_assistant = text.count("<|im_start|>assistant")
+    assert n_assistant == 2 and sum(third.loss_mask) == third.turn_spans[0][1] - third.turn_spans[0][0]
+
+
+def test_single_turn_memory_summary(tiny_tokenizer):
+    runner, engine = make(tiny_tokenizer, lambda p: "x</think><answer>Right</answer>", max_turns=2,
+                          context_window="single_turn", window_turns=3)
+    runner.run([0], 1, PARAMS)
+    second = tiny_tokenizer.decode(engine.prompts[1][0])
+    assert "Summary: 1 step(s) completed so far" in second and "Turn 1 Action: <think>x</think>" in second
+    assert second.count("<|im_start|>user") == 1
+
+
+def test_request_seeds_are_deterministic_and_distinct(tiny_tokenizer):
+    runner, engine = make(tiny_tokenizer, lambda p: "x</think><answer>Left</answer>", max_turns=1)
+    runner.run([5, 6], 2, PARAMS, seed=7)
+    seeds = engine.seeds[0]
+    assert seeds == [request_seed(7, i, 1) for i in range(4)] and len(set(seeds)) == 4
+
+
+def test_unknown_env_id_is_a_clear_error(tiny_tokenizer):
+    with pytest.raises(ValueError, match="unknown env id 'nope/Nothing-v0'"):
+        RolloutRunner("nope/Nothing-v0", None, ChatTokens(tiny_tokenizer), None)
