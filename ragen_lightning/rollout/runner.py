@@ -177,8 +177,10 @@ class RolloutRunner:
                 fitting.append((ep, prompt))
             if not fitting:
                 break
-            outs = self.engine.generate([p for _, p in fitting], params,
-                                        [request_seed(seed, ep.traj.env_index, turn) for ep, _ in fitting])
+            seeds = [request_seed(seed, ep.traj.env_index, turn) for ep, _ in fitting]
+            # scripted/expert engines (demonstrations, oracles) answer from the env state instead of the prompt
+            extra = {"envs": [ep.env.unwrapped for ep, _ in fitting]} if getattr(self.engine, "needs_envs", False) else {}
+            outs = self.engine.generate([p for _, p in fitting], params, seeds, **extra)
             for (ep, _), out in zip(fitting, outs):
                 self._apply(ep, turn, out.token_ids, out.logprobs)
         for ep in episodes:

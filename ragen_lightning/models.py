@@ -1,0 +1,93 @@
+"""Actor, critic and tokenizer loading.
+
+``"tiny"`` names the embedded tiny model (built and cached on first use, see :mod:`ragen_lightning.tiny`); any other
+name is a local folder or hub id loaded with transformers' auto classes. The critic is the same backbone with a
+scalar value head (RAGEN: a token classifier with one label), so PPO's values come from a model of the actor's size
+and tokenizer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+TINY = "tiny"
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """``"tiny"`` -> the cached tiny model folder; anything else unchanged."""
+    if name_or_path == TINY:
+        from ragen_lightning.tiny import tiny_model_path
+
+        return str(tiny_model_path())
+    return name_or_path
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {name!r}") from None
+
+
+def _check_exists(path: str) -> None:
+    """A path-looking name that does not exist is a config error, not a hub lookup."""
+    if Path(path).expanduser().exists():
+        return
+    is_hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~"))
+    if not is_hub_id:
+        raise FileNotFoundError(f"model {path!r} is neither 'tiny', an existing folder nor a hub id 'org/name'")
+
+
+def load_tokenizer(name_or_path: str):
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(name_or_path)
+    _check_exists(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(name_or_path: str, dtype: str = "float32") -> nn.Module:
+    """The actor: a causal LM in ``dtype``."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(name_or_path)
+    _check_exists(path)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
+
+
+class ValueModel(nn.Module):
+    """A causal LM backbone with a scalar value head: ``values[b, t]`` estimates the return after token ``t``.
+
+    The head is zero-initialised so the first values are exactly 0 (advantages start as plain returns).
+    """
+
+    def __init__(self, backbone: nn.Module, hidden_size: int):
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
+        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)  # [B, T]
+
+
+def load_critic(name_or_path: str, dtype: str = "float32") -> ValueModel:
+    """The critic: the base model without its LM head, plus a value head."""
+    from transformers import AutoModel
+
+    path = resolve_model_path(name_or_path)
+    _check_exists(path)
+    backbone = AutoModel.from_pretrained(path, dtype=torch_dtype(dtype))
+    head = ValueModel(backbone, backbone.config.hidden_size)
+    head.value_head.to(torch_dtype(dtype))
+    return head
