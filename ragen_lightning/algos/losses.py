@@ -1,0 +1,410 @@
+"""Policy / value losses, entropy, KL estimators and loss aggregation for StarPO (SPEC §4.1-4.2).
+
+Shapes: token tensors ``[B, T]``; ``mask`` is the 0/1 loss mask. Losses return ``(loss, metrics)``; metrics are
+detached 0-dim tensors (no host sync per micro-batch).
+
+Equations
+- PPO clipped surrogate (Schulman et al. 2017) with asymmetric clip ("clip-higher", DAPO, Yu et al. 2025) and dual
+  clip (Ye et al. 2020): ``ρ = exp(clamp(logp − logp_old, ±20))``, ``L1 = −A·ρ``,
+  ``L2 = −A·clip(ρ, 1−ε_low, 1+ε_high)``, ``Lc = max(L1, L2)``, and for ``A < 0``: ``L = min(Lc, −A·c)``.
+- Clipped value loss: ``½·max((v−R)², (clip(v, v_old ± ε_v)−R)²)``.
+- Entropy of the softmax of logits: ``H = logsumexp(z) − Σ softmax(z)·z`` (computed on ``z − max z``).
+- KL estimators (Schulman 2020, "Approximating KL divergence"): k1 ``logp − logp_ref``, abs ``|k1|``,
+  k2 ``½(logp − logp_ref)²``, k3 ``exp(d) − d − 1`` with ``d = logp_ref − logp``; ``+`` variants are straight-through
+  (value of the estimator, gradient of k2).
+
+Loss aggregation, and the departure from RAGEN / veRL
+    Every mode is ``numerator(micro-batch) / normalizer(mini-batch)`` where the numerator is a sum over rows, so the
+    micro-batch losses of one mini-batch, each computed with the mini-batch's ``agg_normalizer``, add up to the
+    mini-batch loss exactly, and so do the gradients, however the mini-batch is split. veRL normalises every
+    micro-batch by its own statistics and then divides by the number of micro-batches, so its ``token-mean`` is a
+    mean of per-micro-batch means (with the default micro-batch of 1: a per-sequence mean) and changes with the
+    micro-batch size. Definitions (``m`` the mask of the whole mini-batch, B its rows):
+
+    ===========================  ==================================  ==========================
+    mode                         numerator (sum over rows i)         normalizer
+    ===========================  ==================================  ==========================
+    ``token-mean``               ``Σ_t l·m``                         ``Σ m`` (trained tokens)
+    ``seq-mean-token-mean``      ``Σ_t l·m / Σ_t m`` (0 if empty)    rows with ``Σ_t m > 0``
+    ``seq-mean-token-sum``       ``Σ_t l·m``                         B (all rows, as veRL)
+    ``seq-mean-token-sum-norm``  ``Σ_t l·m``                         ``B · horizon``
+    ===========================  ==================================  ==========================
+
+    ``seq-mean-token-sum-norm`` (Dr.GRPO's constant normaliser): veRL divides the micro-batch token sum by
+    ``mask.shape[-1]``, the padded length of that micro-batch, which changes with padding and micro-batch size. Here
+    the divisor is ``B · horizon`` with ``horizon`` a fixed length passed in (the maximum response length); it
+    defaults to the mask's width of the tensor given to ``agg_normalizer``. With micro-batches of one sequence and
+    ``horizon = T`` this is veRL's value.
+    An all-zero mask gives a normaliser of 0, which is replaced by 1: the loss is 0, never NaN.
+    Data parallel (gradients averaged over W ranks): pass the all-reduced (summed) normaliser divided by W, and the
+    averaged gradient is the gradient of the global mini-batch loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+
+from .masked import as_bool_mask, masked_mean, masked_sum, safe_count
+
+__all__ = [
+    "AggMode",
+    "AGG_MODES",
+    "agg_normalizer",
+    "aggregate",
+    "ppo_policy_loss",
+    "value_loss",
+    "entropy_from_logits",
+    "logprobs_from_logits",
+    "KLKind",
+    "KL_KINDS",
+    "kl_penalty",
+    "actor_loss",
+]
+
+Normalizer = float | int | torch.Tensor | None
+
+# ----------------------------------------------------------------------------------------------------------------
+# Aggregation
+# ----------------------------------------------------------------------------------------------------------------
+
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+
+
+def _rows(mask: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(float(mask.shape[0]), device=mask.device)
+
+
+def _token_count(mask: torch.Tensor, horizon: int | None) -> torch.Tensor:
+    return mask.sum().to(torch.float32)
+
+
+def _nonempty_rows(mask: torch.Tensor, horizon: int | None) -> torch.Tensor:
+    return (mask.sum(-1) > 0).sum().to(torch.float32)
+
+
+def _all_rows(mask: torch.Tensor, horizon: int | None) -> torch.Tensor:
+    return _rows(mask)
+
+
+def _rows_times_horizon(mask: torch.Tensor, horizon: int | None) -> torch.Tensor:
+    return _rows(mask) * float(mask.shape[-1] if horizon is None else horizon)
+
+
+def _sum_numerator(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return masked_sum(values, mask)
+
+
+def _seq_mean_numerator(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    per_row = masked_sum(values, mask, dim=-1) / safe_count(mask.sum(-1).to(values.dtype))
+    return per_row.sum()
+
+
+_AGG: dict[str, tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]] = {
+    "token-mean": (_sum_numerator, _token_count),
+    "seq-mean-token-mean": (_seq_mean_numerator, _nonempty_rows),
+    "seq-mean-token-sum": (_sum_numerator, _all_rows),
+    "seq-mean-token-sum-norm": (_sum_numerator, _rows_times_horizon),
+}
+AGG_MODES: tuple[str, ...] = tuple(_AGG)
+
+
+def _agg_fns(mode: str) -> tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]:
+    try:
+        return _AGG[mode]
+    except KeyError:
+        raise ValueError(f"agg must be one of {list(AGG_MODES)}, got {mode!r}") from None
+
+
+def agg_normalizer(mask: torch.Tensor, mode: AggMode, *, horizon: int | None = None) -> torch.Tensor:
+    """The denominator of ``mode`` for the mini-batch whose ``[B, T]`` mask is given (see the module docstring).
+
+    Compute it once per mini-batch and pass it as ``normalizer=`` to every micro-batch's loss.
+    ``horizon`` only matters for ``seq-mean-token-sum-norm`` (default: ``mask.shape[-1]``).
+    """
+    return _agg_fns(mode)[1](as_bool_mask(mask), horizon)
+
+
+def aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    mode: AggMode = "token-mean",
+    *,
+    normalizer: Normalizer = None,
+    horizon: int | None = None,
+) -> torch.Tensor:
+    """Reduce ``[B, T]`` per-token ``values`` to a scalar per ``mode``.
+
+    Args:
+        values: ``[B, T]`` per-token losses.
+        mask: ``[B, T]`` loss mask of these rows.
+        mode: one of ``AGG_MODES``.
+        normalizer: the mini-batch's ``agg_normalizer``; None = these rows are the whole mini-batch.
+        horizon: for ``seq-mean-token-sum-norm`` when ``normalizer`` is None.
+    """
+    numerator_fn, normalizer_fn = _agg_fns(mode)
+    m = as_bool_mask(mask)
+    numerator = numerator_fn(values, m)
+    denom = normalizer_fn(m, horizon) if normalizer is None else normalizer
+    denom = torch.as_tensor(denom, dtype=numerator.dtype, device=numerator.device)
+    return numerator / safe_count(denom)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Policy and value losses
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def ppo_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    dual_clip: float | None = 3.0,
+    agg: AggMode = "token-mean",
+    normalizer: Normalizer = None,
+    horizon: int | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO clipped policy loss with clip-higher and dual clip (SPEC §4.1).
+
+    Args:
+        logprobs: ``[B, T]`` log-probs of the sampled tokens under the current policy (with grad).
+        old_logprobs: ``[B, T]`` log-probs under the rollout policy.
+        advantages: ``[B, T]``.
+        mask: ``[B, T]`` loss mask.
+        clip_low: ε_low, ratio floor ``1 − ε_low``.
+        clip_high: ε_high, ratio ceiling ``1 + ε_high``.
+        dual_clip: c > 1; for negative advantages the loss is capped at ``−A·c``. None disables it.
+        agg: aggregation mode; normalizer / horizon: see ``aggregate``.
+
+    Metrics (masked means over these rows): ``pg_clipfrac`` (L2 > L1), ``pg_clipfrac_lower`` (dual clip active),
+    ``ppo_kl`` (mean of ``old − new``), ``ratio_mean``.
+    """
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (or None to disable), got {dual_clip}")
+    m = as_bool_mask(mask)
+    log_ratio = logprobs - old_logprobs
+    ratio = torch.exp(torch.clamp(log_ratio, -20.0, 20.0))
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss_ppo = torch.maximum(loss_unclipped, loss_clipped)
+    per_token = loss_ppo
+    dual_active = torch.zeros_like(m)
+    if dual_clip is not None:
+        loss_dual = -advantages * dual_clip
+        negative = advantages < 0
+        per_token = torch.where(negative, torch.minimum(loss_ppo, loss_dual), loss_ppo)
+        dual_active = (loss_ppo > loss_dual) & negative
+    loss = aggregate(per_token, m, agg, normalizer=normalizer, horizon=horizon)
+    metrics = {
+        "pg_clipfrac": masked_mean((loss_clipped > loss_unclipped).float(), m).detach(),
+        "pg_clipfrac_lower": masked_mean(dual_active.float(), m).detach(),
+        "ppo_kl": masked_mean(-log_ratio, m).detach(),
+        "ratio_mean": masked_mean(ratio, m).detach(),
+    }
+    return loss, metrics
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_range: float | None = 0.5,
+    agg: AggMode = "token-mean",
+    normalizer: Normalizer = None,
+    horizon: int | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped value loss (SPEC §4.2): ``agg(½·max((v−R)², (v_clip−R)²))``, ``v_clip = clip(v, v_old ± clip_range)``.
+
+    ``clip_range=None`` gives the plain ``½(v−R)²``. RAGEN always uses ``token-mean``. Metrics: ``vf_clipfrac``
+    (clipped branch strictly larger), ``vpred_mean``.
+    """
+    m = as_bool_mask(mask)
+    loss_unclipped = (values - returns) ** 2
+    if clip_range is None:
+        per_token, clipped_frac = 0.5 * loss_unclipped, torch.zeros((), device=values.device)
+    else:
+        v_clip = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
+        loss_clipped = (v_clip - returns) ** 2
+        per_token = 0.5 * torch.maximum(loss_unclipped, loss_clipped)
+        clipped_frac = masked_mean((loss_clipped > loss_unclipped).float(), m)
+    loss = aggregate(per_token, m, agg, normalizer=normalizer, horizon=horizon)
+    return loss, {"vf_clipfrac": clipped_frac.detach(), "vpred_mean": masked_mean(values, m).detach()}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Entropy and log-probs from logits
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _chunked_rows(
+    fn: Callable[..., torch.Tensor], logits: torch.Tensor, chunk_size: int | None, *extra: torch.Tensor
+) -> torch.Tensor:
+    """``fn(rows [R, V], *extra_rows [R]) -> [R]`` over the flattened leading dims, ``chunk_size`` rows at a time."""
+    lead = logits.shape[:-1]
+    rows = logits.reshape(-1, logits.shape[-1])
+    flat_extra = [e.reshape(-1) for e in extra]
+    if chunk_size is None or chunk_size >= rows.shape[0]:
+        return fn(rows, *flat_extra).reshape(lead)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1 or None, got {chunk_size}")
+    parts = [
+        fn(rows[i : i + chunk_size], *(e[i : i + chunk_size] for e in flat_extra))
+        for i in range(0, rows.shape[0], chunk_size)
+    ]
+    return torch.cat(parts).reshape(lead)
+
+
+def _upcast(z: torch.Tensor) -> torch.Tensor:
+    return z.float() if z.dtype in (torch.float16, torch.bfloat16) else z
+
+
+def _entropy_rows(z: torch.Tensor) -> torch.Tensor:
+    z = _upcast(z)
+    z = z - z.max(dim=-1, keepdim=True).values.detach()  # shift-invariant; keeps lse and p·z small
+    lse = torch.logsumexp(z, dim=-1)
+    p = torch.softmax(z, dim=-1)
+    # -inf logits (masked vocabulary) have p = 0; zero them before the product, or 0·(−inf) = NaN in the value
+    # and in the gradient.
+    finite_z = torch.where(torch.isneginf(z), torch.zeros((), dtype=z.dtype, device=z.device), z)
+    return lse - (p * finite_z).sum(-1)
+
+
+def entropy_from_logits(logits: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+    """``[..., V]`` logits -> ``[...]`` entropy of their softmax, ``logsumexp(z) − Σ softmax(z)·z``.
+
+    Computed on ``z − max z`` in at least float32, so logits of ±1e4 and ``-inf`` entries are fine (every row needs
+    one finite logit). ``chunk_size`` rows (of the flattened leading dims) are processed at a time, bounding the
+    ``[rows, V]`` temporaries.
+    """
+    return _chunked_rows(_entropy_rows, logits, chunk_size)
+
+
+def _logprob_rows(z: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    z = _upcast(z)
+    return z.gather(-1, labels[:, None]).squeeze(-1) - torch.logsumexp(z, dim=-1)
+
+
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+    """``log softmax(logits)[label]``: ``[..., V]`` and ``[...]`` -> ``[...]``, chunked like ``entropy_from_logits``."""
+    return _chunked_rows(_logprob_rows, logits, chunk_size, labels)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# KL estimators
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    return logprobs - ref_logprobs
+
+
+def _abs(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    return (logprobs - ref_logprobs).abs()
+
+
+def _k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (logprobs - ref_logprobs) ** 2
+
+
+def _k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    d = torch.clamp(ref_logprobs - logprobs, -20.0, 20.0)
+    return torch.clamp(torch.exp(d) - d - 1.0, -10.0, 10.0)
+
+
+_KL_BASE: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "k1": _k1,
+    "kl": _k1,
+    "abs": _abs,
+    "k2": _k2,
+    "mse": _k2,
+    "k3": _k3,
+    "low_var_kl": _k3,
+}
+KL_KINDS: tuple[str, ...] = tuple(_KL_BASE) + tuple(f"{name}+" for name in _KL_BASE)
+KLKind = Literal[
+    "k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl",
+    "k1+", "kl+", "abs+", "k2+", "mse+", "k3+", "low_var_kl+",
+]  # fmt: skip
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind = "k1") -> torch.Tensor:
+    """Per-token KL estimate of the current policy from the reference (SPEC §4.1 names and clamps).
+
+    ``kind`` with a trailing ``+`` is straight-through: the forward value is the named estimator exactly, the
+    gradient is that of k2 (``logp − logp_ref``), which is unbiased for the KL gradient.
+    """
+    straight_through = kind.endswith("+")
+    base = _KL_BASE.get(kind[:-1] if straight_through else kind)
+    if base is None:
+        raise ValueError(f"kind must be one of {list(KL_KINDS)}, got {kind!r}")
+    value = base(logprobs, ref_logprobs)
+    if not straight_through:
+        return value
+    k2 = _k2(logprobs, ref_logprobs)
+    return value.detach() + (k2 - k2.detach())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The actor objective
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def actor_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    entropy: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    entropy_coeff: float = 0.0,
+    kl_coef: float = 0.0,
+    kl_kind: KLKind = "k1",
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    dual_clip: float | None = 3.0,
+    agg: AggMode = "token-mean",
+    normalizer: Normalizer = None,
+    horizon: int | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``pg_loss − entropy_coeff·agg(H) + kl_coef·agg(KL)`` (SPEC §4.1), every term with the same aggregation.
+
+    Args:
+        entropy: ``[B, T]`` token entropies (``entropy_from_logits``), needed when ``entropy_coeff != 0``.
+        ref_logprobs: ``[B, T]`` reference log-probs, needed when ``kl_coef != 0``.
+        kl_kind: the KL estimator (``kl_penalty``).
+        The rest as in ``ppo_policy_loss``.
+
+    Metrics: those of ``ppo_policy_loss`` plus ``pg_loss``, ``entropy_loss`` and ``kl_loss`` (each this micro-batch's
+    share of the mini-batch value: they add up over micro-batches) when the term is given.
+    """
+    if entropy_coeff != 0.0 and entropy is None:
+        raise ValueError("entropy_coeff != 0 needs the token entropy (entropy=...)")
+    if kl_coef != 0.0 and ref_logprobs is None:
+        raise ValueError("kl_coef != 0 needs the reference log-probs (ref_logprobs=...)")
+    agg_kwargs = {"normalizer": normalizer, "horizon": horizon}
+    pg_loss, metrics = ppo_policy_loss(
+        logprobs, old_logprobs, advantages, mask,
+        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, agg=agg, **agg_kwargs,
+    )  # fmt: skip
+    loss = pg_loss
+    metrics["pg_loss"] = pg_loss.detach()
+    if entropy is not None:
+        entropy_loss = aggregate(entropy, mask, agg, **agg_kwargs)
+        loss = loss - entropy_coeff * entropy_loss
+        metrics["entropy_loss"] = entropy_loss.detach()
+    if ref_logprobs is not None:
+        kl_loss = aggregate(kl_penalty(logprobs, ref_logprobs, kl_kind), mask, agg, **agg_kwargs)
+        loss = loss + kl_coef * kl_loss
+        metrics["kl_loss"] = kl_loss.detach()
+    return loss, metrics
