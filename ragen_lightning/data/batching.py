@@ -1,0 +1,149 @@
+"""From trajectories to a padded :class:`~ragen_lightning.types.RolloutBatch`, plus rollout statistics.
+
+Reward placement (RAGEN's ``use_turn_scores``):
+
+* ``last`` (default): each sample's episode score (env return + format penalty, after normalisation) sits on its
+  last sampled token; every other token reward is 0.
+* ``turn``: each trained turn's own reward (env reward of the turn + its format penalty) sits on that turn's last
+  sampled token. Unlike RAGEN this keeps the format penalty; score normalisation is not defined per turn, so it must
+  be ``identity`` in this mode.
+
+Score normalisation (RAGEN's ``reward_normalization``, SPEC 2.7) by group (``state``: samples of one group; ``batch``:
+all samples) with ``identity`` | ``mean`` | ``mean_std`` | ``asym_clip``; applied only when some group has more than
+one member (a validation batch of singletons is left alone).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Literal, Sequence
+
+import torch
+
+from ragen_lightning.types import RolloutBatch, Trajectory
+
+RewardPlacement = Literal["last", "turn"]
+NormGrouping = Literal["state", "batch"]
+NormMethod = Literal["identity", "mean", "mean_std", "asym_clip"]
+
+
+def normalize_scores(scores: torch.Tensor, group_index: torch.Tensor, grouping: NormGrouping = "state",
+                     method: NormMethod = "identity", eps: float = 1e-6) -> torch.Tensor:
+    """Per-group score normalisation; ``mean_std`` gives zeros for a group whose std is <= eps."""
+    if method not in ("identity", "mean", "mean_std", "asym_clip"):
+        raise ValueError(f"reward normalisation method must be identity|mean|mean_std|asym_clip, got {method!r}")
+    if grouping not in ("state", "batch"):
+        raise ValueError(f"reward normalisation grouping must be state|batch, got {grouping!r}")
+    if method == "identity":
+        return scores
+    keys = group_index if grouping == "state" else torch.zeros_like(group_index)
+    if int(torch.bincount(keys).max()) <= 1:
+        return scores
+    out = torch.empty_like(scores)
+    for key in torch.unique(keys):
+        rows = keys == key
+        x = scores[rows]
+        centred = x - x.mean()
+        if method == "mean":
+            out[rows] = centred
+            continue
+        std = x.std() if x.numel() > 1 else torch.zeros((), dtype=x.dtype)
+        z = torch.zeros_like(x) if std <= eps else centred / (std + eps)
+        out[rows] = z.clamp(-1.0, 3.0) if method == "asym_clip" else z
+    return out
+
+
+def build_batch(trajectories: Sequence[Trajectory], *, pad_token_id: int, reward_placement: RewardPlacement = "last",
+                norm_grouping: NormGrouping = "state", norm_method: NormMethod = "identity",
+                metrics: dict[str, float] | None = None) -> RolloutBatch:
+    """Pad every training sample of ``trajectories`` into one batch (episodes in order, samples in turn order)."""
+    if reward_placement not in ("last", "turn"):
+        raise ValueError(f"reward_placement must be 'last' or 'turn', got {reward_placement!r}")
+    if reward_placement == "turn" and norm_method != "identity":
+        raise ValueError("reward normalisation is per episode score; with reward_placement='turn' use 'identity'")
+    rows = [(e, t, s) for e, t in enumerate(trajectories) for s in t.samples]
+    B = len(rows)
+    T = max((len(s.conversation) for _, _, s in rows), default=1)
+    input_ids = torch.full((B, T), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((B, T), dtype=torch.long)
+    loss_mask = torch.zeros((B, T), dtype=torch.long)
+    engine_logprobs = torch.zeros((B, T))
+    rewards = torch.zeros((B, T))
+    turn_ends = torch.zeros((B, T), dtype=torch.bool)
+    group_index = torch.tensor([t.group_id for _, t, _ in rows], dtype=torch.long)
+    episode_index = torch.tensor([e for e, _, _ in rows], dtype=torch.long)
+    raw = torch.tensor([t.score for _, t, _ in rows], dtype=torch.float32)
+    # normalise one score per episode (turn-level modes repeat an episode over several samples)
+    first_row = {int(e): i for i, e in reversed(list(enumerate(episode_index.tolist())))}
+    ep_rows = torch.tensor(sorted(first_row.values()), dtype=torch.long)
+    ep_norm = normalize_scores(raw[ep_rows], group_index[ep_rows], norm_grouping, norm_method)
+    by_episode = {int(episode_index[r]): float(v) for r, v in zip(ep_rows.tolist(), ep_norm.tolist())}
+    scores = torch.tensor([by_episode[int(e)] for e in episode_index.tolist()], dtype=torch.float32)
+
+    for i, (_, _, sample) in enumerate(rows):
+        conv = sample.conversation
+        n = len(conv)
+        input_ids[i, :n] = torch.tensor(conv.input_ids, dtype=torch.long)
+        attention[i, :n] = 1
+        loss_mask[i, :n] = torch.tensor(conv.loss_mask, dtype=torch.long)
+        engine_logprobs[i, :n] = torch.tensor(conv.sampled_logprobs)
+        if not conv.turn_spans:
+            continue
+        ends = [end - 1 for _, end in conv.turn_spans]
+        turn_ends[i, ends] = True
+        if reward_placement == "last":
+            rewards[i, ends[-1]] = scores[i]
+        else:
+            if len(sample.turn_rewards) != len(ends):
+                raise ValueError(f"sample has {len(ends)} trained turns but {len(sample.turn_rewards)} turn rewards")
+            rewards[i, ends] = torch.tensor(sample.turn_rewards, dtype=torch.float32)
+    return RolloutBatch(
+        input_ids=input_ids, attention_mask=attention, loss_mask=loss_mask, rewards=rewards, turn_ends=turn_ends,
+        engine_logprobs=engine_logprobs, scores=scores, group_index=group_index, episode_index=episode_index,
+        metrics=dict(metrics or {}), trajectories=list(trajectories),
+    )
+
+
+def trajectory_matrix(trajectories: Sequence[Trajectory], group_size: int, field: str) -> torch.Tensor:
+    """``[G, N]`` matrix of a per-trajectory quantity (``score``, ``env_return``, ``response_tokens``...)."""
+    values = [float(getattr(t, field)) for t in trajectories]
+    if len(values) % group_size:
+        raise ValueError(f"{len(values)} trajectories do not form groups of {group_size}")
+    return torch.tensor(values, dtype=torch.float32).view(-1, group_size)
+
+
+def sampled_entropy(t: Trajectory) -> float:
+    """Mean negative log-prob of the sampled tokens: an unbiased estimate of the per-token entropy at T=1."""
+    total, count = 0.0, 0
+    for s in t.samples:
+        c = s.conversation
+        for lp, m in zip(c.sampled_logprobs, c.loss_mask):
+            if m:
+                total, count = total - lp, count + 1
+    return total / count if count else 0.0
+
+
+def rollout_metrics(trajectories: Sequence[Trajectory], group_size: int) -> dict[str, float]:
+    """Episode statistics of a rollout (before filtering): success, returns, lengths, format errors, pass@k."""
+    n = len(trajectories)
+    if n == 0:
+        return {}
+    turns = sum(t.num_turns for t in trajectories)
+    out = {
+        "success": sum(t.success for t in trajectories) / n,
+        "return": sum(t.env_return for t in trajectories) / n,
+        "score": sum(t.score for t in trajectories) / n,
+        "num_turns": turns / n,
+        "num_actions": sum(t.num_actions for t in trajectories) / n,
+        "format_error_rate": sum(t.num_format_errors for t in trajectories) / max(turns, 1),
+        "response_length": sum(t.response_tokens for t in trajectories) / max(turns, 1),
+        "context_truncated": sum(t.context_truncated for t in trajectories) / n,
+    }
+    groups: dict[int, list[bool]] = defaultdict(list)
+    for t in trajectories:
+        groups[t.group_id].append(t.success)
+    out[f"pass@{group_size}"] = sum(any(v) for v in groups.values()) / len(groups)
+    info_keys = sorted({k for t in trajectories for k in t.info})
+    for k in info_keys:
+        out[k] = sum(t.info.get(k, 0.0) for t in trajectories) / n
+    return out

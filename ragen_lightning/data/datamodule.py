@@ -1,0 +1,229 @@
+"""RolloutDataModule: one filtered rollout batch per StarPO iteration, generated with the current actor.
+
+The training stream is an ``IterableDataset`` (``num_workers=0``, ``batch_size=None``) that yields exactly
+``num_iterations`` batches; the module pulls each one itself (``training_step(dataloader_iter)``), so Lightning never
+pre-fetches a rollout generated with stale weights. Iteration ``n`` resets group ``g`` with seed
+``train_seed + n * num_groups + g`` (RAGEN: ``10000 + 8n + g``); validation always uses seeds ``val_seed + g``.
+``state_dict`` stores the iteration and the empty-filter streak, so a resumed run continues the same seed stream.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any, Iterator, Literal
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from ragen_lightning.data.batching import (
+    NormGrouping,
+    NormMethod,
+    RewardPlacement,
+    build_batch,
+    rollout_metrics,
+)
+from ragen_lightning.data.sampler import FilterConfig, filter_groups
+from ragen_lightning.rollout.engine import SamplingParams
+from ragen_lightning.rollout.runner import ContextWindow, RolloutRunner, make_env
+from ragen_lightning.rollout.tokens import ChatTokens
+from ragen_lightning.types import RolloutBatch
+
+
+class _Stream(IterableDataset):
+    def __init__(self, produce, remaining):
+        self.produce, self.remaining = produce, remaining
+
+    def __len__(self) -> int:  # lets the progress bar count iterations
+        return max(self.remaining(), 0)
+
+    def __iter__(self) -> Iterator[RolloutBatch]:
+        while self.remaining() > 0:
+            yield self.produce()
+
+
+class RolloutDataModule(L.LightningDataModule):
+    """Streams multi-turn rollouts of ``num_groups x group_size`` envs, filtered by within-group reward variance.
+
+    Args:
+        env_id: gymnasium id of the task (``import envs`` registers ``ragen/*``; ``module:id`` also works).
+        env_kwargs: keyword arguments of the env.
+        num_groups: env groups per iteration (each group shares one initial state).
+        group_size: rollouts per group.
+        num_iterations: StarPO iterations (rollout + update) of a fit; the one place that sets the run length.
+        max_turns: assistant turns per episode.
+        max_actions_per_turn: env actions executed per turn at most.
+        max_actions_per_episode: the episode's action budget.
+        max_new_tokens: sampled tokens per turn at most (RAGEN's ``response_length``).
+        temperature: training sampling temperature.
+        top_p: training nucleus sampling mass.
+        top_k: training top-k (-1 = off).
+        context_window: ``full`` | ``limited`` | ``single_turn``.
+        window_turns: turns kept in the prompt for ``limited`` / ``single_turn``.
+        max_model_len: hard limit on prompt + response tokens; episodes that would exceed it end early.
+        enable_think: ask for ``<think>`` reasoning before the answer.
+        format_penalty: score added for every turn with an invalid or missing action.
+        reward_placement: ``last`` (episode score on the last sampled token) or ``turn`` (each turn's reward at its end).
+        norm_grouping: score normalisation groups: ``state`` (per group) or ``batch``.
+        norm_method: ``identity`` | ``mean`` | ``mean_std`` | ``asym_clip``.
+        filter: the rollout filter (default keeps everything; StarPO-S: ``top_p`` 0.9 with ``include_zero: false``).
+        empty_stop_steps: stop after this many consecutive iterations whose filter kept nothing (0 = never).
+        train_seed: first training reset seed.
+        val_seed: first validation reset seed (validation always uses the same set).
+        val_num_groups: validation episodes (groups of ``val_group_size``).
+        val_group_size: validation rollouts per initial state (pass@k uses it).
+        val_temperature: validation sampling temperature (0 = greedy).
+        max_batch_size: generation requests decoded together at most.
+    """
+
+    def __init__(
+        self,
+        env_id: str = "ragen/SimpleSokoban-v0",
+        env_kwargs: dict[str, Any] | None = None,
+        num_groups: int = 8,
+        group_size: int = 16,
+        num_iterations: int = 200,
+        max_turns: int = 5,
+        max_actions_per_turn: int = 2,
+        max_actions_per_episode: int = 10,
+        max_new_tokens: int = 100,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        context_window: ContextWindow = "full",
+        window_turns: int = 2,
+        max_model_len: int = 4096,
+        enable_think: bool = True,
+        format_penalty: float = -0.1,
+        reward_placement: RewardPlacement = "last",
+        norm_grouping: NormGrouping = "state",
+        norm_method: NormMethod = "identity",
+        filter: FilterConfig | None = None,
+        empty_stop_steps: int = 5,
+        train_seed: int = 10000,
+        val_seed: int = 123,
+        val_num_groups: int = 64,
+        val_group_size: int = 1,
+        val_temperature: float = 0.5,
+        max_batch_size: int = 128,
+    ):
+        super().__init__()
+        for name in ("num_groups", "group_size", "num_iterations", "val_num_groups", "val_group_size"):
+            if locals()[name] < 1:
+                raise ValueError(f"--data.{name} must be >= 1, got {locals()[name]}")
+        if reward_placement == "turn" and norm_method != "identity":
+            raise ValueError("--data.norm_method must be 'identity' with --data.reward_placement turn")
+        make_env(env_id, env_kwargs).close()  # unknown id / bad kwargs fail at construction, naming the id
+        self.save_hyperparameters(ignore=["filter"])
+        self.filter = filter if filter is not None else FilterConfig()
+        self.train_params = SamplingParams(temperature, top_p, top_k, max_new_tokens)
+        self.val_params = SamplingParams(val_temperature, 1.0, -1, max_new_tokens)
+        self.iteration = 0
+        self.consecutive_empty = 0
+        self._runner: RolloutRunner | None = None
+        self._val_runner: RolloutRunner | None = None
+
+    # -- wiring ---------------------------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        # the module builds its models in configure_model, after this hook: runners are created on first use
+        return None
+
+    def _ensure_runners(self) -> None:
+        if self._runner is not None:
+            return
+        module = self.trainer.lightning_module
+        hp = self.hparams
+        chat = ChatTokens(module.tokenizer, enable_think=hp.enable_think)
+        engine = module.make_engine(max_batch_size=hp.max_batch_size)
+        kwargs = dict(max_turns=hp.max_turns, max_actions_per_turn=hp.max_actions_per_turn,
+                      max_actions_per_episode=hp.max_actions_per_episode, context_window=hp.context_window,
+                      window_turns=hp.window_turns, max_model_len=hp.max_model_len, format_penalty=hp.format_penalty,
+                      enable_think=hp.enable_think)
+        self.chat = chat
+        self._runner = RolloutRunner(hp.env_id, hp.env_kwargs, chat, engine, **kwargs)
+        self._val_runner = RolloutRunner(hp.env_id, hp.env_kwargs, chat, engine, **kwargs)
+
+    def teardown(self, stage: str) -> None:
+        for runner in (self._runner, self._val_runner):
+            if runner is not None:
+                runner.close()
+
+    def train_dataloader(self) -> DataLoader:
+        stream = _Stream(self._next_train_batch, lambda: self.hparams.num_iterations - self.iteration)
+        return DataLoader(stream, batch_size=None, num_workers=0, collate_fn=lambda b: b)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(_OneShot(self.validation_batch), batch_size=None, num_workers=0, collate_fn=lambda b: b)
+
+    # -- rollouts -------------------------------------------------------------------------------------------------
+    def group_seeds(self, iteration: int) -> list[int]:
+        g = self.hparams.num_groups
+        return [self.hparams.train_seed + iteration * g + i for i in range(g)]
+
+    def _next_train_batch(self) -> RolloutBatch:
+        batch = self.train_batch(self.iteration)
+        self.iteration += 1
+        return batch
+
+    def train_batch(self, iteration: int) -> RolloutBatch:
+        """Rollout of ``iteration`` (the current actor), filtered and padded."""
+        self._ensure_runners()
+        hp = self.hparams
+        t0 = time.perf_counter()
+        trajectories = self._runner.run(self.group_seeds(iteration), hp.group_size, self.train_params,
+                                        seed=(hp.train_seed << 20) + iteration)
+        t_rollout = time.perf_counter() - t0
+        metrics = {f"train/{k}": v for k, v in rollout_metrics(trajectories, hp.group_size).items()}
+        metrics["rollout/token_drift_rate"] = self._drift_rate(trajectories)
+        kept, _, filter_stats = filter_groups(trajectories, hp.group_size, self.filter)
+        metrics.update(filter_stats)
+        if kept:
+            self.consecutive_empty = 0
+        else:
+            self.consecutive_empty += 1
+            warnings.warn(f"rollout filter kept no group at iteration {iteration}: skipping the update "
+                          f"({self.consecutive_empty} in a row)", stacklevel=2)
+            if hp.empty_stop_steps > 0 and self.consecutive_empty >= hp.empty_stop_steps and self.trainer is not None:
+                warnings.warn(f"stopping: {self.consecutive_empty} consecutive empty filter results "
+                              f"(--data.empty_stop_steps={hp.empty_stop_steps})", stacklevel=2)
+                self.trainer.should_stop = True
+        metrics["rollout/empty_after_filter"] = float(not kept)
+        metrics["rollout/consecutive_empty_after_filter_steps"] = float(self.consecutive_empty)
+        metrics["timing_s/rollout"] = t_rollout
+        metrics["iteration"] = float(iteration)
+        batch = build_batch(kept, pad_token_id=self.chat.tokenizer.pad_token_id, reward_placement=hp.reward_placement,
+                            norm_grouping=hp.norm_grouping, norm_method=hp.norm_method, metrics=metrics)
+        batch.metrics["train/batch_size"] = float(len(batch))
+        return batch
+
+    def validation_batch(self) -> RolloutBatch:
+        """The fixed validation rollout (seeds ``val_seed + g``), unfiltered."""
+        self._ensure_runners()
+        hp = self.hparams
+        seeds = [hp.val_seed + g for g in range(hp.val_num_groups)]
+        trajectories = self._val_runner.run(seeds, hp.val_group_size, self.val_params, seed=hp.val_seed)
+        metrics = {f"val/{k}": v for k, v in rollout_metrics(trajectories, hp.val_group_size).items()}
+        return build_batch(trajectories, pad_token_id=self.chat.tokenizer.pad_token_id, metrics=metrics)
+
+    def _drift_rate(self, trajectories) -> float:
+        samples = [s.conversation for t in trajectories for s in t.samples]
+        if not samples:
+            return 0.0
+        return sum(self.chat.drift(c) for c in samples) / len(samples)
+
+    # -- resume ---------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"iteration": self.iteration, "consecutive_empty": self.consecutive_empty}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.iteration = int(state_dict["iteration"])
+        self.consecutive_empty = int(state_dict.get("consecutive_empty", 0))
+
+
+class _OneShot(IterableDataset):
+    def __init__(self, produce):
+        self.produce = produce
+
+    def __iter__(self):
+        yield self.produce()

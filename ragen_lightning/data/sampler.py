@@ -1,0 +1,98 @@
+"""The reward-variance filtering sampler (StarPO-S / RAGEN-2): which rollout groups are trained on.
+
+A thin, typed wrapper of :mod:`ragen_lightning.algos.filtering`: it turns trajectories into the ``[G, N]`` matrix
+the chosen metric needs, scores groups, selects them and reports RAGEN's ``rollout/*`` filter statistics. It runs
+before any scoring forward pass, so dropped groups cost no update compute.
+
+Per-trajectory quantities: ``reward*`` metrics use the episode score (env return + format penalty);
+``entropy*`` metrics use the mean negative log-prob of the sampled tokens as reported by the engine (an unbiased
+estimate of the token entropy at temperature 1; RAGEN runs an extra forward pass for it); ``length`` uses the
+sampled response tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import torch
+
+from ragen_lightning.algos.filtering import filter_metrics, group_scores, select_groups
+from ragen_lightning.data.batching import sampled_entropy, trajectory_matrix
+from ragen_lightning.types import Trajectory
+
+_METRIC_ALIASES = {"reward_std": "reward_variance", "entropy_std": "entropy_variance"}
+_METRIC_SOURCE = {"reward_variance": "reward", "reward": "reward", "reward_sum": "reward",
+                  "entropy": "entropy", "entropy_variance": "entropy", "length": "length"}
+
+
+@dataclass
+class FilterConfig:
+    """Rollout filter settings (RAGEN's ``rollout_filter_*``; the defaults keep every group).
+
+    Args:
+        strategy: ``top_p`` | ``top_k`` (fraction of groups) | ``top_k_abs`` (count) | ``min_p``.
+        value: the strategy's threshold; ``top_p`` with ``value >= 1`` keeps every (non-zero) group.
+        metric: group score: ``reward_variance`` (in-group reward std, default), ``reward`` (mean), ``reward_sum``,
+            ``entropy``, ``entropy_variance``, ``length``.
+        largest: keep the groups with the largest scores (False: the smallest).
+        include_zero: keep groups whose score is 0 (e.g. every member got the same reward).
+        top_p_mode: ``linear`` (score mass, RAGEN's default) or ``softmax``.
+        eps: slack of the linear top_p threshold.
+    """
+
+    strategy: Literal["top_p", "top_k", "top_k_abs", "min_p"] = "top_p"
+    value: float = 1.0
+    metric: Literal["reward_variance", "reward_std", "reward", "reward_sum", "entropy", "entropy_variance",
+                    "entropy_std", "length"] = "reward_variance"
+    largest: bool = True
+    include_zero: bool = True
+    top_p_mode: Literal["linear", "softmax"] = "linear"
+    eps: float = 0.01
+
+    def __post_init__(self):
+        self.metric = _METRIC_ALIASES.get(self.metric, self.metric)
+        if self.metric not in _METRIC_SOURCE:
+            raise ValueError(f"filter metric must be one of {sorted(_METRIC_SOURCE)}, got {self.metric!r}")
+        if self.strategy not in ("top_p", "top_k", "top_k_abs", "min_p"):
+            raise ValueError(f"filter strategy must be top_p|top_k|top_k_abs|min_p, got {self.strategy!r}")
+        if self.value < 0:
+            raise ValueError(f"filter value must be >= 0, got {self.value}")
+
+    @property
+    def keeps_everything(self) -> bool:
+        return self.strategy == "top_p" and self.value >= 1.0 and self.include_zero
+
+
+def _per_trajectory(trajectories: Sequence[Trajectory], group_size: int, source: str) -> torch.Tensor:
+    if source == "reward":
+        return trajectory_matrix(trajectories, group_size, "score")
+    if source == "length":
+        return trajectory_matrix(trajectories, group_size, "response_tokens")
+    return torch.tensor([sampled_entropy(t) for t in trajectories], dtype=torch.float32).view(-1, group_size)
+
+
+def filter_groups(trajectories: Sequence[Trajectory], group_size: int,
+                  config: FilterConfig) -> tuple[list[Trajectory], torch.Tensor, dict[str, float]]:
+    """Select groups; returns the kept trajectories, the kept group indices and ``rollout/*`` metrics.
+
+    ``trajectories`` are group-major (``group_id * group_size + member``), as the runner returns them.
+    """
+    source = _METRIC_SOURCE[config.metric]
+    values = _per_trajectory(trajectories, group_size, source)  # [G, N]
+    scores = group_scores(values, config.metric)
+    if config.keeps_everything:
+        kept = torch.arange(values.shape[0])
+    else:
+        kept = select_groups(scores, config.strategy, config.value, largest=config.largest,
+                             include_zero=config.include_zero, top_p_mode=config.top_p_mode, eps=config.eps)
+    stats = filter_metrics(values, scores, kept)
+    metrics = {f"rollout/{k}": v for k, v in stats.items() if k.startswith("filter_")}
+    for k, v in stats.items():
+        if k.startswith(("in_group_", "chosen_in_group_")):
+            metrics[f"rollout/{k}"] = v  # RAGEN's generic names (the selection metric's statistics)
+            head, _, stat = k.rpartition("_")
+            metrics[f"rollout/{head}_{source}_{stat}"] = v  # and the metric-specific ones
+    keep = set(kept.tolist())
+    kept_trajectories = [t for t in trajectories if t.group_id in keep]
+    return kept_trajectories, kept, metrics

@@ -1,0 +1,411 @@
+"""StarPOModule: actor, critic (GAE only) and reference (KL only); one ``training_step`` is one StarPO iteration.
+
+The iteration (SPEC section 0, DESIGN section 3), top to bottom in :meth:`StarPOModule.training_step`:
+
+1. pull the filtered rollout batch the data module generated with the current actor;
+2. score it under ``no_grad``: ``old_logprobs`` (+ token entropy), ``ref_logprobs`` if a KL term is on, critic
+   ``values`` if the estimator is GAE;
+3. advantages: token rewards (optionally minus ``beta * KL``) -> GAE / turn-level GAE and whitening, or a GRPO-family
+   outcome estimator -> the post-advantage modifiers (soft reweight, filter-loss scaling, length weight, zero-task);
+4. ``ppo_epochs`` x mini-batches: critic then actor, each accumulated over micro-batches with the mini-batch's
+   normaliser (so the gradient does not depend on the micro-batch size), clipped per network and stepped; a
+   non-finite loss or grad norm skips that step and is counted;
+5. log.
+
+Manual optimisation with one optimizer per network; ``trainer.global_step`` therefore counts optimizer steps, and the
+run length is set in iterations by ``--data.num_iterations``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import OptimizerCallable
+
+from ragen_lightning import models
+from ragen_lightning.algos import advantages as A
+from ragen_lightning.algos.losses import AggMode, KLKind, actor_loss, agg_normalizer, aggregate, value_loss
+from ragen_lightning.algos.masked import masked_mean, masked_whiten
+from ragen_lightning.rollout.engine import HFEngine
+from ragen_lightning.scoring import actor_outputs, critic_values, micro_slices, score_batch, trimmed
+from ragen_lightning.types import RolloutBatch
+
+AdvEstimator = Literal["gae", "grpo", "drgrpo", "brpo", "arpo"]
+
+
+class StarPOModule(L.LightningModule):
+    """StarPO / StarPO-S: PPO with a critic or GRPO-family estimators over whole multi-turn trajectories.
+
+    Args:
+        model: actor model: ``"tiny"`` (the embedded model) or a HF folder / hub id.
+        critic_model: critic base model (defaults to ``model``); only built for ``adv_estimator: gae``.
+        dtype: parameter dtype (``float32`` on CPU; ``bfloat16`` on GPUs).
+        warm_start: supervised warm start from the env's solver before RL (``true`` for defaults, or a dict of
+            ``ragen_lightning.sft.warm_start`` arguments such as ``steps``); cached, so it runs once per setting.
+        adv_estimator: ``gae`` (PPO, needs the critic) | ``grpo`` | ``drgrpo`` | ``brpo`` | ``arpo``.
+        gamma: token-level discount.
+        lam: GAE lambda.
+        turn_level_gae: bi-level GAE over turn ends (GAE only) with ``high_level_gamma`` between turns.
+        high_level_gamma: discount between turns for ``turn_level_gae``.
+        ppo_epochs: passes over each rollout batch.
+        mini_batch_size: samples per optimizer step.
+        micro_batch_size: samples per forward/backward (gradient accumulation inside a mini-batch).
+        shuffle: shuffle samples before splitting into mini-batches (seeded by the iteration).
+        clip_low: PPO ratio floor ``1 - clip_low``.
+        clip_high: PPO ratio ceiling ``1 + clip_high`` (clip-higher: 0.28 > 0.2).
+        dual_clip: dual-clip constant for negative advantages (``null`` disables it).
+        value_clip: critic value clipping range.
+        loss_agg_mode: ``token-mean`` | ``seq-mean-token-mean`` | ``seq-mean-token-sum`` | ``seq-mean-token-sum-norm``.
+        entropy_coeff: entropy bonus coefficient.
+        use_kl_loss: add ``kl_coef * KL(actor || reference)`` to the actor loss.
+        kl_coef: KL loss coefficient.
+        kl_kind: KL estimator (``k1``/``kl``, ``abs``, ``k2``/``mse``, ``k3``/``low_var_kl``, and ``+`` variants).
+        kl_in_reward_coef: if > 0, subtract ``coef * KL(old || reference)`` from the token rewards.
+        soft_advantage_reweight: scale GRPO advantages by group reward std / max std.
+        filter_loss_scaling: scale advantages by the filter's kept ratio: ``none`` | ``linear`` | ``sqrt``.
+        length_weight: divide GRPO advantages by relative response length.
+        zero_task_advantage: zero the task advantage (entropy/KL-only ablation).
+        actor_lr: actor learning rate (AdamW) when ``actor_optimizer`` is not given.
+        critic_lr: critic learning rate (AdamW) when ``critic_optimizer`` is not given.
+        weight_decay: AdamW weight decay.
+        actor_optimizer: optimizer factory for the actor (overrides ``actor_lr``).
+        critic_optimizer: optimizer factory for the critic (overrides ``critic_lr``).
+        grad_clip: max global grad norm per network (0 disables clipping).
+        logprob_micro_batch_size: micro-batch size of the no-grad scoring passes (defaults to ``micro_batch_size``).
+        logits_chunk_size: rows per chunk when computing log-probs/entropy from logits (bounds memory).
+        temperature: the rollouts' sampling temperature (linked from ``--data.temperature``): log-probs and entropy
+            are computed from ``logits / temperature``, the distribution the tokens were sampled from.
+        export_dir: if set, save the trained actor there as a HF folder when fit ends.
+    """
+
+    def __init__(
+        self,
+        model: str = "tiny",
+        critic_model: str | None = None,
+        dtype: str = "float32",
+        warm_start: bool | dict[str, Any] = False,
+        adv_estimator: AdvEstimator = "gae",
+        gamma: float = 1.0,
+        lam: float = 1.0,
+        turn_level_gae: bool = False,
+        high_level_gamma: float = 0.95,
+        ppo_epochs: int = 1,
+        mini_batch_size: int = 32,
+        micro_batch_size: int = 4,
+        shuffle: bool = False,
+        clip_low: float = 0.2,
+        clip_high: float = 0.28,
+        dual_clip: float | None = 3.0,
+        value_clip: float = 0.5,
+        loss_agg_mode: AggMode = "token-mean",
+        entropy_coeff: float = 0.001,
+        use_kl_loss: bool = False,
+        kl_coef: float = 0.0,
+        kl_kind: KLKind = "k1",
+        kl_in_reward_coef: float = 0.0,
+        soft_advantage_reweight: bool = False,
+        filter_loss_scaling: A.FilterLossScaling = "none",
+        length_weight: bool = False,
+        zero_task_advantage: bool = False,
+        actor_lr: float = 1e-6,
+        critic_lr: float = 1e-5,
+        weight_decay: float = 0.01,
+        actor_optimizer: OptimizerCallable | None = None,
+        critic_optimizer: OptimizerCallable | None = None,
+        grad_clip: float = 1.0,
+        logprob_micro_batch_size: int | None = None,
+        logits_chunk_size: int | None = None,
+        temperature: float = 1.0,
+        export_dir: str | None = None,
+    ):
+        super().__init__()
+        if micro_batch_size < 1 or mini_batch_size < 1 or ppo_epochs < 1:
+            raise ValueError("--model.micro_batch_size, --model.mini_batch_size and --model.ppo_epochs must be >= 1")
+        if micro_batch_size > mini_batch_size:
+            raise ValueError(f"--model.micro_batch_size ({micro_batch_size}) must be <= --model.mini_batch_size "
+                             f"({mini_batch_size})")
+        if turn_level_gae and adv_estimator != "gae":
+            raise ValueError("--model.turn_level_gae needs --model.adv_estimator gae")
+        if (soft_advantage_reweight or length_weight) and adv_estimator == "gae":
+            raise ValueError("--model.soft_advantage_reweight / --model.length_weight apply to GRPO-family estimators")
+        if use_kl_loss and kl_coef == 0:
+            raise ValueError("--model.use_kl_loss needs --model.kl_coef > 0")
+        self.save_hyperparameters(ignore=["actor_optimizer", "critic_optimizer"])
+        self.automatic_optimization = False
+        self._actor_opt_factory, self._critic_opt_factory = actor_optimizer, critic_optimizer
+        self.actor: torch.nn.Module | None = None
+        self.critic: torch.nn.Module | None = None
+        self._reference: list[torch.nn.Module] = []  # kept out of state_dict: it is rebuilt from the model folder
+        self.tokenizer = None
+        self.skipped_steps = 0
+
+    # -- models ---------------------------------------------------------------------------------------------------
+    @property
+    def uses_critic(self) -> bool:
+        return self.hparams.adv_estimator == "gae"
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.hparams.use_kl_loss or self.hparams.kl_in_reward_coef > 0
+
+    @property
+    def reference(self) -> torch.nn.Module | None:
+        return self._reference[0] if self._reference else None
+
+    def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        hp = getattr(dm, "hparams", None)
+        if hp is not None and self.hparams.adv_estimator in ("grpo", "drgrpo") and hp.group_size < 2:
+            raise ValueError(f"--data.group_size must be >= 2 for --model.adv_estimator {self.hparams.adv_estimator}")
+        self._model_path = self._resolve_actor_path(dm)
+
+    def _resolve_actor_path(self, dm) -> str:
+        ws = self.hparams.warm_start
+        if not ws:
+            return models.resolve_model_path(self.hparams.model)
+        if dm is None:
+            raise ValueError("--model.warm_start needs the RolloutDataModule (it names the env to learn from)")
+        from ragen_lightning.sft.warm_start import warm_start
+
+        hp = dm.hparams
+        kwargs = dict(ws) if isinstance(ws, dict) else {}
+        kwargs.setdefault("max_turns", hp.max_turns)
+        kwargs.setdefault("max_actions_per_turn", hp.max_actions_per_turn)
+        kwargs.setdefault("max_actions_per_episode", hp.max_actions_per_episode)
+        kwargs.setdefault("enable_think", hp.enable_think)
+        return str(warm_start(self.hparams.model, hp.env_id, hp.env_kwargs, **kwargs))
+
+    def configure_model(self) -> None:
+        if self.actor is not None:
+            return
+        path = getattr(self, "_model_path", None) or models.resolve_model_path(self.hparams.model)
+        self.tokenizer = models.load_tokenizer(path)
+        self.actor = models.load_causal_lm(path, self.hparams.dtype)
+        if self.uses_critic:
+            self.critic = models.load_critic(self.hparams.critic_model or path, self.hparams.dtype)
+        if self.uses_reference:
+            ref = copy.deepcopy(self.actor).eval().requires_grad_(False)
+            self._reference = [ref]
+
+    def on_fit_start(self) -> None:
+        if self.reference is not None:
+            self.reference.to(self.device)
+
+    def make_engine(self, max_batch_size: int = 128) -> HFEngine:
+        """The rollout engine: samples with the actor's own weights."""
+        return HFEngine(self.actor, [self.tokenizer.eos_token_id], self.tokenizer.pad_token_id, max_batch_size)
+
+    def configure_optimizers(self):
+        hp = self.hparams
+
+        def build(factory, params, lr):
+            return factory(params) if factory is not None else torch.optim.AdamW(params, lr=lr,
+                                                                                weight_decay=hp.weight_decay)
+
+        opts = [build(self._actor_opt_factory, self.actor.parameters(), hp.actor_lr)]
+        if self.critic is not None:
+            opts.append(build(self._critic_opt_factory, self.critic.parameters(), hp.critic_lr))
+        return opts
+
+    # -- the iteration --------------------------------------------------------------------------------------------
+    def training_step(self, dataloader_iter) -> None:
+        # 1. the rollout batch, generated with the current weights (pulled here, never pre-fetched)
+        batch, _, _ = next(dataloader_iter)
+        logs = dict(batch.metrics)
+        if len(batch) == 0:
+            self._log(logs)
+            return None
+        batch = batch.to(self.device)
+        hp = self.hparams
+        ids, att = batch.input_ids, batch.attention_mask
+        mask = batch.loss_mask[:, 1:].bool()  # target axis
+        micro = hp.logprob_micro_batch_size or hp.micro_batch_size
+        # 2. scoring passes (no grad)
+        old_logprobs, entropy = score_batch(self.actor, ids, att, micro, kind="actor", with_entropy=True,
+                                            temperature=hp.temperature, chunk_size=hp.logits_chunk_size)
+        ref_logprobs = None
+        if self.reference is not None:
+            ref_logprobs, _ = score_batch(self.reference, ids, att, micro, kind="actor",
+                                          temperature=hp.temperature, chunk_size=hp.logits_chunk_size)
+        values = score_batch(self.critic, ids, att, micro, kind="critic")[0] if self.critic is not None else None
+        logs["actor/entropy"] = float(masked_mean(entropy, mask))
+        logs["rollout/engine_logprob_abs_diff"] = float(masked_mean((batch.engine_logprobs[:, 1:] - old_logprobs).abs(),
+                                                                    mask))
+        # 3. advantages
+        advantages, returns, adv_logs = self._advantages(batch, mask, old_logprobs, ref_logprobs, values)
+        logs.update(adv_logs)
+        # 4. updates
+        data = dict(ids=ids, att=att, mask=mask, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs,
+                    advantages=advantages, returns=returns, values=values)
+        step_logs: dict[str, list[float]] = {}
+        for epoch in range(hp.ppo_epochs):
+            for rows in self._mini_batches(len(batch), epoch, batch.metrics.get("iteration", self.global_step)):
+                if self.critic is not None:
+                    self._merge(step_logs, self._critic_step(data, rows))
+                self._merge(step_logs, self._actor_step(data, rows))
+        logs.update({k: sum(v) / len(v) for k, v in step_logs.items()})
+        logs["train/skipped_steps"] = float(self.skipped_steps)
+        # 5. log
+        self._log(logs)
+        return None
+
+    def _advantages(self, batch: RolloutBatch, mask, old_logprobs, ref_logprobs, values):
+        hp, logs = self.hparams, {}
+        rewards = batch.rewards[:, 1:].float()
+        if hp.kl_in_reward_coef > 0:
+            rewards, kl_logs = A.apply_kl_in_reward(rewards, old_logprobs, ref_logprobs, mask, hp.kl_in_reward_coef,
+                                                    hp.kl_kind)
+            logs["actor/reward_kl"] = float(kl_logs["kl"])
+        if hp.adv_estimator == "gae":
+            if hp.turn_level_gae:
+                adv, returns = A.turn_level_gae(rewards, values, mask, batch.turn_ends[:, 1:] & mask, hp.gamma,
+                                                hp.lam, hp.high_level_gamma)
+            else:
+                adv, returns = A.gae(rewards, values, mask, hp.gamma, hp.lam)
+            adv = masked_whiten(adv, mask)
+        else:
+            # one score per episode (turn-level context modes repeat an episode over several samples)
+            first = {}
+            for row, ep in enumerate(batch.episode_index.tolist()):
+                first.setdefault(ep, row)
+            ep_rows = torch.tensor(list(first.values()), device=mask.device)
+            ep_adv = A.outcome_advantages(batch.scores[ep_rows].float(), batch.group_index[ep_rows],
+                                          hp.adv_estimator)
+            lookup = dict(zip(first.keys(), ep_adv.tolist()))
+            per_sample = torch.tensor([lookup[e] for e in batch.episode_index.tolist()], device=mask.device)
+            if hp.soft_advantage_reweight:
+                per_sample, sw = A.soft_advantage_reweight(per_sample, A.group_std(batch.scores.float(),
+                                                                                   batch.group_index))
+                logs.update({f"train/{k}": float(v) for k, v in sw.items()})
+            adv = A.broadcast_to_tokens(per_sample, mask)
+            returns = adv
+        adv = A.filter_loss_scaling(adv, batch.metrics.get("rollout/filter_kept_ratio", 1.0), hp.filter_loss_scaling)
+        if hp.length_weight:
+            adv = A.length_weight(adv, mask)
+        if hp.zero_task_advantage:
+            adv = A.zero_task_advantage(adv)
+        logs["train/advantage_mean"] = float(masked_mean(adv, mask))
+        logs["train/return_mean"] = float(masked_mean(returns, mask))
+        if values is not None:
+            logs["critic/values_mean"] = float(masked_mean(values, mask))
+        return adv, returns, logs
+
+    def _mini_batches(self, n: int, epoch: int, iteration: int):
+        rows = torch.arange(n, device=self.device)
+        if self.hparams.shuffle:
+            g = torch.Generator().manual_seed(int(iteration) * 1_000_003 + epoch)
+            rows = rows[torch.randperm(n, generator=g).to(self.device)]
+        return list(rows.split(self.hparams.mini_batch_size))
+
+    def _optimizers(self):
+        opts = self.optimizers()
+        return opts if isinstance(opts, list) else [opts]
+
+    def _accumulate(self, opt, net, rows, loss_fn) -> dict[str, float]:
+        """zero_grad -> backward over micro-batches -> clip -> step (skipped when anything is non-finite)."""
+        opt.zero_grad()
+        logs: dict[str, list[float]] = {}
+        finite = True
+        for micro in micro_slices(rows, self.hparams.micro_batch_size):
+            loss, metrics = loss_fn(micro)
+            if not torch.isfinite(loss):
+                finite = False
+                break
+            self.manual_backward(loss)
+            for k, v in metrics.items():
+                logs.setdefault(k, []).append(float(v))
+        norm = self._clip(net) if finite else float("nan")
+        if finite and math.isfinite(norm):
+            opt.step()
+        else:
+            opt.zero_grad()
+            self.skipped_steps += 1
+        out = {k: (sum(v) if k.endswith("_loss") else sum(v) / len(v)) for k, v in logs.items()}
+        out["grad_norm"] = norm
+        return out
+
+    def _clip(self, net) -> float:
+        params = [p for p in net.parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        max_norm = self.hparams.grad_clip if self.hparams.grad_clip > 0 else float("inf")
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+    def _actor_step(self, d, rows) -> dict[str, float]:
+        hp = self.hparams
+        horizon = d["mask"].shape[1]
+        norm = agg_normalizer(d["mask"][rows], hp.loss_agg_mode, horizon=horizon)
+
+        def loss_fn(micro):
+            L = trimmed(d["att"], micro)
+            lp, ent = actor_outputs(self.actor, d["ids"][micro, :L], d["att"][micro, :L],
+                                    with_entropy=hp.entropy_coeff != 0, temperature=hp.temperature,
+                                    chunk_size=hp.logits_chunk_size)
+            cut = lambda x: None if x is None else x[micro, : L - 1]  # noqa: E731
+            return actor_loss(lp, cut(d["old_logprobs"]), cut(d["advantages"]), cut(d["mask"]), entropy=ent,
+                              ref_logprobs=cut(d["ref_logprobs"]) if hp.use_kl_loss else None,
+                              entropy_coeff=hp.entropy_coeff, kl_coef=hp.kl_coef if hp.use_kl_loss else 0.0,
+                              kl_kind=hp.kl_kind, clip_low=hp.clip_low, clip_high=hp.clip_high,
+                              dual_clip=hp.dual_clip, agg=hp.loss_agg_mode, normalizer=norm, horizon=horizon)
+
+        out = self._accumulate(self._optimizers()[0], self.actor, rows, loss_fn)
+        return {f"actor/{k}": v for k, v in out.items()}
+
+    def _critic_step(self, d, rows) -> dict[str, float]:
+        norm = agg_normalizer(d["mask"][rows], "token-mean")
+
+        def loss_fn(micro):
+            L = trimmed(d["att"], micro)
+            v = critic_values(self.critic, d["ids"][micro, :L], d["att"][micro, :L])
+            loss, metrics = value_loss(v, d["values"][micro, : L - 1], d["returns"][micro, : L - 1],
+                                       d["mask"][micro, : L - 1], clip_range=self.hparams.value_clip,
+                                       agg="token-mean", normalizer=norm)
+            metrics = dict(metrics, vf_loss=loss.detach(),
+                           vpred_mean=aggregate(v.detach(), d["mask"][micro, : L - 1], normalizer=norm))
+            return loss, metrics
+
+        out = self._accumulate(self._optimizers()[1], self.critic, rows, loss_fn)
+        return {f"critic/{k}": v for k, v in out.items()}
+
+    @staticmethod
+    def _merge(acc: dict[str, list[float]], new: dict[str, float]) -> None:
+        for k, v in new.items():
+            acc.setdefault(k, []).append(v)
+
+    def _log(self, logs: dict[str, float]) -> None:
+        logs = {k: float(v) for k, v in logs.items() if v is not None and math.isfinite(float(v))}
+        self.log_dict(logs, on_step=True, on_epoch=False, batch_size=1)
+        for key, name in (("train/success", "success"), ("train/score", "score")):
+            if key in logs:
+                self.log(name, logs[key], prog_bar=True, on_step=True, on_epoch=False, batch_size=1)
+
+    # -- validation -----------------------------------------------------------------------------------------------
+    def validation_step(self, batch: RolloutBatch, batch_idx: int) -> None:
+        metrics = {k: float(v) for k, v in batch.metrics.items()}
+        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=1)
+        if "val/success" in metrics:
+            self.log("val_success", metrics["val/success"], prog_bar=True, on_epoch=True, batch_size=1)
+
+    # -- checkpoints and export -----------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["starpo"] = {"skipped_steps": self.skipped_steps,
+                                "model_path": str(getattr(self, "_model_path", self.hparams.model))}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.skipped_steps = int(checkpoint.get("starpo", {}).get("skipped_steps", 0))
+
+    def export_actor(self, path: str | Path) -> Path:
+        """Save the actor and tokenizer as a HF folder (loadable without this package)."""
+        path = Path(path)
+        self.actor.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        return path
+
+    def on_fit_end(self) -> None:
+        if self.hparams.export_dir and self.trainer.is_global_zero:
+            self.export_actor(self.hparams.export_dir)

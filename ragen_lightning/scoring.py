@@ -1,0 +1,66 @@
+"""Teacher-forced forward passes in micro-batches: token log-probs, entropies and critic values.
+
+Everything here works on the *target* axis of a right-padded batch: position ``j`` of an output describes token
+``input_ids[:, j + 1]`` (so outputs are ``[B, T - 1]``). Micro-batches are trimmed to their longest row, so a short
+micro-batch never pays for the batch's longest conversation.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from ragen_lightning.algos.losses import entropy_from_logits, logprobs_from_logits
+
+
+def micro_slices(rows: torch.Tensor, micro_batch_size: int) -> Iterator[torch.Tensor]:
+    """Consecutive chunks of the row indices ``rows``."""
+    for start in range(0, rows.numel(), micro_batch_size):
+        yield rows[start:start + micro_batch_size]
+
+
+def trimmed(attention_mask: torch.Tensor, rows: torch.Tensor) -> int:
+    """Length of the longest row among ``rows`` (at least 2, so there is one target)."""
+    return max(int(attention_mask[rows].sum(-1).max()), 2)
+
+
+def actor_outputs(actor: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+                  with_entropy: bool, temperature: float = 1.0,
+                  chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) of ``input_ids[:, 1:]`` under ``actor``: ``[b, t - 1]`` each."""
+    logits = actor(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+    if temperature != 1.0:
+        logits = logits / temperature
+    logprobs = logprobs_from_logits(logits, input_ids[:, 1:], chunk_size=chunk_size)
+    entropy = entropy_from_logits(logits, chunk_size=chunk_size) if with_entropy else None
+    return logprobs, entropy
+
+
+def critic_values(critic: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """``V`` after each prefix, on the target axis: ``[b, t - 1]``."""
+    return critic(input_ids, attention_mask)[:, :-1].float()
+
+
+@torch.no_grad()
+def score_batch(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro_batch_size: int, *,
+                kind: str, with_entropy: bool = False, temperature: float = 1.0,
+                chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run ``actor`` (``kind="actor"``: log-probs [+ entropy]) or ``critic`` (``kind="critic"``: values) over a
+    whole batch in micro-batches, returning ``[B, T - 1]`` tensors padded with zeros."""
+    B, T = input_ids.shape
+    first = torch.zeros((B, T - 1), device=input_ids.device)
+    second = torch.zeros((B, T - 1), device=input_ids.device) if with_entropy else None
+    for rows in micro_slices(torch.arange(B, device=input_ids.device), micro_batch_size):
+        L = trimmed(attention_mask, rows)
+        ids, att = input_ids[rows, :L], attention_mask[rows, :L]
+        if kind == "actor":
+            lp, ent = actor_outputs(model, ids, att, with_entropy=with_entropy, temperature=temperature,
+                                    chunk_size=chunk_size)
+            first[rows, : L - 1] = lp.float()
+            if second is not None:
+                second[rows, : L - 1] = ent.float()
+        else:
+            first[rows, : L - 1] = critic_values(model, ids, att)
+    return first, second

@@ -1,0 +1,171 @@
+"""StarPOModule + RolloutDataModule under a real Lightning Trainer on CPU with a tiny model (seconds each)."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+import envs  # noqa: F401
+from ragen_lightning.data.datamodule import RolloutDataModule
+from ragen_lightning.data.sampler import FilterConfig
+from ragen_lightning.module import StarPOModule
+from ragen_lightning.rollout.engine import Generation
+
+pytestmark = pytest.mark.slow
+
+
+class SeededBanditEngine:
+    """Answers each Bandit request with one of the two arm names, chosen by the request seed (reward variance)."""
+
+    needs_envs = True
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+
+    def generate(self, prompts, params, seeds=None, envs=None):
+        outs = []
+        for seed, env in zip(seeds, envs):
+            arm = env.action_names[seed % 2]
+            ids = self.tok.encode(f"pick</think><answer>{arm}</answer>", add_special_tokens=False)
+            ids.append(self.tok.eos_token_id)
+            outs.append(Generation(ids, [-0.7] * len(ids), "stop"))
+        return outs
+
+    def sync_weights(self):
+        pass
+
+
+class ScriptedStarPO(StarPOModule):
+    def make_engine(self, max_batch_size=128):
+        return SeededBanditEngine(self.tokenizer)
+
+
+class Recorder(Callback):
+    def __init__(self):
+        self.rows = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.rows.append({k: float(v) for k, v in trainer.callback_metrics.items()})
+
+
+def data(**kw):
+    args = dict(env_id="ragen/Bandit-v0", num_groups=2, group_size=4, num_iterations=1, max_turns=1,
+                max_actions_per_turn=1, max_actions_per_episode=1, max_new_tokens=12, max_model_len=1024,
+                val_num_groups=2)
+    args.update(kw)
+    return RolloutDataModule(**args)
+
+
+def trainer(tmp_path, callbacks=(), **kw):
+    return L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=bool(
+        [c for c in callbacks if isinstance(c, ModelCheckpoint)]), callbacks=list(callbacks),
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+        default_root_dir=tmp_path, **kw)
+
+
+def params(m):
+    return {k: v.detach().clone() for k, v in m.named_parameters()}
+
+
+def changed(before, module):
+    return any(not torch.equal(before[k], v) for k, v in module.named_parameters())
+
+
+def fit(tmp_path, module, dm, callbacks=(), **kw):
+    t = trainer(tmp_path, callbacks, **kw)
+    t.fit(module, dm)
+    return t
+
+
+def test_ppo_iteration_updates_actor_and_critic(tmp_path, tiny_path):
+    module = ScriptedStarPO(model=str(tiny_path), mini_batch_size=8, micro_batch_size=4, actor_lr=1e-3,
+                            critic_lr=1e-3)
+    rec = Recorder()
+    t = trainer(tmp_path, [rec])
+    t.strategy.connect(module)
+    module.configure_model()
+    actor0, critic0 = params(module.actor), params(module.critic)
+    t.fit(module, data())
+    assert module.critic is not None and module.reference is None
+    assert changed(actor0, module.actor) and changed(critic0, module.critic)
+    m = rec.rows[-1]
+    # one mini-batch of 8: one actor and one critic optimizer step
+    assert t.global_step == 2 and m["train/batch_size"] == 8.0
+    assert m["actor/pg_loss"] != 0.0 and m["critic/vf_loss"] > 0.0
+    assert m["rollout/engine_logprob_abs_diff"] > 0.0  # scripted log-probs (-0.7) differ from the actor's
+
+
+def test_grpo_has_no_critic_and_reference_only_with_kl(tmp_path, tiny_path):
+    module = ScriptedStarPO(model=str(tiny_path), adv_estimator="grpo", mini_batch_size=4, micro_batch_size=2,
+                            actor_lr=1e-3)
+    rec = Recorder()
+    t = fit(tmp_path, module, data(), [rec])
+    assert module.critic is None and module.reference is None
+    assert t.global_step == 2  # 8 samples / mini-batch 4 = two actor steps, no critic
+    assert "critic/vf_loss" not in rec.rows[-1] and rec.rows[-1]["actor/pg_loss"] != 0.0
+
+    kl = ScriptedStarPO(model=str(tiny_path), adv_estimator="grpo", use_kl_loss=True, kl_coef=0.1,
+                        mini_batch_size=8, micro_batch_size=8, actor_lr=1e-3)
+    rec = Recorder()
+    fit(tmp_path, kl, data(), [rec])
+    assert kl.reference is not None
+    assert not any(p.requires_grad for p in kl.reference.parameters())
+    assert "reference" not in " ".join(kl.state_dict())  # rebuilt from the folder, not checkpointed
+    assert "actor/kl_loss" in rec.rows[-1]
+
+
+def test_empty_filter_skips_update_and_stops(tmp_path, tiny_path):
+    class Same(SeededBanditEngine):  # every member of a group answers the same arm -> zero variance
+        def generate(self, prompts, params, seeds=None, envs=None):
+            return super().generate(prompts, params, [0] * len(prompts), envs)
+
+    class M(StarPOModule):
+        def make_engine(self, max_batch_size=128):
+            return Same(self.tokenizer)
+
+    module = M(model=str(tiny_path), adv_estimator="grpo", mini_batch_size=8, micro_batch_size=8)
+    t = trainer(tmp_path)
+    t.strategy.connect(module)
+    module.configure_model()
+    before = params(module.actor)
+    rec = Recorder()
+    dm = data(num_iterations=10, empty_stop_steps=2, filter=FilterConfig(value=0.9, include_zero=False))
+    with pytest.warns(UserWarning, match="kept no group"):
+        t = fit(tmp_path, module, dm, [rec])
+    assert not changed(before, module.actor) and t.global_step == 0
+    assert dm.iteration == 2 and rec.rows[-1]["rollout/consecutive_empty_after_filter_steps"] == 2.0
+
+
+def test_bad_config_errors(tiny_path):
+    with pytest.raises(ValueError, match="micro_batch_size .* must be <= --model.mini_batch_size"):
+        StarPOModule(model=str(tiny_path), mini_batch_size=2, micro_batch_size=4)
+    with pytest.raises(ValueError, match="unknown env id 'ragen/Nope-v0'"):
+        data(env_id="ragen/Nope-v0")
+    module = StarPOModule(model=str(tiny_path), adv_estimator="grpo")
+    with pytest.raises(ValueError, match="--data.group_size must be >= 2"):
+        L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False).fit(module, data(group_size=1))
+
+
+def test_resume_continues_exactly(tmp_path, tiny_path):
+    """Stop after iteration 2 of 3, resume: iteration 3 and the final weights equal an uninterrupted run."""
+
+    def run(root, ckpt=None, stop_after=None):
+        module = StarPOModule(model=str(tiny_path), adv_estimator="grpo", mini_batch_size=8, micro_batch_size=4,
+                              actor_lr=1e-2, entropy_coeff=0.01)
+        rec = Recorder()
+        cbs = [rec, ModelCheckpoint(dirpath=root, every_n_train_steps=1, save_top_k=-1,
+                                    filename="{step}")]
+        t = trainer(root, cbs, max_steps=stop_after or -1)
+        t.fit(module, data(num_iterations=3, group_size=4, temperature=1.0), ckpt_path=ckpt)
+        return module, rec
+
+    full, rec_full = run(tmp_path / "full")
+    _, rec_first = run(tmp_path / "part", stop_after=2)
+    resumed, rec_resumed = run(tmp_path / "part", ckpt=str(tmp_path / "part" / "step=2.ckpt"))
+    assert len(rec_resumed.rows) == 1  # only iteration 3 ran after the resume
+    for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "train/score", "rollout/token_drift_rate"):
+        assert rec_resumed.rows[0][key] == pytest.approx(rec_full.rows[2][key], abs=1e-6), key
+    for (k, a), (_, b) in zip(full.actor.named_parameters(), resumed.actor.named_parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0, msg=k)
