@@ -8,11 +8,13 @@ understands (``action_names``) and the instruction/legend text a prompt needs (:
 
 from __future__ import annotations
 
+import operator
 import string
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 from gymnasium import spaces
 
 # Printable ASCII (letters, digits, punctuation, space, \t \n \r \x0b \x0c); envs add their own non-ASCII symbols.
@@ -27,6 +29,20 @@ def text_space(extra_chars: str = "", max_length: int = 8192) -> spaces.Text:
     """
     charset = "".join(dict.fromkeys(PRINTABLE + extra_chars))  # ordered, unique
     return spaces.Text(min_length=0, max_length=max_length, charset=charset)
+
+
+def as_action(action: Any, n: int) -> int | None:
+    """``action`` as an index in ``[0, n)``; None for anything else (bools, floats, strings, arrays, out of range).
+
+    Discrete envs use it so a bad action gives their documented invalid-action result instead of an exception.
+    """
+    if isinstance(action, (bool, np.bool_)):
+        return None
+    try:
+        a = operator.index(action)
+    except TypeError:
+        return None
+    return a if 0 <= a < n else None
 
 
 @dataclass(frozen=True)

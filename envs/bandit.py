@@ -1,0 +1,177 @@
+"""Two-armed bandit with named arms (RAGEN's Bi-Arm Bandit), single turn.
+
+The agent sees two occupation names and must guess from the names alone which arm is the risky, high-paying one.
+Departure from RAGEN: RAGEN offsets every instance's seed by a global instance counter, so envs reset with the same
+seed in one group see different arms and reward draws; here the seed alone decides everything (group invariant).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from envs.base import PromptSpec, TextEnv, as_action, text_space
+
+# (low-risk arm, high-risk arm) pairs, in RAGEN's order.
+TRAIN_ARM_PAIRS: tuple[tuple[str, str], ...] = (
+    ("Teacher", "Trader"),
+    ("Nurse", "StartupFounder"),
+    ("Librarian", "Investor"),
+    ("Accountant", "StockBroker"),
+    ("Engineer", "RealEstateAgent"),
+    ("Pharmacist", "Musician"),
+    ("Clerk", "Freelancer"),
+    ("Technician", "Youtuber"),
+    ("Planner", "Artist"),
+    ("Postman", "Pilot"),
+    ("Banker", "VentureCapitalist"),
+    ("Gardener", "Cryptominer"),
+)
+# Held-out pairs ("Bandit-Rev" in the RAGEN paper).
+TEST_ARM_PAIRS: tuple[tuple[str, str], ...] = (
+    ("Receptionist", "Explorer"),
+    ("Archivist", "Filmmaker"),
+    ("Bookkeeper", "Consultant"),
+    ("SocialWorker", "Photographer"),
+    ("Mechanic", "GameDesigner"),
+    ("Secretary", "Entrepreneur"),
+    ("Cashier", "DataScientist"),
+    ("CivilServant", "StartupAccelerator"),
+)
+ARM_PAIRS: dict[str, tuple[tuple[str, str], ...]] = {"train": TRAIN_ARM_PAIRS, "test": TEST_ARM_PAIRS}
+
+PROMPT_TEMPLATE = (
+    "You are playing a bandit game. Goal: Maximize your total reward by choosing which arm to pull.\n"
+    "Game Rules:\n"
+    "1. There are 2 arms, named {name_a} and {name_b}\n"
+    "2. Each arm has its own reward distribution, related to their names.\n"
+    "3. Analyze the symbolic meaning of each arm's name to guess how their reward distribution might behave.\n"
+    "4. Based on the symbolic meaning of their names, which arm do you think is more likely to give higher rewards "
+    "on average? Choose between {name_a} and {name_b}, and output like <answer> {name_a} </answer> or "
+    "<answer> {name_b} </answer>.\n"
+)
+# RAGEN's Bandit tags have an empty instruction (the observation is the whole task); the shared prompt contract wants
+# a non-empty one, so the instruction is the opening of the env's own prompt.
+INSTRUCTION = "You are playing a bandit game. Goal: Maximize your total reward by choosing which arm to pull."
+INVALID_TEXT = "Invalid action. Choose arm 0 ({name_a}) or arm 1 ({name_b})."
+
+
+
+class BanditEnv(TextEnv):
+    """Two-armed bandit whose arms are named after occupations; one risky arm, one safe arm.
+
+    ## Description
+    At reset a (safe, risky) name pair is drawn from the split's list and the two arms are put in a random order.
+    The observation is a prompt naming both arms. The safe arm always pays ``lo_arm_score``; the risky arm pays
+    ``hi_arm_hiscore`` with probability ``hi_arm_hiscore_prob`` and ``hi_arm_loscore`` otherwise (expected 0.25 with
+    the defaults, versus 0.1 for the safe arm). One pull ends the episode.
+
+    ## Action Space
+    ``Discrete(2)``: the arm index. ``action_names`` holds the two arm names of the current episode in index order
+    (empty before the first reset).
+
+    ## Observation Space
+    ``Text`` over printable ASCII. After reset: the game prompt; after a pull: ``"{arm}: {reward} points"``.
+
+    ## Rewards
+    Safe arm: ``lo_arm_score``. Risky arm: ``hi_arm_hiscore`` w.p. ``hi_arm_hiscore_prob`` else ``hi_arm_loscore``.
+    An invalid action (anything but the ints 0 and 1) gives 0.0, leaves the episode running and returns a reminder
+    of the two choices.
+
+    ## Episode End
+    Terminated after the first valid pull. Stepping after the end returns the last observation, reward 0.0,
+    ``terminated=True`` and ``action_is_valid=False``.
+
+    ## Info
+    ``success`` (the risky, higher-mean arm was pulled), ``action_is_valid``, ``action_is_effective`` (equal to valid).
+
+    ## Arguments
+    - ``split``: ``"train"`` (12 name pairs) or ``"test"`` (8 held-out pairs; ``ragen/BanditTest-v0``).
+    - ``lo_arm_score`` (0.1), ``hi_arm_loscore`` (0.0), ``hi_arm_hiscore`` (1.0), ``hi_arm_hiscore_prob`` (0.25).
+    - ``render_mode``: ``None`` or ``"ansi"``.
+
+    Envs reset with the same seed are identical: same names, same order and the same reward draw.
+    """
+
+    def __init__(
+        self,
+        split: str = "train",
+        lo_arm_score: float = 0.1,
+        hi_arm_loscore: float = 0.0,
+        hi_arm_hiscore: float = 1.0,
+        hi_arm_hiscore_prob: float = 0.25,
+        render_mode: str | None = None,
+    ):
+        super().__init__(render_mode=render_mode)
+        if split not in ARM_PAIRS:
+            raise ValueError(f"split must be one of {sorted(ARM_PAIRS)}, got {split!r}")
+        if not 0.0 <= hi_arm_hiscore_prob <= 1.0:
+            raise ValueError(f"hi_arm_hiscore_prob must be in [0, 1], got {hi_arm_hiscore_prob}")
+        for name, value in (
+            ("lo_arm_score", lo_arm_score),
+            ("hi_arm_loscore", hi_arm_loscore),
+            ("hi_arm_hiscore", hi_arm_hiscore),
+        ):
+            if not np.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value}")
+        self.split = split
+        self.arm_pairs = ARM_PAIRS[split]
+        self.lo_arm_score = float(lo_arm_score)
+        self.hi_arm_loscore = float(hi_arm_loscore)
+        self.hi_arm_hiscore = float(hi_arm_hiscore)
+        self.hi_arm_hiscore_prob = float(hi_arm_hiscore_prob)
+
+        self.action_space = spaces.Discrete(2)
+        self.observation_space = text_space()
+        self.action_names: tuple[str, ...] = ()
+        self.lo_arm_name: str | None = None
+        self.hi_arm_name: str | None = None
+        self._prompt = ""
+        self._obs = ""
+        self._done = True
+
+    def prompt_spec(self) -> PromptSpec:
+        return PromptSpec(instruction=INSTRUCTION, action_names=self.action_names)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+        super().reset(seed=seed)
+        if options:
+            raise ValueError(f"BanditEnv.reset takes no options, got {sorted(options)}")
+        self.lo_arm_name, self.hi_arm_name = self.arm_pairs[int(self.np_random.integers(len(self.arm_pairs)))]
+        if self.np_random.random() < 0.5:
+            self.action_names = (self.lo_arm_name, self.hi_arm_name)
+        else:
+            self.action_names = (self.hi_arm_name, self.lo_arm_name)
+        self._prompt = PROMPT_TEMPLATE.format(name_a=self.action_names[0], name_b=self.action_names[1])
+        self._obs = self._prompt
+        self._done = False
+        return self._obs, self._info(success=False, valid=True, effective=False)
+
+    def step(self, action: Any) -> tuple[str, float, bool, bool, dict]:
+        if self.lo_arm_name is None:
+            raise RuntimeError("BanditEnv: call reset() before step()")
+        if self._done:
+            return self._obs, 0.0, True, False, self._info(success=False, valid=False, effective=False)
+        arm = as_action(action, 2)
+        if arm is None:
+            self._obs = INVALID_TEXT.format(name_a=self.action_names[0], name_b=self.action_names[1])
+            return self._obs, 0.0, False, False, self._info(success=False, valid=False, effective=False)
+
+        name = self.action_names[arm]
+        if name == self.lo_arm_name:
+            reward = self.lo_arm_score
+        elif self.np_random.random() < self.hi_arm_hiscore_prob:
+            reward = self.hi_arm_hiscore
+        else:
+            reward = self.hi_arm_loscore
+        self._obs = f"{name}: {reward} points"
+        self._done = True
+        return self._obs, reward, True, False, self._info(success=name == self.hi_arm_name, valid=True, effective=True)
+
+    def _info(self, *, success: bool, valid: bool, effective: bool) -> dict[str, Any]:
+        return {"success": success, "action_is_valid": valid, "action_is_effective": effective}
+
+    def _render_text(self) -> str:
+        return self._obs

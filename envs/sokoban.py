@@ -1,0 +1,504 @@
+"""Sokoban as an exact Gymnasium text env (RAGEN's ``sokoban`` env type and its tags).
+
+Rules, rewards and renderings follow RAGEN (SPEC 1.1). The level generator is this package's own
+(:mod:`envs._sokoban_gen`): a breadth-first backward search from the solved room gives every reachable start state
+its exact shortest solution length, so every level is solvable, its difficulty is known (``info["optimal_steps"]``)
+and generation does not depend on Python's ``random``, the global NumPy state or string hashing.
+
+Departures from RAGEN (all deliberate):
+
+* actions are 0..3 = Up, Down, Left, Right (RAGEN: 1..4 with the same names);
+* the prompt legend comes from the env's actual symbol lookup (RAGEN always shows the default legend), the
+  coordinate sentence names the actual board corner (RAGEN always says (5, 5)), and the ``coord`` format (no grid
+  shown) gets no legend and no mention of a symbol grid;
+* ``num_boxes`` defaults to 1 (RAGEN's dataclass default is 3; every RAGEN tag sets 1 or 2);
+* the episode limit is a truncation, not a termination (Gymnasium semantics);
+* levels are drawn uniformly among the start states whose shortest solution has between ``min_solution_steps`` and
+  ``search_depth`` steps, with no box on a target (RAGEN keeps the state of its depth-first reverse play that
+  displaced the boxes most).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Sequence
+
+import numpy as np
+from gymnasium import spaces
+
+from envs import _sokoban_gen as gen
+from envs.base import PromptSpec, TextEnv, as_action, text_space
+
+ACTION_NAMES = ("Up", "Down", "Left", "Right")
+OBSERVATION_FORMATS = ("grid", "coord", "grid_coord")
+
+# Cell codes: 0 wall, 1 empty, 2 target, 3 box on target, 4 box, 5 player, 6 player on target.
+DEFAULT_GRID_LOOKUP = {0: "#", 1: "_", 2: "O", 3: "√", 4: "X", 5: "P", 6: "S"}
+CODE_MEANINGS = {
+    0: "wall",
+    1: "empty",
+    2: "target",
+    3: "box on target",
+    4: "box",
+    5: "player",
+    6: "player on target",
+}
+
+# RAGEN's env_instruction texts (config/envs.yaml block scalars keep their trailing spaces and final newline).
+INSTRUCTION = (
+    "You are solving the Sokoban puzzle. \n"
+    "You are the player and you need to push all boxes to targets. \n"
+    "When you are right next to a box, you can push it by moving in the same direction. \n"
+    "You cannot push a box through a wall, and you cannot pull a box. \n"
+    "The answer should be a sequence of actions, like <answer>Right || Right || Up</answer>\n"
+)
+COORD_INSTRUCTION = (
+    "You are solving the Sokoban puzzle. You are the player and you need to push all boxes to targets.\n"
+    "You are provided with {what}the zero-indexed coordinates of the player, each box, and each target. \n"
+    "Coordinates range from the top-left corner (0, 0) to the bottom-right corner ({last_row}, {last_col}). \n"
+    "When you are exactly next to a box, you can push it by moving in the same direction. \n"
+    "You cannot push a box through a wall, and you cannot pull a box.\n"
+    "The answer should be a sequence of actions, like <answer>Right || Right || Up</answer>.\n"
+)
+
+# Defaults of every keyword; a preset overrides some of them, explicit keywords override both.
+DEFAULTS: dict[str, Any] = {
+    "dim_room": (6, 6),
+    "num_boxes": 1,
+    "max_steps": 100,
+    "observation_format": "grid",
+    "grid_lookup": None,
+    "grid_vocab": None,
+    "search_depth": 300,
+    "min_solution_steps": 2,
+    "search_budget": 10_000,
+}
+
+# RAGEN's Sokoban tags (config/envs.yaml); search_depth as in RAGEN (300 by default, 10 and 30 where it sets one).
+PRESETS: dict[str, dict[str, Any]] = {
+    "SimpleSokoban": {"dim_room": (6, 6), "num_boxes": 1, "max_steps": 100, "observation_format": "grid"},
+    "LargerSokoban": {"dim_room": (8, 8), "num_boxes": 2, "max_steps": 100, "search_depth": 10},
+    "CoordSokoban": {"dim_room": (6, 6), "num_boxes": 1, "max_steps": 100, "observation_format": "grid_coord"},
+    "SokobanDifferentGridVocab": {
+        "dim_room": (6, 6),
+        "num_boxes": 1,
+        "max_steps": 100,
+        "search_depth": 30,
+        "grid_lookup": {0: "W", 1: ".", 2: "G", 3: "C", 4: "B", 5: "A", 6: "@"},
+        "grid_vocab": {
+            "W": "wall",
+            ".": "empty",
+            "G": "target",
+            "C": "box on target",
+            "B": "box",
+            "A": "player",
+            "@": "player on target",
+        },
+    },
+}
+
+_MAX_GENERATION_TRIES = 1000
+
+
+
+def parse_board(board: str | Sequence[str] | np.ndarray, grid_lookup: dict[int, str] | None = None):
+    """Read a hand-built board: rows of symbols (a newline-separated string or a list of strings, in the symbols of
+    ``grid_lookup``, default ``#_O√XPS``) or a 2-D array of cell codes 0..6.
+
+    Returns ``(rows, cols, floor, targets, boxes, player)`` in :mod:`envs._sokoban_gen`'s bitmask encoding.
+    Raises ValueError for ragged rows, unknown symbols, not exactly one player, no box, or a box/target mismatch.
+    """
+    lookup = grid_lookup or DEFAULT_GRID_LOOKUP
+    inverse = {v: k for k, v in lookup.items()}
+    if isinstance(board, str):
+        board = board.strip("\n").split("\n")
+    if isinstance(board, np.ndarray) or (len(board) and not isinstance(board[0], str)):
+        codes = np.asarray(board)
+        if codes.ndim != 2 or not np.issubdtype(codes.dtype, np.integer) or codes.min() < 0 or codes.max() > 6:
+            raise ValueError("board: a code array must be 2-D with integer cell codes 0..6")
+        grid = codes.tolist()
+    else:
+        grid = []
+        for r, line in enumerate(board):
+            row = []
+            for c, ch in enumerate(line):
+                if ch not in inverse:
+                    raise ValueError(f"board: unknown symbol {ch!r} at ({r}, {c}); symbols are {sorted(inverse)}")
+                row.append(inverse[ch])
+            grid.append(row)
+    if not grid or not grid[0] or any(len(row) != len(grid[0]) for row in grid):
+        raise ValueError("board: rows must be non-empty and of equal length")
+    rows, cols = len(grid), len(grid[0])
+    geo = gen.geometry(rows, cols)
+    floor = targets = boxes = 0
+    players = []
+    for r, row in enumerate(grid):
+        for c, code in enumerate(row):
+            bit = 1 << geo.index(r, c)
+            if code:
+                floor |= bit
+            if code in (2, 3, 6):
+                targets |= bit
+            if code in (3, 4):
+                boxes |= bit
+            if code in (5, 6):
+                players.append(geo.index(r, c))
+    if len(players) != 1:
+        raise ValueError(f"board: needs exactly one player, found {len(players)}")
+    if not boxes or boxes.bit_count() != targets.bit_count():
+        raise ValueError(
+            f"board: needs at least one box and as many targets as boxes "
+            f"({boxes.bit_count()} boxes, {targets.bit_count()} targets)"
+        )
+    return rows, cols, floor, targets, boxes, players[0]
+
+
+def solve_board(board: str | Sequence[str] | np.ndarray, grid_lookup: dict[int, str] | None = None) -> list[int] | None:
+    """Shortest action sequence (0..3 = Up, Down, Left, Right) solving a hand-built board (see :func:`parse_board`);
+    ``[]`` if solved already, None if unsolvable."""
+    rows, cols, floor, targets, boxes, player = parse_board(board, grid_lookup)
+    return gen.solve(gen.geometry(rows, cols), floor, targets, boxes, player)
+
+
+class SokobanEnv(TextEnv):
+    """Sokoban: push every box onto a target.
+
+    ## Description
+    A room of walls and floor with some targets, as many boxes and one player. The player walks one cell per action
+    and pushes a box by walking into it when the cell behind the box is free (floor or target, no box). Boxes cannot
+    be pulled or pushed two at a time. Levels are generated from the seed (see :mod:`envs._sokoban_gen`): a random
+    room, random targets, then a backward breadth-first search from the solved room gives every start state its
+    exact shortest solution length; the start state is drawn uniformly among those needing
+    ``min_solution_steps..search_depth`` steps with no box on a target. Every level is solvable.
+    A hand-built board can be loaded with ``reset(options={"board": ...})`` (see :func:`parse_board`).
+
+    ## Action Space
+    ``Discrete(4)``: 0 Up, 1 Down, 2 Left, 3 Right (``action_names``). Anything that is not an integer in
+    ``[0, 4)`` (a NumPy integer counts) is an invalid action: the state does not change, the reward is 0, no step
+    is counted and ``info["action_is_valid"]`` is False.
+
+    ## Observation Space
+    A string (``Text`` over printable ASCII plus the lookup's symbols), by ``observation_format``:
+
+    * ``"grid"``: one row per line, one symbol per cell: ``#`` wall, ``_`` empty, ``O`` target, ``√`` box on
+      target, ``X`` box, ``P`` player, ``S`` player on target (or the ``grid_lookup`` symbols);
+    * ``"coord"``: ``Board size: R rows x C cols (zero-indexed).`` then, only when non-empty, lines
+      ``Targets: (r, c), ...`` (covered targets included), ``Boxes:``, ``Boxes on target:``, ``Player:``,
+      ``Player on target:``;
+    * ``"grid_coord"``: ``"Coordinates: \\n" + coord + "\\n" + "Grid Map: \\n" + grid``.
+
+    ## Rewards
+    Every valid action: -0.1; +1 when the number of boxes on targets goes up, -1 when it goes down; +10 more when
+    every box is on a target. Invalid actions and actions after the episode ended: 0.
+
+    ## Episode End
+    ``terminated`` when every box is on a target (``info["success"]``). ``truncated`` when ``max_steps`` valid
+    actions were taken without solving. After the end, ``step`` is harmless: same observation, reward 0, the same
+    ``terminated``/``truncated`` flags, ``action_is_effective`` False.
+
+    ``info`` on reset and every step: ``success``, ``action_is_effective`` (the player moved),
+    ``action_is_valid``, ``boxes_on_target``; on reset of a generated level also ``optimal_steps`` (length of a
+    shortest solution, as :meth:`solve` returns).
+
+    ## Arguments
+    Every keyword defaults to ``DEFAULTS`` updated by ``PRESETS[preset]``; explicit keywords override both.
+
+    * ``dim_room=(6, 6)``: (rows, cols) of generated rooms, border included (each >= 3).
+    * ``num_boxes=1``: boxes (and targets) per generated room.
+    * ``max_steps=100``: valid actions per episode before truncation.
+    * ``observation_format="grid"``: ``"grid"``, ``"coord"`` or ``"grid_coord"``.
+    * ``grid_lookup=None``: cell code -> symbol (codes 0..6 above), default ``{0:"#",1:"_",2:"O",3:"√",4:"X",
+      5:"P",6:"S"}``; single characters, all different.
+    * ``grid_vocab=None``: symbol -> meaning for the prompt legend; missing symbols get the code's meaning.
+    * ``search_depth=300``: longest shortest-solution (in steps) a generated level may have (RAGEN's knob of the same
+      name bounds its reverse play the same way).
+    * ``min_solution_steps=2``: shortest shortest-solution a generated level may have.
+    * ``search_budget=10000``: states the backward search may find per room (bounds generation time of big rooms).
+    * ``preset=None``: one of ``PRESETS`` (SimpleSokoban, LargerSokoban, CoordSokoban, SokobanDifferentGridVocab).
+    * ``render_mode=None``: ``"ansi"`` makes ``render()`` return the observation text.
+    """
+
+    action_names = ACTION_NAMES
+
+    def __init__(
+        self,
+        dim_room: tuple[int, int] | None = None,
+        num_boxes: int | None = None,
+        max_steps: int | None = None,
+        observation_format: str | None = None,
+        grid_lookup: dict[int, str] | None = None,
+        grid_vocab: dict[str, str] | None = None,
+        search_depth: int | None = None,
+        min_solution_steps: int | None = None,
+        search_budget: int | None = None,
+        preset: str | None = None,
+        render_mode: str | None = None,
+    ):
+        super().__init__(render_mode=render_mode)
+        if preset is not None and preset not in PRESETS:
+            raise ValueError(f"preset must be one of {sorted(PRESETS)} or None, got {preset!r}")
+        cfg = dict(DEFAULTS)
+        if preset is not None:
+            cfg.update(PRESETS[preset])
+        explicit = {
+            "dim_room": dim_room,
+            "num_boxes": num_boxes,
+            "max_steps": max_steps,
+            "observation_format": observation_format,
+            "grid_lookup": grid_lookup,
+            "grid_vocab": grid_vocab,
+            "search_depth": search_depth,
+            "min_solution_steps": min_solution_steps,
+            "search_budget": search_budget,
+        }
+        cfg.update({k: v for k, v in explicit.items() if v is not None})
+        self.preset = preset
+
+        dim = tuple(cfg["dim_room"]) if isinstance(cfg["dim_room"], (tuple, list)) else ()
+        if len(dim) != 2 or not all(isinstance(x, (int, np.integer)) and x >= 3 for x in dim):
+            raise ValueError(f"dim_room must be two integers >= 3 (rows, cols), got {cfg['dim_room']!r}")
+        self.dim_room = (int(dim[0]), int(dim[1]))
+        interior = (self.dim_room[0] - 2) * (self.dim_room[1] - 2)
+        self.num_boxes = _positive_int("num_boxes", cfg["num_boxes"])
+        if self.num_boxes + 1 > interior:
+            raise ValueError(
+                f"num_boxes={self.num_boxes} is too many for dim_room={self.dim_room}: the room's interior has "
+                f"{interior} cells for the boxes and the player"
+            )
+        self.max_steps = _positive_int("max_steps", cfg["max_steps"])
+        if cfg["observation_format"] not in OBSERVATION_FORMATS:
+            raise ValueError(
+                f"observation_format must be one of {OBSERVATION_FORMATS}, got {cfg['observation_format']!r}"
+            )
+        self.observation_format = cfg["observation_format"]
+        self.search_depth = _positive_int("search_depth", cfg["search_depth"])
+        self.min_solution_steps = _positive_int("min_solution_steps", cfg["min_solution_steps"])
+        if self.min_solution_steps > self.search_depth:
+            raise ValueError(
+                f"min_solution_steps={self.min_solution_steps} must be <= search_depth={self.search_depth}"
+            )
+        self.search_budget = _positive_int("search_budget", cfg["search_budget"])
+
+        lookup = dict(cfg["grid_lookup"] or DEFAULT_GRID_LOOKUP)
+        if all(isinstance(k, str) and k.isdigit() for k in lookup):  # e.g. keys read from JSON
+            lookup = {int(k): v for k, v in lookup.items()}
+        if set(lookup) != set(range(7)):
+            raise ValueError(f"grid_lookup must map each cell code 0..6 to a symbol, got keys {sorted(lookup)}")
+        symbols = list(lookup.values())
+        if not all(isinstance(s, str) and len(s) == 1 and s not in "\n\r" for s in symbols) or len(set(symbols)) != 7:
+            raise ValueError(f"grid_lookup symbols must be 7 different single characters, got {symbols!r}")
+        self.grid_lookup = {k: lookup[k] for k in range(7)}
+        vocab = dict(cfg["grid_vocab"] or {})
+        unknown = set(vocab) - set(symbols)
+        if unknown:
+            raise ValueError(f"grid_vocab has symbols {sorted(unknown)} that grid_lookup does not render")
+        self.grid_vocab = {lookup[k]: vocab.get(lookup[k], CODE_MEANINGS[k]) for k in range(7)}
+
+        self.action_space = spaces.Discrete(4)
+        self.observation_space = text_space(extra_chars="".join(symbols))
+        # placeholder until the first reset: an empty, already-finished 1x1 room
+        self._set_board(1, 1, 0, 0, 0, gen.geometry(1, 1).index(0, 0), optimal_steps=None)
+
+    # ------------------------------------------------------------------ gymnasium API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+        super().reset(seed=seed)
+        options = dict(options or {})
+        board = options.pop("board", None)
+        if options:
+            raise ValueError(f"reset options: unknown keys {sorted(options)}; the only option is 'board'")
+        if board is not None:
+            self._set_board(*parse_board(board, self.grid_lookup), optimal_steps=None)
+        else:
+            rng = self.np_random
+            level = gen.generate_level(
+                lambda n: rng.random(n).tolist(),
+                self.dim_room[0],
+                self.dim_room[1],
+                self.num_boxes,
+                self.min_solution_steps,
+                self.search_depth,
+                self.search_budget,
+                _MAX_GENERATION_TRIES,
+            )
+            self._set_board(
+                level.rows, level.cols, level.floor, level.targets, level.boxes, level.player,
+                optimal_steps=level.optimal_steps,
+            )
+        info = self._info(effective=False, valid=True)
+        if self._optimal_steps is not None:
+            info["optimal_steps"] = self._optimal_steps
+        return self._render_text(), info
+
+    def step(self, action: Any) -> tuple[str, float, bool, bool, dict]:
+        a = as_action(action, 4)
+        if a is None or self._terminated or self._truncated:
+            return self._render_text(), 0.0, self._terminated, self._truncated, self._info(False, a is not None)
+        o = self._offsets[a]
+        p = self._player
+        t = p + o
+        tbit = 1 << t
+        on_before = (self._boxes & self._targets).bit_count()
+        moved = False
+        if self._floor & tbit:
+            if self._boxes & tbit:
+                t2bit = 1 << (t + o)
+                if self._floor & t2bit and not self._boxes & t2bit:
+                    self._boxes ^= tbit | t2bit
+                    moved = True
+            else:
+                moved = True
+        if moved:
+            self._player = t
+        self._num_env_steps += 1
+        on_after = (self._boxes & self._targets).bit_count()
+        reward = -0.1
+        if on_after > on_before:
+            reward += 1.0
+        elif on_after < on_before:
+            reward -= 1.0
+        if self._boxes == self._targets:
+            reward += 10.0
+            self._terminated = True
+        elif self._num_env_steps >= self.max_steps:
+            self._truncated = True
+        return self._render_text(), reward, self._terminated, self._truncated, self._info(moved, True)
+
+    def prompt_spec(self) -> PromptSpec:
+        if self.observation_format == "grid":
+            instruction = INSTRUCTION
+        else:
+            instruction = COORD_INSTRUCTION.format(
+                what="a symbol grid and " if self.observation_format == "grid_coord" else "",
+                last_row=self.dim_room[0] - 1,
+                last_col=self.dim_room[1] - 1,
+            )
+        symbols = () if self.observation_format == "coord" else tuple(self.grid_vocab.items())
+        return PromptSpec(instruction=instruction, action_names=self.action_names, symbols=symbols)
+
+    # ------------------------------------------------------------------ solver and state views
+    def solve(self, max_states: int | None = None) -> list[int] | None:
+        """A shortest action sequence (0..3 = Up, Down, Left, Right) from the current state that solves the level;
+        ``[]`` when already solved, None when the state cannot be solved any more (e.g. a box pushed into a
+        corner) or no solution was found within ``max_states`` searched states. Ignores the remaining step budget."""
+        return gen.solve(self._geo, self._floor, self._targets, self._boxes, self._player, max_states)
+
+    @property
+    def optimal_steps(self) -> int | None:
+        """Shortest solution length of the generated level at reset (None for a hand-built board)."""
+        return self._optimal_steps
+
+    @property
+    def num_env_steps(self) -> int:
+        return self._num_env_steps
+
+    @property
+    def boxes_on_target(self) -> int:
+        return (self._boxes & self._targets).bit_count()
+
+    @property
+    def player_position(self) -> tuple[int, int]:
+        return self._geo.coords(self._player)
+
+    @property
+    def room_fixed(self) -> np.ndarray:
+        """Static cells as int8 codes: 0 wall, 1 floor, 2 target."""
+        return self._codes(dynamic=False)
+
+    @property
+    def room_state(self) -> np.ndarray:
+        """Current cells as int8 codes: 0 wall, 1 empty, 2 target, 3 box on target, 4 box, 5 player (RAGEN's
+        ``room_state``; the render shows a player on a target as code 6)."""
+        return self._codes(dynamic=True)
+
+    # ------------------------------------------------------------------ internals
+    def _set_board(self, rows, cols, floor, targets, boxes, player, *, optimal_steps):
+        self._geo = gen.geometry(rows, cols)
+        self._offsets = self._geo.offsets
+        self._rows, self._cols = rows, cols
+        self._floor, self._targets, self._boxes, self._player = floor, targets, boxes, player
+        self._optimal_steps = optimal_steps
+        self._num_env_steps = 0
+        self._terminated = boxes == targets
+        self._truncated = False
+        # render caches: static symbol per character of the grid text; bit index -> position in that list
+        lk = self.grid_lookup
+        wall, empty, target = lk[0], lk[1], lk[2]
+        layout = self._geo.layout
+        self._base = [
+            "\n" if i < 0 else target if targets >> i & 1 else empty if floor >> i & 1 else wall for i in layout
+        ]
+        self._pos = _positions(layout)
+        geo = self._geo
+        self._coord_head = f"Board size: {rows} rows x {cols} cols (zero-indexed)."
+        tcells = geo.cells(targets)
+        self._coord_targets = "Targets: " + _fmt(tcells) if tcells else None
+
+    def _render_text(self) -> str:
+        fmt = self.observation_format
+        if fmt == "grid":
+            return self._grid()
+        if fmt == "coord":
+            return self._coord()
+        return "Coordinates: \n" + self._coord() + "\n" + "Grid Map: \n" + self._grid()
+
+    def _grid(self) -> str:
+        chars = self._base.copy()
+        lk, pos, tg = self.grid_lookup, self._pos, self._targets
+        b = self._boxes
+        while b:
+            low = b & -b
+            b ^= low
+            chars[pos[low.bit_length() - 1]] = lk[3] if tg & low else lk[4]
+        chars[pos[self._player]] = lk[6] if tg >> self._player & 1 else lk[5]
+        return "".join(chars)
+
+    def _coord(self) -> str:
+        geo, tg, bx = self._geo, self._targets, self._boxes
+        lines = [self._coord_head]
+        if self._coord_targets:
+            lines.append(self._coord_targets)
+        off, on = geo.cells(bx & ~tg), geo.cells(bx & tg)
+        if off:
+            lines.append("Boxes: " + _fmt(off))
+        if on:
+            lines.append("Boxes on target: " + _fmt(on))
+        label = "Player on target: " if tg >> self._player & 1 else "Player: "
+        lines.append(label + _fmt([geo.coords(self._player)]))
+        return "\n".join(lines)
+
+    def _info(self, effective: bool, valid: bool) -> dict[str, Any]:
+        return {
+            "success": self._boxes == self._targets,
+            "action_is_effective": effective,
+            "action_is_valid": valid,
+            "boxes_on_target": (self._boxes & self._targets).bit_count(),
+        }
+
+    def _codes(self, dynamic: bool) -> np.ndarray:
+        geo = self._geo
+        out = np.zeros((self._rows, self._cols), dtype=np.int8)
+        for r in range(self._rows):
+            for c in range(self._cols):
+                bit = 1 << geo.index(r, c)
+                if self._floor & bit:
+                    out[r, c] = 2 if self._targets & bit else 1
+                    if dynamic and self._boxes & bit:
+                        out[r, c] = 3 if self._targets & bit else 4
+        if dynamic:
+            out[self.player_position] = 5
+        return out
+
+
+@lru_cache(maxsize=64)
+def _positions(layout: tuple[int, ...]) -> dict[int, int]:
+    return {i: k for k, i in enumerate(layout) if i >= 0}
+
+
+def _fmt(cells: Sequence[tuple[int, int]]) -> str:
+    return ", ".join(f"({r}, {c})" for r, c in cells)
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)

@@ -1,0 +1,124 @@
+"""The contract every registered env id meets (parametrised over ``envs.ENV_IDS``).
+
+* ``gymnasium.utils.env_checker.check_env`` passes on the unwrapped env without complaints (render-mode notes
+  aside);
+* same seed + same actions => same observations, rewards and end flags; different seeds => different starts;
+* ``action_names`` and ``prompt_spec()`` give the prompt data; observations stay in the observation space;
+* ``info`` of every reset and step carries ``success``, ``action_is_valid`` and ``action_is_effective`` as bools.
+
+An id whose module does not exist yet is skipped (envs are written in parallel); once the module exists it must pass.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium import spaces
+from gymnasium.utils.env_checker import check_env
+
+import envs
+from envs.base import PromptSpec, TextEnv
+
+IDS = list(envs.ENV_IDS)
+INFO_FLAGS = ("success", "action_is_valid", "action_is_effective")
+
+
+def make(env_id: str) -> gym.Env:
+    module = envs.ENV_IDS[env_id][0].split(":")[0]
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not written yet")
+    return gym.make(env_id).unwrapped
+
+
+def sampled_actions(env: gym.Env, n: int, seed: int = 0) -> list:
+    """``n`` actions from the env's own action space, seeded (a ``Text`` space samples strings)."""
+    env.action_space.seed(seed)
+    return [env.action_space.sample() for _ in range(n)]
+
+
+def rollout(env: gym.Env, seed: int, actions: list) -> list[tuple]:
+    obs, _ = env.reset(seed=seed)
+    out: list[tuple] = [(obs,)]
+    for action in actions:
+        obs, reward, terminated, truncated, _ = env.step(action)
+        out.append((obs, float(reward), bool(terminated), bool(truncated)))
+        if terminated or truncated:
+            break
+    return out
+
+
+def assert_info_flags(info: dict) -> None:
+    for key in INFO_FLAGS:
+        assert key in info, f"info lacks {key!r}"
+        assert isinstance(info[key], (bool, np.bool_)), f"info[{key!r}] is {type(info[key]).__name__}, not bool"
+
+
+@pytest.mark.parametrize("env_id", IDS)
+def test_check_env_passes(env_id):
+    env = make(env_id)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_env(env)
+    complaints = [
+        str(w.message)
+        for w in caught
+        if ("WARN:" in str(w.message) or "ERROR:" in str(w.message)) and "render" not in str(w.message).lower()
+    ]
+    assert complaints == []
+
+
+@pytest.mark.parametrize("env_id", IDS)
+def test_same_seed_same_trajectory(env_id):
+    a, b = make(env_id), gym.make(env_id).unwrapped
+    actions = sampled_actions(a, 30)
+    first = rollout(a, 123, actions)
+    assert first == rollout(b, 123, actions)  # a second instance
+    assert first == rollout(a, 123, actions)  # the same instance again, after it was used
+
+
+@pytest.mark.parametrize("env_id", IDS)
+def test_different_seeds_give_different_starts(env_id):
+    env = make(env_id)
+    starts = {env.reset(seed=seed)[0] for seed in range(10)}
+    assert len(starts) > 1
+
+
+@pytest.mark.parametrize("env_id", IDS)
+def test_prompt_data(env_id):
+    env = make(env_id)
+    assert isinstance(env, TextEnv)
+    env.reset(seed=0)  # action words may depend on the episode (e.g. bandit arm names)
+    names = env.action_names
+    assert isinstance(names, tuple) and all(isinstance(x, str) and x for x in names)
+    if isinstance(env.action_space, spaces.Discrete):
+        assert len(names) == env.action_space.n  # one word per action index
+    else:
+        assert names == ()  # free-text actions
+    spec = env.prompt_spec()
+    assert isinstance(spec, PromptSpec)
+    assert isinstance(spec.instruction, str) and spec.instruction.strip()
+    assert spec.action_names == names
+    assert all(isinstance(s, str) and isinstance(m, str) and s and m for s, m in spec.symbols)
+
+
+@pytest.mark.parametrize("env_id", IDS)
+def test_observations_stay_in_space_and_info_has_flags(env_id):
+    env = make(env_id)
+    obs, info = env.reset(seed=7)
+    assert env.observation_space.contains(obs)
+    assert_info_flags(info)
+    episode = 0
+    for action in sampled_actions(env, 60, seed=1):
+        obs, reward, terminated, truncated, info = env.step(action)
+        assert env.observation_space.contains(obs), repr(obs)
+        assert isinstance(float(reward), float) and np.isfinite(reward)
+        assert_info_flags(info)
+        if terminated or truncated:
+            episode += 1
+            obs, info = env.reset(seed=7 + episode)
+            assert env.observation_space.contains(obs)
+            assert_info_flags(info)

@@ -1,0 +1,137 @@
+"""BanditEnv: arm statistics, name pairs per split, group invariant (same seed => identical envs)."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import envs  # noqa: F401  (registers the ids)
+from envs.bandit import TEST_ARM_PAIRS, TRAIN_ARM_PAIRS, BanditEnv
+
+
+def _hi_index(env: BanditEnv) -> int:
+    return env.action_names.index(env.hi_arm_name)
+
+
+@pytest.mark.parametrize("env_id", ["ragen/Bandit-v0", "ragen/BanditTest-v0"])
+def test_check_env(env_id):
+    check_env(gym.make(env_id).unwrapped)  # made through the registry so render modes are checked too
+
+
+def test_pair_lists_match_ragen():
+    assert len(TRAIN_ARM_PAIRS) == 12 and len(TEST_ARM_PAIRS) == 8
+    assert TRAIN_ARM_PAIRS[0] == ("Teacher", "Trader")
+    assert TEST_ARM_PAIRS[-1] == ("CivilServant", "StartupAccelerator")
+    train_names = {n for pair in TRAIN_ARM_PAIRS for n in pair}
+    test_names = {n for pair in TEST_ARM_PAIRS for n in pair}
+    assert not train_names & test_names
+
+
+@pytest.mark.parametrize("split, pairs", [("train", TRAIN_ARM_PAIRS), ("test", TEST_ARM_PAIRS)])
+def test_split_draws_its_own_pairs_in_both_orders(split, pairs):
+    env = BanditEnv(split=split)
+    seen, orders = set(), set()
+    for seed in range(300):
+        env.reset(seed=seed)
+        seen.add((env.lo_arm_name, env.hi_arm_name))
+        orders.add(_hi_index(env))
+    assert seen == set(pairs)  # 300 draws cover all 12 (or 8) pairs
+    assert orders == {0, 1}  # the high arm appears at both indices
+
+
+def test_reset_prompt_names_both_arms_and_the_answer_format():
+    env = BanditEnv()
+    obs, info = env.reset(seed=0)
+    a, b = env.action_names
+    assert obs.startswith("You are playing a bandit game. Goal: Maximize your total reward by choosing which arm")
+    assert f"named {a} and {b}" in obs
+    assert obs.rstrip().endswith(f"output like <answer> {a} </answer> or <answer> {b} </answer>.")
+    assert info == {"success": False, "action_is_valid": True, "action_is_effective": False}
+    spec = env.prompt_spec()
+    assert spec.action_names == (a, b)
+    assert obs.startswith(spec.instruction)  # RAGEN's tag instruction is "", so it repeats the prompt's opening
+
+
+def test_same_seed_envs_are_identical():
+    # RAGEN offsets each instance's seed by a global counter; here five envs of one group must agree exactly.
+    group = [BanditEnv() for _ in range(5)]
+    first = [env.reset(seed=42)[0] for env in group]
+    assert len(set(first)) == 1
+    assert len({env.action_names for env in group}) == 1
+    results = [env.step(0)[:2] for env in group]
+    assert len(set(results)) == 1
+
+
+def test_different_seeds_give_different_games():
+    env = BanditEnv()
+    observations = {env.reset(seed=s)[0] for s in range(10)}
+    assert len(observations) > 1
+
+
+def test_low_arm_pays_fixed_score():
+    env = BanditEnv()
+    for seed in range(50):
+        env.reset(seed=seed)
+        lo = 1 - _hi_index(env)
+        obs, reward, terminated, truncated, info = env.step(lo)
+        assert reward == 0.1
+        assert obs == f"{env.lo_arm_name}: 0.1 points"
+        assert terminated and not truncated
+        assert info == {"success": False, "action_is_valid": True, "action_is_effective": True}
+
+
+def test_high_arm_mean_is_one_quarter():
+    # 2000 pulls of a Bernoulli(0.25) * 1.0 arm: std of the mean = sqrt(0.25 * 0.75 / 2000) ~ 0.0097.
+    env = BanditEnv()
+    rewards = []
+    for seed in range(2000):
+        env.reset(seed=seed)
+        obs, reward, terminated, _, info = env.step(np.int64(_hi_index(env)))
+        assert reward in (0.0, 1.0) and terminated and info["success"]
+        assert obs == f"{env.hi_arm_name}: {reward} points"
+        rewards.append(reward)
+    assert abs(np.mean(rewards) - 0.25) < 0.04
+
+
+def test_custom_scores():
+    env = BanditEnv(lo_arm_score=0.15, hi_arm_hiscore=2.0, hi_arm_hiscore_prob=1.0)
+    env.reset(seed=1)
+    assert env.step(_hi_index(env))[1] == 2.0
+    env.reset(seed=1)
+    assert env.step(1 - _hi_index(env))[1] == 0.15
+
+
+@pytest.mark.parametrize("bad", [2, -1, "Teacher", 0.0, True, None, np.array([0, 1])])
+def test_invalid_action_keeps_episode_open(bad):
+    env = BanditEnv()
+    env.reset(seed=3)
+    obs, reward, terminated, truncated, info = env.step(bad)
+    assert reward == 0.0 and not terminated and not truncated
+    assert info["action_is_valid"] is False and info["success"] is False
+    assert env.action_names[0] in obs and env.action_names[1] in obs
+    assert env.step(0)[2] is True  # a valid pull still ends it
+
+
+def test_step_after_end_is_harmless_and_step_before_reset_raises():
+    env = BanditEnv()
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(0)
+    env.reset(seed=0)
+    obs, *_ = env.step(0)
+    assert env.step(1) == (obs, 0.0, True, False, {"success": False, "action_is_valid": False,
+                                                     "action_is_effective": False})
+
+
+def test_registered_ids():
+    assert gym.make("ragen/BanditTest-v0").unwrapped.split == "test"
+    assert gym.make("ragen/Bandit-v0").unwrapped.split == "train"
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [({"split": "val"}, "split"), ({"hi_arm_hiscore_prob": 1.5}, "hi_arm_hiscore_prob"),
+     ({"lo_arm_score": float("nan")}, "lo_arm_score")],
+)
+def test_constructor_errors_name_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        BanditEnv(**kwargs)
