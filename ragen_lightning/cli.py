@@ -7,7 +7,9 @@ are declared once and linked (the rollout temperature is what the trainer's log-
 from __future__ import annotations
 
 import os
+from typing import Optional
 
+import torch
 from lightning.pytorch.cli import LightningCLI
 
 from ragen_lightning.data.datamodule import RolloutDataModule
@@ -17,6 +19,19 @@ from ragen_lightning.module import StarPOModule
 class StarPOCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.temperature", "model.temperature")
+        parser.add_argument(
+            "--torch_threads", type=Optional[int], default=None,
+            help="CPU threads for torch (null: torch's default). Small models on few cores run fastest with 1: "
+                 "per-op threading overhead dominates and stalls badly when another process holds a core.",
+        )
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        threads = config.get("torch_threads")
+        if threads is not None:
+            if threads < 1:
+                raise ValueError(f"--torch_threads must be >= 1, got {threads}")
+            torch.set_num_threads(threads)
 
 
 def main(args: list[str] | None = None) -> StarPOCLI:

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Any, Iterator, Literal
+from typing import Any, Iterator
 
 import lightning as L
-import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from ragen_lightning.data.batching import (

@@ -24,9 +24,9 @@ class SeededBanditEngine:
     def __init__(self, tokenizer):
         self.tok = tokenizer
 
-    def generate(self, prompts, params, seeds=None, envs=None):
+    def generate(self, prompts, params, seeds=None, **kw):
         outs = []
-        for seed, env in zip(seeds, envs):
+        for seed, env in zip(seeds, kw["envs"]):
             arm = env.action_names[seed % 2]
             ids = self.tok.encode(f"pick</think><answer>{arm}</answer>", add_special_tokens=False)
             ids.append(self.tok.eos_token_id)
@@ -118,8 +118,8 @@ def test_grpo_has_no_critic_and_reference_only_with_kl(tmp_path, tiny_path):
 
 def test_empty_filter_skips_update_and_stops(tmp_path, tiny_path):
     class Same(SeededBanditEngine):  # every member of a group answers the same arm -> zero variance
-        def generate(self, prompts, params, seeds=None, envs=None):
-            return super().generate(prompts, params, [0] * len(prompts), envs)
+        def generate(self, prompts, params, seeds=None, **kw):
+            return super().generate(prompts, params, [0] * len(prompts), **kw)
 
     class M(StarPOModule):
         def make_engine(self, max_batch_size=128):
