@@ -185,9 +185,9 @@ class StarPOModule(L.LightningModule):
             return
         path = getattr(self, "_model_path", None) or models.resolve_model_path(self.hparams.model)
         self.tokenizer = models.load_tokenizer(path)
-        self.actor = models.load_causal_lm(path, self.hparams.dtype)
+        self.actor = models.load_causal_lm(path, self.hparams.dtype).train()  # from_pretrained returns eval mode
         if self.uses_critic:
-            self.critic = models.load_critic(self.hparams.critic_model or path, self.hparams.dtype)
+            self.critic = models.load_critic(self.hparams.critic_model or path, self.hparams.dtype).train()
         if self.uses_reference:
             ref = copy.deepcopy(self.actor).eval().requires_grad_(False)
             self._reference = [ref]
@@ -195,6 +195,16 @@ class StarPOModule(L.LightningModule):
     def on_fit_start(self) -> None:
         if self.reference is not None:
             self.reference.to(self.device)
+        self._check_data()
+
+    def on_validation_start(self) -> None:
+        self._check_data()
+
+    def _check_data(self) -> None:
+        dm = getattr(self.trainer, "datamodule", None)
+        if dm is not None and hasattr(dm, "check_prompt_budget") and not getattr(self, "_data_checked", False):
+            dm.check_prompt_budget()
+            self._data_checked = True
 
     def make_engine(self, max_batch_size: int = 128) -> HFEngine:
         """The rollout engine: samples with the actor's own weights."""

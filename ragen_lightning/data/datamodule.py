@@ -205,6 +205,18 @@ class RolloutDataModule(L.LightningDataModule):
         metrics = {f"val/{k}": v for k, v in rollout_metrics(trajectories, hp.val_group_size).items()}
         return build_batch(trajectories, pad_token_id=self.chat.tokenizer.pad_token_id, metrics=metrics)
 
+    def check_prompt_budget(self) -> None:
+        """Fail before training when the first prompt plus a full response cannot fit ``max_model_len``."""
+        self._ensure_runners()
+        hp = self.hparams
+        for seed in (hp.train_seed, hp.val_seed):
+            need = self._runner.first_prompt_length(seed, hp.max_new_tokens) + hp.max_new_tokens
+            if need > hp.max_model_len:
+                raise ValueError(
+                    f"--data.max_model_len={hp.max_model_len} is too small for the first prompt of {hp.env_id}: "
+                    f"it needs {need} tokens (prompt + --data.max_new_tokens={hp.max_new_tokens})"
+                )
+
     def _drift_rate(self, trajectories) -> float:
         samples = [s.conversation for t in trajectories for s in t.samples]
         if not samples:

@@ -140,6 +140,12 @@ class RolloutRunner:
         self._envs.clear()
 
     # -- rollout ----------------------------------------------------------------------------------------------
+    def first_prompt_length(self, seed: int, max_new_tokens: int) -> int:
+        """Tokens of the first prompt of an episode reset with ``seed`` (to check the context budget up front)."""
+        ep = self._reset(0, 0, seed)
+        user = self._user_message(ep, 1, self.max_response_tokens or max_new_tokens)
+        return len(self.chat.start(ep.system, user))
+
     def run(self, group_seeds: Sequence[int], group_size: int, params: SamplingParams,
             seed: int = 0) -> list[Trajectory]:
         """Run one episode per env: ``len(group_seeds)`` groups of ``group_size`` members.

@@ -169,3 +169,10 @@ def test_resume_continues_exactly(tmp_path, tiny_path):
         assert rec_resumed.rows[0][key] == pytest.approx(rec_full.rows[2][key], abs=1e-6), key
     for (k, a), (_, b) in zip(full.actor.named_parameters(), resumed.actor.named_parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0, msg=k)
+
+
+def test_max_model_len_too_small_fails_before_training(tmp_path, tiny_path):
+    module = StarPOModule(model=str(tiny_path), adv_estimator="grpo", mini_batch_size=8, micro_batch_size=8)
+    with pytest.raises(ValueError, match=r"--data.max_model_len=64 is too small for the first prompt"):
+        fit(tmp_path, module, data(max_model_len=64))
+    assert module.global_step == 0
