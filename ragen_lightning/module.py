@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -232,6 +233,7 @@ class StarPOModule(L.LightningModule):
             return None
         batch = batch.to(self.device)
         hp = self.hparams
+        t0 = time.perf_counter()
         ids, att = batch.input_ids, batch.attention_mask
         mask = batch.loss_mask[:, 1:].bool()  # target axis
         micro = hp.logprob_micro_batch_size or hp.micro_batch_size
@@ -260,6 +262,7 @@ class StarPOModule(L.LightningModule):
                 self._merge(step_logs, self._actor_step(data, rows))
         logs.update({k: sum(v) / len(v) for k, v in step_logs.items()})
         logs["train/skipped_steps"] = float(self.skipped_steps)
+        logs["timing_s/update"] = time.perf_counter() - t0
         # 5. log
         self._log(logs)
         return None

@@ -31,11 +31,15 @@ from ragen_lightning.types import RolloutBatch
 
 
 class _Stream(IterableDataset):
+    """Yields ``produce()`` until ``remaining()`` is 0; its length is fixed when the loader is built (Lightning reads
+    it to count the epoch, so it must not shrink while batches are consumed)."""
+
     def __init__(self, produce, remaining):
         self.produce, self.remaining = produce, remaining
+        self.total = max(remaining(), 0)
 
-    def __len__(self) -> int:  # lets the progress bar count iterations
-        return max(self.remaining(), 0)
+    def __len__(self) -> int:
+        return self.total
 
     def __iter__(self) -> Iterator[RolloutBatch]:
         while self.remaining() > 0:

@@ -46,3 +46,15 @@ def test_bad_sizes_name_the_flag(kw, flag):
 def test_turn_rewards_need_identity_normalisation():
     with pytest.raises(ValueError, match="--data.norm_method"):
         dm(reward_placement="turn", norm_method="mean_std")
+
+
+def test_stream_length_is_fixed_and_every_iteration_is_yielded(monkeypatch):
+    d = dm(num_iterations=5)
+    d.iteration = 1  # resumed after one iteration
+    monkeypatch.setattr(d, "train_batch", lambda n: n)
+    loader = d.train_dataloader()
+    seen = []
+    for batch in loader:
+        seen.append(batch)
+        assert len(loader) == 4  # Lightning counts the epoch from this; it must not shrink as batches are consumed
+    assert seen == [1, 2, 3, 4] and d.iteration == 5
