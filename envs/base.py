@@ -77,6 +77,15 @@ class TextEnv(gym.Env[str, Any]):
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
         self.render_mode = render_mode
 
+    def _reset_options(self, options: dict[str, Any] | None, allowed: tuple[str, ...]) -> dict[str, Any]:
+        """``options`` as a dict, with a clear error naming any key this env does not understand."""
+        options = dict(options or {})
+        unknown = set(options) - set(allowed)
+        if unknown:
+            names = ", ".join(repr(a) for a in allowed)
+            raise ValueError(f"{type(self).__name__}.reset: unknown options {sorted(unknown)}; allowed: {names}")
+        return options
+
     def prompt_spec(self) -> PromptSpec:  # pragma: no cover - every env overrides it
         raise NotImplementedError
 

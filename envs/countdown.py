@@ -237,10 +237,7 @@ class CountdownEnv(TextEnv):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
-        options = dict(options or {})
-        unknown = set(options) - {"target", "nums"}
-        if unknown:
-            raise ValueError(f"CountdownEnv.reset: unknown options {sorted(unknown)}; allowed: 'target', 'nums'")
+        options = self._reset_options(options, ("target", "nums"))
         if options:
             if set(options) != {"target", "nums"}:
                 raise ValueError("CountdownEnv.reset: options must give both 'target' and 'nums'")

@@ -168,8 +168,7 @@ class FrozenLakeEnv(TextEnv):
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
-        if options:
-            raise ValueError(f"reset options: unknown keys {sorted(options)}; this env takes none")
+        self._reset_options(options, ())
         self._load(self._fixed_desc or generate_random_map(self.size, self.p, self.np_random))
         return self._render_text(), self._info(False, True)
 

@@ -154,10 +154,7 @@ class Game2048Env(TextEnv):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
-        options = dict(options or {})
-        unknown = set(options) - {"grid"}
-        if unknown:
-            raise ValueError(f"Game2048Env.reset: unknown options {sorted(unknown)}; allowed: 'grid'")
+        options = self._reset_options(options, ("grid",))
         if "grid" in options:
             grid = np.asarray(options["grid"])
             if grid.shape != (self.size, self.size) or not np.issubdtype(grid.dtype, np.integer):

@@ -384,10 +384,7 @@ class MetaMathQAEnv(TextEnv):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
-        options = dict(options or {})
-        unknown = set(options) - {"index"}
-        if unknown:
-            raise ValueError(f"MetaMathQAEnv.reset: unknown options {sorted(unknown)}; allowed: 'index'")
+        options = self._reset_options(options, ("index",))
         if "index" in options:
             index = options["index"]
             if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self.items):

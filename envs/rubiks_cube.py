@@ -200,10 +200,7 @@ class RubiksCubeEnv(TextEnv):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
-        options = dict(options or {})
-        unknown = set(options) - {"scramble"}
-        if unknown:
-            raise ValueError(f"RubiksCubeEnv.reset: unknown options {sorted(unknown)}; allowed: 'scramble'")
+        options = self._reset_options(options, ("scramble",))
         if "scramble" in options:
             scramble = tuple(self._action_index(a) for a in options["scramble"])
             if is_solved(apply_moves(SOLVED_STATE, scramble)):

@@ -302,10 +302,7 @@ class SokobanEnv(TextEnv):
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
-        options = dict(options or {})
-        board = options.pop("board", None)
-        if options:
-            raise ValueError(f"reset options: unknown keys {sorted(options)}; the only option is 'board'")
+        board = self._reset_options(options, ("board",)).get("board")
         if board is not None:
             self._set_board(*parse_board(board, self.grid_lookup), optimal_steps=None)
         else:

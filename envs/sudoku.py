@@ -375,10 +375,7 @@ class SudokuEnv(TextEnv):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
-        options = dict(options or {})
-        unknown = set(options) - {"puzzle"}
-        if unknown:
-            raise ValueError(f"SudokuEnv.reset: unknown options {sorted(unknown)}; allowed: 'puzzle'")
+        options = self._reset_options(options, ("puzzle",))
         if "puzzle" in options:
             puzzle = _check_board(options["puzzle"], self.grid_size, "options['puzzle']")
             if (puzzle != 0).all():

@@ -175,10 +175,9 @@ class StarPOModule(L.LightningModule):
 
         hp = dm.hparams
         kwargs = dict(ws) if isinstance(ws, dict) else {}
-        kwargs.setdefault("max_turns", hp.max_turns)
-        kwargs.setdefault("max_actions_per_turn", hp.max_actions_per_turn)
-        kwargs.setdefault("max_actions_per_episode", hp.max_actions_per_episode)
-        kwargs.setdefault("enable_think", hp.enable_think)
+        for name in ("max_turns", "max_actions_per_turn", "max_actions_per_episode", "context_window", "window_turns",
+                     "max_new_tokens", "max_model_len", "enable_think"):
+            kwargs.setdefault(name, getattr(hp, name))  # demonstrations in exactly the rollouts' format
         return str(warm_start(self.hparams.model, hp.env_id, hp.env_kwargs, **kwargs))
 
     def configure_model(self) -> None:
