@@ -11,9 +11,9 @@ One expert per env class, chosen in one place (:data:`EXPERTS`). Each returns an
 deterministic reasoning sentence derived from the state (the tiny model learns to imitate it, so it stays short and
 says something true about the board) and the action words / answer strings of this turn.
 
-The 2048 and Rubik's-cube experts are duck-typed on the env's public state (see their docstrings), since those env
-modules are written separately; an env class with no expert raises a ``KeyError`` naming the class and the envs that
-have one.
+Experts read the env's public state and solvers duck-typed (this library never imports the ``envs`` package; a
+solver function that lives next to an env class is looked up through the env's own module). An env class with no
+expert raises a ``KeyError`` naming the class and the envs that have one.
 """
 
 from __future__ import annotations
@@ -100,10 +100,15 @@ def sokoban_expert(env: Any, max_actions: int) -> ExpertTurn:
 
 
 def frozen_lake_expert(env: Any, max_actions: int) -> ExpertTurn:
-    """Deterministic ice: the first ``max_actions`` steps of the shortest path (``env.solve()``). Slippery ice: one
-    action, the optimal policy's (``env.optimal_policy()``) at the player's cell, since a slip invalidates any plan.
+    """Deterministic ice: the first ``max_actions`` steps of the shortest path (``env.solve()``). Slippery ice: the
+    optimal policy's action (``env.optimal_policy()``) at the player's cell, then at the cell that action intends to
+    reach, and so on up to ``max_actions`` (stopping at the goal or a hole).
 
-    Reasoning: ``"goal is below and right of me; I go Down, Right"`` (plus ``"ice is slippery"`` when it is).
+    After a slip the later actions of a slippery turn were chosen for the wrong cell, but a turn budget binds harder:
+    with RAGEN's 5 turns x 2 actions the expert succeeds in 83 % of episodes this way against 65 % with one action
+    per turn (512 default maps, success rate 0.8).
+
+    Reasoning: ``"goal is below and right of me; I go Down, Right"`` (``"...; ice is slippery, I go ..."``).
     """
     names = tuple(env.action_names)
     pos = tuple(env.player_position)
@@ -115,8 +120,17 @@ def frozen_lake_expert(env: Any, max_actions: int) -> ExpertTurn:
             return ExpertTurn(f"{where}; no safe path, I go {names[0]}", (names[0],))
         actions = tuple(names[a] for a in plan[:max_actions])
         return ExpertTurn(f"{where}; {_go(actions)}", actions)
-    action = names[int(_slippery_policy(env)[pos])]
-    return ExpertTurn(f"{where}; ice is slippery, I go {action}", (action,))
+    policy = _slippery_policy(env)
+    actions: list[str] = []
+    cell = pos
+    while len(actions) < max_actions:
+        action = names[int(policy[cell])]
+        actions.append(action)
+        dr, dc = _DELTAS[action]
+        cell = (min(max(cell[0] + dr, 0), env.nrow - 1), min(max(cell[1] + dc, 0), env.ncol - 1))
+        if env.desc[cell[0]][cell[1]] in "GH":
+            break
+    return ExpertTurn(f"{where}; ice is slippery, {_go(actions)}", tuple(actions))
 
 
 _POLICY_CACHE: dict[tuple, np.ndarray] = {}
@@ -134,9 +148,11 @@ def _slippery_policy(env: Any) -> np.ndarray:
 
 
 def bandit_expert(env: Any, max_actions: int) -> ExpertTurn:
-    """The risky arm (the higher expected reward): ``env.hi_arm_name``."""
-    hi, lo = env.hi_arm_name, env.lo_arm_name
-    return ExpertTurn(f"{hi} is riskier than {lo} but pays more on average", (hi,))
+    """The risky arm (the higher expected reward): ``env.hi_arm_name``. The reasoning names no arm: the tiny model
+    learns to copy a multi-token arm name slowly, and with one name to copy instead of two it answered in format
+    0.64 vs 0.39 of the time after 300 steps."""
+    hi = env.hi_arm_name
+    return ExpertTurn("the riskier arm pays more on average", (hi,))
 
 
 def countdown_expert(env: Any, max_actions: int) -> ExpertTurn:
@@ -229,41 +245,43 @@ def game_2048_expert(env: Any, max_actions: int) -> ExpertTurn:
 # -- Rubik's cube -----------------------------------------------------------------------------------------------
 
 
-def rubiks_expert(env: Any, max_actions: int, max_depth: int = 8) -> ExpertTurn:
-    """A shortest solving sequence by iterative-deepening search over the env's own move function.
+def rubiks_expert(env: Any, max_actions: int, max_states: int = 200_000) -> ExpertTurn:
+    """The first ``max_actions`` moves of a shortest solving sequence, by breadth-first search from ``env.state``.
 
-    Duck-typed on the env: ``env.action_names`` (move words), ``env.state`` (any hashable-able array/sequence),
-    ``env.apply_move(state, action_index) -> new state`` (pure) and ``env.is_solved(state) -> bool``. Scrambles are
-    shallow (RAGEN: depth 1 on a 2x2 cube), so a breadth-first search up to ``max_depth`` moves is instant.
+    Needs ``env.state`` (the sticker array), ``env.action_names`` and the pure functions ``apply_move(state, action
+    index) -> state`` and ``is_solved(state) -> bool``, taken from the env or else from the env's module. Scrambles
+    are shallow (RAGEN: depth 1 on a 2x2 cube), so the search stops long before ``max_states`` states.
     """
+    module = importlib.import_module(type(env).__module__)
+    apply_move = getattr(env, "apply_move", None) or getattr(module, "apply_move", None)
+    is_solved = getattr(env, "is_solved", None) or getattr(module, "is_solved", None)
+    if apply_move is None or is_solved is None or not hasattr(env, "state"):
+        raise KeyError(f"the Rubik's-cube expert needs env.state, apply_move and is_solved for {type(env).__name__}")
     names = tuple(env.action_names)
-    missing = [a for a in ("state", "apply_move", "is_solved") if not hasattr(env, a)]
-    if missing:
-        raise KeyError(f"the Rubik's-cube expert needs env.{', env.'.join(missing)} on {type(env).__name__}")
 
     def key(state: Any) -> bytes:
         return np.asarray(state).tobytes()
 
     start = env.state
-    if env.is_solved(start):
+    if is_solved(start):
         return ExpertTurn("the cube is solved", (names[0],))
     seen = {key(start)}
     queue: deque[tuple[Any, list[int]]] = deque([(start, [])])
-    while queue:
+    while queue and len(seen) < max_states:
         state, path = queue.popleft()
-        if len(path) >= max_depth:
-            break
         for a in range(len(names)):
-            nxt = env.apply_move(state, a)
+            nxt = apply_move(state, a)
             k = key(nxt)
             if k in seen:
                 continue
-            if env.is_solved(nxt):
+            if is_solved(nxt):
                 actions = tuple(names[i] for i in (path + [a])[:max_actions])
-                return ExpertTurn(f"{len(path) + 1} moves solve it; {_go(actions)}", actions)
+                n = len(path) + 1
+                how = "1 move solves it" if n == 1 else f"{n} moves solve it"
+                return ExpertTurn(f"{how}; {_go(actions)}", actions)
             seen.add(k)
             queue.append((nxt, path + [a]))
-    return ExpertTurn(f"no solution within {max_depth} moves; I go {names[0]}", (names[0],))
+    return ExpertTurn(f"no solution found in {max_states} states; I go {names[0]}", (names[0],))
 
 
 ExpertFn = Callable[[Any, int], ExpertTurn]

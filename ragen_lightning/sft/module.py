@@ -175,8 +175,11 @@ def causal_lm_sft_loss(model: torch.nn.Module, batch: SFTBatch) -> tuple[torch.T
     """
     predicts = torch.zeros_like(batch.loss_mask, dtype=torch.bool)
     predicts[:, :-1] = batch.loss_mask[:, 1:].bool()
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=predicts,
-                   use_cache=False).logits
+    # Right padding under causal attention: a real token never attends to the pads after it, so the padding mask
+    # changes nothing that is trained, and without it SDPA takes its causal fast path (~30 % faster on CPU).
+    right_padded = bool((batch.attention_mask[:, 1:] <= batch.attention_mask[:, :-1]).all())
+    logits = model(input_ids=batch.input_ids, attention_mask=None if right_padded else batch.attention_mask,
+                   logits_to_keep=predicts, use_cache=False).logits
     if logits.dim() == 3:
         return sft_loss(logits, batch.input_ids, batch.loss_mask)
     targets = batch.input_ids[:, 1:][batch.loss_mask[:, 1:].bool()]  # row-major, like the kept logits
@@ -262,6 +265,7 @@ class SFTModule(L.LightningModule):
         self.model_name = model
         self.model = apply_lora(models.load_causal_lm(model, dtype), lora_rank, lora_alpha, lora_dropout,
                                 lora_target_modules)
+        self.model.train()  # from_pretrained returns eval mode; Lightning keeps submodule modes as found
         self.lr, self.weight_decay = lr, weight_decay
         self.warmup_steps, self.lr_schedule = warmup_steps, lr_schedule
 
@@ -342,7 +346,7 @@ class DemonstrationDataModule(L.LightningDataModule):
         env_id: str = "ragen/SimpleSokoban-v0",
         env_kwargs: dict[str, Any] | None = None,
         model: str = "tiny",
-        num_episodes: int = 256,
+        num_episodes: int = 512,
         val_episodes: int = 32,
         seed: int = 0,
         max_turns: int = 5,
@@ -354,7 +358,7 @@ class DemonstrationDataModule(L.LightningDataModule):
         max_new_tokens: int = 100,
         enable_think: bool = True,
         only_successful: bool = False,
-        batch_size: int = 8,
+        batch_size: int = 4,
         num_workers: int = 0,
     ):
         super().__init__()

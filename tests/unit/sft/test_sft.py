@@ -1,0 +1,183 @@
+"""SFT loss against hand-computed numbers, batching, seeds, the Lightning module and the demonstration data module."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import envs  # noqa: F401  (registers the ragen/* ids)
+from ragen_lightning.sft.module import (
+    Demonstration,
+    DemonstrationDataModule,
+    SFTBatch,
+    SFTModule,
+    build_demonstrations,
+    causal_lm_sft_loss,
+    collate,
+    episode_seeds,
+    lr_factor,
+    sft_loss,
+    token_cross_entropy,
+)
+from ragen_lightning.sft.warm_start import length_grouped_batches, train_sft
+
+
+def test_sft_loss_by_hand_masks_targets_only():
+    # V = 3, T = 4. Targets on the target axis: loss_mask[t] = 1 for t = 1 and t = 3.
+    #   t = 1: token 1, predicted by logits[0] = [0, ln 3, 0] -> p = 3 / 5 -> nll = -ln 0.6 = 0.5108
+    #   t = 3: token 1, predicted by logits[2] = [0, 0, 0]    -> p = 1 / 3 -> nll = ln 3    = 1.0986
+    #   logits[1] predicts the masked t = 2 and holds NaN/inf: it must not leak; logits[3] predicts nothing.
+    # loss = (0.5108 + 1.0986) / 2 = 0.8047; accuracy: argmax(logits[0]) = 1 right, argmax([0,0,0]) = 0 wrong -> 0.5
+    logits = torch.tensor([[[0.0, math.log(3.0), 0.0],
+                            [float("nan"), float("inf"), 0.0],
+                            [0.0, 0.0, 0.0],
+                            [float("nan"), 0.0, 0.0]]], requires_grad=True)
+    input_ids = torch.tensor([[2, 1, 0, 1]])
+    loss_mask = torch.tensor([[0, 1, 0, 1]])
+    loss, metrics = sft_loss(logits, input_ids, loss_mask)
+    expected = (-math.log(0.6) + math.log(3.0)) / 2
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    assert metrics["sft/token_accuracy"].item() == pytest.approx(0.5)
+    assert metrics["sft/num_tokens"].item() == 2
+    loss.backward()
+    assert torch.isfinite(logits.grad).all() and logits.grad[0, 1].abs().sum() == 0 and logits.grad[0, 3].abs().sum() == 0
+    # d loss / d logits[0] = (softmax - onehot) / 2 = ([0.2, 0.6, 0.2] - [0, 1, 0]) / 2
+    assert logits.grad[0, 0].tolist() == pytest.approx([0.1, -0.2, 0.1], abs=1e-6)
+
+
+def test_sft_loss_all_zero_mask_is_zero_and_attached():
+    logits = torch.randn(2, 3, 5, requires_grad=True)
+    loss, metrics = token_cross_entropy(logits, torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3))
+    assert loss.item() == 0.0 and loss.requires_grad and metrics["sft/num_tokens"].item() == 0
+
+
+def test_collate_right_pads():
+    batch = collate([Demonstration((5, 6, 7), (0, 1, 1)), Demonstration((8,), (0,))], pad_token_id=9)
+    assert batch.input_ids.tolist() == [[5, 6, 7], [8, 9, 9]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch.loss_mask.tolist() == [[0, 1, 1], [0, 0, 0]]
+
+
+def test_episode_seeds_are_deterministic_distinct_and_held_out():
+    train = episode_seeds(0, 50, "train")
+    assert train == episode_seeds(0, 50, "train") and len(set(train)) == 50
+    assert train != episode_seeds(1, 50, "train")
+    val = episode_seeds(0, 20, "val", exclude=train)
+    assert not set(val) & set(train)
+    forced = episode_seeds(0, 5, "train", exclude=train[:3])  # excluded values are skipped, order kept
+    assert forced == train[3:8]
+
+
+def test_lr_factor_warmup_then_cosine():
+    assert lr_factor(0, 10, 110, "cosine") == pytest.approx(0.1)  # (0 + 1) / 10
+    assert lr_factor(9, 10, 110, "cosine") == pytest.approx(1.0)
+    assert lr_factor(60, 10, 110, "cosine") == pytest.approx(0.55)  # halfway: 0.1 + 0.9 * 0.5
+    assert lr_factor(110, 10, 110, "cosine") == pytest.approx(0.1)
+    assert lr_factor(60, 10, 110, "constant") == 1.0
+
+
+def test_length_grouped_batches_cover_every_index_once():
+    lengths = [5, 100, 7, 98, 6, 99, 8, 97]
+    batches = length_grouped_batches(lengths, 2, torch.Generator().manual_seed(0), group=4)
+    assert sorted(i for b in batches for i in b) == list(range(8))
+    assert all(abs(lengths[b[0]] - lengths[b[1]]) <= 3 for b in batches)  # grouped: short with short
+
+
+@pytest.fixture(scope="module")
+def demos(tiny_tokenizer):
+    return build_demonstrations("ragen/SimpleSokoban-v0", tiny_tokenizer, episode_seeds(0, 12, "train"))
+
+
+def test_sparse_logits_path_equals_full_logits(tiny_path, tiny_tokenizer, demos):
+    from ragen_lightning.models import load_causal_lm
+
+    model = load_causal_lm(str(tiny_path))
+    items, stats = demos
+    assert stats["demo/samples"] == 12 and stats["demo/expert_success_rate"] > 0.8
+    batch = collate(items[:4], tiny_tokenizer.pad_token_id)
+    sparse, m1 = causal_lm_sft_loss(model, batch)
+    full_logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    full, m2 = sft_loss(full_logits, batch.input_ids, batch.loss_mask)
+    assert sparse.item() == pytest.approx(full.item(), rel=1e-5)
+    assert m1["sft/num_tokens"].item() == batch.loss_mask[:, 1:].sum().item()
+    assert m1["sft/token_accuracy"].item() == pytest.approx(m2["sft/token_accuracy"].item())
+
+
+def test_a_few_steps_reduce_the_loss(tiny_path, tiny_tokenizer, demos):
+    from ragen_lightning.models import load_causal_lm
+
+    torch.manual_seed(0)
+    model = load_causal_lm(str(tiny_path))
+    items, _ = demos
+    batch = collate(items[:8], tiny_tokenizer.pad_token_id)
+    before = causal_lm_sft_loss(model, batch)[0].item()
+    train_sft(model, items, tiny_tokenizer.pad_token_id, steps=12, lr=1e-2, batch_size=4, warmup_steps=2)
+    with torch.no_grad():
+        after = causal_lm_sft_loss(model, batch)[0].item()
+    assert after < 0.75 * before
+
+
+def test_datamodule_builds_held_out_padded_batches(tiny_path):
+    dm = DemonstrationDataModule("ragen/Bandit-v0", model=str(tiny_path), num_episodes=6, val_episodes=3, seed=1,
+                                 max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1, batch_size=4)
+    dm.setup("fit")
+    assert len(dm.train_demos) == 6 and len(dm.val_demos) == 3
+    assert dm.stats["demo/expert_success_rate"] == 1.0
+    batch = next(iter(dm.train_dataloader()))
+    assert isinstance(batch, SFTBatch) and batch.input_ids.shape[0] == 4
+    lengths = batch.attention_mask.sum(1)
+    for row, n in enumerate(lengths.tolist()):  # right padding: real tokens first, then pads with mask 0
+        assert batch.attention_mask[row, :n].all() and not batch.attention_mask[row, n:].any()
+        assert not batch.loss_mask[row, n:].any() and batch.loss_mask[row, :n].any()
+    again = DemonstrationDataModule("ragen/Bandit-v0", model=str(tiny_path), num_episodes=6, val_episodes=3, seed=1,
+                                    max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1, batch_size=4)
+    again.setup("fit")
+    assert torch.equal(next(iter(again.train_dataloader())).input_ids, batch.input_ids)  # seeded shuffling
+
+
+def test_datamodule_errors_name_the_problem(tiny_path):
+    with pytest.raises(ValueError, match="ragen/NoSuchEnv-v0"):
+        DemonstrationDataModule("ragen/NoSuchEnv-v0", model=str(tiny_path))
+    with pytest.raises(ValueError, match="num_episodes"):
+        DemonstrationDataModule("ragen/Bandit-v0", model=str(tiny_path), num_episodes=0)
+    # a one-action budget never solves a Sokoban level (every level needs >= 2 pushes/moves)
+    dm = DemonstrationDataModule("ragen/SimpleSokoban-v0", model=str(tiny_path), num_episodes=3, val_episodes=0,
+                                 max_actions_per_episode=1, only_successful=True)
+    with pytest.raises(ValueError, match="no demonstrations for ragen/SimpleSokoban-v0.*only_successful"):
+        dm.setup("fit")
+
+
+def test_module_runs_under_trainer(tiny_path):
+    import lightning as L
+
+    module = SFTModule(str(tiny_path), lr=3e-3, warmup_steps=1)
+    dm = DemonstrationDataModule("ragen/Bandit-v0", model=str(tiny_path), num_episodes=8, val_episodes=2,
+                                 max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1, batch_size=2)
+    trainer = L.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=1,
+                        num_sanity_val_steps=0, val_check_interval=3)
+    trainer.fit(module, dm)
+    assert trainer.global_step == 3
+    metrics = trainer.callback_metrics
+    assert torch.isfinite(metrics["sft/loss"]) and 0.0 <= metrics["sft/token_accuracy"] <= 1.0
+    assert torch.isfinite(metrics["sft/val_loss"])
+
+
+def test_lora_trains_adapters_only_and_exports_merged(tiny_path, tmp_path, tiny_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    module = SFTModule(str(tiny_path), lora_rank=4, lora_alpha=8)
+    trainable = [n for n, p in module.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    with torch.no_grad():  # make the adapters do something, then check the merged export reproduces it
+        for n, p in module.model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    out = module.save_pretrained(tmp_path / "export")
+    merged = AutoModelForCausalLM.from_pretrained(out)
+    ids = torch.tensor([tiny_tokenizer.encode("<think>box</think>", add_special_tokens=False)])
+    with torch.no_grad():
+        assert torch.allclose(merged(input_ids=ids).logits, module.model(input_ids=ids).logits, atol=1e-5)
+    assert (out / "tokenizer.json").is_file()
