@@ -144,6 +144,7 @@ class StarPOModule(L.LightningModule):
         self._reference: list[torch.nn.Module] = []  # kept out of state_dict: it is rebuilt from the model folder
         self.tokenizer = None
         self.skipped_steps = 0
+        self._force_scoring_pass = False  # tests: always run the separate old-log-prob pass
 
     # -- models ---------------------------------------------------------------------------------------------------
     @property
@@ -236,30 +237,39 @@ class StarPOModule(L.LightningModule):
         ids, att = batch.input_ids, batch.attention_mask
         mask = batch.loss_mask[:, 1:].bool()  # target axis
         micro = hp.logprob_micro_batch_size or hp.micro_batch_size
-        # 2. scoring passes (no grad)
-        old_logprobs, entropy = score_batch(self.actor, ids, att, micro, kind="actor", with_entropy=True,
-                                            temperature=hp.temperature, chunk_size=hp.logits_chunk_size)
+        # 2. scoring passes (no grad). With one epoch over one mini-batch the update's own forward pass runs on the
+        #    rollout weights, so it supplies old_logprobs (ratio 1) and the separate actor pass is skipped.
+        on_policy = (hp.ppo_epochs == 1 and len(batch) <= hp.mini_batch_size and hp.kl_in_reward_coef == 0
+                     and not self._force_scoring_pass)
+        old_logprobs = entropy = None
+        if not on_policy:
+            old_logprobs, entropy = score_batch(self.actor, ids, att, micro, kind="actor", with_entropy=True,
+                                                temperature=hp.temperature, chunk_size=hp.logits_chunk_size)
         ref_logprobs = None
         if self.reference is not None:
             ref_logprobs, _ = score_batch(self.reference, ids, att, micro, kind="actor",
                                           temperature=hp.temperature, chunk_size=hp.logits_chunk_size)
         values = score_batch(self.critic, ids, att, micro, kind="critic")[0] if self.critic is not None else None
-        logs["actor/entropy"] = float(masked_mean(entropy, mask))
-        logs["rollout/engine_logprob_abs_diff"] = float(masked_mean((batch.engine_logprobs[:, 1:] - old_logprobs).abs(),
-                                                                    mask))
         # 3. advantages
         advantages, returns, adv_logs = self._advantages(batch, mask, old_logprobs, ref_logprobs, values)
         logs.update(adv_logs)
         # 4. updates
         data = dict(ids=ids, att=att, mask=mask, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs,
-                    advantages=advantages, returns=returns, values=values)
+                    advantages=advantages, returns=returns, values=values,
+                    seen_logprobs=torch.zeros_like(mask, dtype=torch.float32),
+                    seen_entropy=torch.zeros_like(mask, dtype=torch.float32))
         step_logs: dict[str, list[float]] = {}
         for epoch in range(hp.ppo_epochs):
             for rows in self._mini_batches(len(batch), epoch, batch.metrics.get("iteration", self.global_step)):
                 if self.critic is not None:
                     self._merge(step_logs, self._critic_step(data, rows))
-                self._merge(step_logs, self._actor_step(data, rows))
+                self._merge(step_logs, self._actor_step(data, rows, first_pass=epoch == 0))
         logs.update({k: sum(v) / len(v) for k, v in step_logs.items()})
+        if old_logprobs is None:  # entropy and log-probs came from the update's forward pass
+            old_logprobs, entropy = data["seen_logprobs"], data["seen_entropy"]
+        logs["actor/entropy"] = float(masked_mean(entropy, mask))
+        logs["rollout/engine_logprob_abs_diff"] = float(masked_mean((batch.engine_logprobs[:, 1:] - old_logprobs).abs(),
+                                                                    mask))
         logs["train/skipped_steps"] = float(self.skipped_steps)
         logs["timing_s/update"] = time.perf_counter() - t0
         # 5. log
@@ -348,18 +358,23 @@ class StarPOModule(L.LightningModule):
         max_norm = self.hparams.grad_clip if self.hparams.grad_clip > 0 else float("inf")
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
 
-    def _actor_step(self, d, rows) -> dict[str, float]:
+    def _actor_step(self, d, rows, first_pass: bool = True) -> dict[str, float]:
         hp = self.hparams
         horizon = d["mask"].shape[1]
         norm = agg_normalizer(d["mask"][rows], hp.loss_agg_mode, horizon=horizon)
 
         def loss_fn(micro):
             L = trimmed(d["att"], micro)
-            lp, ent = actor_outputs(self.actor, d["ids"][micro, :L], d["att"][micro, :L],
-                                    with_entropy=hp.entropy_coeff != 0, temperature=hp.temperature,
-                                    chunk_size=hp.logits_chunk_size)
+            need_entropy = hp.entropy_coeff != 0 or (first_pass and d["old_logprobs"] is None)
+            lp, ent = actor_outputs(self.actor, d["ids"][micro, :L], d["att"][micro, :L], with_entropy=need_entropy,
+                                    temperature=hp.temperature, chunk_size=hp.logits_chunk_size)
             cut = lambda x: None if x is None else x[micro, : L - 1]  # noqa: E731
-            return actor_loss(lp, cut(d["old_logprobs"]), cut(d["advantages"]), cut(d["mask"]), entropy=ent,
+            if first_pass and d["old_logprobs"] is None:
+                d["seen_logprobs"][micro, : L - 1] = lp.detach().float()
+                d["seen_entropy"][micro, : L - 1] = ent.detach().float()
+            old = cut(d["old_logprobs"]) if d["old_logprobs"] is not None else lp.detach()
+            return actor_loss(lp, old, cut(d["advantages"]), cut(d["mask"]),
+                              entropy=ent if hp.entropy_coeff != 0 else None,
                               ref_logprobs=cut(d["ref_logprobs"]) if hp.use_kl_loss else None,
                               entropy_coeff=hp.entropy_coeff, kl_coef=hp.kl_coef if hp.use_kl_loss else 0.0,
                               kl_kind=hp.kl_kind, clip_low=hp.clip_low, clip_high=hp.clip_high,

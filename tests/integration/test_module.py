@@ -176,3 +176,20 @@ def test_max_model_len_too_small_fails_before_training(tmp_path, tiny_path):
     with pytest.raises(ValueError, match=r"--data.max_model_len=64 is too small for the first prompt"):
         fit(tmp_path, module, data(max_model_len=64))
     assert module.global_step == 0
+
+
+def test_single_pass_shortcut_equals_separate_old_logprob_pass(tmp_path, tiny_path):
+    """One epoch over one mini-batch takes old log-probs from the update's own forward: same result, one pass less."""
+    results = []
+    for force in (False, True):
+        module = ScriptedStarPO(model=str(tiny_path), mini_batch_size=8, micro_batch_size=4, actor_lr=1e-2,
+                                critic_lr=1e-3, entropy_coeff=0.01)
+        module._force_scoring_pass = force
+        rec = Recorder()
+        fit(tmp_path, module, data(), [rec])
+        results.append((params(module.actor), rec.rows[-1]))
+    (a, ma), (b, mb) = results
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0, msg=k)
+    for key in ("actor/pg_loss", "actor/entropy", "actor/ppo_kl", "rollout/engine_logprob_abs_diff"):
+        assert ma[key] == pytest.approx(mb[key], abs=1e-6), key
