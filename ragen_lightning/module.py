@@ -27,11 +27,13 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from lightning.pytorch.cli import OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_warn
 
 from ragen_lightning import models
 from ragen_lightning.algos import advantages as A
 from ragen_lightning.algos.losses import AggMode, KLKind, actor_loss, agg_normalizer, aggregate, value_loss
 from ragen_lightning.algos.masked import masked_mean, masked_whiten
+from ragen_lightning.early_stop import LowValidationSuccess, RewardVarianceCollapse
 from ragen_lightning.rollout.engine import HFEngine
 from ragen_lightning.scoring import actor_outputs, critic_values, micro_slices, score_batch, trimmed
 from ragen_lightning.types import RolloutBatch
@@ -81,6 +83,12 @@ class StarPOModule(L.LightningModule):
         logits_chunk_size: rows per chunk when computing log-probs/entropy from logits (bounds memory).
         temperature: the rollouts' sampling temperature (linked from ``--data.temperature``): log-probs and entropy
             are computed from ``logits / temperature``, the distribution the tokens were sampled from.
+        rv_collapse_window: early stop (RAGEN): baseline = mean in-group reward std of the first N trained
+            iterations; stop when the last N are all below ``rv_collapse_ratio`` x baseline (0 disables).
+        rv_collapse_ratio: the collapse threshold as a fraction of the baseline.
+        low_val_success_patience: early stop after this many consecutive validations with success below
+            ``low_val_success_threshold`` (0 disables).
+        low_val_success_threshold: the validation success counted as "low".
         export_dir: if set, save the trained actor there as a HF folder when fit ends.
     """
 
@@ -122,6 +130,10 @@ class StarPOModule(L.LightningModule):
         logprob_micro_batch_size: int | None = None,
         logits_chunk_size: int | None = None,
         temperature: float = 1.0,
+        rv_collapse_window: int = 10,
+        rv_collapse_ratio: float = 0.1,
+        low_val_success_patience: int = 5,
+        low_val_success_threshold: float = 0.01,
         export_dir: str | None = None,
     ):
         super().__init__()
@@ -145,6 +157,8 @@ class StarPOModule(L.LightningModule):
         self.tokenizer = None
         self.skipped_steps = 0
         self._force_scoring_pass = False  # tests: always run the separate old-log-prob pass
+        self.rv_collapse = RewardVarianceCollapse(rv_collapse_window, rv_collapse_ratio)
+        self.low_val_success = LowValidationSuccess(low_val_success_patience, low_val_success_threshold)
 
     # -- models ---------------------------------------------------------------------------------------------------
     @property
@@ -272,6 +286,10 @@ class StarPOModule(L.LightningModule):
                                                                     mask))
         logs["train/skipped_steps"] = float(self.skipped_steps)
         logs["timing_s/update"] = time.perf_counter() - t0
+        if self.rv_collapse.update(logs.get("rollout/in_group_reward_std", 0.0)):
+            logs["early_stopped/reward_variance_collapse"] = 1.0
+            self._stop(f"in-group reward std stayed below {hp.rv_collapse_ratio} x its baseline "
+                       f"({self.rv_collapse.baseline:.4g}) for {hp.rv_collapse_window} iterations")
         # 5. log
         self._log(logs)
         return None
@@ -417,14 +435,27 @@ class StarPOModule(L.LightningModule):
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=1)
         if "val/success" in metrics:
             self.log("val_success", metrics["val/success"], prog_bar=True, on_epoch=True, batch_size=1)
+            if not self.trainer.sanity_checking and self.trainer.state.fn == "fit" and \
+                    self.low_val_success.update(metrics["val/success"]):
+                self._stop(f"validation success below {self.hparams.low_val_success_threshold} for "
+                           f"{self.hparams.low_val_success_patience} validations in a row")
+
+    def _stop(self, reason: str) -> None:
+        rank_zero_warn(f"early stop: {reason}")
+        self.trainer.should_stop = True
 
     # -- checkpoints and export -----------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["starpo"] = {"skipped_steps": self.skipped_steps,
-                                "model_path": str(getattr(self, "_model_path", self.hparams.model))}
+                                "model_path": str(getattr(self, "_model_path", self.hparams.model)),
+                                "rv_collapse": self.rv_collapse.state_dict(),
+                                "low_val_success": self.low_val_success.state_dict()}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self.skipped_steps = int(checkpoint.get("starpo", {}).get("skipped_steps", 0))
+        state = checkpoint.get("starpo", {})
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        self.rv_collapse.load_state_dict(state.get("rv_collapse", {}))
+        self.low_val_success.load_state_dict(state.get("low_val_success", {}))
 
     def export_actor(self, path: str | Path) -> Path:
         """Save the actor and tokenizer as a HF folder (loadable without this package)."""

@@ -193,3 +193,24 @@ def test_single_pass_shortcut_equals_separate_old_logprob_pass(tmp_path, tiny_pa
         torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0, msg=k)
     for key in ("actor/pg_loss", "actor/entropy", "actor/ppo_kl", "rollout/engine_logprob_abs_diff"):
         assert ma[key] == pytest.approx(mb[key], abs=1e-6), key
+
+
+def test_reward_variance_collapse_stops_the_run(tmp_path, tiny_path):
+    class Collapsing(SeededBanditEngine):  # varied answers in the first rollout, identical ones afterwards
+        calls = 0
+
+        def generate(self, prompts, params, seeds=None, **kw):
+            Collapsing.calls += 1
+            return super().generate(prompts, params, seeds if Collapsing.calls == 1 else [0] * len(prompts), **kw)
+
+    class M(StarPOModule):
+        def make_engine(self, max_batch_size=128):
+            return Collapsing(self.tokenizer)
+
+    module = M(model=str(tiny_path), adv_estimator="grpo", mini_batch_size=8, micro_batch_size=8,
+               rv_collapse_window=1, rv_collapse_ratio=0.1)
+    dm = data(num_iterations=5)
+    rec = Recorder()
+    with pytest.warns(UserWarning, match="early stop: in-group reward std"):
+        fit(tmp_path, module, dm, [rec])
+    assert dm.iteration == 2 and rec.rows[-1]["early_stopped/reward_variance_collapse"] == 1.0
