@@ -30,9 +30,10 @@ from lightning.pytorch.cli import OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_warn
 
 from ragen_lightning import models
+from ragen_lightning.advantage_step import starpo_advantages
 from ragen_lightning.algos import advantages as A
 from ragen_lightning.algos.losses import AggMode, KLKind, actor_loss, agg_normalizer, aggregate, value_loss
-from ragen_lightning.algos.masked import masked_mean, masked_whiten
+from ragen_lightning.algos.masked import masked_mean
 from ragen_lightning.early_stop import LowValidationSuccess, RewardVarianceCollapse
 from ragen_lightning.rollout.engine import HFEngine
 from ragen_lightning.scoring import actor_outputs, critic_values, micro_slices, score_batch, trimmed
@@ -295,45 +296,14 @@ class StarPOModule(L.LightningModule):
         return None
 
     def _advantages(self, batch: RolloutBatch, mask, old_logprobs, ref_logprobs, values):
-        hp, logs = self.hparams, {}
-        rewards = batch.rewards[:, 1:].float()
-        if hp.kl_in_reward_coef > 0:
-            rewards, kl_logs = A.apply_kl_in_reward(rewards, old_logprobs, ref_logprobs, mask, hp.kl_in_reward_coef,
-                                                    hp.kl_kind)
-            logs["actor/reward_kl"] = float(kl_logs["kl"])
-        if hp.adv_estimator == "gae":
-            if hp.turn_level_gae:
-                adv, returns = A.turn_level_gae(rewards, values, mask, batch.turn_ends[:, 1:] & mask, hp.gamma,
-                                                hp.lam, hp.high_level_gamma)
-            else:
-                adv, returns = A.gae(rewards, values, mask, hp.gamma, hp.lam)
-            adv = masked_whiten(adv, mask)
-        else:
-            # one score per episode (turn-level context modes repeat an episode over several samples)
-            first = {}
-            for row, ep in enumerate(batch.episode_index.tolist()):
-                first.setdefault(ep, row)
-            ep_rows = torch.tensor(list(first.values()), device=mask.device)
-            ep_adv = A.outcome_advantages(batch.scores[ep_rows].float(), batch.group_index[ep_rows],
-                                          hp.adv_estimator)
-            lookup = dict(zip(first.keys(), ep_adv.tolist()))
-            per_sample = torch.tensor([lookup[e] for e in batch.episode_index.tolist()], device=mask.device)
-            if hp.soft_advantage_reweight:
-                per_sample, sw = A.soft_advantage_reweight(per_sample, A.group_std(batch.scores.float(),
-                                                                                   batch.group_index))
-                logs.update({f"train/{k}": float(v) for k, v in sw.items()})
-            adv = A.broadcast_to_tokens(per_sample, mask)
-            returns = adv
-        adv = A.filter_loss_scaling(adv, batch.metrics.get("rollout/filter_kept_ratio", 1.0), hp.filter_loss_scaling)
-        if hp.length_weight:
-            adv = A.length_weight(adv, mask)
-        if hp.zero_task_advantage:
-            adv = A.zero_task_advantage(adv)
-        logs["train/advantage_mean"] = float(masked_mean(adv, mask))
-        logs["train/return_mean"] = float(masked_mean(returns, mask))
-        if values is not None:
-            logs["critic/values_mean"] = float(masked_mean(values, mask))
-        return adv, returns, logs
+        hp = self.hparams
+        return starpo_advantages(
+            batch, mask, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, values=values,
+            estimator=hp.adv_estimator, gamma=hp.gamma, lam=hp.lam, turn_level_gae=hp.turn_level_gae,
+            high_level_gamma=hp.high_level_gamma, kl_in_reward_coef=hp.kl_in_reward_coef, kl_kind=hp.kl_kind,
+            soft_advantage_reweight=hp.soft_advantage_reweight, filter_loss_scaling=hp.filter_loss_scaling,
+            length_weight=hp.length_weight, zero_task_advantage=hp.zero_task_advantage,
+        )
 
     def _mini_batches(self, n: int, epoch: int, iteration: int):
         rows = torch.arange(n, device=self.device)

@@ -1,0 +1,75 @@
+"""Step 3 of a StarPO iteration: token rewards -> advantages and returns (orchestrates ``algos.advantages``).
+
+GAE (optionally turn-level) with batch whitening when there is a critic; otherwise a GRPO-family outcome estimator
+on one score per episode (windowed context modes repeat an episode over several samples, RAGEN counts it once),
+broadcast to the episode's trained tokens. Then the SPEC 4.6 modifiers in RAGEN's order. All tensors are on the
+target axis (``[B, T - 1]``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ragen_lightning.algos import advantages as A
+from ragen_lightning.algos.losses import KLKind
+from ragen_lightning.algos.masked import masked_mean, masked_whiten
+from ragen_lightning.types import RolloutBatch
+
+
+def starpo_advantages(
+    batch: RolloutBatch,
+    mask: torch.Tensor,
+    *,
+    old_logprobs: torch.Tensor | None,
+    ref_logprobs: torch.Tensor | None,
+    values: torch.Tensor | None,
+    estimator: str,
+    gamma: float,
+    lam: float,
+    turn_level_gae: bool,
+    high_level_gamma: float,
+    kl_in_reward_coef: float,
+    kl_kind: KLKind,
+    soft_advantage_reweight: bool,
+    filter_loss_scaling: A.FilterLossScaling,
+    length_weight: bool,
+    zero_task_advantage: bool,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """``(advantages, returns, logs)`` for a rollout batch; ``mask`` is the loss mask on the target axis."""
+    logs: dict[str, float] = {}
+    rewards = batch.rewards[:, 1:].float()
+    if kl_in_reward_coef > 0:
+        rewards, kl_logs = A.apply_kl_in_reward(rewards, old_logprobs, ref_logprobs, mask, kl_in_reward_coef, kl_kind)
+        logs["actor/reward_kl"] = float(kl_logs["kl"])
+    if estimator == "gae":
+        if turn_level_gae:
+            ends = batch.turn_ends[:, 1:] & mask
+            adv, returns = A.turn_level_gae(rewards, values, mask, ends, gamma, lam, high_level_gamma)
+        else:
+            adv, returns = A.gae(rewards, values, mask, gamma, lam)
+        adv = masked_whiten(adv, mask)
+    else:
+        # one score per episode (turn-level context modes repeat an episode over several samples)
+        first: dict[int, int] = {}
+        for row, ep in enumerate(batch.episode_index.tolist()):
+            first.setdefault(ep, row)
+        ep_rows = torch.tensor(list(first.values()), device=mask.device)
+        ep_adv = A.outcome_advantages(batch.scores[ep_rows].float(), batch.group_index[ep_rows], estimator)
+        lookup = dict(zip(first.keys(), ep_adv.tolist()))
+        per_sample = torch.tensor([lookup[e] for e in batch.episode_index.tolist()], device=mask.device)
+        if soft_advantage_reweight:
+            spread = A.group_std(batch.scores.float(), batch.group_index)
+            per_sample, sw = A.soft_advantage_reweight(per_sample, spread)
+            logs.update({f"train/{k}": float(v) for k, v in sw.items()})
+        adv = A.broadcast_to_tokens(per_sample, mask)
+        returns = adv
+    adv = A.filter_loss_scaling(adv, batch.metrics.get("rollout/filter_kept_ratio", 1.0), filter_loss_scaling)
+    if length_weight:
+        adv = A.length_weight(adv, mask)
+    if zero_task_advantage:
+        adv = A.zero_task_advantage(adv)
+    logs["train/advantage_mean"] = float(masked_mean(adv, mask))
+    logs["train/return_mean"] = float(masked_mean(returns, mask))
+    if values is not None:
+        logs["critic/values_mean"] = float(masked_mean(values, mask))
+    return adv, returns, logs
