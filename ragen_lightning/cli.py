@@ -7,12 +7,15 @@ are declared once and linked (the rollout temperature is what the trainer's log-
 from __future__ import annotations
 
 import os
+import sys
 from typing import Optional
 
 import torch
 from lightning.pytorch.cli import LightningCLI
 
+from ragen_lightning import models
 from ragen_lightning.data.datamodule import RolloutDataModule
+from ragen_lightning.errors import ConfigError
 from ragen_lightning.module import StarPOModule
 
 
@@ -25,22 +28,37 @@ class StarPOCLI(LightningCLI):
                  "per-op threading overhead dominates and stalls badly when another process holds a core.",
         )
 
+    def _preflight(self) -> None:
+        """Checks that need the tokenizer, before the trainer writes anything (config, logs, checkpoints)."""
+        self.model.check_data(self.datamodule)
+        self.datamodule.check_prompt_budget(models.load_tokenizer(self.model.hparams.model))
+
+    before_fit = before_validate = _preflight
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         threads = config.get("torch_threads")
         if threads is not None:
             if threads < 1:
-                raise ValueError(f"--torch_threads must be >= 1, got {threads}")
+                raise ConfigError(f"--torch_threads must be >= 1, got {threads}")
             torch.set_num_threads(threads)
 
 
 def main(args: list[str] | None = None) -> StarPOCLI:
+    """Run the CLI. From the shell (``args`` None) a configuration error prints one line and exits with 2; called
+    from Python it raises :class:`~ragen_lightning.errors.ConfigError`."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tiny model is local; hub models must be cached already
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return StarPOCLI(
-        StarPOModule,
-        RolloutDataModule,
-        args=args,
-        save_config_kwargs={"overwrite": True},
-        trainer_defaults={"max_epochs": 1, "num_sanity_val_steps": 0},
-    )
+    try:
+        return StarPOCLI(
+            StarPOModule,
+            RolloutDataModule,
+            args=args,
+            save_config_kwargs={"overwrite": True},
+            trainer_defaults={"max_epochs": 1, "num_sanity_val_steps": 0},
+        )
+    except ConfigError as e:
+        if args is not None:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

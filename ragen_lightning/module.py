@@ -35,6 +35,7 @@ from ragen_lightning.algos import advantages as A
 from ragen_lightning.algos.losses import AggMode, KLKind, actor_loss, agg_normalizer, aggregate, value_loss
 from ragen_lightning.algos.masked import masked_mean
 from ragen_lightning.early_stop import LowValidationSuccess, RewardVarianceCollapse
+from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.engine import HFEngine
 from ragen_lightning.scoring import actor_outputs, critic_values, micro_slices, score_batch, trimmed
 from ragen_lightning.types import RolloutBatch
@@ -139,16 +140,16 @@ class StarPOModule(L.LightningModule):
     ):
         super().__init__()
         if micro_batch_size < 1 or mini_batch_size < 1 or ppo_epochs < 1:
-            raise ValueError("--model.micro_batch_size, --model.mini_batch_size and --model.ppo_epochs must be >= 1")
+            raise ConfigError("--model.micro_batch_size, --model.mini_batch_size and --model.ppo_epochs must be >= 1")
         if micro_batch_size > mini_batch_size:
-            raise ValueError(f"--model.micro_batch_size ({micro_batch_size}) must be <= --model.mini_batch_size "
+            raise ConfigError(f"--model.micro_batch_size ({micro_batch_size}) must be <= --model.mini_batch_size "
                              f"({mini_batch_size})")
         if turn_level_gae and adv_estimator != "gae":
-            raise ValueError("--model.turn_level_gae needs --model.adv_estimator gae")
+            raise ConfigError("--model.turn_level_gae needs --model.adv_estimator gae")
         if (soft_advantage_reweight or length_weight) and adv_estimator == "gae":
-            raise ValueError("--model.soft_advantage_reweight / --model.length_weight apply to GRPO-family estimators")
+            raise ConfigError("--model.soft_advantage_reweight / --model.length_weight apply to GRPO-family estimators")
         if use_kl_loss and kl_coef == 0:
-            raise ValueError("--model.use_kl_loss needs --model.kl_coef > 0")
+            raise ConfigError("--model.use_kl_loss needs --model.kl_coef > 0")
         self.save_hyperparameters(ignore=["actor_optimizer", "critic_optimizer"])
         self.automatic_optimization = False
         self._actor_opt_factory, self._critic_opt_factory = actor_optimizer, critic_optimizer
@@ -176,17 +177,21 @@ class StarPOModule(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        self.check_data(dm)
+        self._model_path = self._resolve_actor_path(dm)
+
+    def check_data(self, dm) -> None:
+        """Combinations of module and data settings that cannot work (the CLI checks them before anything runs)."""
         hp = getattr(dm, "hparams", None)
         if hp is not None and self.hparams.adv_estimator in ("grpo", "drgrpo") and hp.group_size < 2:
-            raise ValueError(f"--data.group_size must be >= 2 for --model.adv_estimator {self.hparams.adv_estimator}")
-        self._model_path = self._resolve_actor_path(dm)
+            raise ConfigError(f"--data.group_size must be >= 2 for --model.adv_estimator {self.hparams.adv_estimator}")
 
     def _resolve_actor_path(self, dm) -> str:
         ws = self.hparams.warm_start
         if not ws:
             return models.resolve_model_path(self.hparams.model)
         if dm is None:
-            raise ValueError("--model.warm_start needs the RolloutDataModule (it names the env to learn from)")
+            raise ConfigError("--model.warm_start needs the RolloutDataModule (it names the env to learn from)")
         from ragen_lightning.sft.warm_start import warm_start
 
         hp = dm.hparams

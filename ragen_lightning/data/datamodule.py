@@ -24,8 +24,9 @@ from ragen_lightning.data.batching import (
     rollout_metrics,
 )
 from ragen_lightning.data.sampler import FilterConfig, filter_groups
+from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.engine import SamplingParams
-from ragen_lightning.rollout.runner import ContextWindow, RolloutRunner, make_env
+from ragen_lightning.rollout.runner import ContextWindow, RolloutRunner, UnknownEnvError, make_env
 from ragen_lightning.rollout.tokens import ChatTokens
 from ragen_lightning.types import RolloutBatch
 
@@ -114,10 +115,15 @@ class RolloutDataModule(L.LightningDataModule):
         super().__init__()
         for name in ("num_groups", "group_size", "num_iterations", "val_num_groups", "val_group_size"):
             if locals()[name] < 1:
-                raise ValueError(f"--data.{name} must be >= 1, got {locals()[name]}")
+                raise ConfigError(f"--data.{name} must be >= 1, got {locals()[name]}")
         if reward_placement == "turn" and norm_method != "identity":
-            raise ValueError("--data.norm_method must be 'identity' with --data.reward_placement turn")
-        make_env(env_id, env_kwargs).close()  # unknown id / bad kwargs fail at construction, naming the id
+            raise ConfigError("--data.norm_method must be 'identity' with --data.reward_placement turn")
+        try:  # an unknown id or bad env kwargs fail here, naming the flag, not in the first rollout
+            make_env(env_id, env_kwargs).close()
+        except UnknownEnvError as e:
+            raise ConfigError(f"--data.env_id: {e}") from None
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"--data.env_kwargs for {env_id}: {e}") from None
         self.save_hyperparameters(ignore=["filter"])
         self.filter = filter if filter is not None else FilterConfig()
         self.train_params = SamplingParams(temperature, top_p, top_k, max_new_tokens)
@@ -139,13 +145,16 @@ class RolloutDataModule(L.LightningDataModule):
         hp = self.hparams
         chat = ChatTokens(module.tokenizer, enable_think=hp.enable_think)
         engine = module.make_engine(max_batch_size=hp.max_batch_size)
-        kwargs = dict(max_turns=hp.max_turns, max_actions_per_turn=hp.max_actions_per_turn,
-                      max_actions_per_episode=hp.max_actions_per_episode, context_window=hp.context_window,
-                      window_turns=hp.window_turns, max_model_len=hp.max_model_len, format_penalty=hp.format_penalty,
-                      enable_think=hp.enable_think)
         self.chat = chat
-        self._runner = RolloutRunner(hp.env_id, hp.env_kwargs, chat, engine, **kwargs)
-        self._val_runner = RolloutRunner(hp.env_id, hp.env_kwargs, chat, engine, **kwargs)
+        self._runner = RolloutRunner(hp.env_id, hp.env_kwargs, chat, engine, **self._runner_kwargs())
+        self._val_runner = RolloutRunner(hp.env_id, hp.env_kwargs, chat, engine, **self._runner_kwargs())
+
+    def _runner_kwargs(self) -> dict[str, Any]:
+        hp = self.hparams
+        return dict(max_turns=hp.max_turns, max_actions_per_turn=hp.max_actions_per_turn,
+                    max_actions_per_episode=hp.max_actions_per_episode, context_window=hp.context_window,
+                    window_turns=hp.window_turns, max_model_len=hp.max_model_len, format_penalty=hp.format_penalty,
+                    enable_think=hp.enable_think)
 
     def teardown(self, stage: str) -> None:
         for runner in (self._runner, self._val_runner):
@@ -209,17 +218,30 @@ class RolloutDataModule(L.LightningDataModule):
         metrics = {f"val/{k}": v for k, v in rollout_metrics(trajectories, hp.val_group_size).items()}
         return build_batch(trajectories, pad_token_id=self.chat.tokenizer.pad_token_id, metrics=metrics)
 
-    def check_prompt_budget(self) -> None:
-        """Fail before training when the first prompt plus a full response cannot fit ``max_model_len``."""
-        self._ensure_runners()
+    def check_prompt_budget(self, tokenizer: Any = None) -> None:
+        """Fail before training when the first prompt plus a full response cannot fit ``max_model_len``.
+
+        With ``tokenizer`` it runs stand-alone (the CLI calls it before anything is written); otherwise it uses the
+        module's tokenizer through the rollout runners.
+        """
         hp = self.hparams
-        for seed in (hp.train_seed, hp.val_seed):
-            need = self._runner.first_prompt_length(seed, hp.max_new_tokens) + hp.max_new_tokens
-            if need > hp.max_model_len:
-                raise ValueError(
-                    f"--data.max_model_len={hp.max_model_len} is too small for the first prompt of {hp.env_id}: "
-                    f"it needs {need} tokens (prompt + --data.max_new_tokens={hp.max_new_tokens})"
-                )
+        if tokenizer is not None:
+            runner = RolloutRunner(hp.env_id, hp.env_kwargs, ChatTokens(tokenizer, enable_think=hp.enable_think),
+                                   None, **self._runner_kwargs())
+        else:
+            self._ensure_runners()
+            runner = self._runner
+        try:
+            for seed in (hp.train_seed, hp.val_seed):
+                need = runner.first_prompt_length(seed, hp.max_new_tokens) + hp.max_new_tokens
+                if need > hp.max_model_len:
+                    raise ConfigError(
+                        f"--data.max_model_len={hp.max_model_len} is too small for the first prompt of {hp.env_id}: "
+                        f"it needs {need} tokens (prompt + --data.max_new_tokens={hp.max_new_tokens})"
+                    )
+        finally:
+            if runner is not self._runner:
+                runner.close()
 
     def _drift_rate(self, trajectories) -> float:
         samples = [s.conversation for t in trajectories for s in t.samples]

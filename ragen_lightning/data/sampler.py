@@ -19,6 +19,7 @@ import torch
 
 from ragen_lightning.algos.filtering import filter_metrics, group_scores, select_groups
 from ragen_lightning.data.batching import sampled_entropy, trajectory_matrix
+from ragen_lightning.errors import ConfigError
 from ragen_lightning.types import Trajectory
 
 _METRIC_ALIASES = {"reward_std": "reward_variance", "entropy_std": "entropy_variance"}
@@ -53,11 +54,11 @@ class FilterConfig:
     def __post_init__(self):
         self.metric = _METRIC_ALIASES.get(self.metric, self.metric)
         if self.metric not in _METRIC_SOURCE:
-            raise ValueError(f"filter metric must be one of {sorted(_METRIC_SOURCE)}, got {self.metric!r}")
+            raise ConfigError(f"--data.filter.metric must be one of {sorted(_METRIC_SOURCE)}, got {self.metric!r}")
         if self.strategy not in ("top_p", "top_k", "top_k_abs", "min_p"):
-            raise ValueError(f"filter strategy must be top_p|top_k|top_k_abs|min_p, got {self.strategy!r}")
+            raise ConfigError(f"--data.filter.strategy must be top_p|top_k|top_k_abs|min_p, got {self.strategy!r}")
         if self.value < 0:
-            raise ValueError(f"filter value must be >= 0, got {self.value}")
+            raise ConfigError(f"--data.filter.value must be >= 0, got {self.value}")
 
     @property
     def keeps_everything(self) -> bool:

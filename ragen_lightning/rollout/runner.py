@@ -34,12 +34,16 @@ from ragen_lightning.types import Sample, Trajectory
 ContextWindow = Literal["full", "limited", "single_turn"]
 
 
+class UnknownEnvError(ValueError):
+    """No gymnasium registration for the env id."""
+
+
 def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None) -> gym.Env:
     """``gymnasium.make`` with a clear error for ids nobody registered."""
     try:
         return gym.make(env_id, disable_env_checker=True, **(env_kwargs or {}))
     except (gym.error.NameNotFound, gym.error.NamespaceNotFound, gym.error.VersionNotFound) as e:
-        raise ValueError(
+        raise UnknownEnvError(
             f"unknown env id {env_id!r}: import the package that registers it first (the project's envs register "
             f"on `import envs`) or write it as 'module:id', e.g. 'envs:ragen/Sokoban-v0' ({e})"
         ) from None

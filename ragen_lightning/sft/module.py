@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from ragen_lightning import models
+from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.runner import make_env
 
 LRSchedule = Literal["constant", "cosine"]
@@ -256,11 +257,11 @@ class SFTModule(L.LightningModule):
     ):
         super().__init__()
         if lr <= 0:
-            raise ValueError(f"--model.lr must be > 0, got {lr}")
+            raise ConfigError(f"--model.lr must be > 0, got {lr}")
         if warmup_steps < 0:
-            raise ValueError(f"--model.warmup_steps must be >= 0, got {warmup_steps}")
+            raise ConfigError(f"--model.warmup_steps must be >= 0, got {warmup_steps}")
         if lr_schedule not in ("constant", "cosine"):
-            raise ValueError(f"--model.lr_schedule must be 'constant' or 'cosine', got {lr_schedule!r}")
+            raise ConfigError(f"--model.lr_schedule must be 'constant' or 'cosine', got {lr_schedule!r}")
         self.save_hyperparameters()
         self.model_name = model
         self.model = apply_lora(models.load_causal_lm(model, dtype), lora_rank, lora_alpha, lora_dropout,
@@ -363,11 +364,11 @@ class DemonstrationDataModule(L.LightningDataModule):
     ):
         super().__init__()
         if num_episodes < 1:
-            raise ValueError(f"--data.num_episodes must be >= 1, got {num_episodes}")
+            raise ConfigError(f"--data.num_episodes must be >= 1, got {num_episodes}")
         if val_episodes < 0:
-            raise ValueError(f"--data.val_episodes must be >= 0, got {val_episodes}")
+            raise ConfigError(f"--data.val_episodes must be >= 0, got {val_episodes}")
         if batch_size < 1:
-            raise ValueError(f"--data.batch_size must be >= 1, got {batch_size}")
+            raise ConfigError(f"--data.batch_size must be >= 1, got {batch_size}")
         make_env(env_id, env_kwargs).close()  # an unknown id fails here, naming it
         self.save_hyperparameters()
         self.env_id, self.env_kwargs, self.model = env_id, dict(env_kwargs or {}), model

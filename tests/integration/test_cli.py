@@ -42,3 +42,26 @@ def test_fit_validate_and_export(tmp_path, monkeypatch):
     results = cli.trainer.callback_metrics
     assert "val/success" in results and 0.0 <= float(results["val/success"]) <= 1.0
     assert float(results["val/num_turns"]) == 1.0  # bandit is single-turn
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--model.adv_estimator", "grpo", "--data.group_size", "1"], "error: --data.group_size must be >= 2"),
+        (["--data.max_model_len", "64"], "error: --data.max_model_len=64 is too small for the first prompt"),
+        (["--data.env_id", "ragen/Nope-v0"], "error: --data.env_id: unknown env id 'ragen/Nope-v0'"),
+        (["--model.micro_batch_size", "64"], "error: --model.micro_batch_size (64) must be <="),
+    ],
+)
+def test_bad_config_is_one_line_and_writes_nothing(tmp_path, flags, message):
+    import subprocess
+    import sys
+
+    main_py = Path(__file__).resolve().parents[2] / "main.py"
+    proc = subprocess.run([sys.executable, str(main_py), "fit", "--config", str(CONFIGS / "bandit.yaml"),
+                           "--model.warm_start", "false", *flags], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(message)
+    assert "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # no config, logs or checkpoints written

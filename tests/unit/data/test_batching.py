@@ -135,9 +135,9 @@ def test_filter_all_zero_variance_is_empty_and_config_errors():
     kept, idx, _ = filter_groups(ts, 2, FilterConfig(value=0.9))
     assert kept == [] and idx.numel() == 0
     assert FilterConfig(metric="reward_std").metric == "reward_variance"
-    with pytest.raises(ValueError, match="filter metric"):
+    with pytest.raises(ValueError, match="filter.metric"):
         FilterConfig(metric="loss")
-    with pytest.raises(ValueError, match="filter value"):
+    with pytest.raises(ValueError, match="filter.value"):
         FilterConfig(value=-1)
 
 
