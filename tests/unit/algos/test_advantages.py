@@ -27,12 +27,9 @@ from ragen_lightning.algos.advantages import (
     zero_task_advantage,
 )
 from ragen_lightning.algos.masked import masked_mean, masked_sum, masked_var
+from tests.unit.algos.helpers import close  # noqa: E402
 
 T = torch.tensor
-
-
-def close(actual: torch.Tensor, expected, atol: float = 1e-6) -> None:
-    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype), atol=atol, rtol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------------ masked helpers

@@ -20,12 +20,9 @@ from ragen_lightning.algos.losses import (
     ppo_policy_loss,
     value_loss,
 )
+from tests.unit.algos.helpers import close  # noqa: E402
 
 T = torch.tensor
-
-
-def close(actual: torch.Tensor, expected, atol: float = 1e-6) -> None:
-    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype), atol=atol, rtol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------------ aggregation

@@ -72,6 +72,15 @@ def test_check_env_passes(env_id):
 
 
 @pytest.mark.parametrize("env_id", IDS)
+def test_check_env_with_ansi_rendering(env_id):
+    # with render_mode="ansi" the checker also exercises render(): no warning of any kind is allowed
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_env(gym.make(env_id, render_mode="ansi").unwrapped)
+    assert [str(w.message) for w in caught] == []
+
+
+@pytest.mark.parametrize("env_id", IDS)
 def test_same_seed_same_trajectory(env_id):
     a, b = make(env_id), gym.make(env_id).unwrapped
     actions = sampled_actions(a, 30)

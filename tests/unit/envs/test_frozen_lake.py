@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import warnings
 from collections import Counter, deque
 
 import gymnasium as gym
 import numpy as np
 import pytest
-from gymnasium.utils.env_checker import check_env
 
 import envs  # noqa: F401  (registers the ids)
 from envs.frozen_lake import FrozenLakeEnv
@@ -313,10 +311,3 @@ def test_discounted_value_iteration_matches_monte_carlo():
     # and the undiscounted success probability is at least as high
     assert env.optimal_policy()[1][0, 0] >= target
 
-
-@pytest.mark.parametrize("env_id", ["ragen/CoordFrozenLake-v0", "ragen/FrozenLake-v0"])
-def test_check_env_with_ansi_rendering(env_id):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        check_env(gym.make(env_id, render_mode="ansi").unwrapped)
-    assert [str(w.message) for w in caught] == []

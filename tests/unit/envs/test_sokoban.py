@@ -5,14 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import warnings
 from collections import deque
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
-from gymnasium.utils.env_checker import check_env
 
 import envs  # noqa: F401  (registers the ids)
 from envs.base import PromptSpec
@@ -381,10 +379,3 @@ def test_solver_mid_episode_deadlock_and_solved():
     # a walk around the box is part of a shortest plan: Down, Right, then Up pushes the box onto the target
     assert solve_board(["#####", "#_O_#", "#PX_#", "#___#", "#####"]) == [DOWN, RIGHT, UP]
 
-
-@pytest.mark.parametrize("env_id", ["ragen/CoordSokoban-v0", "ragen/SokobanDifferentGridVocab-v0"])
-def test_check_env_with_ansi_rendering(env_id):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        check_env(gym.make(env_id, render_mode="ansi").unwrapped)
-    assert [str(w.message) for w in caught] == []
