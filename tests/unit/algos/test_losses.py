@@ -20,7 +20,7 @@ from ragen_lightning.algos.losses import (
     ppo_policy_loss,
     value_loss,
 )
-from tests.unit.algos.helpers import close  # noqa: E402
+from tests.unit.algos.helpers import close
 
 T = torch.tensor
 
