@@ -12,6 +12,10 @@ The iteration (SPEC section 0, DESIGN section 3), top to bottom in :meth:`StarPO
    non-finite loss or grad norm skips that step and is counted;
 5. log.
 
+During and after each iteration ``last_rollout`` (its :class:`RolloutBatch`, kept trajectories included; empty when
+the filter kept nothing) and ``last_logs`` (the values logged for it) hold that iteration's data for callbacks
+(``callbacks/``), which read them in ``on_train_batch_end``.
+
 Manual optimisation with one optimizer per network; ``trainer.global_step`` therefore counts optimizer steps, and the
 run length is set in iterations by ``--data.num_iterations``.
 """
@@ -161,6 +165,8 @@ class StarPOModule(L.LightningModule):
         self._force_scoring_pass = False  # tests: always run the separate old-log-prob pass
         self.rv_collapse = RewardVarianceCollapse(rv_collapse_window, rv_collapse_ratio)
         self.low_val_success = LowValidationSuccess(low_val_success_patience, low_val_success_threshold)
+        self.last_rollout: RolloutBatch | None = None  # the last trained iteration's batch (.trajectories included)
+        self.last_logs: dict[str, float] = {}  # and its logged values; callbacks read both in on_train_batch_end
 
     # -- models ---------------------------------------------------------------------------------------------------
     @property
@@ -248,6 +254,7 @@ class StarPOModule(L.LightningModule):
         # 1. the rollout batch, generated with the current weights (pulled here, never pre-fetched)
         batch, _, _ = next(dataloader_iter)
         logs = dict(batch.metrics)
+        self.last_rollout, self.last_logs = batch, logs  # for callbacks; logs fills up below
         if len(batch) == 0:
             self._log(logs)
             return None
