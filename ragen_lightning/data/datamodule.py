@@ -203,6 +203,8 @@ class RolloutDataModule(L.LightningDataModule):
         metrics["rollout/empty_after_filter"] = float(not kept)
         metrics["rollout/consecutive_empty_after_filter_steps"] = float(self.consecutive_empty)
         metrics["timing_s/rollout"] = t_rollout
+        metrics.update({f"timing_s/rollout_{k}": v for k, v in self._runner.timing.items()})  # generate, env
+        metrics["rollout/generated_tokens"] = float(sum(t.response_tokens for t in trajectories))
         metrics["iteration"] = float(iteration)
         batch = build_batch(kept, pad_token_id=self.chat.tokenizer.pad_token_id, reward_placement=hp.reward_placement,
                             norm_grouping=hp.norm_grouping, norm_method=hp.norm_method, metrics=metrics)

@@ -20,6 +20,7 @@ can flip its parity-based masks).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
@@ -130,6 +131,7 @@ class RolloutRunner:
         self.context_window, self.window_turns = context_window, window_turns
         self.max_model_len, self.format_penalty, self.enable_think = max_model_len, format_penalty, enable_think
         self._envs: list[gym.Env] = []
+        self.timing = {"generate": 0.0, "env": 0.0}  # seconds spent in the last run()
         make_env(env_id, self.env_kwargs).close()  # fail now, with the id in the message, not mid-rollout
 
     # -- env pool ---------------------------------------------------------------------------------------------
@@ -162,8 +164,11 @@ class RolloutRunner:
         """
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
+        self.timing = {"generate": 0.0, "env": 0.0}
+        t0 = time.perf_counter()
         episodes = [self._reset(g * group_size + m, g, int(s)) for g, s in enumerate(group_seeds)
                     for m in range(group_size)]
+        self.timing["env"] += time.perf_counter() - t0
         announce = self.max_response_tokens or params.max_new_tokens
         for turn in range(1, self.max_turns + 1):
             live = [ep for ep in episodes if not ep.done]
@@ -190,7 +195,9 @@ class RolloutRunner:
             seeds = [request_seed(seed, ep.traj.env_index, turn) for ep, _ in fitting]
             # scripted/expert engines (demonstrations, oracles) answer from the env state instead of the prompt
             extra = {"envs": [ep.env.unwrapped for ep, _ in fitting]} if getattr(self.engine, "needs_envs", False) else {}
+            t0 = time.perf_counter()
             outs = self.engine.generate([p for _, p in fitting], params, seeds, **extra)
+            self.timing["generate"] += time.perf_counter() - t0
             for (ep, _), out in zip(fitting, outs):
                 self._apply(ep, turn, out.token_ids, out.logprobs)
         for ep in episodes:
@@ -277,7 +284,9 @@ class RolloutRunner:
 
         reward, ended = 0.0, False
         for action in valid[: ep.actions_left]:
+            t0 = time.perf_counter()
             obs, r, terminated, truncated, info = ep.env.step(action)
+            self.timing["env"] += time.perf_counter() - t0
             ep.obs, reward = str(obs), reward + float(r)
             ep.actions_left -= 1
             ep.traj.num_actions += 1

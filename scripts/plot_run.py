@@ -1,0 +1,185 @@
+"""Draw the collapse dashboard of a run from its Lightning ``metrics.csv``.
+
+    python scripts/plot_run.py outputs/sokoban/csv --out dashboard.png
+    python scripts/plot_run.py path/to/metrics.csv --out dashboard.png --title "sokoban, top_p 0.9"
+
+The task configs log with a ``CSVLogger`` next to wandb (wandb's offline run files are a binary protobuf stream;
+``wandb sync`` them and use wandb's own charts, or point this script at the CSV). Given a folder, the newest
+``metrics.csv`` under it is read. Rows of one step are merged (callbacks and the module log separately).
+
+Panels over iterations: reward (``train/score``, ``train/success``) and in-group reward std, token entropy, MI
+estimates with their upper bound log N, conditional entropy H(Z|X), actor/critic grad norm, the filter's keep ratio,
+MI retrieval accuracy vs chance, and the four reasoning regimes (SPEC §6.2): H(Z|X) against I(X;Z) per MI
+measurement, coloured by iteration. The quadrant split is ``--i-split`` (default half the mean log N) and
+``--h-split`` (default the middle of the observed H range): high H and high I = diverse reasoning, low H and high I
+= compressed reasoning, high H and low I = template collapse, low H and low I = low-entropy collapse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+from pathlib import Path
+
+MI_LABELS = ("first_turn", "trajectory")
+
+
+def find_csv(path: str | Path) -> Path:
+    """``path`` itself if it is a file, else the newest ``metrics.csv`` below it."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    found = sorted(path.rglob("metrics.csv"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise FileNotFoundError(f"no metrics.csv under {path}")
+    return found[-1]
+
+
+def read_metrics(path: str | Path) -> dict[str, list[tuple[float, float]]]:
+    """``key -> [(iteration, value), ...]`` sorted by iteration; rows of one step merged.
+
+    The iteration is the logged 0-based ``iteration`` + 1 when present in the step's rows, else the step + 1.
+    Empty and non-finite cells are skipped.
+    """
+    steps: dict[int, dict[str, float]] = {}
+    with open(find_csv(path), newline="") as f:
+        for row in csv.DictReader(f):
+            if not row.get("step"):
+                continue
+            merged = steps.setdefault(int(float(row["step"])), {})
+            for k, v in row.items():
+                if k in ("step", "epoch") or v in ("", None):
+                    continue
+                try:
+                    x = float(v)
+                except ValueError:
+                    continue
+                if math.isfinite(x):
+                    merged[k] = x
+    series: dict[str, list[tuple[float, float]]] = {}
+    for step in sorted(steps):
+        values = steps[step]
+        it = values["iteration"] + 1 if "iteration" in values else step + 1
+        for k, v in values.items():
+            series.setdefault(k, []).append((it, v))
+    return series
+
+
+def regime(h: float, i: float, h_split: float, i_split: float) -> str:
+    """The SPEC §6.2 regime of a point (H(Z|X), I(X;Z))."""
+    if i >= i_split:
+        return "diverse reasoning" if h >= h_split else "compressed reasoning"
+    return "template collapse" if h >= h_split else "low-entropy collapse"
+
+
+def _plot(ax, series, keys, title, ylabel=None, styles=None):
+    drawn = False
+    for k in keys:
+        if k in series:
+            xs, ys = zip(*series[k])
+            style = (styles or {}).get(k, {})
+            ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=k, **style)
+            drawn = True
+    ax.set_title(title, fontsize=10)
+    if ylabel:
+        ax.set_ylabel(ylabel, fontsize=8)
+    if drawn:
+        ax.legend(fontsize=6, loc="best")
+    else:
+        ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
+    ax.tick_params(labelsize=7)
+    ax.set_xlabel("iteration", fontsize=8)
+    return drawn
+
+
+def dashboard(series: dict[str, list[tuple[float, float]]], out: str | Path, title: str = "collapse dashboard",
+              h_split: float | None = None, i_split: float | None = None) -> Path:
+    """Draw the dashboard PNG of ``series`` (as from :func:`read_metrics`) to ``out``; returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 3, figsize=(15, 12))
+    ax = axes.flat
+    _plot(ax[0], series, ["train/score", "train/success"], "reward (mean score, success)")
+    _plot(ax[1], series, ["rollout/in_group_reward_std"], "in-group reward std (healthy: clearly > 0)")
+    _plot(ax[2], series, ["actor/entropy"], "token entropy (healthy: slow decline)")
+    mi_keys = [f"collapse/{lab}/{k}" for lab in MI_LABELS for k in ("mi", "mi_upper_bound")]
+    dashed = {k: {"linestyle": "--"} for k in mi_keys if k.endswith("upper_bound")}
+    _plot(ax[3], series, mi_keys, "MI estimate I(X;Z) (healthy: well above 0)", styles=dashed)
+    _plot(ax[4], series, [f"collapse/{lab}/conditional_entropy" for lab in MI_LABELS]
+          + [f"collapse/{lab}/marginal_entropy" for lab in MI_LABELS], "H(Z|X) and H(Z) (nats/token)")
+    _plot(ax[5], series, ["actor/grad_norm", "critic/grad_norm"], "grad norm (spikes: collapse)")
+    _plot(ax[6], series, ["rollout/filter_kept_ratio", "collapse/valid_thinking_rate"],
+          "filter keep ratio, valid-thinking rate")
+    _plot(ax[7], series, ["collapse/first_turn/retrieval_accuracy", "collapse/first_turn/retrieval_chance_level"],
+          "first-turn prompt retrieval vs chance")
+    _quadrant(ax[8], series, h_split, i_split)
+    fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def _quadrant(ax, series, h_split, i_split) -> None:
+    ax.set_title("reasoning regimes: H(Z|X) vs I(X;Z)", fontsize=10)
+    ax.set_xlabel("H(Z|X) conditional entropy (nats/token)", fontsize=8)
+    ax.set_ylabel("I(X;Z) MI estimate (nats)", fontsize=8)
+    ax.tick_params(labelsize=7)
+    points = []
+    for lab in MI_LABELS:
+        h = dict(series.get(f"collapse/{lab}/conditional_entropy", []))
+        i = dict(series.get(f"collapse/{lab}/mi", []))
+        points += [(it, h[it], i[it], lab) for it in sorted(set(h) & set(i))]
+    if not points:
+        ax.text(0.5, 0.5, "MI not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
+        return
+    hs, is_ = [p[1] for p in points], [p[2] for p in points]
+    bounds = [v for lab in MI_LABELS for _, v in series.get(f"collapse/{lab}/mi_upper_bound", [])]
+    if i_split is None:
+        i_split = 0.5 * sum(bounds) / len(bounds) if bounds else 0.5 * max(max(is_), 1e-6)
+    if h_split is None:
+        h_split = 0.5 * (min(hs) + max(hs))
+    pad_h = max(0.1, 0.15 * (max(hs) - min(hs)))
+    pad_i = max(0.1, 0.15 * (max(is_ + [i_split]) - min(is_ + [0.0])))
+    x0, x1 = min(hs + [h_split]) - pad_h, max(hs + [h_split]) + pad_h
+    y0, y1 = min(is_ + [0.0]) - pad_i, max(is_ + [i_split]) + pad_i
+    ax.set_xlim(x0, x1)
+    ax.set_ylim(y0, y1)
+    ax.axvline(h_split, color="grey", linewidth=0.8)
+    ax.axhline(i_split, color="grey", linewidth=0.8)
+    for (hx, iy), name in (((x1, y1), "diverse reasoning"), ((x0, y1), "compressed reasoning"),
+                           ((x1, y0), "template collapse"), ((x0, y0), "low-entropy collapse")):
+        ax.text(hx, iy, name, ha="right" if hx == x1 else "left", va="top" if iy == y1 else "bottom", fontsize=8,
+                color="firebrick" if "collapse" in name else "darkgreen")
+    for lab, marker in zip(MI_LABELS, ("o", "^")):
+        pts = [p for p in points if p[3] == lab]
+        if pts:
+            sc = ax.scatter([p[1] for p in pts], [p[2] for p in pts], c=[p[0] for p in pts], cmap="viridis",
+                            marker=marker, label=lab, edgecolors="k", linewidths=0.3)
+    ax.legend(fontsize=6, loc="center right")
+    ax.figure.colorbar(sc, ax=ax, label="iteration")
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("metrics", help="metrics.csv or a folder holding one (e.g. outputs/sokoban/csv)")
+    parser.add_argument("--out", default="dashboard.png", help="PNG to write")
+    parser.add_argument("--title", default=None)
+    parser.add_argument("--h-split", type=float, default=None, help="H(Z|X) quadrant split")
+    parser.add_argument("--i-split", type=float, default=None, help="I(X;Z) quadrant split")
+    args = parser.parse_args(argv)
+    csv_path = find_csv(args.metrics)
+    out = dashboard(read_metrics(csv_path), args.out, args.title or f"collapse dashboard: {csv_path}",
+                    args.h_split, args.i_split)
+    print(out)
+    return out
+
+
+if __name__ == "__main__":
+    main()
