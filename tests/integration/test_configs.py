@@ -10,8 +10,9 @@ import envs  # noqa: F401
 from ragen_lightning.cli import StarPOCLI, main
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-TASKS = sorted(p for p in CONFIGS.glob("*.yaml"))
-OVERLAYS = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent != CONFIGS)
+# a task config names its env; everything else (configs/models/*, configs/diagnostics.yaml) is an overlay
+TASKS = sorted(p for p in CONFIGS.glob("*.yaml") if "env_id:" in p.read_text())
+OVERLAYS = sorted(p for p in CONFIGS.rglob("*.yaml") if p not in TASKS)
 
 
 class ParseOnly(StarPOCLI):

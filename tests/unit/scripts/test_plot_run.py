@@ -1,0 +1,56 @@
+"""scripts/plot_run.py on a hand-made metrics.csv."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "plot_run.py"
+spec = importlib.util.spec_from_file_location("plot_run", SCRIPT)
+plot_run = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(plot_run)
+
+# Lightning's CSVLogger layout: the module and the callbacks log the same step in separate rows; MI every 2nd step
+CSV = """epoch,step,iteration,train/score,rollout/in_group_reward_std,actor/entropy,actor/grad_norm,collapse/first_turn/mi,collapse/first_turn/conditional_entropy,collapse/first_turn/mi_upper_bound,rollout/filter_kept_ratio
+0,0,0.0,0.1,1.0,2.0,1.0,,,,1.0
+,0,,,,,,0.9,3.0,1.3862943611198906,
+0,1,1.0,0.2,0.8,1.9,1.2,,,,1.0
+0,2,2.0,0.3,0.3,1.5,9.0,,,,0.5
+,2,,,,,,0.1,2.8,1.3862943611198906,
+0,3,3.0,0.3,0.1,0.4,1.1,,,,0.25
+,3,,,,,,0.05,0.5,1.3862943611198906,
+"""
+
+
+def test_read_metrics_merges_rows_of_a_step(tmp_path):
+    run = tmp_path / "csv" / "version_0"
+    run.mkdir(parents=True)
+    (run / "metrics.csv").write_text(CSV)
+    series = plot_run.read_metrics(tmp_path)  # a folder: the newest metrics.csv below it
+    assert series["train/score"] == [(1.0, 0.1), (2.0, 0.2), (3.0, 0.3), (4.0, 0.3)]  # iteration = logged + 1
+    # callback rows carry no iteration: the step's merged row gives it
+    assert series["collapse/first_turn/mi"] == [(1.0, 0.9), (3.0, 0.1), (4.0, 0.05)]
+    assert "epoch" not in series and "step" not in series
+
+
+def test_regimes_and_default_splits():
+    # i_split = half of log 4 = 0.693; with h_split 2.0
+    assert plot_run.regime(3.0, 0.9, 2.0, math.log(4) / 2) == "diverse reasoning"
+    assert plot_run.regime(0.5, 0.9, 2.0, math.log(4) / 2) == "compressed reasoning"
+    assert plot_run.regime(2.8, 0.1, 2.0, math.log(4) / 2) == "template collapse"
+    assert plot_run.regime(0.5, 0.05, 2.0, math.log(4) / 2) == "low-entropy collapse"
+
+
+@pytest.mark.slow
+def test_dashboard_png_is_written(tmp_path):
+    (tmp_path / "metrics.csv").write_text(CSV)
+    out = plot_run.main([str(tmp_path / "metrics.csv"), "--out", str(tmp_path / "d.png"), "--title", "t"])
+    import matplotlib.image
+
+    img = matplotlib.image.imread(out)
+    assert img.shape[:2] == (1080, 1350)  # 15 x 12 inches at 90 dpi
+    with pytest.raises(FileNotFoundError, match="no metrics.csv"):
+        plot_run.find_csv(tmp_path / "nothing")
