@@ -37,7 +37,8 @@ def test_overlay_appends_to_the_task_callbacks():
 def _rows(root: Path) -> list[dict[str, str]]:
     rows = []
     for path in sorted(root.rglob("metrics.csv")):
-        rows += list(csv.DictReader(open(path)))
+        with open(path, newline="") as f:
+            rows += list(csv.DictReader(f))
     return rows
 
 
