@@ -239,7 +239,8 @@ def test_token_entropy_and_masked_mean():
 
 
 def test_functional_import_is_light():
-    # A fresh interpreter: other tests here import torchmetrics. functional must not pull in lightning, vllm or
+    # A fresh interpreter: other tests here import torchmetrics. functional (and cross, the teacher-forcing of the
+    # cross log-prob matrix, which takes any model object) must not pull in lightning, vllm or
     # torchmetrics (the Metric classes are loaded lazily by ragen_lightning.metrics).
     forbidden = (
         "lightning",
@@ -250,7 +251,7 @@ def test_functional_import_is_light():
         "torchmetrics",
     )
     code = (
-        "import json, sys; import ragen_lightning.metrics.functional; "
+        "import json, sys; import ragen_lightning.metrics.functional, ragen_lightning.metrics.cross; "
         f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {forbidden!r})))"
     )
     result = subprocess.run(

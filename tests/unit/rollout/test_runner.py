@@ -89,6 +89,11 @@ def test_groups_share_seed_and_actions_execute(tiny_tokenizer):
     # seed 11 starts at pos 2: done in the first turn
     assert trajs[2].turn_rewards == [1.0] and trajs[2].num_turns == 1
     assert t.info["action_is_effective"] == pytest.approx(3 / 2)  # summed info over turns / turns
+    # the run's time split is measured (env resets + steps, engine calls), and a new run starts from zero
+    assert set(runner.timing) == {"generate", "env"} and runner.timing["env"] > 0 and runner.timing["generate"] > 0
+    runner.timing["env"] = 1000.0
+    runner.run([10], group_size=1, params=PARAMS, seed=0)
+    assert 0 < runner.timing["env"] < 1000.0  # reset at the start of every run, not accumulated
 
 
 def test_malformed_output_costs_penalty_and_warns(tiny_tokenizer):
