@@ -195,7 +195,8 @@ def trajectory_pairs(turns: list[list[TurnText]], num_samples: int,
 
 @torch.no_grad()
 def score_pairs(actor: nn.Module, pairs: CrossPairs, micro_batch_size: int, *, pad_token_id: int = 0,
-                temperature: float = 1.0, device: torch.device | str | None = None) -> CrossScores:
+                temperature: float = 1.0, device: torch.device | str | None = None,
+                prefix_cache: bool = True) -> CrossScores:
     """Teacher-force ``[x_j | z_m]`` for every row m and column j; see the module docstring.
 
     Args:
@@ -205,6 +206,9 @@ def score_pairs(actor: nn.Module, pairs: CrossPairs, micro_batch_size: int, *, p
         pad_token_id: id of the right padding (masked out, so its value does not matter).
         temperature: log-probs of ``logits / temperature``.
         device: where to run (default: the actor's parameters' device).
+        prefix_cache: run each prompt once and score the reasonings from its KV cache (prompts are usually far
+            longer than reasonings, so this is several times faster); ``False`` runs every ``[x_j | z_m]`` whole.
+            Both give the same matrix up to float rounding (a test checks it).
     """
     t0 = time.perf_counter()
     m, n = len(pairs.reasonings), len(pairs.prompts)
@@ -217,30 +221,59 @@ def score_pairs(actor: nn.Module, pairs: CrossPairs, micro_batch_size: int, *, p
         was_training = actor.training
         actor.eval()
         try:
-            jobs = [(i, j) for j in range(n) for i in range(m)]  # column-major: one prompt length per run of rows
-            for start in range(0, len(jobs), micro_batch_size):
-                chunk = jobs[start:start + micro_batch_size]
-                seqs = [pairs.prompts[j] + pairs.reasonings[i] for i, j in chunk]
-                width = max(len(s) for s in seqs)
-                ids = torch.full((len(seqs), width), pad_token_id, dtype=torch.long)
-                att = torch.zeros((len(seqs), width), dtype=torch.long)
-                target = torch.zeros((len(seqs), width - 1), dtype=torch.bool)  # target axis: token t+1 from t
-                for r, ((i, j), s) in enumerate(zip(chunk, seqs)):
-                    ids[r, : len(s)] = torch.tensor(s)
-                    att[r, : len(s)] = 1
-                    target[r, len(pairs.prompts[j]) - 1: len(s) - 1] = True
-                ids, att = ids.to(device), att.to(device)
-                logits = actor(input_ids=ids, attention_mask=att).logits[:, :-1].float()
-                if temperature != 1.0:
-                    logits = logits / temperature
-                lp = logprobs_from_logits(logits, ids[:, 1:]).cpu()  # [b, width - 1]
-                sums = torch.where(target, lp, torch.zeros_like(lp)).sum(-1)
-                for r, (i, j) in enumerate(chunk):
-                    seq_sum[i, j] = sums[r]
+            score = _score_cached if prefix_cache else _score_whole
+            score(actor, pairs, micro_batch_size, pad_token_id, temperature, device, seq_sum)
         finally:
             actor.train(was_training)
     token_mean = seq_sum / lengths.clamp(min=1)[:, None]
     return CrossScores(token_mean=token_mean, seq_sum=seq_sum, wall_s=time.perf_counter() - t0)
+
+
+def _right_padded(seqs: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_token_id, dtype=torch.long)
+    att = torch.zeros((len(seqs), width), dtype=torch.long)
+    for r, s in enumerate(seqs):
+        ids[r, : len(s)] = torch.tensor(s)
+        att[r, : len(s)] = 1
+    return ids, att
+
+
+def _score_whole(actor, pairs, micro, pad_token_id, temperature, device, seq_sum) -> None:
+    jobs = [(i, j) for j in range(len(pairs.prompts)) for i in range(len(pairs.reasonings))]
+    for start in range(0, len(jobs), micro):
+        chunk = jobs[start:start + micro]
+        ids, att = _right_padded([pairs.prompts[j] + pairs.reasonings[i] for i, j in chunk], pad_token_id)
+        target = torch.zeros((len(chunk), ids.shape[1] - 1), dtype=torch.bool)  # target axis: token t+1 from t
+        for r, (i, j) in enumerate(chunk):
+            x = len(pairs.prompts[j])
+            target[r, x - 1: x - 1 + len(pairs.reasonings[i])] = True
+        ids, att = ids.to(device), att.to(device)
+        logits = actor(input_ids=ids, attention_mask=att).logits[:, :-1].float() / temperature
+        lp = logprobs_from_logits(logits, ids[:, 1:]).cpu()  # [b, width - 1]
+        sums = torch.where(target, lp, torch.zeros_like(lp)).sum(-1)
+        for r, (i, j) in enumerate(chunk):
+            seq_sum[i, j] = sums[r]
+
+
+def _score_cached(actor, pairs, micro, pad_token_id, temperature, device, seq_sum) -> None:
+    import copy
+
+    for j, x in enumerate(pairs.prompts):
+        out = actor(input_ids=torch.tensor([x], device=device), use_cache=True)
+        first = torch.log_softmax(out.logits[0, -1].float() / temperature, dim=-1).cpu()  # [V]: p(z_0 | x)
+        for start in range(0, len(pairs.reasonings), micro):
+            rows = list(range(start, min(start + micro, len(pairs.reasonings))))
+            z_ids, z_att = _right_padded([pairs.reasonings[i] for i in rows], pad_token_id)
+            cache = copy.deepcopy(out.past_key_values)
+            cache.batch_repeat_interleave(len(rows))
+            att = torch.cat([torch.ones((len(rows), len(x)), dtype=torch.long), z_att], dim=1)
+            logits = actor(input_ids=z_ids.to(device), attention_mask=att.to(device), past_key_values=cache,
+                           use_cache=True).logits[:, :-1].float() / temperature
+            rest = logprobs_from_logits(logits, z_ids[:, 1:].to(device)).cpu()  # p(z_t | x, z_<t), t >= 1
+            sums = first[z_ids[:, 0]] + (rest * z_att[:, 1:]).sum(-1)
+            for r, i in enumerate(rows):
+                seq_sum[i, j] = sums[r]
 
 
 def mi_diagnostics(pairs: CrossPairs, scores: CrossScores, prefix: str,

@@ -81,8 +81,10 @@ def test_matrix_matches_independent_teacher_forcing_and_micro_batching(rollout, 
             assert abs(float(scores.seq_sum[m, j]) - expected) < 1e-4
             assert abs(float(scores.token_mean[m, j]) - expected / len(z)) < 1e-4
     for micro in (1, 2, 9):  # 9 > M*N: one forward pass for all pairs
-        other = score_pairs(actor, pairs, micro_batch_size=micro, pad_token_id=tiny_tokenizer.pad_token_id)
-        torch.testing.assert_close(other.seq_sum, scores.seq_sum, atol=1e-5, rtol=0)
+        for cache in (True, False):  # the prompt's KV cache reused, or every [x | z] run whole
+            other = score_pairs(actor, pairs, micro_batch_size=micro, pad_token_id=tiny_tokenizer.pad_token_id,
+                                prefix_cache=cache)
+            torch.testing.assert_close(other.seq_sum, scores.seq_sum, atol=1e-5, rtol=0)
     assert not actor.training
 
 
