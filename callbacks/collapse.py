@@ -11,7 +11,7 @@ Rules (RAGEN v1's echo-trap signals and RAGEN-2's template-collapse signal; SPEC
   values (needs ``baseline_window`` previous values).
 
 A ratio rule's baseline is the mean of the first ``baseline_window`` values of its key (``mi_baseline_window`` for
-MI); a baseline <= 0 leaves the rule silent (a fraction of nothing is no signal). After a rule fires its streak
+MI); a baseline <= 0 (for MI: <= ``mi_min_baseline``) leaves the rule silent (a fraction of nothing is no signal). After a rule fires its streak
 restarts, so a persisting condition fires again every ``window`` iterations.
 
 Every firing is logged (``collapse_monitor/warning/<rule>`` = 1, a warning message, ``collapse_monitor/warnings``
@@ -60,6 +60,7 @@ class RatioRule:
     ratio: float
     baseline_n: int
     window: int
+    min_baseline: float = 0.0  # a baseline at or below this leaves the rule silent
     history: list[float] = field(default_factory=list)
     streak: int = 0
 
@@ -72,7 +73,7 @@ class RatioRule:
         if base is None:
             self.history.append(value)
             return False
-        if base <= 0 or value >= self.ratio * base:
+        if base <= max(self.min_baseline, 0.0) or value >= self.ratio * base:
             self.streak = 0
             return False
         self.streak += 1
@@ -115,6 +116,8 @@ class CollapseMonitor(Callback):
         mi_ratio: ``mi`` threshold as a fraction of the baseline MI (0 disables the rule).
         mi_baseline_window: MI measurements whose mean is the MI baseline.
         mi_window: consecutive MI measurements below the threshold that fire ``mi``.
+        mi_min_baseline: an MI baseline (nats) at or below this leaves the ``mi`` rule silent: the reasoning never
+            depended on the prompt, so there is no drop to detect (and a fraction of noise is noise).
         grad_spike_factor: ``grad_spike`` threshold as a multiple of the running median (0 disables the rule).
         grad_median_window: values in the running median.
         grad_norm_key: the logged key of the actor grad norm.
@@ -145,6 +148,7 @@ class CollapseMonitor(Callback):
         mi_ratio: float = 0.3,
         mi_baseline_window: int = 2,
         mi_window: int = 2,
+        mi_min_baseline: float = 0.01,
         grad_spike_factor: float = 5.0,
         grad_median_window: int = 20,
         grad_norm_key: str = "actor/grad_norm",
@@ -181,7 +185,7 @@ class CollapseMonitor(Callback):
         if entropy_ratio > 0:
             self.rules["entropy"] = RatioRule(entropy_key, entropy_ratio, baseline_window, window)
         if mi_ratio > 0:
-            self.rules["mi"] = RatioRule(MI_KEY, mi_ratio, mi_baseline_window, mi_window)
+            self.rules["mi"] = RatioRule(MI_KEY, mi_ratio, mi_baseline_window, mi_window, mi_min_baseline)
         if grad_spike_factor > 0:
             self.rules["grad_spike"] = SpikeRule(grad_norm_key, grad_spike_factor, grad_median_window,
                                                  baseline_window)

@@ -79,6 +79,9 @@ def test_template_collapse_stream_fires_only_the_mi_rule():
 
 def test_non_positive_baseline_and_disabled_rules_stay_silent():
     assert _run(_monitor(), [{RS: 0.0}] * 5 + [{RS: 0.0}] * 5) == []  # baseline 0: no fraction to fall below
+    # an MI baseline of 1e-5 nats (reasoning never depended on the prompt) is below mi_min_baseline = 0.01
+    assert _run(_monitor(), [{MI: 1e-5}, {MI: 1e-5}, {MI: 0.0}, {MI: 0.0}, {MI: 0.0}]) == []
+    assert _run(_monitor(mi_min_baseline=0.0), [{MI: 1e-5}, {MI: 1e-5}, {MI: 0.0}, {MI: 0.0}]) == [(4, "mi")]
     m = _monitor(reward_std_ratio=0, entropy_ratio=0, mi_ratio=0, grad_spike_factor=0)
     assert m.rules == {}
 
