@@ -10,9 +10,11 @@ The task configs log with a ``CSVLogger`` next to wandb (wandb's offline run fil
 Panels over iterations: reward (``train/score``, ``train/success``) and in-group reward std, token entropy, MI
 estimates with their upper bound log N, conditional entropy H(Z|X), actor/critic grad norm, the filter's keep ratio,
 MI retrieval accuracy vs chance, and the four reasoning regimes (SPEC §6.2): H(Z|X) against I(X;Z) per MI
-measurement, coloured by iteration. The quadrant split is ``--i-split`` (default half the mean log N) and
-``--h-split`` (default the middle of the observed H range): high H and high I = diverse reasoning, low H and high I
-= compressed reasoning, high H and low I = template collapse, low H and low I = low-entropy collapse.
+measurement, coloured by iteration. The quadrant split is ``--i-split`` (default half the mean log N, the MI's upper
+bound) and ``--h-split`` (default 0.5 nats per reasoning token; sampled LLM reasoning at temperature 1 typically sits
+around 0.3-1.5, a low-entropy collapse far below): high H and high I = diverse reasoning, low H and high I =
+compressed reasoning, high H and low I = template collapse, low H and low I = low-entropy collapse. The splits are
+conventions for reading the plot, not thresholds from the paper.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import math
 from pathlib import Path
 
 MI_LABELS = ("first_turn", "trajectory")
+DEFAULT_H_SPLIT = 0.5  # nats per reasoning token
 
 
 def find_csv(path: str | Path) -> Path:
@@ -144,7 +147,7 @@ def _quadrant(ax, series, h_split, i_split) -> None:
     if i_split is None:
         i_split = 0.5 * sum(bounds) / len(bounds) if bounds else 0.5 * max(max(is_), 1e-6)
     if h_split is None:
-        h_split = 0.5 * (min(hs) + max(hs))
+        h_split = DEFAULT_H_SPLIT
     pad_h = max(0.1, 0.15 * (max(hs) - min(hs)))
     pad_i = max(0.1, 0.15 * (max(is_ + [i_split]) - min(is_ + [0.0])))
     x0, x1 = min(hs + [h_split]) - pad_h, max(hs + [h_split]) + pad_h
@@ -171,7 +174,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("metrics", help="metrics.csv or a folder holding one (e.g. outputs/sokoban/csv)")
     parser.add_argument("--out", default="dashboard.png", help="PNG to write")
     parser.add_argument("--title", default=None)
-    parser.add_argument("--h-split", type=float, default=None, help="H(Z|X) quadrant split")
+    parser.add_argument("--h-split", type=float, default=None, help=f"H(Z|X) quadrant split (default {DEFAULT_H_SPLIT})")
     parser.add_argument("--i-split", type=float, default=None, help="I(X;Z) quadrant split")
     args = parser.parse_args(argv)
     csv_path = find_csv(args.metrics)
