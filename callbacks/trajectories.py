@@ -47,6 +47,7 @@ table.rewards td,table.rewards th{border:1px solid #ddd;padding:2px 8px;text-ali
 table.board{border-collapse:collapse;display:inline-table;margin:0 1em 0.5em 0}
 table.board td{width:18px;height:18px;text-align:center;font:11px monospace;border:1px solid #fff}
 .legend{margin-bottom:1em}
+.boards pre{white-space:pre-wrap;font-size:12px}
 """
 
 _SCRIPT = """
