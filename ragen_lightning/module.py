@@ -238,11 +238,11 @@ class StarPOModule(L.LightningModule):
                     seed: int = 0):
         """The rollout engine: ``hf`` samples with the actor's own weights; ``vllm`` is a colocated vLLM engine
         loaded from the actor's folder and synced from the actor before every rollout (``VLLMConfig`` ``vllm``)."""
+        if engine not in ("hf", "vllm"):
+            raise ConfigError(f"--data.engine must be 'hf' or 'vllm', got {engine!r}")
         stop, pad = [self.tokenizer.eos_token_id], self.tokenizer.pad_token_id
         if engine == "hf":
             return HFEngine(self.actor, stop, pad, max_batch_size)
-        if engine != "vllm":
-            raise ConfigError(f"--data.engine must be 'hf' or 'vllm', got {engine!r}")
         from ragen_lightning.rollout.vllm_engine import VLLMEngine
 
         path = getattr(self, "_model_path", None) or models.resolve_model_path(self.hparams.model)
