@@ -34,8 +34,8 @@ import torch  # noqa: E402
 from ragen_lightning.rollout.engine import HFEngine, SamplingParams  # noqa: E402
 
 PRESETS = {  # random-weight Qwen2 sizes beside the embedded tiny model
-    "small": dict(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=1024),
-    "medium": dict(hidden_size=512, num_layers=12, num_heads=16, num_kv_heads=8, intermediate_size=2048),
+    "small": {"hidden_size": 256, "num_layers": 4, "num_heads": 8, "num_kv_heads": 4, "intermediate_size": 1024},
+    "medium": {"hidden_size": 512, "num_layers": 12, "num_heads": 16, "num_kv_heads": 8, "intermediate_size": 2048},
 }
 
 
@@ -49,9 +49,9 @@ def model_path(name: str) -> str:
     return name
 
 
-def timed(fn):
+def timed(fn, *args, **kwargs):
     t0 = time.perf_counter()
-    out = fn()
+    out = fn(*args, **kwargs)
     return out, time.perf_counter() - t0
 
 
@@ -86,19 +86,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     hf = HFEngine(actor, stop, tok.pad_token_id, max_batch_size=max(args.batches))
     hf.generate(*batches[args.batches[0]][:1], params)  # warm-up
     for b, (prompts, seeds) in batches.items():
-        outs, wall = timed(lambda: hf.generate(prompts, params, seeds))
+        outs, wall = timed(hf.generate, prompts, params, seeds)
         n = sum(len(o.token_ids) for o in outs)
         rows[b].update(hf_tokens=n, hf_s=wall, hf_tok_s=n / wall)
 
     from ragen_lightning.rollout.vllm_engine import VLLMConfig, VLLMEngine
 
-    engine, init_s = timed(lambda: VLLMEngine(actor, path, stop, tok.pad_token_id, VLLMConfig(),
-                                              max_model_len=args.prompt_len + args.new_tokens + 8,
-                                              max_batch_size=max(args.batches), seed=args.seed))
+    engine, init_s = timed(VLLMEngine, actor, path, stop, tok.pad_token_id, VLLMConfig(),
+                           max_model_len=args.prompt_len + args.new_tokens + 8, max_batch_size=max(args.batches),
+                           seed=args.seed)
     engine.generate(*batches[args.batches[0]][:1], params)  # warm-up (also records the probe prompts)
     sync = engine.sync_weights()
     for b, (prompts, seeds) in batches.items():
-        outs, wall = timed(lambda: engine.generate(prompts, params, seeds))
+        outs, wall = timed(engine.generate, prompts, params, seeds)
         n = sum(len(o.token_ids) for o in outs)
         rows[b].update(vllm_tokens=n, vllm_s=wall, vllm_tok_s=n / wall, speedup=(n / wall) / rows[b]["hf_tok_s"])
 
