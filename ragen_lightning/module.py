@@ -36,7 +36,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from ragen_lightning import models
 from ragen_lightning.advantage_step import starpo_advantages
 from ragen_lightning.algos import advantages as A
-from ragen_lightning.algos.losses import AggMode, KLKind, actor_loss, agg_normalizer, aggregate, value_loss
+from ragen_lightning.algos.losses import AggMode, KLKind, actor_loss, agg_normalizer, aggregate, tis_weights, value_loss
 from ragen_lightning.algos.masked import masked_mean
 from ragen_lightning.early_stop import LowValidationSuccess, RewardVarianceCollapse
 from ragen_lightning.errors import ConfigError
@@ -96,6 +96,9 @@ class StarPOModule(L.LightningModule):
             ``low_val_success_threshold`` (0 disables).
         low_val_success_threshold: the validation success counted as "low".
         export_dir: if set, save the trained actor there as a HF folder when fit ends.
+        tis_cap: truncated importance sampling against the rollout engine's distribution (off when null): each
+            token's policy-gradient term is weighted by ``min(exp(old_logprobs - engine_logprobs), tis_cap)``.
+            Useful with ``--data.engine vllm`` (e.g. 2.0); needs ``--data.temperature 1``.
     """
 
     def __init__(
@@ -141,6 +144,7 @@ class StarPOModule(L.LightningModule):
         low_val_success_patience: int = 5,
         low_val_success_threshold: float = 0.01,
         export_dir: str | None = None,
+        tis_cap: float | None = None,
     ):
         super().__init__()
         if micro_batch_size < 1 or mini_batch_size < 1 or ppo_epochs < 1:
@@ -152,6 +156,9 @@ class StarPOModule(L.LightningModule):
             raise ConfigError("--model.turn_level_gae needs --model.adv_estimator gae")
         if (soft_advantage_reweight or length_weight) and adv_estimator == "gae":
             raise ConfigError("--model.soft_advantage_reweight / --model.length_weight apply to GRPO-family estimators")
+        if tis_cap is not None and (tis_cap <= 0 or temperature != 1.0):
+            raise ConfigError("--model.tis_cap must be > 0 and needs --data.temperature 1 (engine log-probs are the "
+                              f"raw model's), got tis_cap={tis_cap}, temperature={temperature}")
         if use_kl_loss and kl_coef == 0:
             raise ConfigError("--model.use_kl_loss needs --model.kl_coef > 0")
         self.save_hyperparameters(ignore=["actor_optimizer", "critic_optimizer"])
@@ -233,9 +240,20 @@ class StarPOModule(L.LightningModule):
             dm.check_prompt_budget()
             self._data_checked = True
 
-    def make_engine(self, max_batch_size: int = 128) -> HFEngine:
-        """The rollout engine: samples with the actor's own weights."""
-        return HFEngine(self.actor, [self.tokenizer.eos_token_id], self.tokenizer.pad_token_id, max_batch_size)
+    def make_engine(self, max_batch_size: int = 128, engine: str = "hf", vllm=None, max_model_len: int = 4096,
+                    seed: int = 0):
+        """The rollout engine: ``hf`` samples with the actor's own weights; ``vllm`` is a colocated vLLM engine
+        loaded from the actor's folder and synced from the actor before every rollout (``VLLMConfig`` ``vllm``)."""
+        if engine not in ("hf", "vllm"):
+            raise ConfigError(f"--data.engine must be 'hf' or 'vllm', got {engine!r}")
+        stop, pad = [self.tokenizer.eos_token_id], self.tokenizer.pad_token_id
+        if engine == "hf":
+            return HFEngine(self.actor, stop, pad, max_batch_size)
+        from ragen_lightning.rollout.vllm_engine import VLLMEngine
+
+        path = getattr(self, "_model_path", None) or models.resolve_model_path(self.hparams.model)
+        return VLLMEngine(self.actor, path, stop, pad, vllm, max_model_len=max_model_len,
+                          max_batch_size=max_batch_size, seed=seed)
 
     def configure_optimizers(self):
         hp = self.hparams
@@ -283,6 +301,7 @@ class StarPOModule(L.LightningModule):
         # 4. updates
         data = dict(ids=ids, att=att, mask=mask, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs,
                     advantages=advantages, returns=returns, values=values,
+                    engine_logprobs=batch.engine_logprobs[:, 1:],
                     seen_logprobs=torch.zeros_like(mask, dtype=torch.float32),
                     seen_entropy=torch.zeros_like(mask, dtype=torch.float32))
         step_logs: dict[str, list[float]] = {}
@@ -373,12 +392,14 @@ class StarPOModule(L.LightningModule):
                 d["seen_logprobs"][micro, : L - 1] = lp.detach().float()
                 d["seen_entropy"][micro, : L - 1] = ent.detach().float()
             old = cut(d["old_logprobs"]) if d["old_logprobs"] is not None else lp.detach()
+            is_w = tis_weights(old, cut(d["engine_logprobs"]), hp.tis_cap) if hp.tis_cap is not None else None
             return actor_loss(lp, old, cut(d["advantages"]), cut(d["mask"]),
                               entropy=ent if hp.entropy_coeff != 0 else None,
                               ref_logprobs=cut(d["ref_logprobs"]) if hp.use_kl_loss else None,
                               entropy_coeff=hp.entropy_coeff, kl_coef=hp.kl_coef if hp.use_kl_loss else 0.0,
                               kl_kind=hp.kl_kind, clip_low=hp.clip_low, clip_high=hp.clip_high,
-                              dual_clip=hp.dual_clip, agg=hp.loss_agg_mode, normalizer=norm, horizon=horizon)
+                              dual_clip=hp.dual_clip, agg=hp.loss_agg_mode, normalizer=norm, horizon=horizon,
+                              is_weights=is_w)
 
         out = self._accumulate(self._optimizers()[0], self.actor, rows, loss_fn)
         return {f"actor/{k}": v for k, v in out.items()}

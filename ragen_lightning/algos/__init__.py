@@ -33,6 +33,7 @@ from .losses import (
     kl_penalty,
     logprobs_from_logits,
     ppo_policy_loss,
+    tis_weights,
     value_loss,
 )
 from .masked import masked_mean, masked_sum, masked_var, masked_whiten
@@ -68,6 +69,7 @@ __all__ = [
     "ppo_policy_loss",
     "select_groups",
     "soft_advantage_reweight",
+    "tis_weights",
     "turn_ends_from_mask",
     "turn_level_gae",
     "value_loss",

