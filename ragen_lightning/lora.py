@@ -148,9 +148,10 @@ class SharedBaseCritic(nn.Module):
     """The critic of a shared base: the actor's ``PeftModel`` run with its ``critic`` adapter, plus a value head.
 
     Only the value head is registered here; the adapter weights live in the actor (saved once in checkpoints).
-    Every forward (actor's or critic's) selects its adapter first: see :func:`use_adapter`. The gradient of a
-    backward reaches only the adapter that was active in its forward (peft also sets ``requires_grad`` of inactive
-    adapters to False), so the actor and critic optimizers see disjoint parameter sets.
+    Every forward selects its adapter first and leaves it active: the critic's here, the actor's in a forward
+    pre-hook on the causal LM (which ``generate`` goes through too), so a backward that recomputes checkpointed
+    blocks recomputes them with the adapter of its own forward. The gradient of a backward reaches only the adapter
+    that was active in its forward, so the actor and critic optimizers update disjoint parameter sets.
     """
 
     def __init__(self, peft_model: nn.Module, hidden_size: int, dtype: torch.dtype):
@@ -162,13 +163,10 @@ class SharedBaseCritic(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         peft = self._peft[0]
-        use_adapter(peft, CRITIC)
-        try:
-            # the backbone inside the causal LM (LoRA layers injected): no LM-head logits are computed
-            backbone = peft.get_base_model().base_model
-            hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
-        finally:
-            use_adapter(peft, ACTOR)  # the actor's callers (engine, scoring, update) expect its adapter active
+        use_adapter(peft, CRITIC)  # stays active until the actor's next forward (its backward may recompute blocks)
+        # the backbone inside the causal LM (LoRA layers injected): no LM-head logits are computed
+        backbone = peft.get_base_model().base_model
+        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)  # [B, T]
 
     def trainable_parameters(self) -> list[nn.Parameter]:
@@ -185,7 +183,12 @@ def use_adapter(peft_model: nn.Module, adapter: str) -> None:
     after the critic's forward would then drop the critic adapter's gradients in the following backward. An inactive
     adapter takes no part in a forward, so leaving it trainable gives it no gradient anyway.
     """
-    peft_model.set_adapter(adapter)
+    if peft_model.active_adapter != adapter:
+        peft_model.set_adapter(adapter)
+        _unfreeze_adapters(peft_model)
+
+
+def _unfreeze_adapters(peft_model: nn.Module) -> None:
     for n, p in peft_model.named_parameters():
         if "lora_" in n:
             p.requires_grad_(True)
@@ -200,7 +203,8 @@ def add_shared_adapters(model: nn.Module, settings: LoraSettings):
     """One frozen causal LM with two adapters: ``actor`` (active by default) and ``critic``."""
     peft = add_adapter(model, settings, "CAUSAL_LM", adapter=ACTOR)
     peft.add_adapter(CRITIC, settings.peft_config("CAUSAL_LM"))
-    use_adapter(peft, ACTOR)  # add_adapter leaves the new adapter frozen: both train, each in its own forward
+    _unfreeze_adapters(peft)  # add_adapter leaves the new adapter frozen: both train, each in its own forward
+    peft.get_base_model().register_forward_pre_hook(lambda module, args: use_adapter(peft, ACTOR))
     return peft
 
 

@@ -107,3 +107,14 @@ def load_critic(name_or_path: str, dtype: str = "float32", quantization_config=N
     head = ValueModel(backbone, backbone.config.hidden_size)
     head.value_head.to(torch_dtype(dtype))
     return head
+
+
+def enable_activation_checkpointing(net: nn.Module) -> None:
+    """Recompute each transformer block in backward instead of keeping its activations (the first HF model found
+    inside ``net``: the causal LM of a ``PeftModel``, the backbone of a :class:`ValueModel`)."""
+    from transformers import PreTrainedModel
+
+    for m in net.modules():
+        if isinstance(m, PreTrainedModel) and m.supports_gradient_checkpointing:
+            m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            return

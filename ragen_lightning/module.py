@@ -95,6 +95,8 @@ class StarPOModule(L.LightningModule):
         low_val_success_threshold: the validation success counted as "low".
         export_dir: if set, save the trained actor there as a HF folder when fit ends (under LoRA: the adapter in
             peft format, plus merged weights in ``<dir>/merged`` with ``lora.export_merged``).
+        activation_checkpointing: recompute transformer blocks in backward instead of storing their activations
+            (actor and critic): far less activation memory for ~30% more update compute.
         lora: LoRA / QLoRA settings (:class:`~ragen_lightning.lora.LoraSettings`: ``rank``, ``alpha``, ``dropout``,
             ``target_modules``, ``quantization: none | nf4``, ``shared_base``, ``export_merged``); ``null`` trains
             all weights. Under LoRA only adapters (and the critic's value head) train and the KL reference is the
@@ -144,6 +146,7 @@ class StarPOModule(L.LightningModule):
         low_val_success_patience: int = 5,
         low_val_success_threshold: float = 0.01,
         export_dir: str | None = None,
+        activation_checkpointing: bool = False,
         lora: lora_mod.LoraSettings | None = None,
     ):
         super().__init__()
@@ -224,6 +227,7 @@ class StarPOModule(L.LightningModule):
                 path, self.hparams.critic_model, self.hparams.dtype, self._lora, with_critic=self.uses_critic,
                 with_reference=self.uses_reference)
             self._reference = [ref] if ref is not None else []
+            self._checkpoint_activations()
             return
         self.actor = models.load_causal_lm(path, self.hparams.dtype).train()  # from_pretrained returns eval mode
         if self.uses_critic:
@@ -231,6 +235,13 @@ class StarPOModule(L.LightningModule):
         if self.uses_reference:
             ref = copy.deepcopy(self.actor).eval().requires_grad_(False)
             self._reference = [ref]
+        self._checkpoint_activations()
+
+    def _checkpoint_activations(self) -> None:
+        if self.hparams.activation_checkpointing:
+            for net in (self.actor, self.critic):
+                if net is not None:
+                    models.enable_activation_checkpointing(net)
 
     def on_fit_start(self) -> None:
         if self.reference is not None:
