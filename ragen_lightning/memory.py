@@ -177,7 +177,7 @@ def plan(arch: Architecture, *, dtype: str = "float32", activation_bytes: int = 
          max_model_len: int = 2048, logits_chunk_size: int | None = None, activation_checkpointing: bool = False,
          with_critic: bool = True, with_reference: bool = False, lora: dict[str, Any] | None = None,
          engine: str = "hf", max_batch_size: int = 128, gpu_memory_utilization: float = 0.0,
-         gpu_gib: float | None = None, overhead_gib: float = 1.0) -> MemoryPlan:
+         gpu_gib: float | None = None, overhead_gib: float = 1.0, optimizer_8bit: bool = False) -> MemoryPlan:
     """Estimate one GPU's peak memory (see the module docstring for every term).
 
     Args:
@@ -197,6 +197,7 @@ def plan(arch: Architecture, *, dtype: str = "float32", activation_bytes: int = 
         gpu_memory_utilization: vLLM's reserved fraction of ``gpu_gib``.
         gpu_gib: the GPU's memory (needed for a vLLM reservation).
         overhead_gib: CUDA context, allocator fragmentation, library workspaces.
+        optimizer_8bit: an 8-bit AdamW (bitsandbytes ``AdamW8bit``): one byte per moment for full fine-tuning.
     """
     pbytes = DTYPE_BYTES[dtype]
     lm, backbone = arch.causal_lm_params(), arch.backbone_params()
@@ -209,7 +210,7 @@ def plan(arch: Architecture, *, dtype: str = "float32", activation_bytes: int = 
             weights["critic"] = (backbone + arch.hidden_size + 1) * pbytes
         if with_reference:
             weights["reference (copy)"] = lm * pbytes
-        grads, opt = trainable * pbytes, 2 * trainable * pbytes
+        grads, opt = trainable * pbytes, 2 * trainable * (1 if optimizer_8bit else pbytes)
     else:
         quant = lora.get("quantization", "none") == "nf4"
         linear = arch.block_linear_weights()
@@ -261,6 +262,12 @@ def _activation_bytes(precision: Any, dtype: str) -> int:
     return DTYPE_BYTES[dtype]
 
 
+def _as_dict(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    return value.as_dict() if hasattr(value, "as_dict") else dict(value)
+
+
 def plan_from_config(model: dict[str, Any], data: dict[str, Any], trainer: dict[str, Any],
                      gpu_gib: float | None = None) -> MemoryPlan:
     """The plan of a parsed CLI configuration (``config.model``, ``config.data``, ``config.trainer`` as dicts)."""
@@ -269,6 +276,7 @@ def plan_from_config(model: dict[str, Any], data: dict[str, Any], trainer: dict[
         lora = asdict(lora)
     uses_reference = bool(model.get("use_kl_loss")) or float(model.get("kl_in_reward_coef") or 0) > 0
     micro = model.get("micro_batch_size", 4)
+    optimizers = [_as_dict(model.get(k)).get("class_path", "") for k in ("actor_optimizer", "critic_optimizer")]
     return plan(
         architecture(model.get("model", "tiny")), dtype=model.get("dtype", "float32"),
         activation_bytes=_activation_bytes(trainer.get("precision"), model.get("dtype", "float32")),
@@ -278,4 +286,29 @@ def plan_from_config(model: dict[str, Any], data: dict[str, Any], trainer: dict[
         with_critic=model.get("adv_estimator", "gae") == "gae", with_reference=uses_reference, lora=lora,
         engine=data.get("engine", "hf") or "hf", max_batch_size=data.get("max_batch_size", 128),
         gpu_memory_utilization=float(data.get("gpu_memory_utilization") or 0.0), gpu_gib=gpu_gib,
+        optimizer_8bit=bool(optimizers[0]) and all("8bit" in o for o in optimizers if o),
     )
+
+
+def check_memory(config: Any, *, print_plan: bool, refuse: bool = True) -> MemoryPlan:
+    """The CLI's memory preflight on a parsed configuration (``--memory_plan``, ``--gpu_memory_gb``).
+
+    Prints the plan and exits with status 0 when ``print_plan``; otherwise (``refuse``) raises
+    :class:`ConfigError` naming ``--gpu_memory_gb`` when the estimated peak exceeds it.
+    """
+    gpu = config.get("gpu_memory_gb")
+    if gpu is not None and gpu <= 0:
+        raise ConfigError(f"--gpu_memory_gb must be > 0, got {gpu}")
+    result = plan_from_config(_as_dict(config.get("model")), _as_dict(config.get("data")),
+                              _as_dict(config.get("trainer")), gpu_gib=gpu)
+    if refuse and gpu is not None and not result.fits(gpu):
+        if print_plan:
+            print(result.table(gpu))
+        raise ConfigError(f"--gpu_memory_gb {gpu:g}: the estimated peak {result.peak / GIB:.1f} GiB does not fit "
+                          "(see --memory_plan true); lower --model.micro_batch_size / --data.max_model_len, set "
+                          "--model.activation_checkpointing true or --model.logits_chunk_size, or use LoRA/QLoRA "
+                          "(configs/lora.yaml, configs/qlora.yaml)")
+    if print_plan:
+        print(result.table(gpu))
+        raise SystemExit(0)
+    return result

@@ -64,8 +64,8 @@ def test_settings_from_a_checkpoint_dict():
 
 
 def test_only_adapters_and_value_head_train_and_a_step_changes_only_them(tiny_path):
-    actor, critic, ref = lora.build_models(str(tiny_path), None, "float32", settings(), with_critic=True,
-                                           with_reference=True)
+    actor, critic, _ = lora.build_models(str(tiny_path), None, "float32", settings(), with_critic=True,
+                                         with_reference=True)
     trainable = {n for n, p in actor.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
     c_trainable = {n for n, p in critic.named_parameters() if p.requires_grad}
