@@ -29,7 +29,7 @@ class StarPOCLI(LightningCLI):
         )
         parser.add_argument("--memory_plan", type=bool, default=False,
                             help="print the estimated peak GPU memory of this configuration and exit")
-        parser.add_argument("--gpu_memory_gb", type=Optional[float], default=None,
+        parser.add_argument("--gpu_memory_gb", type=float | None, default=None,
                             help="the GPU's memory in GiB: fit refuses to start when the memory plan's peak exceeds it")
 
     def _preflight(self) -> None:
