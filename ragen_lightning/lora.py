@@ -240,6 +240,22 @@ def optimizer_parameters(actor: nn.Module, critic: nn.Module | None) -> tuple[li
     return trainable_parameters(actor), trainable_parameters(critic) if critic is not None else []
 
 
+def trainable_state(module: nn.Module, state_dict: dict) -> dict:
+    """Only the trainable entries of a module's ``state_dict`` (adapters, value heads): a LoRA checkpoint does not
+    carry the frozen base, which is rebuilt from the model folder (4-bit bases could not be loaded back anyway)."""
+    keep = {n for n, p in module.named_parameters() if p.requires_grad}
+    return {k: v for k, v in state_dict.items() if k in keep}
+
+
+def check_trainable_state(module: nn.Module, state_dict: dict) -> None:
+    """A LoRA checkpoint must hold every trainable weight of the module it is loaded into (the load itself is not
+    strict, since the frozen base is absent by design)."""
+    missing = [n for n, p in module.named_parameters() if p.requires_grad and n not in state_dict]
+    if missing:
+        raise ConfigError(f"--ckpt_path: the checkpoint lacks {len(missing)} trainable LoRA weights of this "
+                          f"configuration (first: {missing[0]}); were --model.lora settings changed?")
+
+
 def export_adapter(actor: nn.Module, tokenizer, path: str | Path, *, base_path: str, dtype: torch.dtype,
                    merged: bool) -> Path:
     """Write the actor's adapter in peft format to ``path`` (``PeftModel.from_pretrained(base, path)`` loads it),

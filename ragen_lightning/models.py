@@ -58,7 +58,7 @@ def _quantized(quantization_config) -> dict:
     # bitsandbytes quantizes while loading onto the device named here; the trainer later moves the module as usual
     if quantization_config is None:
         return {}
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
     return {"quantization_config": quantization_config, "device_map": {"": device}}
 
 

@@ -167,6 +167,7 @@ class StarPOModule(L.LightningModule):
         self.save_hyperparameters(ignore=["actor_optimizer", "critic_optimizer"])
         if self._lora is not None:  # a plain dict in checkpoints and hparams.yaml
             self.hparams["lora"] = dataclasses.asdict(self._lora)
+            self.strict_loading = False  # LoRA checkpoints hold the trainable weights only (checked on load)
         self.automatic_optimization = False
         self._actor_opt_factory, self._critic_opt_factory = actor_optimizer, critic_optimizer
         self.actor: torch.nn.Module | None = None
@@ -457,9 +458,13 @@ class StarPOModule(L.LightningModule):
                                 "model_path": str(getattr(self, "_model_path", self.hparams.model)),
                                 "rv_collapse": self.rv_collapse.state_dict(),
                                 "low_val_success": self.low_val_success.state_dict()}
+        if self._lora is not None:
+            checkpoint["state_dict"] = lora_mod.trainable_state(self, checkpoint["state_dict"])
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("starpo", {})
+        if self._lora is not None and self.actor is not None:
+            lora_mod.check_trainable_state(self, checkpoint["state_dict"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
         self.rv_collapse.load_state_dict(state.get("rv_collapse", {}))
         self.low_val_success.load_state_dict(state.get("low_val_success", {}))

@@ -84,15 +84,15 @@ def test_lora_fit_exports_a_peft_adapter_and_the_checkpoint_validates(tmp_path, 
 @pytest.mark.slow
 def test_qlora_shared_base_fit_on_the_embedded_tiny_model(tmp_path, monkeypatch):
     """nf4 on the embedded model (hidden 128: 64-weight nf4 blocks divide it) with actor and critic as two adapters
-    on one base; PPO (GAE) runs its critic through the shared base."""
+    on one base; PPO (GAE) runs its critic through the shared base; the checkpoint reloads."""
     import bitsandbytes as bnb
 
     from ragen_lightning import lora
 
     monkeypatch.chdir(tmp_path)
-    cli = main(["fit", "--config", str(CONFIGS / "bandit.yaml"), "--config", str(CONFIGS / "qlora.yaml"), *SHORT,
-                "--trainer.callbacks", "[]", "--trainer.enable_checkpointing", "false", "--model.lora.shared_base", "true",
-                "--model.lora.rank", "8", "--model.lora.alpha", "16"])
+    common = ["--config", str(CONFIGS / "bandit.yaml"), "--config", str(CONFIGS / "qlora.yaml"), *SHORT,
+              "--model.lora.shared_base", "true", "--model.lora.rank", "8", "--model.lora.alpha", "16"]
+    cli = main(["fit", *common])
     module = cli.model
     assert isinstance(module.critic, lora.SharedBaseCritic)
     assert any(isinstance(m, bnb.nn.Linear4bit) for m in module.actor.modules())
@@ -101,3 +101,9 @@ def test_qlora_shared_base_fit_on_the_embedded_tiny_model(tmp_path, monkeypatch)
     a = {id(p) for g in actor_opt.param_groups for p in g["params"]}
     c = {id(p) for g in critic_opt.param_groups for p in g["params"]}
     assert a and c and not a & c
+    # the checkpoint holds adapters + value head only (a 4-bit base could not be loaded back) and validates
+    ckpt = tmp_path / "outputs" / "bandit" / "checkpoints" / "last.ckpt"
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    assert set(state) == {n for n, p in module.named_parameters() if p.requires_grad}
+    out = main(["validate", *common, "--ckpt_path", str(ckpt)])
+    assert "val/success" in out.trainer.callback_metrics

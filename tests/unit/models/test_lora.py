@@ -164,3 +164,17 @@ def test_qlora_nf4_base_trains_and_loss_decreases(tiny_path):
     assert any(isinstance(m, bnb.nn.Linear4bit) for m in critic.modules())
     losses = train_steps(actor, critic, steps=4, lr=2e-2)
     assert losses[-1] < losses[0] - 0.05, losses
+
+
+def test_checkpoint_state_holds_trainable_weights_only(tiny_path):
+    actor, critic, _ = lora.build_models(str(tiny_path), None, "float32", settings(), with_critic=True,
+                                         with_reference=False)
+    net = torch.nn.ModuleDict({"actor": actor, "critic": critic})
+    kept = lora.trainable_state(net, net.state_dict())
+    trainable = {n for n, p in net.named_parameters() if p.requires_grad}
+    assert set(kept) == trainable and "critic.value_head.weight" in kept
+    assert not any("base_layer" in k or "embed_tokens" in k for k in kept)  # no frozen base weights
+    lora.check_trainable_state(net, kept)
+    kept.pop("critic.value_head.bias")
+    with pytest.raises(ConfigError, match="--ckpt_path: the checkpoint lacks 1 trainable LoRA weights"):
+        lora.check_trainable_state(net, kept)
