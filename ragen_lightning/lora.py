@@ -114,14 +114,6 @@ def add_adapter(model: nn.Module, settings: LoraSettings, task_type: str | None,
     return get_peft_model(model, settings.peft_config(task_type), adapter_name=adapter)
 
 
-def is_peft(model: nn.Module | None) -> bool:
-    try:
-        from peft import PeftModel
-    except ImportError:  # pragma: no cover - peft is a core dependency
-        return False
-    return isinstance(model, PeftModel)
-
-
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     """Parameters an optimizer should hold: ``requires_grad`` ones (adapters and value head under LoRA)."""
     return [p for p in model.parameters() if p.requires_grad]
@@ -221,10 +213,9 @@ def build_models(path: str, critic_path: str | None, dtype: str, settings: LoraS
     qconfig = settings.quantization_config(models.torch_dtype(dtype))
     base = models.load_causal_lm(path, dtype, qconfig)
     critic = None
-    if settings.shared_base:
+    if settings.shared_base and with_critic:  # without a critic (GRPO family) there is nothing to share
         actor = add_shared_adapters(base, settings)
-        if with_critic:
-            critic = SharedBaseCritic(actor, base.config.hidden_size, models.torch_dtype(dtype))
+        critic = SharedBaseCritic(actor, base.config.hidden_size, models.torch_dtype(dtype))
     else:
         actor = add_adapter(base, settings, "CAUSAL_LM")
         if with_critic:

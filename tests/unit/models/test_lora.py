@@ -130,6 +130,21 @@ def test_shared_base_adapters_are_disjoint_and_gradients_reach_only_the_active_o
     torch.testing.assert_close(logits(ref), logits(fresh_base(tiny_path)), rtol=0, atol=0)
 
 
+def test_shared_base_exports_the_actor_adapter(tiny_path, tiny_tokenizer, tmp_path):
+    from peft import PeftModel
+
+    actor, critic, _ = lora.build_models(str(tiny_path), None, "float32", settings(shared_base=True),
+                                         with_critic=True, with_reference=False)
+    for _, p in actor.named_parameters():
+        p.data.normal_(0, 0.05) if p.requires_grad else None
+    critic_values(critic, IDS, ATT)  # leaves the critic adapter active: the export must still be the actor's
+    expected = logits(actor)
+    lora.export_adapter(actor, tiny_tokenizer, tmp_path, base_path=str(tiny_path), dtype=torch.float32,
+                        merged=False)
+    assert (tmp_path / "adapter_config.json").is_file() and not (tmp_path / "actor").exists()
+    torch.testing.assert_close(logits(PeftModel.from_pretrained(fresh_base(tiny_path), tmp_path)), expected)
+
+
 def test_shared_base_with_activation_checkpointing_gives_the_same_gradients(tiny_path):
     """Checkpointed blocks are recomputed in backward: the adapter of that backward's forward must be active then
     (the critic's forward leaves its adapter on until the actor's next forward)."""
