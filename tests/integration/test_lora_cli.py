@@ -51,6 +51,20 @@ def test_recipes_fit_24gb_with_ragen_low_memory_settings(recipe):
     assert 8 * 2**30 < plan.peak <= 24 * 2**30  # a real model's plan, not an empty one
 
 
+def test_gpu_memory_preflight_refuses_before_anything_is_written(tmp_path, monkeypatch):
+    from ragen_lightning.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    # Qwen2.5-3B full fine-tuning with a critic at RAGEN's paper lengths cannot fit 24 GiB
+    with pytest.raises(ConfigError, match=r"--gpu_memory_gb 24: the estimated peak \d+\.\d GiB does not fit"):
+        main(["fit", "--config", str(CONFIGS / "sokoban.yaml"), "--config",
+              str(CONFIGS / "models" / "qwen2.5-3b-instruct.yaml"), "--gpu_memory_gb", "24"])
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(SystemExit) as e:  # the plan alone: printed, exit 0, nothing built
+        main(["fit", "--config", str(CONFIGS / "sokoban.yaml"), "--config", str(RECIPES[-1]), "--memory_plan", "true"])
+    assert e.value.code == 0 and not list(tmp_path.iterdir())
+
+
 @pytest.mark.slow
 def test_lora_fit_exports_a_peft_adapter_and_the_checkpoint_validates(tmp_path, monkeypatch):
     """bandit + lora overlay, KL on (reference = adapters off): 1 iteration, adapter + merged export, validate."""
