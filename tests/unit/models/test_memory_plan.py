@@ -140,3 +140,25 @@ def test_local_folder_config(tiny_path):
     arch = memory.architecture(str(tiny_path))
     assert (arch.hidden_size, arch.num_layers, arch.vocab_size) == (cfg["hidden_size"], cfg["num_hidden_layers"],
                                                                      cfg["vocab_size"])
+
+
+def test_activation_term_matches_the_tensors_autograd_saves():
+    """The activation estimate against a measurement: bytes of the distinct tensors autograd keeps for backward in
+    one fp32 forward of a small Qwen2 (parameters excluded). Measured here: 16.4 MiB saved vs 16.75 MiB planned for
+    2 layers (H 256, I 1408, T 256): the plan is slightly conservative."""
+    import torch
+
+    arch = memory.Architecture(2, 256, 1408, 4, 2, 512, True)
+    model = hf_model(arch).train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=torch.randint(0, 512, (1, 256)))
+    planned = memory.plan(arch, activation_bytes=4, micro_batch_size=1, max_model_len=256).activations
+    assert 0.9 * planned <= sum(saved.values()) <= planned
