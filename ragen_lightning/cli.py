@@ -27,6 +27,10 @@ class StarPOCLI(LightningCLI):
             help="CPU threads for torch (null: torch's default). Small models on few cores run fastest with 1: "
                  "per-op threading overhead dominates and stalls badly when another process holds a core.",
         )
+        parser.add_argument("--memory_plan", type=bool, default=False,
+                            help="print the estimated peak GPU memory of this configuration and exit")
+        parser.add_argument("--gpu_memory_gb", type=float | None, default=None,
+                            help="the GPU's memory in GiB: fit refuses to start when the memory plan's peak exceeds it")
 
     def _preflight(self) -> None:
         """Checks that need the tokenizer, before the trainer writes anything (config, logs, checkpoints)."""
@@ -42,6 +46,10 @@ class StarPOCLI(LightningCLI):
             if threads < 1:
                 raise ConfigError(f"--torch_threads must be >= 1, got {threads}")
             torch.set_num_threads(threads)
+        if config.get("memory_plan") or config.get("gpu_memory_gb") is not None:
+            from ragen_lightning.memory import check_memory
+
+            check_memory(config, print_plan=bool(config.get("memory_plan")), refuse=self.subcommand in (None, "fit"))
 
 
 def main(args: list[str] | None = None) -> StarPOCLI:

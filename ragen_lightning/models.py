@@ -54,13 +54,21 @@ def load_tokenizer(name_or_path: str):
     return tok
 
 
-def load_causal_lm(name_or_path: str, dtype: str = "float32") -> nn.Module:
-    """The actor: a causal LM in ``dtype``."""
+def _quantized(quantization_config) -> dict:
+    # bitsandbytes quantizes while loading onto the device named here; the trainer later moves the module as usual
+    if quantization_config is None:
+        return {}
+    device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
+    return {"quantization_config": quantization_config, "device_map": {"": device}}
+
+
+def load_causal_lm(name_or_path: str, dtype: str = "float32", quantization_config=None) -> nn.Module:
+    """The actor: a causal LM in ``dtype`` (its linear layers in 4 bits with a bitsandbytes ``quantization_config``)."""
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(name_or_path)
     _check_exists(path)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype), **_quantized(quantization_config))
 
 
 class ValueModel(nn.Module):
@@ -81,13 +89,32 @@ class ValueModel(nn.Module):
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)  # [B, T]
 
 
-def load_critic(name_or_path: str, dtype: str = "float32") -> ValueModel:
-    """The critic: the base model without its LM head, plus a value head."""
+def load_critic(name_or_path: str, dtype: str = "float32", quantization_config=None, lora=None) -> ValueModel:
+    """The critic: the base model without its LM head, plus a value head.
+
+    With ``lora`` (a :class:`~ragen_lightning.lora.LoraSettings`) the backbone is frozen (and 4-bit with a
+    ``quantization_config``) under a LoRA adapter, while the value head is trained in full.
+    """
     from transformers import AutoModel
 
     path = resolve_model_path(name_or_path)
     _check_exists(path)
-    backbone = AutoModel.from_pretrained(path, dtype=torch_dtype(dtype))
+    backbone = AutoModel.from_pretrained(path, dtype=torch_dtype(dtype), **_quantized(quantization_config))
+    if lora is not None:
+        from ragen_lightning.lora import add_adapter
+
+        backbone = add_adapter(backbone, lora, task_type=None)
     head = ValueModel(backbone, backbone.config.hidden_size)
     head.value_head.to(torch_dtype(dtype))
     return head
+
+
+def enable_activation_checkpointing(net: nn.Module) -> None:
+    """Recompute each transformer block in backward instead of keeping its activations (the first HF model found
+    inside ``net``: the causal LM of a ``PeftModel``, the backbone of a :class:`ValueModel`)."""
+    from transformers import PreTrainedModel
+
+    for m in net.modules():
+        if isinstance(m, PreTrainedModel) and m.supports_gradient_checkpointing:
+            m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            return

@@ -23,6 +23,7 @@ run length is set in iterations by ``--data.num_iterations``.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from pathlib import Path
@@ -33,6 +34,7 @@ import torch
 from lightning.pytorch.cli import OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_warn
 
+from ragen_lightning import lora as lora_mod
 from ragen_lightning import models
 from ragen_lightning.advantage_step import starpo_advantages
 from ragen_lightning.algos import advantages as A
@@ -95,7 +97,14 @@ class StarPOModule(L.LightningModule):
         low_val_success_patience: early stop after this many consecutive validations with success below
             ``low_val_success_threshold`` (0 disables).
         low_val_success_threshold: the validation success counted as "low".
-        export_dir: if set, save the trained actor there as a HF folder when fit ends.
+        export_dir: if set, save the trained actor there as a HF folder when fit ends (under LoRA: the adapter in
+            peft format, plus merged weights in ``<dir>/merged`` with ``lora.export_merged``).
+        activation_checkpointing: recompute transformer blocks in backward instead of storing their activations
+            (actor and critic): far less activation memory for ~30% more update compute.
+        lora: LoRA / QLoRA settings (:class:`~ragen_lightning.lora.LoraSettings`: ``rank``, ``alpha``, ``dropout``,
+            ``target_modules``, ``quantization: none | nf4``, ``shared_base``, ``export_merged``); ``null`` trains
+            all weights. Under LoRA only adapters (and the critic's value head) train and the KL reference is the
+            actor with its adapters disabled (no copy). Raise the learning rates ~x10 (configs/lora.yaml).
         tis_cap: truncated importance sampling against the rollout engine's distribution (off when null): each
             token's policy-gradient term is weighted by ``min(exp(old_logprobs - engine_logprobs), tis_cap)``.
             Useful with ``--data.engine vllm`` (e.g. 2.0); needs ``--data.temperature 1``.
@@ -145,6 +154,8 @@ class StarPOModule(L.LightningModule):
         low_val_success_threshold: float = 0.01,
         export_dir: str | None = None,
         tis_cap: float | None = None,
+        activation_checkpointing: bool = False,
+        lora: lora_mod.LoraSettings | None = None,
     ):
         super().__init__()
         if micro_batch_size < 1 or mini_batch_size < 1 or ppo_epochs < 1:
@@ -161,7 +172,13 @@ class StarPOModule(L.LightningModule):
                               f"raw model's), got tis_cap={tis_cap}, temperature={temperature}")
         if use_kl_loss and kl_coef == 0:
             raise ConfigError("--model.use_kl_loss needs --model.kl_coef > 0")
+        self._lora = lora_mod.as_settings(lora)
+        if self._lora is not None and self._lora.shared_base and critic_model is not None:
+            raise ConfigError("--model.lora.shared_base uses the actor's model for the critic: unset --model.critic_model")
         self.save_hyperparameters(ignore=["actor_optimizer", "critic_optimizer"])
+        if self._lora is not None:  # a plain dict in checkpoints and hparams.yaml
+            self.hparams["lora"] = dataclasses.asdict(self._lora)
+            self.strict_loading = False  # LoRA checkpoints hold the trainable weights only (checked on load)
         self.automatic_optimization = False
         self._actor_opt_factory, self._critic_opt_factory = actor_optimizer, critic_optimizer
         self.actor: torch.nn.Module | None = None
@@ -219,12 +236,26 @@ class StarPOModule(L.LightningModule):
             return
         path = getattr(self, "_model_path", None) or models.resolve_model_path(self.hparams.model)
         self.tokenizer = models.load_tokenizer(path)
+        if self._lora is not None:
+            self.actor, self.critic, ref = lora_mod.build_models(
+                path, self.hparams.critic_model, self.hparams.dtype, self._lora, with_critic=self.uses_critic,
+                with_reference=self.uses_reference)
+            self._reference = [ref] if ref is not None else []
+            self._checkpoint_activations()
+            return
         self.actor = models.load_causal_lm(path, self.hparams.dtype).train()  # from_pretrained returns eval mode
         if self.uses_critic:
             self.critic = models.load_critic(self.hparams.critic_model or path, self.hparams.dtype).train()
         if self.uses_reference:
             ref = copy.deepcopy(self.actor).eval().requires_grad_(False)
             self._reference = [ref]
+        self._checkpoint_activations()
+
+    def _checkpoint_activations(self) -> None:
+        if self.hparams.activation_checkpointing:
+            for net in (self.actor, self.critic):
+                if net is not None:
+                    models.enable_activation_checkpointing(net)
 
     def on_fit_start(self) -> None:
         if self.reference is not None:
@@ -262,9 +293,10 @@ class StarPOModule(L.LightningModule):
             return factory(params) if factory is not None else torch.optim.AdamW(params, lr=lr,
                                                                                 weight_decay=hp.weight_decay)
 
-        opts = [build(self._actor_opt_factory, self.actor.parameters(), hp.actor_lr)]
+        actor_params, critic_params = lora_mod.optimizer_parameters(self.actor, self.critic)
+        opts = [build(self._actor_opt_factory, actor_params, hp.actor_lr)]
         if self.critic is not None:
-            opts.append(build(self._critic_opt_factory, self.critic.parameters(), hp.critic_lr))
+            opts.append(build(self._critic_opt_factory, critic_params, hp.critic_lr))
         return opts
 
     # -- the iteration --------------------------------------------------------------------------------------------
@@ -360,7 +392,7 @@ class StarPOModule(L.LightningModule):
             self.manual_backward(loss)
             for k, v in metrics.items():
                 logs.setdefault(k, []).append(float(v))
-        norm = self._clip(net) if finite else float("nan")
+        norm = self._clip([p for g in opt.param_groups for p in g["params"]]) if finite else float("nan")
         if finite and math.isfinite(norm):
             opt.step()
         else:
@@ -370,8 +402,9 @@ class StarPOModule(L.LightningModule):
         out["grad_norm"] = norm
         return out
 
-    def _clip(self, net) -> float:
-        params = [p for p in net.parameters() if p.grad is not None]
+    def _clip(self, params) -> float:
+        """Clip the optimizer's own parameters (a shared LoRA base holds both networks' adapters)."""
+        params = [p for p in params if p.grad is not None]
         if not params:
             return 0.0
         max_norm = self.hparams.grad_clip if self.hparams.grad_clip > 0 else float("inf")
@@ -453,16 +486,27 @@ class StarPOModule(L.LightningModule):
                                 "model_path": str(getattr(self, "_model_path", self.hparams.model)),
                                 "rv_collapse": self.rv_collapse.state_dict(),
                                 "low_val_success": self.low_val_success.state_dict()}
+        if self._lora is not None:
+            checkpoint["state_dict"] = lora_mod.trainable_state(self, checkpoint["state_dict"])
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("starpo", {})
+        if self._lora is not None and self.actor is not None:
+            lora_mod.check_trainable_state(self, checkpoint["state_dict"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
         self.rv_collapse.load_state_dict(state.get("rv_collapse", {}))
         self.low_val_success.load_state_dict(state.get("low_val_success", {}))
 
     def export_actor(self, path: str | Path) -> Path:
-        """Save the actor and tokenizer as a HF folder (loadable without this package)."""
+        """Save the actor and tokenizer as a HF folder (loadable without this package); under LoRA the adapter in
+        peft format (``PeftModel.from_pretrained(base, path)``) and, with ``lora.export_merged``, full weights in
+        ``path/merged``."""
         path = Path(path)
+        if self._lora is not None:
+            return lora_mod.export_adapter(self.actor, self.tokenizer, path, dtype=models.torch_dtype(self.hparams.dtype),
+                                           base_path=str(getattr(self, "_model_path", None)
+                                                         or models.resolve_model_path(self.hparams.model)),
+                                           merged=self._lora.export_merged)
         self.actor.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         return path

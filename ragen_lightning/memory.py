@@ -1,0 +1,314 @@
+"""Memory plan: an estimate of one GPU's peak memory for a training configuration, checked before launch.
+
+The trainer's memory has a static part that lives through the whole iteration and transient parts that do not
+overlap in time (the update runs after the rollout):
+
+    peak = weights (actor + critic + reference copy) + grads + AdamW states        # static
+         + max(update activations + logits,  HF engine KV cache)                  # transient
+         + vLLM reservation (gpu_memory_utilization x GPU memory) + runtime overhead
+
+- weights: parameters x bytes per parameter of ``--model.dtype``; ``nf4`` stores the transformer blocks' linear
+  weights in 4 bits plus block constants (64 weights per block: a 4-byte absmax, or with double quantization an 8-bit
+  one plus a 4-byte constant per 256 blocks), everything else (embeddings, norms, LM head) stays in ``dtype``.
+- grads and AdamW's two moments: for *trainable* parameters only, in their dtype (LoRA adapters are fp32: peft
+  up-casts 16-bit adapters).
+- activations: per token and layer the tensors a Qwen2 block keeps for backward, counted as ``10 H + 3 kv_dim + 4 I``
+  elements (norm inputs/outputs, q/k/v, attention output, residuals; the MLP's gate, up, SiLU and product), in the
+  activation dtype (2 bytes under 16-bit precision, else 4), at ``micro_batch_size x max_model_len`` tokens. With
+  activation checkpointing only each block's input ``H`` is kept, plus one block recomputed.
+- logits: ``micro_batch x max_model_len x vocab`` in the activation dtype twice (logits and the temperature-scaled
+  copy) plus fp32 log-softmax work (value and gradient, 3 buffers) over ``logits_chunk_size`` rows (all rows if unset).
+- HF engine: the KV cache ``2 x layers x kv_dim`` per token at ``max_batch_size x max_model_len`` tokens.
+
+An estimate, not a measurement: allocator fragmentation and library workspaces are covered by ``overhead_gib``.
+Architectures come from a local folder's ``config.json`` or from :data:`PUBLISHED` (no download needed).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ragen_lightning.errors import ConfigError
+
+GIB = 1024**3
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
+NF4_BLOCK = 64  # bitsandbytes' 4-bit block size (weights per absmax constant)
+LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The shape of a Qwen2-family decoder (q/k/v with bias, SwiGLU MLP, RMSNorm)."""
+
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    head_dim: int | None = None
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * (self.head_dim or self.hidden_size // self.num_heads)
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * (self.head_dim or self.hidden_size // self.num_heads)
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """``name -> (in_features, out_features)`` of one block's linear layers."""
+        H, I, kv, q = self.hidden_size, self.intermediate_size, self.kv_dim, self.q_dim
+        return {"q_proj": (H, q), "k_proj": (H, kv), "v_proj": (H, kv), "o_proj": (q, H),
+                "gate_proj": (H, I), "up_proj": (H, I), "down_proj": (I, H)}
+
+    def block_linear_weights(self) -> int:
+        """Weights (no biases) of all blocks' linear layers: what 4-bit quantization compresses."""
+        return self.num_layers * sum(i * o for i, o in self.linear_shapes().values())
+
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def backbone_params(self) -> int:
+        """Embeddings + blocks + final norm (no LM head): the critic's backbone."""
+        H = self.hidden_size
+        biases = self.q_dim + 2 * self.kv_dim  # q/k/v biases
+        norms = 2 * H
+        return self.embedding_params() + self.block_linear_weights() + self.num_layers * (biases + norms) + H
+
+    def causal_lm_params(self) -> int:
+        """Backbone + LM head (shared with the embeddings when tied)."""
+        return self.backbone_params() + (0 if self.tie_word_embeddings else self.embedding_params())
+
+    def lora_params(self, rank: int, target_modules: str | Sequence[str] = "all-linear") -> int:
+        """``rank x (in + out)`` per adapted linear layer and block (``all-linear`` = every block linear)."""
+        names = LINEAR_NAMES if target_modules == "all-linear" else [n for n in LINEAR_NAMES if n in target_modules]
+        shapes = self.linear_shapes()
+        return self.num_layers * sum(rank * (shapes[n][0] + shapes[n][1]) for n in names)
+
+
+# Published configs (config.json on the Hugging Face hub, Qwen/Qwen2.5-*-Instruct; the base models share them):
+# https://huggingface.co/Qwen/Qwen2.5-{0.5B,1.5B,3B,7B}-Instruct/blob/main/config.json
+PUBLISHED: dict[str, Architecture] = {
+    "Qwen/Qwen2.5-0.5B-Instruct": Architecture(24, 896, 4864, 14, 2, 151936, True),
+    "Qwen/Qwen2.5-1.5B-Instruct": Architecture(28, 1536, 8960, 12, 2, 151936, True),
+    "Qwen/Qwen2.5-3B-Instruct": Architecture(36, 2048, 11008, 16, 2, 151936, True),
+    "Qwen/Qwen2.5-7B-Instruct": Architecture(28, 3584, 18944, 28, 4, 152064, False),
+}
+
+
+def architecture_from_config(config: dict[str, Any]) -> Architecture:
+    """An :class:`Architecture` from a ``config.json`` dictionary."""
+    return Architecture(
+        num_layers=config["num_hidden_layers"], hidden_size=config["hidden_size"],
+        intermediate_size=config["intermediate_size"], num_heads=config["num_attention_heads"],
+        num_kv_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
+        vocab_size=config["vocab_size"], tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        head_dim=config.get("head_dim"),
+    )
+
+
+def architecture(model: str) -> Architecture:
+    """The architecture of ``--model.model``: a published Qwen2.5 name (``-Instruct`` optional), ``tiny`` or a
+    local folder with ``config.json``."""
+    for name, arch in PUBLISHED.items():
+        if model in (name, name.removesuffix("-Instruct")):
+            return arch
+    from ragen_lightning.models import resolve_model_path
+
+    path = Path(resolve_model_path(model)).expanduser()
+    if (path / "config.json").is_file():
+        return architecture_from_config(json.loads((path / "config.json").read_text()))
+    raise ConfigError(f"--model.model {model!r}: no config.json there and not one of the published architectures "
+                      f"{sorted(PUBLISHED)}; the memory plan cannot size it")
+
+
+@dataclass
+class MemoryPlan:
+    """Estimated bytes per component and the peak; :meth:`table` renders it."""
+
+    weights: dict[str, int]
+    grads: int
+    optimizer: int
+    activations: int
+    logits: int
+    engine_kv_cache: int
+    engine_reserved: int
+    overhead: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def static(self) -> int:
+        return sum(self.weights.values()) + self.grads + self.optimizer
+
+    @property
+    def peak(self) -> int:
+        transient = max(self.activations + self.logits, self.engine_kv_cache)
+        return self.static + transient + self.engine_reserved + self.overhead
+
+    def fits(self, gpu_gib: float) -> bool:
+        return self.peak <= gpu_gib * GIB
+
+    def table(self, gpu_gib: float | None = None) -> str:
+        rows = [(f"weights: {k}", v) for k, v in self.weights.items()]
+        rows += [("grads (trainable)", self.grads), ("AdamW states (trainable)", self.optimizer),
+                 ("update activations (micro-batch)", self.activations), ("logits + log-softmax", self.logits),
+                 ("HF engine KV cache (rollout, not during update)", self.engine_kv_cache),
+                 ("vLLM reservation", self.engine_reserved), ("runtime overhead", self.overhead),
+                 ("PEAK (static + max(update, KV) + vLLM + overhead)", self.peak)]
+        lines = [f"{name:<52} {b / GIB:8.2f} GiB" for name, b in rows]
+        if gpu_gib is not None:
+            verdict = "fits" if self.fits(gpu_gib) else "DOES NOT FIT"
+            lines.append(f"{'GPU memory':<52} {gpu_gib:8.2f} GiB  -> {verdict}")
+        return "\n".join(["memory plan (estimate, per GPU)", *lines, *self.notes])
+
+
+def _nf4_bytes(n: int, double_quant: bool) -> float:
+    per_block = 1 + 4 / 256 if double_quant else 4  # absmax bytes per block of 64 weights
+    return n * 0.5 + n / NF4_BLOCK * per_block
+
+
+def plan(arch: Architecture, *, dtype: str = "float32", activation_bytes: int = 2, micro_batch_size: int = 1,
+         max_model_len: int = 2048, logits_chunk_size: int | None = None, activation_checkpointing: bool = False,
+         with_critic: bool = True, with_reference: bool = False, lora: dict[str, Any] | None = None,
+         engine: str = "hf", max_batch_size: int = 128, gpu_memory_utilization: float = 0.0,
+         gpu_gib: float | None = None, overhead_gib: float = 1.0, optimizer_8bit: bool = False) -> MemoryPlan:
+    """Estimate one GPU's peak memory (see the module docstring for every term).
+
+    Args:
+        arch: the model's architecture (actor and critic alike).
+        dtype: parameter dtype (``--model.dtype``).
+        activation_bytes: bytes per activation element: 2 under 16-bit (mixed) precision, 4 in fp32.
+        micro_batch_size: samples per forward/backward.
+        max_model_len: tokens per sample at most (prompt + responses over all turns).
+        logits_chunk_size: rows per log-softmax chunk (``None``: all rows at once).
+        activation_checkpointing: keep only block inputs and recompute blocks in backward.
+        with_critic: a critic (GAE) is trained.
+        with_reference: a KL reference is scored (a full copy without LoRA; free with LoRA).
+        lora: ``--model.lora`` as a dict (``rank``, ``target_modules``, ``quantization``, ``double_quant``,
+            ``shared_base``) or ``None`` for full fine-tuning.
+        engine: ``hf`` (KV cache in the trainer's memory during rollouts) or ``vllm`` (reserves a fraction).
+        max_batch_size: sequences the HF engine decodes together.
+        gpu_memory_utilization: vLLM's reserved fraction of ``gpu_gib``.
+        gpu_gib: the GPU's memory (needed for a vLLM reservation).
+        overhead_gib: CUDA context, allocator fragmentation, library workspaces.
+        optimizer_8bit: an 8-bit AdamW (bitsandbytes ``AdamW8bit``): one byte per moment for full fine-tuning.
+    """
+    pbytes = DTYPE_BYTES[dtype]
+    lm, backbone = arch.causal_lm_params(), arch.backbone_params()
+    notes: list[str] = []
+    weights: dict[str, int] = {}
+    if lora is None:
+        weights["actor"] = lm * pbytes
+        trainable = lm + (backbone + arch.hidden_size + 1 if with_critic else 0)
+        if with_critic:
+            weights["critic"] = (backbone + arch.hidden_size + 1) * pbytes
+        if with_reference:
+            weights["reference (copy)"] = lm * pbytes
+        grads, opt = trainable * pbytes, 2 * trainable * (1 if optimizer_8bit else pbytes)
+    else:
+        quant = lora.get("quantization", "none") == "nf4"
+        linear = arch.block_linear_weights()
+
+        def frozen(n_params: int) -> int:
+            if not quant:
+                return n_params * pbytes
+            return int(_nf4_bytes(linear, lora.get("double_quant", True)) + (n_params - linear) * pbytes)
+
+        adapter = arch.lora_params(int(lora.get("rank", 64)), lora.get("target_modules", "all-linear"))
+        n_adapters = 2 if with_critic else 1
+        shared = bool(lora.get("shared_base")) and with_critic
+        weights["actor base (frozen" + (", nf4)" if quant else ")")] = frozen(lm)
+        if with_critic and not shared:
+            weights["critic base (frozen" + (", nf4)" if quant else ")")] = frozen(backbone)
+        weights["LoRA adapters (fp32)"] = n_adapters * adapter * 4
+        if with_critic:
+            weights["value head"] = (arch.hidden_size + 1) * pbytes
+        trainable_bytes = n_adapters * adapter * 4 + ((arch.hidden_size + 1) * pbytes if with_critic else 0)
+        grads, opt = trainable_bytes, 2 * trainable_bytes
+        if with_reference:
+            notes.append("reference = actor with adapters disabled: no extra weights")
+        if shared:
+            notes.append("shared base: actor and critic are two adapters on one frozen model")
+    H, I, kv = arch.hidden_size, arch.intermediate_size, arch.kv_dim
+    tokens = micro_batch_size * max_model_len
+    per_layer = tokens * (10 * H + 3 * kv + 4 * I) * activation_bytes
+    if activation_checkpointing:
+        activations = arch.num_layers * tokens * H * activation_bytes + per_layer
+    else:
+        activations = arch.num_layers * per_layer
+    rows = tokens if logits_chunk_size is None else min(tokens, logits_chunk_size)
+    logits = 2 * tokens * arch.vocab_size * activation_bytes + 3 * rows * arch.vocab_size * 4
+    kv_cache = 2 * arch.num_layers * kv * activation_bytes * max_batch_size * max_model_len if engine == "hf" else 0
+    reserved = 0
+    if engine == "vllm":
+        if gpu_gib is None:
+            raise ConfigError("the memory plan of a vLLM engine needs the GPU's memory (--gpu_memory_gb)")
+        reserved = int(gpu_memory_utilization * gpu_gib * GIB)
+    return MemoryPlan(weights={k: int(v) for k, v in weights.items()}, grads=int(grads), optimizer=int(opt),
+                      activations=int(activations), logits=int(logits), engine_kv_cache=int(kv_cache),
+                      engine_reserved=reserved, overhead=int(overhead_gib * GIB), notes=notes)
+
+
+def _activation_bytes(precision: Any, dtype: str) -> int:
+    text = str(precision or "")
+    if "16" in text:
+        return 2
+    return DTYPE_BYTES[dtype]
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    return value.as_dict() if hasattr(value, "as_dict") else dict(value)
+
+
+def plan_from_config(model: dict[str, Any], data: dict[str, Any], trainer: dict[str, Any],
+                     gpu_gib: float | None = None) -> MemoryPlan:
+    """The plan of a parsed CLI configuration (``config.model``, ``config.data``, ``config.trainer`` as dicts)."""
+    lora = model.get("lora")
+    if lora is not None and not isinstance(lora, dict):
+        lora = asdict(lora)
+    uses_reference = bool(model.get("use_kl_loss")) or float(model.get("kl_in_reward_coef") or 0) > 0
+    micro = model.get("micro_batch_size", 4)
+    optimizers = [_as_dict(model.get(k)).get("class_path", "") for k in ("actor_optimizer", "critic_optimizer")]
+    return plan(
+        architecture(model.get("model", "tiny")), dtype=model.get("dtype", "float32"),
+        activation_bytes=_activation_bytes(trainer.get("precision"), model.get("dtype", "float32")),
+        micro_batch_size=micro, max_model_len=data.get("max_model_len", 4096),
+        logits_chunk_size=model.get("logits_chunk_size"),
+        activation_checkpointing=bool(model.get("activation_checkpointing", False)),
+        with_critic=model.get("adv_estimator", "gae") == "gae", with_reference=uses_reference, lora=lora,
+        engine=data.get("engine", "hf") or "hf", max_batch_size=data.get("max_batch_size", 128),
+        gpu_memory_utilization=float(data.get("gpu_memory_utilization") or 0.0), gpu_gib=gpu_gib,
+        optimizer_8bit=bool(optimizers[0]) and all("8bit" in o for o in optimizers if o),
+    )
+
+
+def check_memory(config: Any, *, print_plan: bool, refuse: bool = True) -> MemoryPlan:
+    """The CLI's memory preflight on a parsed configuration (``--memory_plan``, ``--gpu_memory_gb``).
+
+    Prints the plan and exits with status 0 when ``print_plan``; otherwise (``refuse``) raises
+    :class:`ConfigError` naming ``--gpu_memory_gb`` when the estimated peak exceeds it.
+    """
+    gpu = config.get("gpu_memory_gb")
+    if gpu is not None and gpu <= 0:
+        raise ConfigError(f"--gpu_memory_gb must be > 0, got {gpu}")
+    result = plan_from_config(_as_dict(config.get("model")), _as_dict(config.get("data")),
+                              _as_dict(config.get("trainer")), gpu_gib=gpu)
+    if refuse and gpu is not None and not result.fits(gpu):
+        if print_plan:
+            print(result.table(gpu))
+        raise ConfigError(f"--gpu_memory_gb {gpu:g}: the estimated peak {result.peak / GIB:.1f} GiB does not fit "
+                          "(see --memory_plan true); lower --model.micro_batch_size / --data.max_model_len, set "
+                          "--model.activation_checkpointing true or --model.logits_chunk_size, or use LoRA/QLoRA "
+                          "(configs/lora.yaml, configs/qlora.yaml)")
+    if print_plan:
+        print(result.table(gpu))
+        raise SystemExit(0)
+    return result
