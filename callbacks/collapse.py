@@ -25,7 +25,8 @@ Adjusted values are part of the callback state and are re-applied when a run res
 
 Multi-process runs: the rules read each rank's own logged values and the MI is computed on each rank's own
 trajectories, so ranks can disagree; ``stop`` then stops only the ranks that fired and ``checkpoint`` (a collective)
-could hang. Use ``log`` / ``adjust_*`` there until the inputs are all-reduced (not done yet).
+could hang, and ``adjust_*`` would give ranks different settings. Use ``log`` there until the inputs are
+all-reduced (not done yet).
 """
 
 from __future__ import annotations
