@@ -22,6 +22,11 @@ total) and triggers the configured ``actions`` (each logged as ``collapse_monito
 ``adjust_entropy`` (the module's ``entropy_coeff`` x ``entropy_coeff_factor``, capped at ``entropy_coeff_max``; 0
 becomes ``entropy_coeff_start``). The current filter value and entropy coefficient are logged every iteration.
 Adjusted values are part of the callback state and are re-applied when a run resumes.
+
+Multi-process runs: the rules read each rank's own logged values and the MI is computed on each rank's own
+trajectories, so ranks can disagree; ``stop`` then stops only the ranks that fired and ``checkpoint`` (a collective)
+could hang, and ``adjust_*`` would give ranks different settings. Use ``log`` there until the inputs are
+all-reduced (not done yet).
 """
 
 from __future__ import annotations

@@ -96,3 +96,24 @@ def test_html_renders_in_headless_chromium_with_the_loss_mask(trajectories, tiny
     assert 'data-mask-rendered="yes"' in dom
     assert "3 trained segments (loss mask 1, highlighted), 3 context segments (loss mask 0, grey)" in dom
     assert dom.count('<span class="trained">') == 3 and "Up.&lt;/think&gt;&lt;answer&gt;Up" in dom
+
+
+@pytest.mark.slow
+def test_wandb_table_with_board_images(trajectories, tiny_tokenizer, tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from lightning.pytorch.loggers import WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    logger = WandbLogger(offline=True, save_dir=str(tmp_path), project="t")
+    records = TrajectoryLogger().write(trajectories, tiny_tokenizer, 2, tmp_path / "out")
+    TrajectoryLogger._wandb(SimpleNamespace(loggers=[logger]), records, 2)
+    logger.experiment.log({}, commit=True)
+    logger.experiment.finish()
+    (table,) = tmp_path.rglob("media/table/trajectories_*.table.json")
+    data = json.loads(table.read_text())
+    assert data["columns"] == ["iteration", "env_index", "group_id", "score", "success", "turn_rewards", "board", "text"]
+    assert [row[2] for row in data["data"]] == [0, 1] and data["data"][0][5] == "[0.0, 1.0]"
+    # the grid board of trajectory 0 became an image; the bandit-like text state has none
+    assert data["data"][0][6] is not None and data["data"][1][6] is None
