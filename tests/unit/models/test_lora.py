@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -169,16 +171,23 @@ def test_shared_base_with_activation_checkpointing_gives_the_same_gradients(tiny
         torch.testing.assert_close(g0, g1)
 
 
-def test_qlora_nf4_base_trains_and_loss_decreases(tiny_path):
+@pytest.mark.parametrize("which", ["session", pytest.param("embedded", marks=pytest.mark.slow)])
+def test_qlora_nf4_base_trains_and_loss_decreases(which, tiny_path):
+    """On the session model (hidden 32) and on the embedded tiny model (hidden 128, the CLI's ``model: tiny``)."""
     import bitsandbytes as bnb  # in the dev extra: QLoRA is tested on CPU
 
-    actor, critic, _ = lora.build_models(str(tiny_path), None, "float32", settings(quantization="nf4"),
+    from ragen_lightning.models import resolve_model_path
+
+    path = str(tiny_path) if which == "session" else resolve_model_path("tiny")
+    torch.manual_seed(0)  # LoRA A's random init
+    actor, critic, _ = lora.build_models(path, None, "float32", settings(quantization="nf4"),
                                          with_critic=True, with_reference=False)
     n4 = [m for m in actor.modules() if isinstance(m, bnb.nn.Linear4bit)]
     assert n4 and all(m.weight.quant_type == "nf4" for m in n4)
     assert any(isinstance(m, bnb.nn.Linear4bit) for m in critic.modules())
-    losses = train_steps(actor, critic, steps=4, lr=2e-2)
-    assert losses[-1] < losses[0] - 0.05, losses
+    losses = train_steps(actor, critic, steps=4, lr=1e-2)
+    # measured (seed 0): session model 5.947 -> 5.780, embedded model 6.896 -> 5.989, falling at every step
+    assert all(b < a for a, b in itertools.pairwise(losses)) and losses[-1] < losses[0] - 0.1, losses
 
 
 def test_checkpoint_state_holds_trainable_weights_only(tiny_path):
