@@ -5,6 +5,10 @@ The training stream is an ``IterableDataset`` (``num_workers=0``, ``batch_size=N
 pre-fetches a rollout generated with stale weights. Iteration ``n`` resets group ``g`` with seed
 ``train_seed + n * num_groups + g`` (RAGEN: ``10000 + 8n + g``); validation always uses seeds ``val_seed + g``.
 ``state_dict`` stores the iteration and the empty-filter streak, so a resumed run continues the same seed stream.
+
+With several processes (DDP / FSDP) each rank rolls out its share of whole groups with its own engine and the
+trajectories are all-gathered before filtering, so selection, batch and metrics equal the single-process ones on every
+rank (:mod:`ragen_lightning.distributed`); the module then splits the update rows evenly across ranks.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from ragen_lightning.data.batching import (
     rollout_metrics,
 )
 from ragen_lightning.data.sampler import FilterConfig, filter_groups
+from ragen_lightning.distributed import concat_ranks, gather_objects, group_share, world
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.engine import SamplingParams
 from ragen_lightning.rollout.runner import ContextWindow, RolloutRunner, UnknownEnvError, make_env
@@ -53,7 +58,8 @@ class RolloutDataModule(L.LightningDataModule):
     Args:
         env_id: gymnasium id of the task (``import envs`` registers ``ragen/*``; ``module:id`` also works).
         env_kwargs: keyword arguments of the env.
-        num_groups: env groups per iteration (each group shares one initial state).
+        num_groups: env groups per iteration (each group shares one initial state); with several processes it must
+            be divisible by their number (each rank runs whole groups; the seeds are those of one process).
         group_size: rollouts per group.
         num_iterations: StarPO iterations (rollout + update) of a fit; the one place that sets the run length.
         max_turns: assistant turns per episode.
@@ -75,7 +81,7 @@ class RolloutDataModule(L.LightningDataModule):
         empty_stop_steps: stop after this many consecutive iterations whose filter kept nothing (0 = never).
         train_seed: first training reset seed.
         val_seed: first validation reset seed (validation always uses the same set).
-        val_num_groups: validation episodes (groups of ``val_group_size``).
+        val_num_groups: validation episodes (groups of ``val_group_size``); divisible by the number of processes.
         val_group_size: validation rollouts per initial state (pass@k uses it).
         val_temperature: validation sampling temperature (0 = greedy).
         max_batch_size: generation requests decoded together at most.
@@ -131,12 +137,17 @@ class RolloutDataModule(L.LightningDataModule):
         self.iteration = 0
         self.consecutive_empty = 0
         self._runner: RolloutRunner | None = None
+        self._engine = None
         self._val_runner: RolloutRunner | None = None
 
     # -- wiring ---------------------------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         # the module builds its models in configure_model, after this hook: runners are created on first use
-        return None
+        size = self.trainer.world_size if self.trainer is not None else 1
+        group_share(self.hparams.num_groups, size, 0)  # ConfigError unless every rank gets whole groups
+        if self.hparams.val_num_groups % size:
+            raise ConfigError(f"--data.val_num_groups ({self.hparams.val_num_groups}) must be divisible by the "
+                              f"number of processes ({size})")
 
     def _ensure_runners(self) -> None:
         if self._runner is not None:
@@ -145,7 +156,7 @@ class RolloutDataModule(L.LightningDataModule):
         hp = self.hparams
         chat = ChatTokens(module.tokenizer, enable_think=hp.enable_think)
         engine = module.make_engine(max_batch_size=hp.max_batch_size)
-        self.chat = chat
+        self.chat, self._engine = chat, engine
         self._runner = RolloutRunner(hp.env_id, hp.env_kwargs, chat, engine, **self._runner_kwargs())
         self._val_runner = RolloutRunner(hp.env_id, hp.env_kwargs, chat, engine, **self._runner_kwargs())
 
@@ -183,8 +194,8 @@ class RolloutDataModule(L.LightningDataModule):
         self._ensure_runners()
         hp = self.hparams
         t0 = time.perf_counter()
-        trajectories = self._runner.run(self.group_seeds(iteration), hp.group_size, self.train_params,
-                                        seed=(hp.train_seed << 20) + iteration)
+        trajectories = self._run(self._runner, self.group_seeds(iteration), hp.group_size, self.train_params,
+                                 seed=(hp.train_seed << 20) + iteration)
         t_rollout = time.perf_counter() - t0
         metrics = {f"train/{k}": v for k, v in rollout_metrics(trajectories, hp.group_size).items()}
         metrics["rollout/token_drift_rate"] = self._drift_rate(trajectories)
@@ -209,12 +220,23 @@ class RolloutDataModule(L.LightningDataModule):
         batch.metrics["train/batch_size"] = float(len(batch))
         return batch
 
+    def _run(self, runner: RolloutRunner, seeds: list[int], group_size: int, params: SamplingParams,
+             seed: int) -> list:
+        """This rank's share of the groups, then every rank's trajectories in global group order."""
+        sync = getattr(self._engine, "sync_weights", None)
+        if sync is not None:
+            sync()  # collective for sharded actors: every rank calls it here, before every rollout
+        rank, size = world()
+        share = group_share(len(seeds), size, rank)
+        local = runner.run(seeds[share.start:share.stop], group_size, params, seed=seed, first_group=share.start)
+        return local if size == 1 else concat_ranks(gather_objects(local))
+
     def validation_batch(self) -> RolloutBatch:
         """The fixed validation rollout (seeds ``val_seed + g``), unfiltered."""
         self._ensure_runners()
         hp = self.hparams
         seeds = [hp.val_seed + g for g in range(hp.val_num_groups)]
-        trajectories = self._val_runner.run(seeds, hp.val_group_size, self.val_params, seed=hp.val_seed)
+        trajectories = self._run(self._val_runner, seeds, hp.val_group_size, self.val_params, seed=hp.val_seed)
         metrics = {f"val/{k}": v for k, v in rollout_metrics(trajectories, hp.val_group_size).items()}
         return build_batch(trajectories, pad_token_id=self.chat.tokenizer.pad_token_id, metrics=metrics)
 
