@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import torch
-from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.engine import HFEngine
@@ -126,6 +126,50 @@ class FSDP2Strategy(ModelParallelStrategy):
     def setup_environment(self) -> None:
         self._data_parallel_size = self.num_nodes * self.num_processes
         super().setup_environment()
+
+
+class FSDP1Strategy(FSDPStrategy):
+    """Lightning's ``FSDPStrategy`` (torch FSDP1, CUDA only) wrapping every transformer block of the module's models.
+
+    The wrap policy is built at setup from the classes the models' ``_no_split_modules`` name (decoder layers), so
+    a YAML config needs no Python class objects. Gradient clipping uses the FSDP root's ``clip_grad_norm_``.
+
+    Args:
+        sharding_strategy: ``FULL_SHARD`` | ``SHARD_GRAD_OP`` | ``HYBRID_SHARD`` | ``NO_SHARD``.
+        state_dict_type: ``sharded`` (a checkpoint folder, reshardable) or ``full`` (one file on rank 0).
+    """
+
+    def __init__(self, sharding_strategy: str = "FULL_SHARD", state_dict_type: str = "sharded"):
+        super().__init__(sharding_strategy=sharding_strategy, state_dict_type=state_dict_type, use_orig_params=True)
+
+    def setup(self, trainer) -> None:  # pragma: no cover - needs CUDA
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        if self.kwargs.get("auto_wrap_policy") is None:
+            blocks = {type(m) for m in transformer_blocks(self.lightning_module)}
+            if blocks:
+                self.kwargs["auto_wrap_policy"] = ModuleWrapPolicy(blocks)
+        super().setup(trainer)
+
+
+def check_strategy(strategy: Any, accelerator: Any) -> None:
+    """Refuse FSDP1 without CUDA, naming the flag (Lightning would fail later with a generic error).
+
+    Args:
+        strategy: the ``--trainer.strategy`` value (a name, a class_path dict or a Strategy).
+        accelerator: the ``--trainer.accelerator`` value.
+    """
+    if isinstance(strategy, str):
+        name = strategy
+    elif isinstance(strategy, dict):
+        name = strategy.get("class_path", "")
+    else:  # a jsonargparse Namespace with class_path, or a Strategy instance
+        name = getattr(strategy, "class_path", None) or type(strategy).__name__
+    is_fsdp1 = str(name).split(".")[-1] in ("fsdp", "FSDPStrategy", "FSDP1Strategy") or str(name).startswith("fsdp_")
+    if is_fsdp1 and (str(accelerator) == "cpu" or not torch.cuda.is_available()):
+        raise ConfigError(f"--trainer.strategy {name} (FSDP1, configs/fsdp1.yaml) needs CUDA GPUs "
+                          f"(--trainer.accelerator is {accelerator!r}, CUDA available: {torch.cuda.is_available()}); "
+                          "on CPU use configs/fsdp.yaml (FSDP2) or configs/ddp.yaml")
 
 
 def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -37,12 +37,13 @@ from ragen_lightning.types import RolloutBatch
 
 
 class _Stream(IterableDataset):
-    """Yields ``produce()`` until ``remaining()`` is 0; its length is fixed when the loader is built (Lightning reads
-    it to count the epoch, so it must not shrink while batches are consumed)."""
+    """Yields ``produce()`` until ``remaining()`` is 0. Its length is the run's total number of batches, fixed when
+    the loader is built: Lightning reads it to count the epoch, and a run resumed mid-epoch counts the batches done
+    before the checkpoint too (with the remaining count a second resume found the epoch already finished)."""
 
-    def __init__(self, produce, remaining):
+    def __init__(self, produce, remaining, total: int):
         self.produce, self.remaining = produce, remaining
-        self.total = max(remaining(), 0)
+        self.total = max(total, 0)
 
     def __len__(self) -> int:
         return self.total
@@ -173,7 +174,8 @@ class RolloutDataModule(L.LightningDataModule):
                 runner.close()
 
     def train_dataloader(self) -> DataLoader:
-        stream = _Stream(self._next_train_batch, lambda: self.hparams.num_iterations - self.iteration)
+        stream = _Stream(self._next_train_batch, lambda: self.hparams.num_iterations - self.iteration,
+                         total=self.hparams.num_iterations)
         return DataLoader(stream, batch_size=None, num_workers=0, collate_fn=lambda b: b)
 
     def val_dataloader(self) -> DataLoader:

@@ -10,8 +10,14 @@ import envs  # noqa: F401
 from ragen_lightning.cli import StarPOCLI, main
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-TASKS = sorted(p for p in CONFIGS.glob("*.yaml"))
-OVERLAYS = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent != CONFIGS)
+
+
+def _is_overlay(p: Path) -> bool:  # in a subfolder, or a top-level file whose first line says "# Overlay"
+    return p.parent != CONFIGS or p.read_text().startswith("# Overlay")
+
+
+TASKS = sorted(p for p in CONFIGS.glob("*.yaml") if not _is_overlay(p))
+OVERLAYS = sorted(p for p in CONFIGS.rglob("*.yaml") if _is_overlay(p))
 
 
 class ParseOnly(StarPOCLI):
