@@ -516,14 +516,24 @@ class StarPOModule(L.LightningModule):
         self.low_val_success.load_state_dict(state.get("low_val_success", {}))
 
     def export_actor(self, path: str | Path) -> Path:
-        """Save the actor and tokenizer as a HF folder (loadable without this package)."""
+        """Save the actor and tokenizer as a HF folder (loadable without this package).
+
+        Under FSDP2 every rank must call it (the full weights are gathered from the shards); rank 0 writes.
+        """
         path = Path(path)
-        self.actor.save_pretrained(path)
+        actor = self.actor
+        if self._rollout_actor:
+            engine = GatheredWeightsEngine(self.actor, self._rollout_actor[0], [0], 0)
+            engine.sync_weights()  # collective
+            actor = engine.model
+            if world()[0] != 0:
+                return path
+        actor.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         return path
 
     def on_fit_end(self) -> None:
-        if self.hparams.export_dir and self.trainer.is_global_zero:
+        if self.hparams.export_dir and (self.trainer.is_global_zero or self._rollout_actor):
             self.export_actor(self.hparams.export_dir)
 
 
