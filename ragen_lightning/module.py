@@ -490,9 +490,11 @@ class StarPOModule(L.LightningModule):
     # -- validation -----------------------------------------------------------------------------------------------
     def validation_step(self, batch: RolloutBatch, batch_idx: int) -> None:
         metrics = {k: float(v) for k, v in batch.metrics.items()}
-        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=1)
+        # computed from the trajectories of every rank, so identical on all; sync_dist only averages equal values
+        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=1, sync_dist=True)
         if "val/success" in metrics:
-            self.log("val_success", metrics["val/success"], prog_bar=True, on_epoch=True, batch_size=1)
+            self.log("val_success", metrics["val/success"], prog_bar=True, on_epoch=True, batch_size=1,
+                     sync_dist=True)
             if not self.trainer.sanity_checking and self.trainer.state.fn == "fit" and \
                     self.low_val_success.update(metrics["val/success"]):
                 self._stop(f"validation success below {self.hparams.low_val_success_threshold} for "

@@ -54,7 +54,9 @@ class Scripted(StarPOModule):
 
 
 class Recording(RolloutDataModule):
-    kept: list[list[int]] = []
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.kept: list[list[int]] = []
 
     def train_batch(self, iteration):
         batch = super().train_batch(iteration)
@@ -75,7 +77,7 @@ def main(cfg: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     strategy = {"single": "auto", "ddp": DDPStrategy(find_unused_parameters=True),
                 "fsdp": FSDP2Strategy()}[cfg["strategy"]]
-    devices = int(os.environ.get("WORLD_SIZE", 1))
+    devices = int(os.environ.get("WORLD_SIZE", "1"))
     cls = Scripted if cfg.get("engine", "scripted") == "scripted" else StarPOModule
     module = cls(model=cfg["model"], adv_estimator=cfg.get("estimator", "gae"), mini_batch_size=cfg.get("mini", 2),
                  micro_batch_size=cfg.get("micro", 1), entropy_coeff=0.01, use_kl_loss=cfg.get("kl", False),

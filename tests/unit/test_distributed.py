@@ -68,9 +68,8 @@ def test_split_loss_times_world_averaged_equals_single_process_gradient(mode):
     w = torch.randn(4, requires_grad=True)
     x = torch.randn(5, 3, 4)  # 5 samples x 3 tokens
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 1, 1], [1, 0, 0]], dtype=torch.bool)
-    per_token = lambda rows: (x[rows] @ w) ** 2  # noqa: E731
     norm = agg_normalizer(mask, mode)  # token-mean: 9 tokens; seq-mean-token-mean: 5 sequences
-    (g_single,) = torch.autograd.grad(aggregate(per_token(torch.arange(5)), mask, mode, normalizer=norm), w)
+    (g_single,) = torch.autograd.grad(aggregate((x @ w) ** 2, mask, mode, normalizer=norm), w)
     world, grads = 2, []
     for r in range(world):
         rows = rank_rows(torch.arange(5), world, r, pad_index=5)  # rank 1 gets [3, 4, pad]
