@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,12 +23,18 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "integration" / "dist_worker.py"
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run(tmp_path: Path, name: str, procs: int, **cfg) -> list[tuple[dict, dict]]:
     """Run the worker on ``procs`` processes; returns ``(json, params)`` per rank."""
     out = tmp_path / name
     cfg = {"out": str(out), **cfg}
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
-                "--master_port", str(29500 + os.getpid() % 1000)] if procs > 1 else [sys.executable]
+                "--master_port", str(free_port())] if procs > 1 else [sys.executable]
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     proc = subprocess.run([*launcher, str(WORKER), json.dumps(cfg)], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=240, check=False)
@@ -42,19 +49,22 @@ def assert_same(a: dict, b: dict, atol: float) -> None:
         torch.testing.assert_close(v, b[k], atol=atol, rtol=0, msg=k)
 
 
-def test_ddp_two_ranks_equal_single_process_with_uneven_filter(tmp_path, tiny_path):
-    # GAE (actor + critic), 4 groups x 3; the filter keeps 1 group, which one rank rolled out (uneven kept set).
-    # Mini-batches of 2 over the 3 kept samples: [0, 1] -> one row per rank; [2] -> rank 1 gets only the pad row.
-    cfg = {"model": str(tiny_path), "iterations": 2, "top_k_abs": 1, "estimator": "gae", "mini": 2}
+@pytest.mark.parametrize("estimator", ["gae", "grpo"])
+def test_ddp_two_ranks_equal_single_process_with_uneven_filter(tmp_path, tiny_path, estimator):
+    # 4 groups x 3; the filter keeps 1 group, which one rank rolled out (uneven kept set). Mini-batches of 2 over
+    # the 3 kept samples: [0, 1] -> one row per rank; [2] -> rank 1 gets only the pad row.
+    cfg = {"model": str(tiny_path), "iterations": 2, "top_k_abs": 1, "estimator": estimator, "mini": 2}
     [(single, p1)] = run(tmp_path, "single", 1, strategy="single", **cfg)
     ranks = run(tmp_path, "ddp", 2, strategy="ddp", **cfg)
     (j0, p0), (j1, p1r) = ranks
     assert_same(p0, p1r, atol=0)  # DDP replicas stay identical
     assert_same(p0, p1, atol=1e-6)  # and equal the one-process update on the same global batch
     assert j0["kept"] == single["kept"] and all(len(k) == 1 for k in single["kept"])  # the same global selection
-    assert j0["global_step"] == single["global_step"] == 8  # 2 iterations x 2 mini-batches x (critic + actor)
-    for key in ("actor/pg_loss", "critic/vf_loss", "actor/entropy", "actor/grad_norm", "train/score",
-                "rollout/filter_kept_count", "train/batch_size"):
+    # 2 iterations x 2 mini-batches x (critic + actor | actor)
+    assert j0["global_step"] == single["global_step"] == (8 if estimator == "gae" else 4)
+    keys = ["actor/pg_loss", "actor/entropy", "actor/grad_norm", "train/score", "rollout/filter_kept_count",
+            "train/batch_size", "train/advantage_mean"] + (["critic/vf_loss"] if estimator == "gae" else [])
+    for key in keys:
         assert j0["metrics"][-1][key] == pytest.approx(single["metrics"][-1][key], abs=1e-5), key
         assert j1["metrics"][-1][key] == j0["metrics"][-1][key], key  # every rank logs the global value
     assert any(not torch.equal(p0[k], v) for k, v in _initial(tiny_path).items())  # the update did something
