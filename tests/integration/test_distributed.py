@@ -78,27 +78,26 @@ def _initial(tiny_path) -> dict:
 
 
 def test_fsdp2_sharded_checkpoint_resumes_on_other_world_sizes(tmp_path, tiny_path):
-    """3 iterations with real sampling (the engine's full copy synced from the shards), GAE + KL (sharded actor,
-    critic and reference), saved and resumed across world sizes: 2 processes -> 1 -> 2. The result equals one
-    uninterrupted single-process run: same iterations, same seed stream, same weights."""
-    cfg = {"model": str(tiny_path), "iterations": 3, "top_k_abs": 2, "estimator": "gae", "kl": True, "mini": 6,
+    """4 iterations with real sampling (the engine's full copy synced from the shards), GAE + KL (sharded actor,
+    critic and reference), saved and resumed across world sizes: 2 processes (iterations 1-2) -> 1 (iteration 3) ->
+    2 (iteration 4). The result equals one uninterrupted single-process run: same seed stream, same weights."""
+    cfg = {"model": str(tiny_path), "iterations": 4, "top_k_abs": 2, "estimator": "gae", "kl": True, "mini": 6,
            "micro": 3, "engine": "hf"}
     [(single, p_single)] = run(tmp_path, "single", 1, strategy="single", **cfg)
     # 2 kept groups x 3 samples = one mini-batch of 6 -> 2 optimizer steps (critic, actor) per iteration
-    first = run(tmp_path, "a", 2, strategy="fsdp", max_steps=2, ckpt_dir=str(tmp_path / "ck_a"), **cfg)
-    shards = sorted(p.name for p in (tmp_path / "ck_a" / "step=2.ckpt").iterdir())
+    (a0, pa0), (a1, pa1) = run(tmp_path, "a", 2, strategy="fsdp", max_steps=4, ckpt_dir=str(tmp_path / "ck_a"), **cfg)
+    assert a0["state"]["iteration"] == 2 and a1["kept"] == a0["kept"] == single["kept"][:2]
+    assert_same(pa0, pa1, atol=0)  # FSDP2 fit 2 iterations: the gathered parameters agree on both ranks
+    shards = sorted(p.name for p in (tmp_path / "ck_a" / "step=4.ckpt").iterdir())
     assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]  # a sharded (distributed) checkpoint
-    assert first[0][0]["state"]["iteration"] == 1
-    [(second, _)] = run(tmp_path, "b", 1, strategy="fsdp", max_steps=4, ckpt_dir=str(tmp_path / "ck_b"),
-                        ckpt_in=str(tmp_path / "ck_a" / "step=2.ckpt"), **cfg)
-    assert second["state"]["iteration"] == 2 and len(second["metrics"]) == 1  # only iteration 2 ran
-    third = run(tmp_path, "c", 2, strategy="fsdp", ckpt_in=str(tmp_path / "ck_b" / "step=4.ckpt"), **cfg)
-    (j0, p0), (j1, p1) = third
-    assert j1["kept"] == j0["kept"]
-    assert j0["state"]["iteration"] == 3 and len(j0["metrics"]) == 1 and j0["global_step"] == 6
+    [(b, _)] = run(tmp_path, "b", 1, strategy="fsdp", max_steps=6, ckpt_dir=str(tmp_path / "ck_b"),
+                   ckpt_in=str(tmp_path / "ck_a" / "step=4.ckpt"), **cfg)
+    assert b["state"]["iteration"] == 3 and len(b["metrics"]) == 1  # only iteration 3 ran
+    (c0, p0), (c1, p1) = run(tmp_path, "c", 2, strategy="fsdp", ckpt_in=str(tmp_path / "ck_b" / "step=6.ckpt"), **cfg)
+    assert c0["state"]["iteration"] == 4 and len(c0["metrics"]) == 1 and c0["global_step"] == 8
+    assert c1["kept"] == c0["kept"]
     assert_same(p0, p1, atol=0)
     assert_same(p0, p_single, atol=1e-5)
-    kept = first[0][0]["kept"] + second["kept"] + j0["kept"]
-    assert kept == single["kept"]  # the same seed stream and global selection in every segment
-    for key in ("train/score", "actor/pg_loss", "actor/kl_loss", "critic/vf_loss"):
-        assert j0["metrics"][-1][key] == pytest.approx(single["metrics"][-1][key], abs=1e-5), key
+    assert a0["kept"] + b["kept"] + c0["kept"] == single["kept"]  # the same seed stream and global selection
+    for key in ("train/score", "actor/pg_loss", "actor/kl_loss", "critic/vf_loss", "actor/grad_norm"):
+        assert c0["metrics"][-1][key] == pytest.approx(single["metrics"][-1][key], abs=1e-5), key
