@@ -15,6 +15,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from ragen_lightning import models
 from ragen_lightning.data.datamodule import RolloutDataModule
+from ragen_lightning.distributed import check_strategy
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.module import StarPOModule
 
@@ -38,6 +39,12 @@ class StarPOCLI(LightningCLI):
         self.datamodule.check_prompt_budget(models.load_tokenizer(self.model.hparams.model))
 
     before_fit = before_validate = _preflight
+
+    def instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        trainer = config.get("trainer") or {}
+        check_strategy(trainer.get("strategy"), trainer.get("accelerator"))  # before Lightning's generic error
+        super().instantiate_classes()
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config

@@ -116,5 +116,5 @@ def enable_activation_checkpointing(net: nn.Module) -> None:
 
     for m in net.modules():
         if isinstance(m, PreTrainedModel) and m.supports_gradient_checkpointing:
-            m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # 5.19-safe name
             return

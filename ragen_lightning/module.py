@@ -18,6 +18,11 @@ the filter kept nothing) and ``last_logs`` (the values logged for it) hold that 
 
 Manual optimisation with one optimizer per network; ``trainer.global_step`` therefore counts optimizer steps, and the
 run length is set in iterations by ``--data.num_iterations``.
+
+Data parallel (DDP, FSDP2 via :class:`~ragen_lightning.distributed.FSDP2Strategy`, FSDP1): every rank holds the same
+global batch; scoring passes and each mini-batch's rows are split evenly across ranks (an inert zero-mask row pads
+short shares), losses keep the global normaliser times the world size (DDP/FSDP average gradients), so one step
+equals the single-process step (:mod:`ragen_lightning.distributed`).
 """
 
 from __future__ import annotations
@@ -40,6 +45,15 @@ from ragen_lightning.advantage_step import starpo_advantages
 from ragen_lightning.algos import advantages as A
 from ragen_lightning.algos.losses import AggMode, KLKind, actor_loss, agg_normalizer, aggregate, tis_weights, value_loss
 from ragen_lightning.algos.masked import masked_mean
+from ragen_lightning.distributed import (
+    GatheredWeightsEngine,
+    all_reduce_,
+    full_tensor,
+    gather_objects,
+    rank_rows,
+    shard_model,
+    world,
+)
 from ragen_lightning.early_stop import LowValidationSuccess, RewardVarianceCollapse
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.engine import HFEngine
@@ -99,8 +113,8 @@ class StarPOModule(L.LightningModule):
         low_val_success_threshold: the validation success counted as "low".
         export_dir: if set, save the trained actor there as a HF folder when fit ends (under LoRA: the adapter in
             peft format, plus merged weights in ``<dir>/merged`` with ``lora.export_merged``).
-        activation_checkpointing: recompute transformer blocks in backward instead of storing their activations
-            (actor and critic): far less activation memory for ~30% more update compute.
+        activation_checkpointing: recompute each transformer block in backward instead of storing its activations
+            (actor and critic): far less activation memory for about one more forward pass of compute.
         lora: LoRA / QLoRA settings (:class:`~ragen_lightning.lora.LoraSettings`: ``rank``, ``alpha``, ``dropout``,
             ``target_modules``, ``quantization: none | nf4``, ``shared_base``, ``export_merged``); ``null`` trains
             all weights. Under LoRA only adapters (and the critic's value head) train and the KL reference is the
@@ -184,6 +198,8 @@ class StarPOModule(L.LightningModule):
         self.actor: torch.nn.Module | None = None
         self.critic: torch.nn.Module | None = None
         self._reference: list[torch.nn.Module] = []  # kept out of state_dict: it is rebuilt from the model folder
+        self._rollout_actor: list[torch.nn.Module] = []  # FSDP2: an unsharded copy the engine generates with
+        self._pad_row = -1  # data parallel: index of the inert row that pads short per-rank shares
         self.tokenizer = None
         self.skipped_steps = 0
         self._force_scoring_pass = False  # tests: always run the separate old-log-prob pass
@@ -241,21 +257,26 @@ class StarPOModule(L.LightningModule):
                 path, self.hparams.critic_model, self.hparams.dtype, self._lora, with_critic=self.uses_critic,
                 with_reference=self.uses_reference)
             self._reference = [ref] if ref is not None else []
-            self._checkpoint_activations()
-            return
-        self.actor = models.load_causal_lm(path, self.hparams.dtype).train()  # from_pretrained returns eval mode
-        if self.uses_critic:
-            self.critic = models.load_critic(self.hparams.critic_model or path, self.hparams.dtype).train()
-        if self.uses_reference:
-            ref = copy.deepcopy(self.actor).eval().requires_grad_(False)
-            self._reference = [ref]
-        self._checkpoint_activations()
-
-    def _checkpoint_activations(self) -> None:
+        else:
+            self.actor = models.load_causal_lm(path, self.hparams.dtype).train()  # from_pretrained: eval mode
+            if self.uses_critic:
+                self.critic = models.load_critic(self.hparams.critic_model or path, self.hparams.dtype).train()
+            if self.uses_reference:
+                self._reference = [copy.deepcopy(self.actor).eval().requires_grad_(False)]
         if self.hparams.activation_checkpointing:
             for net in (self.actor, self.critic):
                 if net is not None:
                     models.enable_activation_checkpointing(net)
+        if self._device_mesh is not None:  # FSDP2 (ModelParallelStrategy): shard per transformer block
+            if self._lora is not None:
+                raise ConfigError("--model.lora is not supported with FSDP2 (configs/fsdp.yaml) yet: use DDP "
+                                  "(configs/ddp.yaml); adapters are small enough to replicate")
+            self._rollout_actor = [copy.deepcopy(self.actor).eval().requires_grad_(False)]
+            mesh = self._device_mesh["data_parallel"]
+            bf16 = self.trainer.strategy.root_device.type == "cuda"
+            for net in (self.actor, self.critic, self.reference):
+                if net is not None:
+                    shard_model(net, mesh, mixed_precision=bf16)
 
     def on_fit_start(self) -> None:
         if self.reference is not None:
@@ -273,13 +294,20 @@ class StarPOModule(L.LightningModule):
 
     def make_engine(self, max_batch_size: int = 128, engine: str = "hf", vllm=None, max_model_len: int = 4096,
                     seed: int = 0):
-        """The rollout engine: ``hf`` samples with the actor's own weights; ``vllm`` is a colocated vLLM engine
-        loaded from the actor's folder and synced from the actor before every rollout (``VLLMConfig`` ``vllm``)."""
+        """The rollout engine: ``hf`` samples with the actor's own weights (under FSDP2, with a full copy synced to
+        them); ``vllm`` is a colocated vLLM engine loaded from the actor's folder and synced from the actor before
+        every rollout (``VLLMConfig`` ``vllm``)."""
         if engine not in ("hf", "vllm"):
             raise ConfigError(f"--data.engine must be 'hf' or 'vllm', got {engine!r}")
         stop, pad = [self.tokenizer.eos_token_id], self.tokenizer.pad_token_id
         if engine == "hf":
+            if self._rollout_actor:
+                return GatheredWeightsEngine(self.actor, self._rollout_actor[0].to(self.device), stop, pad,
+                                             max_batch_size)
             return HFEngine(self.actor, stop, pad, max_batch_size)
+        if self._rollout_actor:
+            raise ConfigError("--data.engine vllm is not supported with FSDP2 (configs/fsdp.yaml) yet: use DDP "
+                              "(configs/ddp.yaml) or --data.engine hf")
         from ragen_lightning.rollout.vllm_engine import VLLMEngine
 
         path = getattr(self, "_model_path", None) or models.resolve_model_path(self.hparams.model)
@@ -320,13 +348,13 @@ class StarPOModule(L.LightningModule):
                      and not self._force_scoring_pass)
         old_logprobs = entropy = None
         if not on_policy:
-            old_logprobs, entropy = score_batch(self.actor, ids, att, micro, kind="actor", with_entropy=True,
+            old_logprobs, entropy = self._score(self.actor, ids, att, micro, kind="actor", with_entropy=True,
                                                 temperature=hp.temperature, chunk_size=hp.logits_chunk_size)
         ref_logprobs = None
         if self.reference is not None:
-            ref_logprobs, _ = score_batch(self.reference, ids, att, micro, kind="actor",
+            ref_logprobs, _ = self._score(self.reference, ids, att, micro, kind="actor",
                                           temperature=hp.temperature, chunk_size=hp.logits_chunk_size)
-        values = score_batch(self.critic, ids, att, micro, kind="critic")[0] if self.critic is not None else None
+        values = self._score(self.critic, ids, att, micro, kind="critic")[0] if self.critic is not None else None
         # 3. advantages
         advantages, returns, adv_logs = self._advantages(batch, mask, old_logprobs, ref_logprobs, values)
         logs.update(adv_logs)
@@ -336,15 +364,20 @@ class StarPOModule(L.LightningModule):
                     engine_logprobs=batch.engine_logprobs[:, 1:],
                     seen_logprobs=torch.zeros_like(mask, dtype=torch.float32),
                     seen_entropy=torch.zeros_like(mask, dtype=torch.float32))
+        self._pad_row = len(batch)
+        if world()[1] > 1:
+            data = _with_inert_row(data)  # row len(batch) pads short per-rank shares of a mini-batch
         step_logs: dict[str, list[float]] = {}
         for epoch in range(hp.ppo_epochs):
-            for rows in self._mini_batches(len(batch), epoch, batch.metrics.get("iteration", self.global_step)):
+            for mb, rows in self._mini_batches(len(batch), epoch, batch.metrics.get("iteration", self.global_step)):
                 if self.critic is not None:
-                    self._merge(step_logs, self._critic_step(data, rows))
-                self._merge(step_logs, self._actor_step(data, rows, first_pass=epoch == 0))
+                    self._merge(step_logs, self._critic_step(data, mb, rows))
+                self._merge(step_logs, self._actor_step(data, mb, rows, first_pass=epoch == 0))
         logs.update({k: sum(v) / len(v) for k, v in step_logs.items()})
-        if old_logprobs is None:  # entropy and log-probs came from the update's forward pass
-            old_logprobs, entropy = data["seen_logprobs"], data["seen_entropy"]
+        if old_logprobs is None:  # entropy and log-probs came from the update's forward pass (each rank: its rows)
+            B = len(batch)
+            old_logprobs = all_reduce_(data["seen_logprobs"][:B].contiguous())
+            entropy = all_reduce_(data["seen_entropy"][:B].contiguous())
         logs["actor/entropy"] = float(masked_mean(entropy, mask))
         logs["rollout/engine_logprob_abs_diff"] = float(masked_mean((batch.engine_logprobs[:, 1:] - old_logprobs).abs(),
                                                                     mask))
@@ -369,18 +402,46 @@ class StarPOModule(L.LightningModule):
         )
 
     def _mini_batches(self, n: int, epoch: int, iteration: int):
+        """This rank's rows of each mini-batch (all rows in one process; the pad row ``n`` fills short shares)."""
         rows = torch.arange(n, device=self.device)
         if self.hparams.shuffle:
             g = torch.Generator().manual_seed(int(iteration) * 1_000_003 + epoch)
             rows = rows[torch.randperm(n, generator=g).to(self.device)]
-        return list(rows.split(self.hparams.mini_batch_size))
+        rank, size = world()
+        return [(mb, rank_rows(mb, size, rank, pad_index=n) if size > 1 else mb)
+                for mb in rows.split(self.hparams.mini_batch_size)]
+
+    def _score(self, model, ids, att, micro: int, **kwargs):
+        """``score_batch`` over the whole batch; with several ranks each scores its share and the shares are summed."""
+        rank, size = world()
+        if size == 1:
+            return score_batch(model, ids, att, micro, **kwargs)
+        B = ids.shape[0]
+        rows = rank_rows(torch.arange(B, device=ids.device), size, rank, pad_index=0)
+        real = torch.tensor_split(torch.arange(B, device=ids.device), size)[rank].numel()
+        outs = score_batch(model, ids[rows], att[rows], micro, **kwargs)
+        full = []
+        for out in outs:
+            if out is None:
+                full.append(None)
+                continue
+            whole = torch.zeros((B, out.shape[1]), dtype=out.dtype, device=out.device)
+            whole[rows[:real]] = out[:real]
+            full.append(all_reduce_(whole))
+        return tuple(full)
 
     def _optimizers(self):
         opts = self.optimizers()
         return opts if isinstance(opts, list) else [opts]
 
     def _accumulate(self, opt, net, rows, loss_fn) -> dict[str, float]:
-        """zero_grad -> backward over micro-batches -> clip -> step (skipped when anything is non-finite)."""
+        """zero_grad -> backward over micro-batches -> clip -> step (skipped when anything is non-finite).
+
+        With several ranks every rank runs all its micro-batches whatever their losses (a rank leaving the loop early
+        would hang the gradient collectives), the loss is scaled by the world size (DDP/FSDP average gradients, the
+        normaliser is already global), the finite flag is agreed by all ranks and loss metrics are summed across them.
+        """
+        size = world()[1]
         opt.zero_grad()
         logs: dict[str, list[float]] = {}
         finite = True
@@ -388,32 +449,50 @@ class StarPOModule(L.LightningModule):
             loss, metrics = loss_fn(micro)
             if not torch.isfinite(loss):
                 finite = False
-                break
-            self.manual_backward(loss)
+                if size == 1:
+                    break
+            self.manual_backward(loss * size if size > 1 else loss)
+            if size > 1 and bool((micro == self._pad_row).all()):
+                continue  # a micro-batch of padding only: no metrics
             for k, v in metrics.items():
                 logs.setdefault(k, []).append(float(v))
-        norm = self._clip([p for g in opt.param_groups for p in g["params"]]) if finite else float("nan")
+        params = [p for g in opt.param_groups for p in g["params"]]  # a shared LoRA base holds both adapters
+        if size > 1:
+            finite = bool(all_reduce_(torch.tensor(float(finite), device=self.device), "min"))
+            norm = self._clip(params, every_param=True)  # collective under FSDP: run on every rank, finite or not
+        else:
+            norm = self._clip(params) if finite else float("nan")
         if finite and math.isfinite(norm):
             opt.step()
         else:
-            opt.zero_grad()
             self.skipped_steps += 1
-        out = {k: (sum(v) if k.endswith("_loss") else sum(v) / len(v)) for k, v in logs.items()}
+        opt.zero_grad()  # FSDP1 clips every gradient of the wrapped root: leave none behind for the other network
+        parts = gather_objects({k: (sum(v), len(v)) for k, v in logs.items()})
+        totals: dict[str, list[float]] = {}
+        for part in parts:
+            for k, (total, count) in part.items():
+                acc = totals.setdefault(k, [0.0, 0])
+                acc[0], acc[1] = acc[0] + total, acc[1] + count
+        out = {k: (t if k.endswith("_loss") else t / c) for k, (t, c) in totals.items()}
         out["grad_norm"] = norm
         return out
 
-    def _clip(self, params) -> float:
-        """Clip the optimizer's own parameters (a shared LoRA base holds both networks' adapters)."""
-        params = [p for p in params if p.grad is not None]
+    def _clip(self, params, every_param: bool = False) -> float:
+        """Clip the optimizer's own parameters by their global norm (under FSDP1, the root module's own clip)."""
+        max_norm = self.hparams.grad_clip if self.hparams.grad_clip > 0 else float("inf")
+        fsdp1_root = _fsdp1_root(self)
+        if fsdp1_root is not None:  # Lightning refuses clip-by-norm under FSDP1; the FSDP module's own is exact
+            return float(fsdp1_root.clip_grad_norm_(max_norm))
+        params = [p for p in params if p.requires_grad and (every_param or p.grad is not None)]
         if not params:
             return 0.0
-        max_norm = self.hparams.grad_clip if self.hparams.grad_clip > 0 else float("inf")
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        return float(full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm)))
 
-    def _actor_step(self, d, rows, first_pass: bool = True) -> dict[str, float]:
+    def _actor_step(self, d, mb, rows, first_pass: bool = True) -> dict[str, float]:
+        """One actor optimizer step on mini-batch ``mb`` (global rows); this rank computes ``rows``."""
         hp = self.hparams
         horizon = d["mask"].shape[1]
-        norm = agg_normalizer(d["mask"][rows], hp.loss_agg_mode, horizon=horizon)
+        norm = agg_normalizer(d["mask"][mb], hp.loss_agg_mode, horizon=horizon)
 
         def loss_fn(micro):
             L = trimmed(d["att"], micro)
@@ -437,8 +516,8 @@ class StarPOModule(L.LightningModule):
         out = self._accumulate(self._optimizers()[0], self.actor, rows, loss_fn)
         return {f"actor/{k}": v for k, v in out.items()}
 
-    def _critic_step(self, d, rows) -> dict[str, float]:
-        norm = agg_normalizer(d["mask"][rows], "token-mean")
+    def _critic_step(self, d, mb, rows) -> dict[str, float]:
+        norm = agg_normalizer(d["mask"][mb], "token-mean")
 
         def loss_fn(micro):
             L = trimmed(d["att"], micro)
@@ -468,9 +547,11 @@ class StarPOModule(L.LightningModule):
     # -- validation -----------------------------------------------------------------------------------------------
     def validation_step(self, batch: RolloutBatch, batch_idx: int) -> None:
         metrics = {k: float(v) for k, v in batch.metrics.items()}
-        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=1)
+        # computed from the trajectories of every rank, so identical on all; sync_dist only averages equal values
+        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=1, sync_dist=True)
         if "val/success" in metrics:
-            self.log("val_success", metrics["val/success"], prog_bar=True, on_epoch=True, batch_size=1)
+            self.log("val_success", metrics["val/success"], prog_bar=True, on_epoch=True, batch_size=1,
+                     sync_dist=True)
             if not self.trainer.sanity_checking and self.trainer.state.fn == "fit" and \
                     self.low_val_success.update(metrics["val/success"]):
                 self._stop(f"validation success below {self.hparams.low_val_success_threshold} for "
@@ -500,17 +581,50 @@ class StarPOModule(L.LightningModule):
     def export_actor(self, path: str | Path) -> Path:
         """Save the actor and tokenizer as a HF folder (loadable without this package); under LoRA the adapter in
         peft format (``PeftModel.from_pretrained(base, path)``) and, with ``lora.export_merged``, full weights in
-        ``path/merged``."""
+        ``path/merged``.
+
+        Under FSDP2 every rank must call it (the full weights are gathered from the shards); rank 0 writes.
+        """
         path = Path(path)
         if self._lora is not None:
             return lora_mod.export_adapter(self.actor, self.tokenizer, path, dtype=models.torch_dtype(self.hparams.dtype),
                                            base_path=str(getattr(self, "_model_path", None)
                                                          or models.resolve_model_path(self.hparams.model)),
                                            merged=self._lora.export_merged)
-        self.actor.save_pretrained(path)
+        actor = self.actor
+        if self._rollout_actor:
+            engine = GatheredWeightsEngine(self.actor, self._rollout_actor[0], [0], 0)
+            engine.sync_weights()  # collective
+            actor = engine.model
+            if world()[0] != 0:
+                return path
+        actor.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         return path
 
     def on_fit_end(self) -> None:
-        if self.hparams.export_dir and self.trainer.is_global_zero:
+        if self.hparams.export_dir and (self.trainer.is_global_zero or self._rollout_actor):
             self.export_actor(self.hparams.export_dir)
+
+
+def _with_inert_row(data: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor | None]:
+    """``data`` plus one row that trains nothing: a copy of row 0's tokens with an all-zero loss mask and zero
+    advantages/returns (it pads a rank's share of a mini-batch so every rank runs the same micro-batches)."""
+    out = {}
+    for k, v in data.items():
+        if v is None:
+            out[k] = None
+            continue
+        row = v[:1].clone() if k in ("ids", "att") else torch.zeros_like(v[:1])
+        out[k] = torch.cat([v, row])
+    return out
+
+
+def _fsdp1_root(module: L.LightningModule):
+    """The FSDP1-wrapped root module when the trainer runs ``FSDPStrategy``, else None."""
+    trainer = module._trainer
+    if trainer is None:
+        return None
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    return trainer.strategy.model if isinstance(trainer.strategy, FSDPStrategy) else None

@@ -5,6 +5,10 @@ The training stream is an ``IterableDataset`` (``num_workers=0``, ``batch_size=N
 pre-fetches a rollout generated with stale weights. Iteration ``n`` resets group ``g`` with seed
 ``train_seed + n * num_groups + g`` (RAGEN: ``10000 + 8n + g``); validation always uses seeds ``val_seed + g``.
 ``state_dict`` stores the iteration and the empty-filter streak, so a resumed run continues the same seed stream.
+
+With several processes (DDP / FSDP) each rank rolls out its share of whole groups with its own engine and the
+trajectories are all-gathered before filtering, so selection, batch and metrics equal the single-process ones on every
+rank (:mod:`ragen_lightning.distributed`); the module then splits the update rows evenly across ranks.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from ragen_lightning.data.batching import (
     rollout_metrics,
 )
 from ragen_lightning.data.sampler import FilterConfig, filter_groups
+from ragen_lightning.distributed import concat_ranks, gather_objects, group_share, world
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.engine import SamplingParams
 from ragen_lightning.rollout.runner import ContextWindow, RolloutRunner, UnknownEnvError, make_env
@@ -33,12 +38,13 @@ from ragen_lightning.types import RolloutBatch
 
 
 class _Stream(IterableDataset):
-    """Yields ``produce()`` until ``remaining()`` is 0; its length is fixed when the loader is built (Lightning reads
-    it to count the epoch, so it must not shrink while batches are consumed)."""
+    """Yields ``produce()`` until ``remaining()`` is 0. Its length is the run's total number of batches, fixed when
+    the loader is built: Lightning reads it to count the epoch, and a run resumed mid-epoch counts the batches done
+    before the checkpoint too (with the remaining count a second resume found the epoch already finished)."""
 
-    def __init__(self, produce, remaining):
+    def __init__(self, produce, remaining, total: int):
         self.produce, self.remaining = produce, remaining
-        self.total = max(remaining(), 0)
+        self.total = max(total, 0)
 
     def __len__(self) -> int:
         return self.total
@@ -54,7 +60,8 @@ class RolloutDataModule(L.LightningDataModule):
     Args:
         env_id: gymnasium id of the task (``import envs`` registers ``ragen/*``; ``module:id`` also works).
         env_kwargs: keyword arguments of the env.
-        num_groups: env groups per iteration (each group shares one initial state).
+        num_groups: env groups per iteration (each group shares one initial state); with several processes it must
+            be divisible by their number (each rank runs whole groups; the seeds are those of one process).
         group_size: rollouts per group.
         num_iterations: StarPO iterations (rollout + update) of a fit; the one place that sets the run length.
         max_turns: assistant turns per episode.
@@ -76,7 +83,7 @@ class RolloutDataModule(L.LightningDataModule):
         empty_stop_steps: stop after this many consecutive iterations whose filter kept nothing (0 = never).
         train_seed: first training reset seed.
         val_seed: first validation reset seed (validation always uses the same set).
-        val_num_groups: validation episodes (groups of ``val_group_size``).
+        val_num_groups: validation episodes (groups of ``val_group_size``); divisible by the number of processes.
         val_group_size: validation rollouts per initial state (pass@k uses it).
         val_temperature: validation sampling temperature (0 = greedy).
         max_batch_size: generation requests decoded together at most.
@@ -149,7 +156,11 @@ class RolloutDataModule(L.LightningDataModule):
     # -- wiring ---------------------------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         # the module builds its models in configure_model, after this hook: runners are created on first use
-        return None
+        size = self.trainer.world_size if self.trainer is not None else 1
+        group_share(self.hparams.num_groups, size, 0)  # ConfigError unless every rank gets whole groups
+        if self.hparams.val_num_groups % size:
+            raise ConfigError(f"--data.val_num_groups ({self.hparams.val_num_groups}) must be divisible by the "
+                              f"number of processes ({size})")
 
     def _ensure_runners(self) -> None:
         if self._runner is not None:
@@ -178,7 +189,8 @@ class RolloutDataModule(L.LightningDataModule):
                 runner.close()
 
     def train_dataloader(self) -> DataLoader:
-        stream = _Stream(self._next_train_batch, lambda: self.hparams.num_iterations - self.iteration)
+        stream = _Stream(self._next_train_batch, lambda: self.hparams.num_iterations - self.iteration,
+                         total=self.hparams.num_iterations)
         return DataLoader(stream, batch_size=None, num_workers=0, collate_fn=lambda b: b)
 
     def val_dataloader(self) -> DataLoader:
@@ -200,8 +212,8 @@ class RolloutDataModule(L.LightningDataModule):
         hp = self.hparams
         sync = self._sync_engine()
         t0 = time.perf_counter()
-        trajectories = self._runner.run(self.group_seeds(iteration), hp.group_size, self.train_params,
-                                        seed=(hp.train_seed << 20) + iteration)
+        trajectories = self._run(self._runner, self.group_seeds(iteration), hp.group_size, self.train_params,
+                                 seed=(hp.train_seed << 20) + iteration)
         t_rollout = time.perf_counter() - t0
         self._engine_sleep()
         metrics = {f"train/{k}": v for k, v in rollout_metrics(trajectories, hp.group_size).items()}
@@ -230,13 +242,22 @@ class RolloutDataModule(L.LightningDataModule):
         batch.metrics["train/batch_size"] = float(len(batch))
         return batch
 
+    def _run(self, runner: RolloutRunner, seeds: list[int], group_size: int, params: SamplingParams,
+             seed: int) -> list:
+        """This rank's share of the groups, then every rank's trajectories in global group order (the caller has
+        synced the engine: a collective for sharded actors, which every rank runs before every rollout)."""
+        rank, size = world()
+        share = group_share(len(seeds), size, rank)
+        local = runner.run(seeds[share.start:share.stop], group_size, params, seed=seed, first_group=share.start)
+        return local if size == 1 else concat_ranks(gather_objects(local))
+
     def validation_batch(self) -> RolloutBatch:
         """The fixed validation rollout (seeds ``val_seed + g``), unfiltered."""
         self._ensure_runners()
         hp = self.hparams
         seeds = [hp.val_seed + g for g in range(hp.val_num_groups)]
         sync = self._sync_engine()
-        trajectories = self._val_runner.run(seeds, hp.val_group_size, self.val_params, seed=hp.val_seed)
+        trajectories = self._run(self._val_runner, seeds, hp.val_group_size, self.val_params, seed=hp.val_seed)
         self._engine_sleep()
         metrics = {f"val/{k}": v for k, v in rollout_metrics(trajectories, hp.val_group_size).items()}
         metrics.update({k.replace("rollout/", "val/", 1): v for k, v in sync.items()})

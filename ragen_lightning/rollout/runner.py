@@ -153,7 +153,7 @@ class RolloutRunner:
         return len(self.chat.start(ep.system, user))
 
     def run(self, group_seeds: Sequence[int], group_size: int, params: SamplingParams,
-            seed: int = 0) -> list[Trajectory]:
+            seed: int = 0, first_group: int = 0) -> list[Trajectory]:
         """Run one episode per env: ``len(group_seeds)`` groups of ``group_size`` members.
 
         Args:
@@ -161,13 +161,15 @@ class RolloutRunner:
             group_size: members per group.
             params: sampling parameters of every turn.
             seed: base of the per-request generation seeds (same seed => same rollout).
+            first_group: global id of the first group (a data-parallel rank runs a slice of the groups; ids, env
+                indices and so generation seeds stay those of the single-process rollout).
         """
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         self.timing = {"generate": 0.0, "env": 0.0}
         t0 = time.perf_counter()
-        episodes = [self._reset(g * group_size + m, g, int(s)) for g, s in enumerate(group_seeds)
-                    for m in range(group_size)]
+        episodes = [self._reset((first_group + g) * group_size + m, first_group + g, int(s), slot=g * group_size + m)
+                    for g, s in enumerate(group_seeds) for m in range(group_size)]
         self.timing["env"] += time.perf_counter() - t0
         announce = self.max_response_tokens or params.max_new_tokens
         for turn in range(1, self.max_turns + 1):
@@ -206,8 +208,8 @@ class RolloutRunner:
                 self._finish(ep)
         return [ep.traj for ep in episodes]
 
-    def _reset(self, env_index: int, group_id: int, seed: int) -> _Episode:
-        env = self._env(env_index)
+    def _reset(self, env_index: int, group_id: int, seed: int, slot: int | None = None) -> _Episode:
+        env = self._env(env_index if slot is None else slot)
         obs, info = env.reset(seed=seed)
         spec = env.unwrapped.prompt_spec()
         system = prompting.system_prompt(spec, self.max_actions_per_episode)

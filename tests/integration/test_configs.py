@@ -10,7 +10,7 @@ import envs  # noqa: F401
 from ragen_lightning.cli import StarPOCLI, main
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-# a task config names its env; everything else (configs/models/*, configs/diagnostics.yaml) is an overlay
+# a task config names its env; everything else (configs/models/*, diagnostics, lora, ddp, ...) is an overlay
 TASKS = sorted(p for p in CONFIGS.glob("*.yaml") if "env_id:" in p.read_text())
 OVERLAYS = sorted(p for p in CONFIGS.rglob("*.yaml") if p not in TASKS)
 

@@ -1,0 +1,112 @@
+"""One fit of the tiny model on 1 process or under torchrun with 2 (gloo), for tests/integration/test_distributed.py.
+
+``python tests/integration/dist_worker.py '<json>'`` (or under ``python -m torch.distributed.run --nproc_per_node 2``)
+with keys: ``out`` (folder), ``model`` (tiny folder), ``strategy`` (``single`` | ``ddp`` | ``fsdp``), ``iterations``,
+``estimator`` (``gae`` | ``grpo``), ``engine`` (``scripted``: seeded bandit answers, exact; ``hf``: real sampling),
+``ckpt_in`` (resume from), ``ckpt_dir`` (a checkpoint after every optimizer step, ``step=N.ckpt``), ``max_steps``
+(stop early), ``kl`` (KL loss with a reference), ``top_k_abs`` (filter), ``mini`` (mini-batch size).
+Every rank writes ``rank{r}.json`` (logged metrics per iteration, kept group ids, data-module state) and
+``rank{r}.pt`` (the full actor/critic parameters, gathered from FSDP2 shards).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from functools import partial
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.strategies import DDPStrategy
+
+import envs  # noqa: F401
+from ragen_lightning.data.datamodule import RolloutDataModule
+from ragen_lightning.data.sampler import FilterConfig
+from ragen_lightning.distributed import FSDP2Strategy, full_tensor
+from ragen_lightning.module import StarPOModule
+from ragen_lightning.rollout.engine import Generation
+
+torch.set_num_threads(1)
+
+
+class SeededBanditEngine:
+    """Answers each Bandit request with the arm its request seed picks (depends only on seed, env index, turn)."""
+
+    needs_envs = True
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+
+    def generate(self, prompts, params, seeds=None, **kw):
+        outs = []
+        for seed, env in zip(seeds, kw["envs"]):
+            ids = self.tok.encode(f"pick</think><answer>{env.action_names[seed % 2]}</answer>", add_special_tokens=False)
+            outs.append(Generation([*ids, self.tok.eos_token_id], [-0.7] * (len(ids) + 1), "stop"))
+        return outs
+
+
+class Scripted(StarPOModule):
+    def make_engine(self, max_batch_size=128):
+        return SeededBanditEngine(self.tokenizer)
+
+
+class Recording(RolloutDataModule):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.kept: list[list[int]] = []
+
+    def train_batch(self, iteration):
+        batch = super().train_batch(iteration)
+        self.kept.append(sorted({t.group_id for t in batch.trajectories}))
+        return batch
+
+
+class Metrics(Callback):
+    def __init__(self):
+        self.rows = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.rows.append({k: float(v) for k, v in trainer.callback_metrics.items() if not k.startswith("timing")})
+
+
+def main(cfg: dict) -> None:
+    out = Path(cfg["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    strategy = {"single": "auto", "ddp": DDPStrategy(find_unused_parameters=True),
+                "fsdp": FSDP2Strategy()}[cfg["strategy"]]
+    devices = int(os.environ.get("WORLD_SIZE", "1"))
+    cls = Scripted if cfg.get("engine", "scripted") == "scripted" else StarPOModule
+    module = cls(model=cfg["model"], adv_estimator=cfg.get("estimator", "gae"), mini_batch_size=cfg.get("mini", 2),
+                 micro_batch_size=cfg.get("micro", 1), entropy_coeff=0.01, use_kl_loss=cfg.get("kl", False),
+                 kl_coef=0.1 if cfg.get("kl") else 0.0, grad_clip=1.0,
+                 actor_optimizer=partial(torch.optim.SGD, lr=0.5, momentum=0.9),
+                 critic_optimizer=partial(torch.optim.SGD, lr=0.5, momentum=0.9))
+    flt = FilterConfig(strategy="top_k_abs", value=cfg["top_k_abs"]) if cfg.get("top_k_abs") else None
+    dm = Recording(env_id="ragen/Bandit-v0", num_groups=4, group_size=3, num_iterations=cfg["iterations"],
+                   max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1, max_new_tokens=8,
+                   max_model_len=1024, val_num_groups=2, filter=flt, temperature=1.0)
+    callbacks = [Metrics()]
+    if cfg.get("ckpt_dir"):
+        callbacks.append(ModelCheckpoint(dirpath=cfg["ckpt_dir"], every_n_train_steps=1, save_top_k=-1,
+                                         filename="{step}"))
+    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_epochs=1, logger=False,
+                        max_steps=cfg.get("max_steps", -1), enable_checkpointing=len(callbacks) > 1,
+                        callbacks=callbacks, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                        default_root_dir=out)
+    trainer.fit(module, dm, ckpt_path=cfg.get("ckpt_in"))
+    rank = trainer.global_rank
+    params = {f"actor.{k}": full_tensor(v.detach()).clone() for k, v in module.actor.state_dict().items()}
+    if module.critic is not None:
+        params.update({f"critic.{k}": full_tensor(v.detach()).clone() for k, v in module.critic.state_dict().items()})
+    torch.save(params, out / f"rank{rank}.pt")
+    (out / f"rank{rank}.json").write_text(json.dumps({
+        "metrics": callbacks[0].rows, "kept": dm.kept, "state": dm.state_dict(), "global_step": trainer.global_step,
+        "world_size": trainer.world_size}))
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
