@@ -5,8 +5,9 @@
     python benchmarks/rollout.py --model /path/to/hf/folder --prompt-len 64 --new-tokens 128
 
 Needs the ``vllm`` extra (``pip install -e ".[vllm]"``). Models: ``tiny`` (the embedded ~1M-parameter Qwen2),
-``small`` (~4M: hidden 256, 4 layers) and ``medium`` (~47M: hidden 512, 12 layers), both Qwen2 with random weights
-and the tiny tokenizer, built and cached on first use; or any local HF folder.
+``small`` (~4M: hidden 256, 4 layers), ``medium`` (~47M: hidden 512, 12 layers) and ``large`` (Qwen2.5-0.5B's 24
+blocks with the tiny vocabulary, ~360M), Qwen2 with random weights and the tiny tokenizer, built and cached on first
+use; or any local HF folder.
 
 For each batch size: the same random prompts (``--prompt-len`` ids) and per-request seeds go to
 :class:`~ragen_lightning.rollout.engine.HFEngine` (the actor's own KV-cached decode loop) and to
@@ -36,6 +37,8 @@ from ragen_lightning.rollout.engine import HFEngine, SamplingParams  # noqa: E40
 PRESETS = {  # random-weight Qwen2 sizes beside the embedded tiny model
     "small": {"hidden_size": 256, "num_layers": 4, "num_heads": 8, "num_kv_heads": 4, "intermediate_size": 1024},
     "medium": {"hidden_size": 512, "num_layers": 12, "num_heads": 16, "num_kv_heads": 8, "intermediate_size": 2048},
+    # Qwen2.5-0.5B's blocks (the vocabulary stays the tiny tokenizer's, so ~360M instead of 494M parameters)
+    "large": {"hidden_size": 896, "num_layers": 24, "num_heads": 14, "num_kv_heads": 2, "intermediate_size": 4864},
 }
 
 
@@ -57,7 +60,7 @@ def timed(fn, *args, **kwargs):
 
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="tiny", help="tiny | small | medium | a HF folder")
+    p.add_argument("--model", default="tiny", help="tiny | small | medium | large | a HF folder")
     p.add_argument("--batches", type=int, nargs="+", default=[32, 128])
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=64)
@@ -84,7 +87,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     batches = {b: batch(b) for b in args.batches}
     rows = {b: {"batch": b} for b in args.batches}
     hf = HFEngine(actor, stop, tok.pad_token_id, max_batch_size=max(args.batches))
-    hf.generate(*batches[args.batches[0]][:1], params)  # warm-up
+    warm = batches[args.batches[0]][0][:4]
+    hf.generate(warm, params)  # warm-up
     for b, (prompts, seeds) in batches.items():
         outs, wall = timed(hf.generate, prompts, params, seeds)
         n = sum(len(o.token_ids) for o in outs)
@@ -95,7 +99,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     engine, init_s = timed(VLLMEngine, actor, path, stop, tok.pad_token_id, VLLMConfig(),
                            max_model_len=args.prompt_len + args.new_tokens + 8, max_batch_size=max(args.batches),
                            seed=args.seed)
-    engine.generate(*batches[args.batches[0]][:1], params)  # warm-up (also records the probe prompts)
+    engine.generate(warm, params)  # warm-up (also records the probe prompts)
     sync = engine.sync_weights()
     for b, (prompts, seeds) in batches.items():
         outs, wall = timed(engine.generate, prompts, params, seeds)

@@ -352,9 +352,3 @@ class VLLMEngine:
             if tags is None or "kv_cache" in tags:
                 self.sleeping = False
 
-    def close(self) -> None:
-        """Release the engine (and its memory)."""
-        llm, self.llm = getattr(self, "llm", None), None
-        if llm is not None:
-            del llm
-

@@ -214,3 +214,20 @@ def test_reward_variance_collapse_stops_the_run(tmp_path, tiny_path):
     with pytest.warns(UserWarning, match="early stop: in-group reward std"):
         fit(tmp_path, module, dm, [rec])
     assert dm.iteration == 2 and rec.rows[-1]["early_stopped/reward_variance_collapse"] == 1.0
+
+
+def test_tis_weights_the_policy_gradient_by_trainer_over_engine_probability(tmp_path, tiny_path):
+    rows = {}
+    for cap in (None, 2.0):
+        torch.manual_seed(0)
+        module = ScriptedStarPO(model=str(tiny_path), adv_estimator="grpo", mini_batch_size=8, micro_batch_size=8,
+                                actor_lr=1e-3, tis_cap=cap)
+        rec = Recorder()
+        fit(tmp_path, module, data(), [rec])
+        rows[cap] = rec.rows[-1]
+    assert "actor/is_weight_mean" not in rows[None]
+    # the scripted engine claims log-prob -0.7 for every token; the random tiny actor gives its tokens about
+    # -ln(vocab) ~ -6, so the weights min(exp(old + 0.7), 2) are far below 1 and shrink the policy-gradient term
+    w = rows[2.0]["actor/is_weight_mean"]
+    assert 0.0 < w < 0.5
+    assert rows[2.0]["actor/pg_loss"] != rows[None]["actor/pg_loss"]

@@ -76,3 +76,10 @@ def test_lora_actor_pushes_merged_attention_blocks_only(result):
     assert lora["stats"]["rollout/sync_tensors"] == 14.0 < lora["full_state_dict_tensors"]
     assert lora["stats"]["rollout/probe_max_abs_logprob_diff"] < 1e-3
     assert lora["unmerged_after_push"]
+
+
+def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(result):
+    s = result["seeded"]
+    assert s["batch_a"] == s["batch_b"]  # same seeds, same tokens
+    assert s["alone"] == s["batch_a"][:2]  # a request samples the same tokens alone as inside a batch
+    assert s["other_seeds"] != s["batch_a"]  # the seeds are actually used

@@ -7,6 +7,7 @@ model for 3 iterations and prints one JSON object:
   number of tensors pushed and the probe's max/mean |log-prob difference|;
 - ``probe_error``: the error raised when the 3rd sync is deliberately skipped (the probe must catch stale weights);
 - ``greedy``: HF and vLLM greedy token ids for the same prompts after a push;
+- ``seeded``: sampled token ids for the same per-request seeds twice, alone, and with other seeds;
 - ``lora``: a push from a peft LoRA actor (only the adapted modules, merged) and its probe difference.
 """
 
@@ -81,6 +82,14 @@ def main(model_dir: str, out_dir: str) -> dict:
     hf = HFEngine(actor, [tok.eos_token_id], tok.pad_token_id).generate(prompts, greedy)
     vl = engine.generate(prompts, greedy)
 
+    # seeded sampling: the same seeds give the same tokens, in a batch or alone (batch-independent)
+    sampled = SamplingParams(temperature=1.0, max_new_tokens=16)
+    seeds = [1000 + i for i in range(len(prompts))]
+    batch_a = [g.token_ids for g in engine.generate(prompts, sampled, seeds)]
+    batch_b = [g.token_ids for g in engine.generate(prompts, sampled, seeds)]
+    alone = [engine.generate([p], sampled, [s])[0].token_ids for p, s in zip(prompts[:2], seeds[:2])]
+    other = [g.token_ids for g in engine.generate(prompts, sampled, [s + 1 for s in seeds])]
+
     # LoRA: a peft-wrapped copy of the actor with a random (non-zero) adapter; only adapted modules are pushed
     import copy
 
@@ -98,6 +107,7 @@ def main(model_dir: str, out_dir: str) -> dict:
         "global_step": trainer.global_step,
         "greedy": {"hf": [g.token_ids for g in hf], "vllm": [g.token_ids for g in vl],
                    "hf_logprobs": [g.logprobs for g in hf], "vllm_logprobs": [g.logprobs for g in vl]},
+        "seeded": {"batch_a": batch_a, "batch_b": batch_b, "alone": alone, "other_seeds": other},
         "lora": {"stats": lora_stats, "full_state_dict_tensors": full, "unmerged_after_push": lora_unmerged},
     }
 
