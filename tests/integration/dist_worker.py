@@ -22,30 +22,16 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
 
-import envs  # noqa: F401
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import envs  # noqa: E402,F401
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.sampler import FilterConfig
 from ragen_lightning.distributed import FSDP2Strategy, full_tensor
-from ragen_lightning.module import StarPOModule
-from ragen_lightning.rollout.engine import Generation
+from ragen_lightning.module import StarPOModule  # noqa: E402
+from scripted import SeededBanditEngine  # noqa: E402
 
 torch.set_num_threads(1)
-
-
-class SeededBanditEngine:
-    """Answers each Bandit request with the arm its request seed picks (depends only on seed, env index, turn)."""
-
-    needs_envs = True
-
-    def __init__(self, tokenizer):
-        self.tok = tokenizer
-
-    def generate(self, prompts, params, seeds=None, **kw):
-        outs = []
-        for seed, env in zip(seeds, kw["envs"]):
-            ids = self.tok.encode(f"pick</think><answer>{env.action_names[seed % 2]}</answer>", add_special_tokens=False)
-            outs.append(Generation([*ids, self.tok.eos_token_id], [-0.7] * (len(ids) + 1), "stop"))
-        return outs
 
 
 class Scripted(StarPOModule):
