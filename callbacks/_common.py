@@ -19,6 +19,17 @@ def iteration_number(logs: dict[str, float], fallback: int) -> int:
     return int(logs["iteration"]) + 1 if "iteration" in logs else fallback
 
 
+def advance(callback: Any, pl_module: Any) -> tuple[Any, dict[str, float], int] | None:
+    """Count the iteration that just ran in ``callback.iterations`` and return ``(rollout, logs, iteration)`` (the
+    1-based iteration number), or None before the first iteration."""
+    data = iteration_data(pl_module)
+    if data is None:
+        return None
+    callback.iterations += 1
+    rollout, logs = data
+    return rollout, logs, iteration_number(logs, callback.iterations)
+
+
 def on_schedule(iteration: int, every: int) -> bool:
     """True at iteration 1 and every ``every``-th iteration (RAGEN's ``step == 1 or step % freq == 0``)."""
     return every > 0 and (iteration == 1 or iteration % every == 0)

@@ -40,7 +40,7 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from callbacks._common import iteration_data, iteration_number, log_values, on_schedule
+from callbacks._common import advance, log_values, on_schedule
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.metrics.cross import (
     ReasoningFinder,
@@ -284,12 +284,10 @@ class CollapseMonitor(Callback):
         self._apply_adjusted(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        data = iteration_data(pl_module)
-        if data is None:
+        step = advance(self, pl_module)
+        if step is None:
             return
-        rollout, values = data
-        self.iterations += 1
-        iteration = iteration_number(values, self.iterations)
+        rollout, values, iteration = step
         logged: dict[str, float] = {}
         if on_schedule(iteration, self.compute_freq) and rollout.trajectories:
             logged.update(self.mi_values(pl_module, rollout.trajectories, iteration))

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from callbacks._common import iteration_data, iteration_number, log_values, on_schedule
+from callbacks._common import advance, log_values, on_schedule
 from ragen_lightning.algos.losses import agg_normalizer, aggregate, kl_penalty, ppo_policy_loss
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.metrics.functional import within_group_reward_std
@@ -158,12 +158,10 @@ class GradientAnalysis(Callback):
         return out
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        data = iteration_data(pl_module)
-        if data is None:
+        step = advance(self, pl_module)
+        if step is None:
             return
-        rollout, logs = data
-        self.iterations += 1
-        iteration = iteration_number(logs, self.iterations)
+        rollout, logs, iteration = step
         if len(rollout) == 0 or not on_schedule(iteration, self.every_n):
             return
         if trainer.world_size > 1:

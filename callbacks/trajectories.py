@@ -27,7 +27,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-from callbacks._common import iteration_data, iteration_number, on_schedule
+from callbacks._common import advance, on_schedule
 from ragen_lightning.errors import ConfigError
 
 _STATE_RE = re.compile(r"State:\n(.*?)\n(?:You have|No valid action|$)", re.DOTALL)
@@ -202,12 +202,10 @@ class TrajectoryLogger(Callback):
         return records
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        data = iteration_data(pl_module)
-        if data is None:
+        step = advance(self, pl_module)
+        if step is None:
             return
-        rollout, logs = data
-        self.iterations += 1
-        iteration = iteration_number(logs, self.iterations)
+        rollout, logs, iteration = step
         if not rollout.trajectories or not on_schedule(iteration, self.every_n) or not trainer.is_global_zero:
             return
         records = self.write(rollout.trajectories, pl_module.tokenizer, iteration, self._dir(trainer))

