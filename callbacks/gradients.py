@@ -161,7 +161,7 @@ class GradientAnalysis(Callback):
         step = advance(self, pl_module)
         if step is None:
             return
-        rollout, logs, iteration = step
+        rollout, _, iteration = step
         if len(rollout) == 0 or not on_schedule(iteration, self.every_n):
             return
         if trainer.world_size > 1:

@@ -205,7 +205,7 @@ class TrajectoryLogger(Callback):
         step = advance(self, pl_module)
         if step is None:
             return
-        rollout, logs, iteration = step
+        rollout, _, iteration = step
         if not rollout.trajectories or not on_schedule(iteration, self.every_n) or not trainer.is_global_zero:
             return
         records = self.write(rollout.trajectories, pl_module.tokenizer, iteration, self._dir(trainer))

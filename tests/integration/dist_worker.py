@@ -24,12 +24,13 @@ from lightning.pytorch.strategies import DDPStrategy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import envs  # noqa: E402,F401
+from scripted import SeededBanditEngine
+
+import envs  # noqa: F401
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.sampler import FilterConfig
 from ragen_lightning.distributed import FSDP2Strategy, full_tensor
-from ragen_lightning.module import StarPOModule  # noqa: E402
-from scripted import SeededBanditEngine  # noqa: E402
+from ragen_lightning.module import StarPOModule
 
 torch.set_num_threads(1)
 
