@@ -36,6 +36,7 @@ class StarPOCLI(LightningCLI):
     def _preflight(self) -> None:
         """Checks that need the tokenizer, before the trainer writes anything (config, logs, checkpoints)."""
         self.model.check_data(self.datamodule)
+        self.datamodule.check_world_size(self.trainer.world_size)  # before the launcher starts the processes
         self.datamodule.check_prompt_budget(models.load_tokenizer(self.model.hparams.model))
 
     before_fit = before_validate = _preflight

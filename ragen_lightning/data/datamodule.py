@@ -156,8 +156,12 @@ class RolloutDataModule(L.LightningDataModule):
     # -- wiring ---------------------------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         # the module builds its models in configure_model, after this hook: runners are created on first use
-        size = self.trainer.world_size if self.trainer is not None else 1
-        group_share(self.hparams.num_groups, size, 0)  # ConfigError unless every rank gets whole groups
+        self.check_world_size(self.trainer.world_size if self.trainer is not None else 1)
+
+    def check_world_size(self, size: int) -> None:
+        """Every rank runs whole env groups: ``num_groups`` and ``val_num_groups`` must divide by the process count
+        (the CLI checks it before launching processes; ``setup`` again on every rank)."""
+        group_share(self.hparams.num_groups, size, 0)
         if self.hparams.val_num_groups % size:
             raise ConfigError(f"--data.val_num_groups ({self.hparams.val_num_groups}) must be divisible by the "
                               f"number of processes ({size})")

@@ -51,6 +51,8 @@ def test_fit_validate_and_export(tmp_path, monkeypatch):
         (["--data.max_model_len", "64"], "error: --data.max_model_len=64 is too small for the first prompt"),
         (["--data.env_id", "ragen/Nope-v0"], "error: --data.env_id: unknown env id 'ragen/Nope-v0'"),
         (["--model.micro_batch_size", "64"], "error: --model.micro_batch_size (64) must be <="),
+        (["--trainer.devices", "3", "--data.num_groups", "4"],  # checked before any process is launched
+         "error: --data.num_groups (4) must be divisible by the number of processes (3)"),
     ],
 )
 def test_bad_config_is_one_line_and_writes_nothing(tmp_path, flags, message):
