@@ -101,6 +101,9 @@ class StarPOModule(L.LightningModule):
         actor_optimizer: optimizer factory for the actor (overrides ``actor_lr``).
         critic_optimizer: optimizer factory for the critic (overrides ``critic_lr``).
         grad_clip: max global grad norm per network (0 disables clipping).
+        lr_warmup_steps: linear learning-rate warm-up over each network's first N optimizer steps (step ``k`` uses
+            ``lr * min(1, (k + 1) / N)``; 0 = off). Adam's first steps move every weight by about ``lr`` whatever
+            the gradient's size, which can break a small model's answer format at the learning rates RL needs.
         logprob_micro_batch_size: micro-batch size of the no-grad scoring passes (defaults to ``micro_batch_size``).
         logits_chunk_size: rows per chunk when computing log-probs/entropy from logits (bounds memory).
         temperature: the rollouts' sampling temperature (linked from ``--data.temperature``): log-probs and entropy
@@ -159,6 +162,7 @@ class StarPOModule(L.LightningModule):
         actor_optimizer: OptimizerCallable | None = None,
         critic_optimizer: OptimizerCallable | None = None,
         grad_clip: float = 1.0,
+        lr_warmup_steps: int = 0,
         logprob_micro_batch_size: int | None = None,
         logits_chunk_size: int | None = None,
         temperature: float = 1.0,
@@ -184,6 +188,8 @@ class StarPOModule(L.LightningModule):
         if tis_cap is not None and (tis_cap <= 0 or temperature != 1.0):
             raise ConfigError("--model.tis_cap must be > 0 and needs --data.temperature 1 (engine log-probs are the "
                               f"raw model's), got tis_cap={tis_cap}, temperature={temperature}")
+        if lr_warmup_steps < 0:
+            raise ConfigError(f"--model.lr_warmup_steps must be >= 0, got {lr_warmup_steps}")
         if use_kl_loss and kl_coef == 0:
             raise ConfigError("--model.use_kl_loss needs --model.kl_coef > 0")
         self._lora = lora_mod.as_settings(lora)
@@ -325,6 +331,9 @@ class StarPOModule(L.LightningModule):
         opts = [build(self._actor_opt_factory, actor_params, hp.actor_lr)]
         if self.critic is not None:
             opts.append(build(self._critic_opt_factory, critic_params, hp.critic_lr))
+        if hp.lr_warmup_steps > 0:  # stepped by _accumulate after each optimizer step (manual optimisation)
+            warm = hp.lr_warmup_steps
+            return opts, [torch.optim.lr_scheduler.LambdaLR(o, lambda k: min(1.0, (k + 1) / warm)) for o in opts]
         return opts
 
     # -- the iteration --------------------------------------------------------------------------------------------
@@ -464,6 +473,7 @@ class StarPOModule(L.LightningModule):
             norm = self._clip(params) if finite else float("nan")
         if finite and math.isfinite(norm):
             opt.step()
+            self._step_scheduler(opt)
         else:
             self.skipped_steps += 1
         opt.zero_grad()  # FSDP1 clips every gradient of the wrapped root: leave none behind for the other network
@@ -476,6 +486,16 @@ class StarPOModule(L.LightningModule):
         out = {k: (t if k.endswith("_loss") else t / c) for k, (t, c) in totals.items()}
         out["grad_norm"] = norm
         return out
+
+    def _step_scheduler(self, opt) -> None:
+        """Advance the learning-rate warm-up of ``opt``'s network (one scheduler step per optimizer step)."""
+        if self.hparams.lr_warmup_steps <= 0:
+            return
+        scheds = self.lr_schedulers()
+        inner = getattr(opt, "optimizer", opt)  # Lightning wraps optimizers in LightningOptimizer
+        for sched in scheds if isinstance(scheds, list) else [scheds]:
+            if sched.optimizer is inner:
+                sched.step()
 
     def _clip(self, params, every_param: bool = False) -> float:
         """Clip the optimizer's own parameters by their global norm (under FSDP1, the root module's own clip)."""

@@ -10,6 +10,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 import envs  # noqa: F401
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.sampler import FilterConfig
+from ragen_lightning.errors import ConfigError
 from ragen_lightning.module import StarPOModule
 from tests.integration.scripted import SeededBanditEngine
 
@@ -210,3 +211,19 @@ def test_tis_weights_the_policy_gradient_by_trainer_over_engine_probability(tmp_
     w = rows[2.0]["actor/is_weight_mean"]
     assert 0.0 < w < 0.5
     assert rows[2.0]["actor/pg_loss"] != rows[None]["actor/pg_loss"]
+
+
+def test_lr_warmup_ramps_each_network_per_optimizer_step(tmp_path, tiny_path):
+    # 8 samples, mini-batch 4: two actor and two critic steps in the iteration. With N = 4, step k uses
+    # lr * (k + 1) / 4: steps 0 and 1 use 0.25 lr and 0.5 lr, and after them the scheduler stands at 0.75 lr.
+    module = ScriptedStarPO(model=str(tiny_path), mini_batch_size=4, micro_batch_size=4, actor_lr=1e-3,
+                            critic_lr=2e-3, lr_warmup_steps=4)
+    t = fit(tmp_path, module, data())
+    seen = [opt.optimizer.param_groups[0]["lr"] for opt in module._optimizers()]
+    assert t.global_step == 4
+    assert seen == pytest.approx([0.75e-3, 1.5e-3])
+    off = ScriptedStarPO(model=str(tiny_path), mini_batch_size=4, micro_batch_size=4, actor_lr=1e-3, critic_lr=2e-3)
+    fit(tmp_path / "off", off, data())
+    assert [o.optimizer.param_groups[0]["lr"] for o in off._optimizers()] == [1e-3, 2e-3]
+    with pytest.raises(ConfigError, match="--model.lr_warmup_steps"):
+        ScriptedStarPO(lr_warmup_steps=-1)
