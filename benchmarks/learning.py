@@ -42,6 +42,9 @@ VARIANTS: dict[str, list[str]] = {
     "default": [],
     "ppo": ["--model.adv_estimator", "gae"],
     "grpo": ["--model.adv_estimator", "grpo"],
+    "drgrpo": ["--model.adv_estimator", "drgrpo"],
+    "drgrpo_filter": ["--model.adv_estimator", "drgrpo", "--data.filter",
+                      "{strategy: top_p, value: 0.9, include_zero: false}"],
     "ppo_filter": ["--model.adv_estimator", "gae", "--data.filter", "{strategy: top_p, value: 0.9, include_zero: false}"],
     "ppo_nofilter": ["--model.adv_estimator", "gae", "--data.filter", "{strategy: top_p, value: 1.0}"],
     "grpo_filter": ["--model.adv_estimator", "grpo", "--data.filter",
@@ -70,10 +73,15 @@ def diff_interval(p1: float, n1: int, p2: float, n2: int, z: float = 1.96) -> tu
     return d, d - half, d + half
 
 
+def config_path(task: str) -> Path:
+    """``configs/<task>.yaml``, or ``task`` itself when it is a path to a YAML file."""
+    return Path(task).resolve() if task.endswith((".yaml", ".yml")) else ROOT / "configs" / f"{task}.yaml"
+
+
 def load_config(task: str) -> dict[str, Any]:
     import yaml
 
-    return yaml.safe_load((ROOT / "configs" / f"{task}.yaml").read_text())
+    return yaml.safe_load(config_path(task).read_text())
 
 
 def warm_model(cfg: dict[str, Any]) -> tuple[str, list[int]]:
@@ -146,13 +154,13 @@ def indicators(run_dir: Path) -> dict[str, float]:
 
 
 def run_fit(task: str, cfg: dict[str, Any], variant: str, extra: list[str], out: Path) -> tuple[Path, float]:
-    run_dir = (out / f"{task}-{variant}").resolve()
+    run_dir = (out / f"{Path(task).stem}-{variant}").resolve()
     if run_dir.exists():
         import shutil
 
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
-    cmd = [sys.executable, str(ROOT / "main.py"), "fit", "--config", str(ROOT / "configs" / f"{task}.yaml"),
+    cmd = [sys.executable, str(ROOT / "main.py"), "fit", "--config", str(config_path(task)),
            "--config", str(overlay(cfg, run_dir)), *VARIANTS[variant], *extra,
            "--model.export_dir", str(run_dir / "actor")]
     (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
@@ -189,7 +197,7 @@ HEADER = ("| task | variant | success before | success after | diff [95% CI] | r
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tasks", nargs="+", default=["bandit", "frozen_lake", "sokoban"], help="configs/<task>.yaml")
+    p.add_argument("--tasks", nargs="+", default=["bandit", "frozen_lake", "sokoban"], help="configs/<task>.yaml, or paths to task YAML files")
     p.add_argument("--variants", nargs="+", default=["default"], choices=sorted(VARIANTS))
     p.add_argument("--eval-episodes", type=int, default=256)
     p.add_argument("--temperature", type=float, default=1.0, help="evaluation sampling temperature")
