@@ -1,0 +1,240 @@
+"""Does StarPO improve the warm-started tiny model? Before/after success on held-out seeds, per task and variant.
+
+    python benchmarks/learning.py                                   # bandit, frozen_lake, sokoban with their configs
+    python benchmarks/learning.py --tasks bandit --variants ppo grpo ppo_filter
+    python benchmarks/learning.py --tasks bandit --fit-args --data.num_iterations 8
+
+For every task (``configs/<task>.yaml``) and variant:
+
+1. the warm-started model the config trains from (``model.warm_start``, built or read from the cache) is evaluated on
+   ``--eval-episodes`` held-out episodes (``episode_seeds(--seed, n, "eval")`` minus the warm start's demonstration
+   seeds; the RL training seeds are small integers from ``--data.train_seed``), sampled at ``--temperature``
+   (default 1.0, the training temperature: the policy RL actually optimises);
+2. ``python main.py fit --config configs/<task>.yaml <variant flags>`` runs in a subprocess with its own CSV logger
+   and ``--model.export_dir`` (no checkpoints, no wandb);
+3. the exported actor is evaluated on the same episodes.
+
+The table gives success before and after, the difference with its 95 % interval (normal approximation for the
+difference of two independent proportions: d +- 1.96 sqrt(p1 (1 - p1) / n + p2 (1 - p2) / n)), mean env return,
+format-valid turn rate, the fit's wall time, and the collapse indicators from the run's ``metrics.csv`` (in-group
+reward std and token entropy averaged over the first and last quarter of the iterations, MI first and last
+measured). Results are appended as JSON lines to ``<out>/results.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+# variant name -> extra main.py flags
+VARIANTS: dict[str, list[str]] = {
+    "default": [],
+    "ppo": ["--model.adv_estimator", "gae"],
+    "grpo": ["--model.adv_estimator", "grpo"],
+    "drgrpo": ["--model.adv_estimator", "drgrpo"],
+    "drgrpo_filter": ["--model.adv_estimator", "drgrpo", "--data.filter",
+                      "{strategy: top_p, value: 0.9, include_zero: false}"],
+    "ppo_filter": ["--model.adv_estimator", "gae", "--data.filter", "{strategy: top_p, value: 0.9, include_zero: false}"],
+    "ppo_nofilter": ["--model.adv_estimator", "gae", "--data.filter", "{strategy: top_p, value: 1.0}"],
+    "grpo_filter": ["--model.adv_estimator", "grpo", "--data.filter",
+                    "{strategy: top_p, value: 0.9, include_zero: false}"],
+}
+RUNNER_KEYS = ("max_turns", "max_actions_per_turn", "max_actions_per_episode", "max_new_tokens", "max_model_len",
+               "context_window", "enable_think")
+DATA_DEFAULTS = {"max_turns": 5, "max_actions_per_turn": 2, "max_actions_per_episode": 10, "max_new_tokens": 100,
+                 "max_model_len": 4096, "context_window": "full", "enable_think": True}
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a proportion k/n."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return centre - half, centre + half
+
+
+def diff_interval(p1: float, n1: int, p2: float, n2: int, z: float = 1.96) -> tuple[float, float, float]:
+    """``(d, lo, hi)`` for d = p2 - p1: normal approximation with unpooled variance."""
+    d = p2 - p1
+    half = z * math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2)
+    return d, d - half, d + half
+
+
+def config_path(task: str) -> Path:
+    """``configs/<task>.yaml``, or ``task`` itself when it is a path to a YAML file."""
+    return Path(task).resolve() if task.endswith((".yaml", ".yml")) else ROOT / "configs" / f"{task}.yaml"
+
+
+def load_config(task: str) -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(config_path(task).read_text())
+
+
+def warm_model(cfg: dict[str, Any]) -> tuple[str, list[int]]:
+    """The warm-started folder ``main.py fit`` would train from, and its demonstration seeds."""
+    from ragen_lightning.sft.module import episode_seeds
+    from ragen_lightning.sft.warm_start import warm_start
+
+    data, model = cfg["data"], cfg["model"]
+    ws = model.get("warm_start")
+    kwargs = dict(ws) if isinstance(ws, dict) else {}
+    for k in RUNNER_KEYS:
+        kwargs.setdefault(k, data.get(k, DATA_DEFAULTS[k]))
+    path = warm_start(model.get("model", "tiny"), data["env_id"], data.get("env_kwargs"), **kwargs)
+    demo = episode_seeds(kwargs.get("seed", 0), kwargs.get("num_episodes", 512), "train")
+    return str(path), demo
+
+
+def evaluate(path: str, cfg: dict[str, Any], n: int, temperature: float, seed: int,
+             exclude: list[int]) -> dict[str, float]:
+    from ragen_lightning.sft.warm_start import evaluate_policy
+
+    data = cfg["data"]
+    runner = {k: data.get(k, DATA_DEFAULTS[k]) for k in RUNNER_KEYS}
+    runner.pop("context_window")
+    t = time.perf_counter()
+    out = evaluate_policy(path, data["env_id"], data.get("env_kwargs"), num_episodes=n, seed=seed,
+                          exclude_seeds=exclude, temperature=temperature, **runner)
+    out["eval_s"] = time.perf_counter() - t
+    return out
+
+
+def overlay(cfg: dict[str, Any], run_dir: Path) -> Path:
+    """A config overlay: CSV logging into ``run_dir``, the task's callbacks minus checkpointing."""
+    import yaml
+
+    callbacks = [c for c in cfg.get("trainer", {}).get("callbacks", [])
+                 if not str(c.get("class_path", "")).endswith("ModelCheckpoint")]
+    doc = {"trainer": {"default_root_dir": str(run_dir), "enable_checkpointing": False,
+                       "logger": [{"class_path": "lightning.pytorch.loggers.CSVLogger",
+                                   "init_args": {"save_dir": str(run_dir), "name": "csv"}}],
+                       "callbacks": callbacks}}
+    path = run_dir / "overlay.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def indicators(run_dir: Path) -> dict[str, float]:
+    """Collapse indicators from the run's metrics.csv: first/last-quarter means of reward std and entropy, first and
+    last MI, the last filter keep ratio and the training success of the first and last quarter."""
+    from plot_run import read_metrics
+
+    series = read_metrics(run_dir / "csv")
+    out: dict[str, float] = {}
+
+    def quarter(key: str, name: str) -> None:
+        vals = [v for _, v in series.get(key, [])]
+        if vals:
+            q = max(1, len(vals) // 4)
+            out[f"{name}_first"] = sum(vals[:q]) / q
+            out[f"{name}_last"] = sum(vals[-q:]) / q
+
+    quarter("rollout/in_group_reward_std", "reward_std")
+    quarter("actor/entropy", "entropy")
+    quarter("train/success", "train_success")
+    quarter("rollout/filter_kept_ratio", "kept")
+    mi = [v for _, v in series.get("collapse/first_turn/mi", [])]
+    if mi:
+        out["mi_first"], out["mi_last"] = mi[0], mi[-1]
+    return out
+
+
+def run_fit(task: str, cfg: dict[str, Any], variant: str, extra: list[str], out: Path) -> tuple[Path, float]:
+    run_dir = (out / f"{Path(task).stem}-{variant}").resolve()
+    if run_dir.exists():
+        import shutil
+
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    cmd = [sys.executable, str(ROOT / "main.py"), "fit", "--config", str(config_path(task)),
+           "--config", str(overlay(cfg, run_dir)), *VARIANTS[variant], *extra,
+           "--model.export_dir", str(run_dir / "actor")]
+    (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
+    print("$", " ".join(cmd), flush=True)
+    t = time.perf_counter()
+    with open(run_dir / "fit.log", "w") as log:
+        rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                             env={**os.environ, "WANDB_MODE": "offline"})
+    wall = time.perf_counter() - t
+    if rc != 0:
+        raise SystemExit(f"fit failed ({rc}); see {run_dir / 'fit.log'}")
+    return run_dir, wall
+
+
+def fmt_row(r: dict[str, Any]) -> str:
+    b, a = r["before"], r["after"]
+    ind = r.get("indicators", {})
+
+    def g(k: str, f: str = "{:.3f}") -> str:
+        return f.format(ind[k]) if k in ind else "-"
+
+    return (f"| {r['task']} | {r['variant']} | {b['success_rate']:.3f} | {a['success_rate']:.3f} | "
+            f"{r['diff']:+.3f} [{r['diff_lo']:+.3f}, {r['diff_hi']:+.3f}] | "
+            f"{b['mean_return']:.3f} -> {a['mean_return']:.3f} | {b['format_valid_rate']:.2f} -> "
+            f"{a['format_valid_rate']:.2f} | {r['fit_s'] / 60:.1f} | "
+            f"{g('reward_std_first')} -> {g('reward_std_last')} | {g('entropy_first')} -> {g('entropy_last')} | "
+            f"{g('mi_first')} -> {g('mi_last')} |")
+
+
+HEADER = ("| task | variant | success before | success after | diff [95% CI] | return before -> after | "
+          "format-valid | fit min | reward std (first -> last quarter) | entropy | MI first -> last |\n"
+          "|---|---|---:|---:|---|---|---|---:|---|---|---|")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tasks", nargs="+", default=["bandit", "frozen_lake", "sokoban"], help="configs/<task>.yaml, or paths to task YAML files")
+    p.add_argument("--variants", nargs="+", default=["default"], choices=sorted(VARIANTS))
+    p.add_argument("--eval-episodes", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=1.0, help="evaluation sampling temperature")
+    p.add_argument("--seed", type=int, default=0, help="seed of the held-out evaluation episodes")
+    p.add_argument("--out", default="outputs/learning")
+    p.add_argument("--fit-args", nargs=argparse.REMAINDER, default=[], help="extra main.py flags (put last)")
+    a = p.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(1)
+    import envs  # noqa: F401  (registers the env ids)
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for task in a.tasks:
+        cfg = load_config(task)
+        warm, demo_seeds = warm_model(cfg)
+        before = evaluate(warm, cfg, a.eval_episodes, a.temperature, a.seed, demo_seeds)
+        print(f"{task} warm start {warm}: {before}", flush=True)
+        for variant in a.variants:
+            run_dir, wall = run_fit(task, cfg, variant, a.fit_args, out)
+            after = evaluate(str(run_dir / "actor"), cfg, a.eval_episodes, a.temperature, a.seed, demo_seeds)
+            d, lo, hi = diff_interval(before["success_rate"], a.eval_episodes, after["success_rate"],
+                                      a.eval_episodes)
+            row = {"task": task, "variant": variant, "fit_args": a.fit_args, "eval_episodes": a.eval_episodes,
+                   "temperature": a.temperature, "before": before, "after": after, "diff": d, "diff_lo": lo,
+                   "diff_hi": hi, "fit_s": wall, "indicators": indicators(run_dir), "run_dir": str(run_dir)}
+            print(f"{task}/{variant}: {after}; diff {d:+.3f} [{lo:+.3f}, {hi:+.3f}]", flush=True)
+            with open(out / "results.jsonl", "a") as f:
+                f.write(json.dumps(row) + "\n")
+            rows.append(row)
+    print(HEADER)
+    for r in rows:
+        print(fmt_row(r))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""benchmarks/learning.py: the interval arithmetic, the run overlay and the indicators read from a metrics.csv."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "learning.py"
+spec = importlib.util.spec_from_file_location("learning_bench", SCRIPT)
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+def test_difference_interval_by_hand():
+    # p1 = 0.5, p2 = 0.75, n = 100: var = 0.25/100 + 0.1875/100 = 0.004375; 1.96 * sqrt(0.004375) = 0.129642...
+    d, lo, hi = bench.diff_interval(0.5, 100, 0.75, 100)
+    assert d == pytest.approx(0.25)
+    assert lo == pytest.approx(0.25 - 0.1296418) and hi == pytest.approx(0.25 + 0.1296418)
+    # no variance at all: the interval is the point
+    assert bench.diff_interval(0.0, 10, 1.0, 10) == pytest.approx((1.0, 1.0, 1.0))
+
+
+def test_wilson_by_hand():
+    # k = 5, n = 10, z = 1.96: centre = (0.5 + 0.19208) / 1.38416 = 0.5; half = 1.96 sqrt(0.025 + 0.009604) / 1.38416
+    #   = 1.96 * 0.186022 / 1.38416 = 0.263411
+    lo, hi = bench.wilson(5, 10)
+    assert lo == pytest.approx(0.5 - 0.263411, abs=1e-6) and hi == pytest.approx(0.5 + 0.263411, abs=1e-6)
+    lo0, hi0 = bench.wilson(0, 10)  # never below 0, unlike the normal interval
+    assert lo0 == pytest.approx(0.0, abs=1e-12) and hi0 == pytest.approx(3.8416 / 13.8416)
+
+
+def test_overlay_drops_checkpointing_and_logs_csv_into_the_run(tmp_path):
+    cfg = yaml.safe_load((SCRIPT.parents[1] / "configs" / "bandit.yaml").read_text())
+    doc = yaml.safe_load(bench.overlay(cfg, tmp_path).read_text())
+    names = [c["class_path"] for c in doc["trainer"]["callbacks"]]
+    assert not any(n.endswith("ModelCheckpoint") for n in names) and "callbacks.CollapseMonitor" in names
+    assert doc["trainer"]["enable_checkpointing"] is False
+    assert doc["trainer"]["logger"] == [{"class_path": "lightning.pytorch.loggers.CSVLogger",
+                                         "init_args": {"save_dir": str(tmp_path), "name": "csv"}}]
+
+
+def test_config_path_accepts_a_task_name_or_a_yaml(tmp_path):
+    assert bench.config_path("bandit") == SCRIPT.parents[1] / "configs" / "bandit.yaml"
+    assert bench.config_path(str(tmp_path / "x.yaml")) == tmp_path / "x.yaml"
+
+
+def test_indicators_average_first_and_last_quarter(tmp_path):
+    # 8 iterations: quarter = 2 rows. reward std 1..8 -> first (1+2)/2 = 1.5, last (7+8)/2 = 7.5; MI at steps 0 and 4
+    rows = ["epoch,step,iteration,rollout/in_group_reward_std,actor/entropy,collapse/first_turn/mi"]
+    for i in range(8):
+        mi = {0: "0.3", 4: "0.1"}.get(i, "")
+        rows.append(f"0,{i},{i}.0,{i + 1},{2.0 - 0.1 * i},{mi}")
+    (tmp_path / "csv" / "version_0").mkdir(parents=True)
+    (tmp_path / "csv" / "version_0" / "metrics.csv").write_text("\n".join(rows) + "\n")
+    ind = bench.indicators(tmp_path)
+    assert ind["reward_std_first"] == pytest.approx(1.5) and ind["reward_std_last"] == pytest.approx(7.5)
+    # entropy 2.0, 1.9 -> 1.95; 1.4, 1.3 -> 1.35
+    assert ind["entropy_first"] == pytest.approx(1.95) and ind["entropy_last"] == pytest.approx(1.35)
+    assert ind["mi_first"] == pytest.approx(0.3) and ind["mi_last"] == pytest.approx(0.1)
+    assert "train_success_first" not in ind and not math.isnan(ind["reward_std_last"])
