@@ -22,7 +22,8 @@ run length is set in iterations by ``--data.num_iterations``.
 Data parallel (DDP, FSDP2 via :class:`~ragen_lightning.distributed.FSDP2Strategy`, FSDP1): every rank holds the same
 global batch; scoring passes and each mini-batch's rows are split evenly across ranks (an inert zero-mask row pads
 short shares), losses keep the global normaliser times the world size (DDP/FSDP average gradients), so one step
-equals the single-process step (:mod:`ragen_lightning.distributed`).
+equals the single-process step (:mod:`ragen_lightning.distributed`; the update loop itself is
+:mod:`ragen_lightning.update`).
 """
 
 from __future__ import annotations
@@ -48,17 +49,15 @@ from ragen_lightning.algos.masked import masked_mean
 from ragen_lightning.distributed import (
     GatheredWeightsEngine,
     all_reduce_,
-    full_tensor,
-    gather_objects,
-    rank_rows,
     shard_model,
     world,
 )
 from ragen_lightning.early_stop import LowValidationSuccess, RewardVarianceCollapse
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.engine import HFEngine
-from ragen_lightning.scoring import actor_outputs, critic_values, micro_slices, score_batch, trimmed
+from ragen_lightning.scoring import actor_outputs, critic_values, trimmed
 from ragen_lightning.types import RolloutBatch
+from ragen_lightning.update import accumulate, mini_batches, score_sharded, with_inert_row
 
 AdvEstimator = Literal["gae", "grpo", "drgrpo", "brpo", "arpo"]
 
@@ -357,13 +356,13 @@ class StarPOModule(L.LightningModule):
                      and not self._force_scoring_pass)
         old_logprobs = entropy = None
         if not on_policy:
-            old_logprobs, entropy = self._score(self.actor, ids, att, micro, kind="actor", with_entropy=True,
+            old_logprobs, entropy = score_sharded(self.actor, ids, att, micro, kind="actor", with_entropy=True,
                                                 temperature=hp.temperature, chunk_size=hp.logits_chunk_size)
         ref_logprobs = None
         if self.reference is not None:
-            ref_logprobs, _ = self._score(self.reference, ids, att, micro, kind="actor",
+            ref_logprobs, _ = score_sharded(self.reference, ids, att, micro, kind="actor",
                                           temperature=hp.temperature, chunk_size=hp.logits_chunk_size)
-        values = self._score(self.critic, ids, att, micro, kind="critic")[0] if self.critic is not None else None
+        values = score_sharded(self.critic, ids, att, micro, kind="critic")[0] if self.critic is not None else None
         # 3. advantages
         advantages, returns, adv_logs = self._advantages(batch, mask, old_logprobs, ref_logprobs, values)
         logs.update(adv_logs)
@@ -375,10 +374,11 @@ class StarPOModule(L.LightningModule):
                     seen_entropy=torch.zeros_like(mask, dtype=torch.float32))
         self._pad_row = len(batch)
         if world()[1] > 1:
-            data = _with_inert_row(data)  # row len(batch) pads short per-rank shares of a mini-batch
+            data = with_inert_row(data)  # row len(batch) pads short per-rank shares of a mini-batch
         step_logs: dict[str, list[float]] = {}
         for epoch in range(hp.ppo_epochs):
-            for mb, rows in self._mini_batches(len(batch), epoch, batch.metrics.get("iteration", self.global_step)):
+            for mb, rows in mini_batches(len(batch), hp.mini_batch_size, shuffle=hp.shuffle, epoch=epoch,
+                                         iteration=batch.metrics.get("iteration", self.global_step), device=self.device):
                 if self.critic is not None:
                     self._merge(step_logs, self._critic_step(data, mb, rows))
                 self._merge(step_logs, self._actor_step(data, mb, rows, first_pass=epoch == 0))
@@ -410,81 +410,15 @@ class StarPOModule(L.LightningModule):
             length_weight=hp.length_weight, zero_task_advantage=hp.zero_task_advantage,
         )
 
-    def _mini_batches(self, n: int, epoch: int, iteration: int):
-        """This rank's rows of each mini-batch (all rows in one process; the pad row ``n`` fills short shares)."""
-        rows = torch.arange(n, device=self.device)
-        if self.hparams.shuffle:
-            g = torch.Generator().manual_seed(int(iteration) * 1_000_003 + epoch)
-            rows = rows[torch.randperm(n, generator=g).to(self.device)]
-        rank, size = world()
-        return [(mb, rank_rows(mb, size, rank, pad_index=n) if size > 1 else mb)
-                for mb in rows.split(self.hparams.mini_batch_size)]
-
-    def _score(self, model, ids, att, micro: int, **kwargs):
-        """``score_batch`` over the whole batch; with several ranks each scores its share and the shares are summed."""
-        rank, size = world()
-        if size == 1:
-            return score_batch(model, ids, att, micro, **kwargs)
-        B = ids.shape[0]
-        rows = rank_rows(torch.arange(B, device=ids.device), size, rank, pad_index=0)
-        real = torch.tensor_split(torch.arange(B, device=ids.device), size)[rank].numel()
-        outs = score_batch(model, ids[rows], att[rows], micro, **kwargs)
-        full = []
-        for out in outs:
-            if out is None:
-                full.append(None)
-                continue
-            whole = torch.zeros((B, out.shape[1]), dtype=out.dtype, device=out.device)
-            whole[rows[:real]] = out[:real]
-            full.append(all_reduce_(whole))
-        return tuple(full)
-
     def _optimizers(self):
         opts = self.optimizers()
         return opts if isinstance(opts, list) else [opts]
 
-    def _accumulate(self, opt, net, rows, loss_fn) -> dict[str, float]:
-        """zero_grad -> backward over micro-batches -> clip -> step (skipped when anything is non-finite).
-
-        With several ranks every rank runs all its micro-batches whatever their losses (a rank leaving the loop early
-        would hang the gradient collectives), the loss is scaled by the world size (DDP/FSDP average gradients, the
-        normaliser is already global), the finite flag is agreed by all ranks and loss metrics are summed across them.
-        """
-        size = world()[1]
-        opt.zero_grad()
-        logs: dict[str, list[float]] = {}
-        finite = True
-        for micro in micro_slices(rows, self.hparams.micro_batch_size):
-            loss, metrics = loss_fn(micro)
-            if not torch.isfinite(loss):
-                finite = False
-                if size == 1:
-                    break
-            self.manual_backward(loss * size if size > 1 else loss)
-            if size > 1 and bool((micro == self._pad_row).all()):
-                continue  # a micro-batch of padding only: no metrics
-            for k, v in metrics.items():
-                logs.setdefault(k, []).append(float(v))
-        params = [p for g in opt.param_groups for p in g["params"]]  # a shared LoRA base holds both adapters
-        if size > 1:
-            finite = bool(all_reduce_(torch.tensor(float(finite), device=self.device), "min"))
-            norm = self._clip(params, every_param=True)  # collective under FSDP: run on every rank, finite or not
-        else:
-            norm = self._clip(params) if finite else float("nan")
-        if finite and math.isfinite(norm):
-            opt.step()
-            self._step_scheduler(opt)
-        else:
-            self.skipped_steps += 1
-        opt.zero_grad()  # FSDP1 clips every gradient of the wrapped root: leave none behind for the other network
-        parts = gather_objects({k: (sum(v), len(v)) for k, v in logs.items()})
-        totals: dict[str, list[float]] = {}
-        for part in parts:
-            for k, (total, count) in part.items():
-                acc = totals.setdefault(k, [0.0, 0])
-                acc[0], acc[1] = acc[0] + total, acc[1] + count
-        out = {k: (t if k.endswith("_loss") else t / c) for k, (t, c) in totals.items()}
-        out["grad_norm"] = norm
+    def _accumulate(self, opt, rows, loss_fn) -> dict[str, float]:
+        """One optimizer step of ``opt``'s network over ``rows`` (:func:`ragen_lightning.update.accumulate`)."""
+        out, stepped = accumulate(self, opt, rows, loss_fn, micro_batch_size=self.hparams.micro_batch_size,
+                                  max_norm=self.hparams.grad_clip, pad_row=self._pad_row, on_step=self._step_scheduler)
+        self.skipped_steps += not stepped
         return out
 
     def _step_scheduler(self, opt) -> None:
@@ -496,17 +430,6 @@ class StarPOModule(L.LightningModule):
         for sched in scheds if isinstance(scheds, list) else [scheds]:
             if sched.optimizer is inner:
                 sched.step()
-
-    def _clip(self, params, every_param: bool = False) -> float:
-        """Clip the optimizer's own parameters by their global norm (under FSDP1, the root module's own clip)."""
-        max_norm = self.hparams.grad_clip if self.hparams.grad_clip > 0 else float("inf")
-        fsdp1_root = _fsdp1_root(self)
-        if fsdp1_root is not None:  # Lightning refuses clip-by-norm under FSDP1; the FSDP module's own is exact
-            return float(fsdp1_root.clip_grad_norm_(max_norm))
-        params = [p for p in params if p.requires_grad and (every_param or p.grad is not None)]
-        if not params:
-            return 0.0
-        return float(full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm)))
 
     def _actor_step(self, d, mb, rows, first_pass: bool = True) -> dict[str, float]:
         """One actor optimizer step on mini-batch ``mb`` (global rows); this rank computes ``rows``."""
@@ -533,7 +456,7 @@ class StarPOModule(L.LightningModule):
                               dual_clip=hp.dual_clip, agg=hp.loss_agg_mode, normalizer=norm, horizon=horizon,
                               is_weights=is_w)
 
-        out = self._accumulate(self._optimizers()[0], self.actor, rows, loss_fn)
+        out = self._accumulate(self._optimizers()[0], rows, loss_fn)
         return {f"actor/{k}": v for k, v in out.items()}
 
     def _critic_step(self, d, mb, rows) -> dict[str, float]:
@@ -549,7 +472,7 @@ class StarPOModule(L.LightningModule):
                            vpred_mean=aggregate(v.detach(), d["mask"][micro, : L - 1], normalizer=norm))
             return loss, metrics
 
-        out = self._accumulate(self._optimizers()[1], self.critic, rows, loss_fn)
+        out = self._accumulate(self._optimizers()[1], rows, loss_fn)
         return {f"critic/{k}": v for k, v in out.items()}
 
     @staticmethod
@@ -626,25 +549,3 @@ class StarPOModule(L.LightningModule):
         if self.hparams.export_dir and (self.trainer.is_global_zero or self._rollout_actor):
             self.export_actor(self.hparams.export_dir)
 
-
-def _with_inert_row(data: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor | None]:
-    """``data`` plus one row that trains nothing: a copy of row 0's tokens with an all-zero loss mask and zero
-    advantages/returns (it pads a rank's share of a mini-batch so every rank runs the same micro-batches)."""
-    out = {}
-    for k, v in data.items():
-        if v is None:
-            out[k] = None
-            continue
-        row = v[:1].clone() if k in ("ids", "att") else torch.zeros_like(v[:1])
-        out[k] = torch.cat([v, row])
-    return out
-
-
-def _fsdp1_root(module: L.LightningModule):
-    """The FSDP1-wrapped root module when the trainer runs ``FSDPStrategy``, else None."""
-    trainer = module._trainer
-    if trainer is None:
-        return None
-    from lightning.pytorch.strategies import FSDPStrategy
-
-    return trainer.strategy.model if isinstance(trainer.strategy, FSDPStrategy) else None
