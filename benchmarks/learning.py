@@ -3,6 +3,7 @@
     python benchmarks/learning.py                                   # bandit, frozen_lake, sokoban with their configs
     python benchmarks/learning.py --tasks bandit --variants ppo grpo ppo_filter
     python benchmarks/learning.py --tasks bandit --fit-args --data.num_iterations 8
+    python benchmarks/learning.py --tasks frozen_lake --warm-start '{steps: 600}' --no-fit   # the warm start only
 
 For every task (``configs/<task>.yaml``) and variant:
 
@@ -113,6 +114,20 @@ def evaluate(path: str, cfg: dict[str, Any], n: int, temperature: float, seed: i
     return out
 
 
+def with_warm_start(cfg: dict[str, Any], spec: str | None) -> tuple[dict[str, Any], list[str]]:
+    """``cfg`` with ``model.warm_start`` replaced by the JSON/YAML ``spec`` (e.g. ``'{steps: 2000}'``), and the
+    ``main.py`` flags that make the fit train from that same warm start; unchanged when ``spec`` is None."""
+    if spec is None:
+        return cfg, []
+    import yaml
+
+    value = yaml.safe_load(spec)
+    if not (isinstance(value, bool) or isinstance(value, dict)):
+        raise SystemExit(f"--warm-start must be true, false or a mapping such as '{{steps: 300}}', got {spec!r}")
+    cfg = {**cfg, "model": {**cfg.get("model", {}), "warm_start": value}}
+    return cfg, ["--model.warm_start", json.dumps(value)]
+
+
 def overlay(cfg: dict[str, Any], run_dir: Path) -> Path:
     """A config overlay: CSV logging into ``run_dir``, the task's callbacks minus checkpointing."""
     import yaml
@@ -203,6 +218,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="evaluation sampling temperature")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out evaluation episodes")
     p.add_argument("--out", default="outputs/learning")
+    p.add_argument("--warm-start", default=None,
+                   help="replace the config's model.warm_start, e.g. '{steps: 2000, num_episodes: 2048}'")
+    p.add_argument("--no-fit", action="store_true", help="only build and evaluate the warm start")
     p.add_argument("--fit-args", nargs=argparse.REMAINDER, default=[], help="extra main.py flags (put last)")
     a = p.parse_args(argv)
 
@@ -215,16 +233,20 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for task in a.tasks:
-        cfg = load_config(task)
+        cfg, warm_args = with_warm_start(load_config(task), a.warm_start)
+        t = time.perf_counter()
         warm, demo_seeds = warm_model(cfg)
+        warm_s = time.perf_counter() - t
         before = evaluate(warm, cfg, a.eval_episodes, a.temperature, a.seed, demo_seeds)
-        print(f"{task} warm start {warm}: {before}", flush=True)
+        print(f"{task} warm start {warm} ({warm_s:.0f} s, {cfg['model'].get('warm_start')}): {before}", flush=True)
+        if a.no_fit:
+            continue
         for variant in a.variants:
-            run_dir, wall = run_fit(task, cfg, variant, a.fit_args, out)
+            run_dir, wall = run_fit(task, cfg, variant, [*warm_args, *a.fit_args], out)
             after = evaluate(str(run_dir / "actor"), cfg, a.eval_episodes, a.temperature, a.seed, demo_seeds)
             d, lo, hi = diff_interval(before["success_rate"], a.eval_episodes, after["success_rate"],
                                       a.eval_episodes)
-            row = {"task": task, "variant": variant, "fit_args": a.fit_args, "eval_episodes": a.eval_episodes,
+            row = {"task": task, "variant": variant, "fit_args": [*warm_args, *a.fit_args], "eval_episodes": a.eval_episodes,
                    "temperature": a.temperature, "before": before, "after": after, "diff": d, "diff_lo": lo,
                    "diff_hi": hi, "fit_s": wall, "indicators": indicators(run_dir), "run_dir": str(run_dir)}
             print(f"{task}/{variant}: {after}; diff {d:+.3f} [{lo:+.3f}, {hi:+.3f}]", flush=True)

@@ -62,3 +62,15 @@ def test_indicators_average_first_and_last_quarter(tmp_path):
     assert ind["entropy_first"] == pytest.approx(1.95) and ind["entropy_last"] == pytest.approx(1.35)
     assert ind["mi_first"] == pytest.approx(0.3) and ind["mi_last"] == pytest.approx(0.1)
     assert "train_success_first" not in ind and not math.isnan(ind["reward_std_last"])
+
+
+def test_warm_start_override_reaches_the_evaluation_and_the_fit():
+    cfg = {"model": {"model": "tiny", "warm_start": True, "actor_lr": 1e-4}, "data": {"env_id": "x"}}
+    new, args = bench.with_warm_start(cfg, "{steps: 2000, num_episodes: 2048}")
+    assert new["model"] == {"model": "tiny", "warm_start": {"steps": 2000, "num_episodes": 2048}, "actor_lr": 1e-4}
+    assert cfg["model"]["warm_start"] is True  # the loaded config is not mutated
+    assert args == ["--model.warm_start", '{"steps": 2000, "num_episodes": 2048}']
+    assert bench.with_warm_start(cfg, None) == (cfg, [])
+    assert bench.with_warm_start(cfg, "false")[1] == ["--model.warm_start", "false"]
+    with pytest.raises(SystemExit, match="--warm-start"):
+        bench.with_warm_start(cfg, "[1, 2]")
