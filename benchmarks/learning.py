@@ -122,7 +122,7 @@ def with_warm_start(cfg: dict[str, Any], spec: str | None) -> tuple[dict[str, An
     import yaml
 
     value = yaml.safe_load(spec)
-    if not (isinstance(value, bool) or isinstance(value, dict)):
+    if not isinstance(value, (bool, dict)):
         raise SystemExit(f"--warm-start must be true, false or a mapping such as '{{steps: 300}}', got {spec!r}")
     cfg = {**cfg, "model": {**cfg.get("model", {}), "warm_start": value}}
     return cfg, ["--model.warm_start", json.dumps(value)]

@@ -357,11 +357,11 @@ class StarPOModule(L.LightningModule):
         old_logprobs = entropy = None
         if not on_policy:
             old_logprobs, entropy = score_sharded(self.actor, ids, att, micro, kind="actor", with_entropy=True,
-                                                temperature=hp.temperature, chunk_size=hp.logits_chunk_size)
+                                                  temperature=hp.temperature, chunk_size=hp.logits_chunk_size)
         ref_logprobs = None
         if self.reference is not None:
             ref_logprobs, _ = score_sharded(self.reference, ids, att, micro, kind="actor",
-                                          temperature=hp.temperature, chunk_size=hp.logits_chunk_size)
+                                            temperature=hp.temperature, chunk_size=hp.logits_chunk_size)
         values = score_sharded(self.critic, ids, att, micro, kind="critic")[0] if self.critic is not None else None
         # 3. advantages
         advantages, returns, adv_logs = self._advantages(batch, mask, old_logprobs, ref_logprobs, values)
@@ -376,9 +376,10 @@ class StarPOModule(L.LightningModule):
         if world()[1] > 1:
             data = with_inert_row(data)  # row len(batch) pads short per-rank shares of a mini-batch
         step_logs: dict[str, list[float]] = {}
+        iteration = batch.metrics.get("iteration", self.global_step)
         for epoch in range(hp.ppo_epochs):
             for mb, rows in mini_batches(len(batch), hp.mini_batch_size, shuffle=hp.shuffle, epoch=epoch,
-                                         iteration=batch.metrics.get("iteration", self.global_step), device=self.device):
+                                         iteration=iteration, device=self.device):
                 if self.critic is not None:
                     self._merge(step_logs, self._critic_step(data, mb, rows))
                 self._merge(step_logs, self._actor_step(data, mb, rows, first_pass=epoch == 0))

@@ -25,7 +25,7 @@ import torch
 from ragen_lightning.distributed import all_reduce_, full_tensor, gather_objects, rank_rows, world
 from ragen_lightning.scoring import micro_slices, score_batch
 
-LossFn = Callable[[torch.Tensor], "tuple[torch.Tensor, dict[str, torch.Tensor]]"]
+LossFn = Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 def mini_batches(n: int, size: int, *, shuffle: bool, epoch: int, iteration: int,
