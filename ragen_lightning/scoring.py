@@ -12,7 +12,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ragen_lightning.algos.losses import entropy_from_logits, logprobs_from_logits
+from ragen_lightning.algos.logits import entropy_from_logits, logprobs_from_logits
 
 
 def micro_slices(rows: torch.Tensor, micro_batch_size: int) -> Iterator[torch.Tensor]:

@@ -29,13 +29,12 @@ from .losses import (
     actor_loss,
     agg_normalizer,
     aggregate,
-    entropy_from_logits,
     kl_penalty,
-    logprobs_from_logits,
     ppo_policy_loss,
     tis_weights,
     value_loss,
 )
+from .logits import entropy_from_logits, logprobs_from_logits
 from .masked import masked_mean, masked_sum, masked_var, masked_whiten
 
 __all__ = [

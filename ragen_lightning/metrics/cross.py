@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ragen_lightning.algos.losses import logprobs_from_logits
+from ragen_lightning.algos.logits import logprobs_from_logits
 
 from .functional import mutual_information
 

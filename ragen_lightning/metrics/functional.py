@@ -43,7 +43,7 @@ from collections.abc import Sequence
 import torch
 
 from ragen_lightning.algos.filtering import group_scores
-from ragen_lightning.algos.losses import entropy_from_logits
+from ragen_lightning.algos.logits import entropy_from_logits
 from ragen_lightning.algos.masked import masked_mean, masked_sum, masked_var
 
 __all__ = [
@@ -69,7 +69,7 @@ MAX_TOPK = 8  # k_eff = min(k, min(MAX_TOPK, N)), as RAGEN
 
 
 def token_entropy(logits: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
-    """``[..., V]`` logits -> ``[...]`` per-token entropy (``algos.losses.entropy_from_logits``)."""
+    """``[..., V]`` logits -> ``[...]`` per-token entropy (``algos.logits.entropy_from_logits``)."""
     return entropy_from_logits(logits, chunk_size=chunk_size)
 
 
