@@ -23,6 +23,7 @@ from .advantages import (
     zero_task_advantage,
 )
 from .filtering import filter_metrics, group_scores, kept_sample_mask, select_groups
+from .logits import entropy_from_logits, logprobs_from_logits
 from .losses import (
     AGG_MODES,
     KL_KINDS,
@@ -34,7 +35,6 @@ from .losses import (
     tis_weights,
     value_loss,
 )
-from .logits import entropy_from_logits, logprobs_from_logits
 from .masked import masked_mean, masked_sum, masked_var, masked_whiten
 
 __all__ = [
