@@ -43,7 +43,7 @@ PRESETS = {  # random-weight Qwen2 sizes beside the embedded tiny model
 
 
 def model_path(name: str) -> str:
-    from ragen_lightning.tiny import TinySpec, tiny_model_path
+    from ragen_lightning.models.tiny import TinySpec, tiny_model_path
 
     if name == "tiny":
         return str(tiny_model_path())

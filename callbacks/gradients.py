@@ -34,7 +34,7 @@ from callbacks._common import advance, log_values, on_schedule
 from ragen_lightning.algos.losses import agg_normalizer, aggregate, kl_penalty, ppo_policy_loss
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.metrics.functional import within_group_reward_std
-from ragen_lightning.scoring import actor_outputs, micro_slices, score_batch, trimmed
+from ragen_lightning.starpo.scoring import actor_outputs, micro_slices, score_batch, trimmed
 
 BucketMode = Literal["quantile", "fixed_rv"]
 

@@ -15,9 +15,9 @@ from lightning.pytorch.cli import LightningCLI
 
 from ragen_lightning import models
 from ragen_lightning.data.datamodule import RolloutDataModule
-from ragen_lightning.distributed import check_strategy
+from ragen_lightning.parallel import check_strategy
 from ragen_lightning.errors import ConfigError
-from ragen_lightning.module import StarPOModule
+from ragen_lightning.starpo.module import StarPOModule
 
 
 class StarPOCLI(LightningCLI):
@@ -55,7 +55,7 @@ class StarPOCLI(LightningCLI):
                 raise ConfigError(f"--torch_threads must be >= 1, got {threads}")
             torch.set_num_threads(threads)
         if config.get("memory_plan") or config.get("gpu_memory_gb") is not None:
-            from ragen_lightning.memory import check_memory
+            from ragen_lightning.models.memory import check_memory
 
             check_memory(config, print_plan=bool(config.get("memory_plan")), refuse=self.subcommand in (None, "fit"))
 

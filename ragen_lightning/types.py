@@ -8,10 +8,41 @@ Token tensors of a :class:`RolloutBatch` are right-padded ``[B, T]``. Per-token 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
-from ragen_lightning.rollout.tokens import Conversation
+
+@dataclass
+class Conversation:
+    """One episode's token stream.
+
+    Attributes:
+        input_ids: every token id of the conversation so far.
+        loss_mask: 1 exactly on sampled tokens, 0 on system/user/template/prefix tokens.  # [T]
+        sampled_logprobs: the engine's log-prob of each sampled token, 0.0 elsewhere.  # [T]
+        turn_spans: ``(start, end)`` of each assistant turn's sampled tokens in ``input_ids``.
+        messages: the chat messages (assistant content = generation prefix + decoded sampled text).
+        ended_with_eos: whether the last assistant turn ended with the end-of-turn token.
+    """
+
+    input_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    sampled_logprobs: list[float] = field(default_factory=list)
+    turn_spans: list[tuple[int, int]] = field(default_factory=list)
+    messages: list[dict[str, str]] = field(default_factory=list)
+    ended_with_eos: bool = True
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def extend(self, ids: Sequence[int], *, sampled: bool, logprobs: Sequence[float] | None = None) -> None:
+        ids = list(ids)
+        if logprobs is not None and len(logprobs) != len(ids):
+            raise ValueError(f"got {len(logprobs)} logprobs for {len(ids)} sampled tokens")
+        self.input_ids.extend(ids)
+        self.loss_mask.extend([1 if sampled else 0] * len(ids))
+        self.sampled_logprobs.extend(list(logprobs) if logprobs is not None else [0.0] * len(ids))
 
 
 @dataclass

@@ -26,7 +26,7 @@ SMALL_CORPUS = [
 
 @pytest.fixture(scope="session")
 def tiny_path(tmp_path_factory):
-    from ragen_lightning.tiny import TinySpec, tiny_model_path
+    from ragen_lightning.models.tiny import TinySpec, tiny_model_path
 
     spec = TinySpec(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64, vocab_size=400)
     return tiny_model_path(spec, cache_dir=tmp_path_factory.mktemp("tiny-cache"), corpus=SMALL_CORPUS)

@@ -8,7 +8,7 @@ pre-fetches a rollout generated with stale weights. Iteration ``n`` resets group
 
 With several processes (DDP / FSDP) each rank rolls out its share of whole groups with its own engine and the
 trajectories are all-gathered before filtering, so selection, batch and metrics equal the single-process ones on every
-rank (:mod:`ragen_lightning.distributed`); the module then splits the update rows evenly across ranks.
+rank (:mod:`ragen_lightning.parallel`); the module then splits the update rows evenly across ranks.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ragen_lightning.data.batching import (
     rollout_metrics,
 )
 from ragen_lightning.data.sampler import FilterConfig, filter_groups
-from ragen_lightning.distributed import concat_ranks, gather_objects, group_share, world
+from ragen_lightning.parallel import concat_ranks, gather_objects, group_share, world
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.engine import SamplingParams
 from ragen_lightning.rollout.runner import ContextWindow, RolloutRunner, UnknownEnvError, make_env

@@ -29,8 +29,8 @@ import numpy as np
 
 from ragen_lightning.rollout import prompting
 from ragen_lightning.rollout.engine import GenerationEngine, SamplingParams
-from ragen_lightning.rollout.tokens import ChatTokens, Conversation
-from ragen_lightning.types import Sample, Trajectory
+from ragen_lightning.rollout.tokens import ChatTokens
+from ragen_lightning.types import Conversation, Sample, Trajectory
 
 ContextWindow = Literal["full", "limited", "single_turn"]
 

@@ -204,7 +204,7 @@ def warm_start(
         the folder (``save_pretrained`` model + tokenizer + ``warm_start.json`` with the arguments, demo statistics,
         losses and wall time).
     """
-    from ragen_lightning.tiny import cache_root
+    from ragen_lightning.models.tiny import cache_root
 
     if steps is None:
         steps = default_steps(env_id, env_kwargs)

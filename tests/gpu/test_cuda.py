@@ -12,7 +12,7 @@ import torch
 import envs  # noqa: F401
 from ragen_lightning import models
 from ragen_lightning.data.datamodule import RolloutDataModule
-from ragen_lightning.module import StarPOModule
+from ragen_lightning.starpo.module import StarPOModule
 from ragen_lightning.rollout.engine import HFEngine, SamplingParams
 
 pytestmark = pytest.mark.gpu

@@ -29,8 +29,8 @@ from scripted import SeededBanditEngine
 import envs  # noqa: F401
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.sampler import FilterConfig
-from ragen_lightning.distributed import FSDP2Strategy, full_tensor
-from ragen_lightning.module import StarPOModule
+from ragen_lightning.parallel import FSDP2Strategy, full_tensor
+from ragen_lightning.starpo.module import StarPOModule
 
 torch.set_num_threads(1)
 

@@ -23,7 +23,7 @@ class ParseOnly(StarPOCLI):
 def parse(*configs: Path):
     args = [a for c in configs for a in ("--config", str(c))]
     from ragen_lightning.data.datamodule import RolloutDataModule
-    from ragen_lightning.module import StarPOModule
+    from ragen_lightning.starpo.module import StarPOModule
 
     return ParseOnly(StarPOModule, RolloutDataModule, args=args, run=False).config
 

@@ -22,7 +22,7 @@ class ParseOnly(StarPOCLI):
 
 def test_overlay_appends_to_the_task_callbacks():
     from ragen_lightning.data.datamodule import RolloutDataModule
-    from ragen_lightning.module import StarPOModule
+    from ragen_lightning.starpo.module import StarPOModule
 
     args = ["--config", str(CONFIGS / "bandit.yaml"), "--config", str(CONFIGS / "diagnostics.yaml")]
     cfg = ParseOnly(StarPOModule, RolloutDataModule, args=args, run=False).config

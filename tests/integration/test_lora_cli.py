@@ -10,7 +10,7 @@ import torch
 import envs  # noqa: F401
 from ragen_lightning.cli import StarPOCLI, main
 from ragen_lightning.data.datamodule import RolloutDataModule
-from ragen_lightning.module import StarPOModule
+from ragen_lightning.starpo.module import StarPOModule
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 RECIPES = sorted((CONFIGS / "recipes").glob("24gb-*.yaml"))
@@ -41,7 +41,7 @@ def test_overlays_compose_with_task_and_model_overlays():
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_recipes_fit_24gb_with_ragen_low_memory_settings(recipe):
-    from ragen_lightning.memory import check_memory
+    from ragen_lightning.models.memory import check_memory
 
     cfg = parse(CONFIGS / "sokoban.yaml", recipe)
     assert (cfg.model.micro_batch_size, cfg.model.mini_batch_size) == (1, 8)
@@ -101,7 +101,7 @@ def test_qlora_shared_base_fit_on_the_embedded_tiny_model(tmp_path, monkeypatch)
     on one base; PPO (GAE) runs its critic through the shared base; the checkpoint reloads."""
     import bitsandbytes as bnb
 
-    from ragen_lightning import lora
+    from ragen_lightning.models import lora
 
     monkeypatch.chdir(tmp_path)
     common = ["--config", str(CONFIGS / "bandit.yaml"), "--config", str(CONFIGS / "qlora.yaml"), *SHORT,

@@ -11,7 +11,7 @@ import envs  # noqa: F401
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.sampler import FilterConfig
 from ragen_lightning.errors import ConfigError
-from ragen_lightning.module import StarPOModule
+from ragen_lightning.starpo.module import StarPOModule
 from tests.integration.scripted import SeededBanditEngine
 
 pytestmark = pytest.mark.slow

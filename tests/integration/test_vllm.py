@@ -25,7 +25,7 @@ SCRIPT = Path(__file__).with_name("vllm_fit_script.py")
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
-    from ragen_lightning.tiny import TinySpec, tiny_model_path
+    from ragen_lightning.models.tiny import TinySpec, tiny_model_path
     from tests.conftest import SMALL_CORPUS
 
     # head_dim 32: vLLM's CPU attention has no kernel for the session tiny model's head_dim 16

@@ -7,7 +7,7 @@ import torch
 
 from ragen_lightning.algos.losses import agg_normalizer, aggregate
 from ragen_lightning.data.sampler import FilterConfig, filter_groups
-from ragen_lightning.distributed import check_strategy, concat_ranks, group_share, rank_rows
+from ragen_lightning.parallel import check_strategy, concat_ranks, group_share, rank_rows
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.types import Trajectory
 
@@ -85,8 +85,8 @@ def test_split_loss_times_world_averaged_equals_single_process_gradient(mode):
 def test_fsdp1_refused_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: FSDP1 is allowed")
-    for strategy in ("fsdp", {"class_path": "ragen_lightning.distributed.FSDP1Strategy"}):
+    for strategy in ("fsdp", {"class_path": "ragen_lightning.parallel.FSDP1Strategy"}):
         with pytest.raises(ConfigError, match=r"--trainer.strategy .* needs CUDA GPUs.*configs/fsdp.yaml"):
             check_strategy(strategy, "gpu")
     check_strategy("ddp_find_unused_parameters_true", "cpu")  # fine
-    check_strategy({"class_path": "ragen_lightning.distributed.FSDP2Strategy"}, "cpu")  # FSDP2 runs on CPU
+    check_strategy({"class_path": "ragen_lightning.parallel.FSDP2Strategy"}, "cpu")  # FSDP2 runs on CPU

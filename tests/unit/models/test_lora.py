@@ -7,9 +7,10 @@ import itertools
 import pytest
 import torch
 
-from ragen_lightning import lora
 from ragen_lightning.errors import ConfigError
-from ragen_lightning.scoring import critic_values
+from ragen_lightning.models import lora
+from ragen_lightning.models.build import build_lora_models
+from ragen_lightning.starpo.scoring import critic_values
 
 IDS = torch.tensor([[5, 17, 23, 42, 8, 99, 3, 61], [7, 7, 12, 40, 41, 2, 9, 30]])
 ATT = torch.ones_like(IDS)
@@ -66,7 +67,7 @@ def test_settings_from_a_checkpoint_dict():
 
 
 def test_only_adapters_and_value_head_train_and_a_step_changes_only_them(tiny_path):
-    actor, critic, _ = lora.build_models(str(tiny_path), None, "float32", settings(), with_critic=True,
+    actor, critic, _ = build_lora_models(str(tiny_path), None, "float32", settings(), with_critic=True,
                                          with_reference=True)
     trainable = {n for n, p in actor.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
@@ -84,7 +85,7 @@ def test_only_adapters_and_value_head_train_and_a_step_changes_only_them(tiny_pa
 
 
 def test_reference_is_the_base_with_adapters_off(tiny_path):
-    actor, _, ref = lora.build_models(str(tiny_path), None, "float32", settings(), with_critic=False,
+    actor, _, ref = build_lora_models(str(tiny_path), None, "float32", settings(), with_critic=False,
                                       with_reference=True)
     train_steps(actor, None, steps=2)
     base = logits(fresh_base(tiny_path))
@@ -97,7 +98,7 @@ def test_reference_is_the_base_with_adapters_off(tiny_path):
 def test_exported_adapter_loads_with_peft_and_reproduces_logits(tiny_path, tiny_tokenizer, tmp_path):
     from peft import PeftModel
 
-    actor, _, _ = lora.build_models(str(tiny_path), None, "float32", settings(export_merged=True),
+    actor, _, _ = build_lora_models(str(tiny_path), None, "float32", settings(export_merged=True),
                                     with_critic=False, with_reference=False)
     train_steps(actor, None, steps=2)
     lora.export_adapter(actor, tiny_tokenizer, tmp_path / "out", base_path=str(tiny_path), dtype=torch.float32,
@@ -111,7 +112,7 @@ def test_exported_adapter_loads_with_peft_and_reproduces_logits(tiny_path, tiny_
 
 
 def test_shared_base_adapters_are_disjoint_and_gradients_reach_only_the_active_one(tiny_path):
-    actor, critic, ref = lora.build_models(str(tiny_path), None, "float32", settings(shared_base=True),
+    actor, critic, ref = build_lora_models(str(tiny_path), None, "float32", settings(shared_base=True),
                                            with_critic=True, with_reference=True)
     assert isinstance(critic, lora.SharedBaseCritic)
     a_params, c_params = lora.optimizer_parameters(actor, critic)
@@ -135,7 +136,7 @@ def test_shared_base_adapters_are_disjoint_and_gradients_reach_only_the_active_o
 def test_shared_base_exports_the_actor_adapter(tiny_path, tiny_tokenizer, tmp_path):
     from peft import PeftModel
 
-    actor, critic, _ = lora.build_models(str(tiny_path), None, "float32", settings(shared_base=True),
+    actor, critic, _ = build_lora_models(str(tiny_path), None, "float32", settings(shared_base=True),
                                          with_critic=True, with_reference=False)
     for _, p in actor.named_parameters():
         p.data.normal_(0, 0.05) if p.requires_grad else None
@@ -155,7 +156,7 @@ def test_shared_base_with_activation_checkpointing_gives_the_same_gradients(tiny
     grads = []
     for checkpointing in (False, True):
         torch.manual_seed(0)
-        actor, critic, _ = lora.build_models(str(tiny_path), None, "float32", settings(shared_base=True),
+        actor, critic, _ = build_lora_models(str(tiny_path), None, "float32", settings(shared_base=True),
                                              with_critic=True, with_reference=False)
         for _, p in actor.named_parameters():
             p.data.normal_(0, 0.05) if p.requires_grad else None
@@ -180,7 +181,7 @@ def test_qlora_nf4_base_trains_and_loss_decreases(which, tiny_path):
 
     path = str(tiny_path) if which == "session" else resolve_model_path("tiny")
     torch.manual_seed(0)  # LoRA A's random init
-    actor, critic, _ = lora.build_models(path, None, "float32", settings(quantization="nf4"),
+    actor, critic, _ = build_lora_models(path, None, "float32", settings(quantization="nf4"),
                                          with_critic=True, with_reference=False)
     n4 = [m for m in actor.modules() if isinstance(m, bnb.nn.Linear4bit)]
     assert n4 and all(m.weight.quant_type == "nf4" for m in n4)
@@ -191,7 +192,7 @@ def test_qlora_nf4_base_trains_and_loss_decreases(which, tiny_path):
 
 
 def test_checkpoint_state_holds_trainable_weights_only(tiny_path):
-    actor, critic, _ = lora.build_models(str(tiny_path), None, "float32", settings(), with_critic=True,
+    actor, critic, _ = build_lora_models(str(tiny_path), None, "float32", settings(), with_critic=True,
                                          with_reference=False)
     net = torch.nn.ModuleDict({"actor": actor, "critic": critic})
     kept = lora.trainable_state(net, net.state_dict())

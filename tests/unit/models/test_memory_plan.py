@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ragen_lightning import memory
+from ragen_lightning.models import memory
 from ragen_lightning.errors import ConfigError
 
 # 2 layers, H 8, I 16, 2 heads of 4 (q_dim 8), 1 kv head (kv_dim 4), vocab 10, tied embeddings

@@ -4,7 +4,7 @@ import torch
 
 
 def test_folder_reloads_with_identical_ids_and_tags_are_single_tokens(tiny_path, tiny_tokenizer):
-    from ragen_lightning.tiny import build_tokenizer
+    from ragen_lightning.models.tiny import build_tokenizer
     from tests.conftest import SMALL_CORPUS
 
     fresh = build_tokenizer(SMALL_CORPUS, 400)
@@ -22,7 +22,7 @@ def test_folder_reloads_with_identical_ids_and_tags_are_single_tokens(tiny_path,
 def test_build_is_deterministic_and_cached(tmp_path, tiny_path):
     from safetensors.torch import load_file
 
-    from ragen_lightning.tiny import TinySpec, tiny_model_path
+    from ragen_lightning.models.tiny import TinySpec, tiny_model_path
     from tests.conftest import SMALL_CORPUS
 
     spec = TinySpec(**json.loads((tiny_path / "ragen_tiny.json").read_text())["spec"])
@@ -37,7 +37,7 @@ def test_build_is_deterministic_and_cached(tmp_path, tiny_path):
 
 
 def test_build_does_not_touch_global_rng(tmp_path):
-    from ragen_lightning.tiny import TinySpec, tiny_model_path
+    from ragen_lightning.models.tiny import TinySpec, tiny_model_path
     from tests.conftest import SMALL_CORPUS
 
     torch.manual_seed(123)

@@ -13,7 +13,7 @@ import torch
 import envs  # noqa: F401
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.errors import ConfigError
-from ragen_lightning.module import StarPOModule
+from ragen_lightning.starpo.module import StarPOModule
 from ragen_lightning.rollout.engine import Generation
 from ragen_lightning.rollout.vllm_engine import VLLMConfig, VLLMEngine, trainer_logprobs, weights_for_push
 

@@ -1,6 +1,6 @@
 """Actor, critic and tokenizer loading.
 
-``"tiny"`` names the embedded tiny model (built and cached on first use, see :mod:`ragen_lightning.tiny`); any other
+``"tiny"`` names the embedded tiny model (built and cached on first use, see :mod:`ragen_lightning.models.tiny`); any other
 name is a local folder or hub id loaded with transformers' auto classes. The critic is the same backbone with a
 scalar value head (RAGEN: a token classifier with one label), so PPO's values come from a model of the actor's size
 and tokenizer.
@@ -8,10 +8,13 @@ and tokenizer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from ragen_lightning.models.tiny import tiny_model_path
 
 TINY = "tiny"
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -21,8 +24,6 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 def resolve_model_path(name_or_path: str) -> str:
     """``"tiny"`` -> the cached tiny model folder; anything else unchanged."""
     if name_or_path == TINY:
-        from ragen_lightning.tiny import tiny_model_path
-
         return str(tiny_model_path())
     return name_or_path
 
@@ -89,21 +90,20 @@ class ValueModel(nn.Module):
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)  # [B, T]
 
 
-def load_critic(name_or_path: str, dtype: str = "float32", quantization_config=None, lora=None) -> ValueModel:
+def load_critic(name_or_path: str, dtype: str = "float32", quantization_config=None,
+                adapt: Callable[[nn.Module], nn.Module] | None = None) -> ValueModel:
     """The critic: the base model without its LM head, plus a value head.
 
-    With ``lora`` (a :class:`~ragen_lightning.lora.LoraSettings`) the backbone is frozen (and 4-bit with a
-    ``quantization_config``) under a LoRA adapter, while the value head is trained in full.
+    ``adapt`` wraps the backbone before the head is attached (LoRA: a frozen, possibly 4-bit backbone under an
+    adapter, :func:`ragen_lightning.models.build.build_lora_models`); the value head always trains in full.
     """
     from transformers import AutoModel
 
     path = resolve_model_path(name_or_path)
     _check_exists(path)
     backbone = AutoModel.from_pretrained(path, dtype=torch_dtype(dtype), **_quantized(quantization_config))
-    if lora is not None:
-        from ragen_lightning.lora import add_adapter
-
-        backbone = add_adapter(backbone, lora, task_type=None)
+    if adapt is not None:
+        backbone = adapt(backbone)
     head = ValueModel(backbone, backbone.config.hidden_size)
     head.value_head.to(torch_dtype(dtype))
     return head

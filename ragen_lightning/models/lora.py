@@ -200,30 +200,6 @@ def add_shared_adapters(model: nn.Module, settings: LoraSettings):
     return peft
 
 
-def build_models(path: str, critic_path: str | None, dtype: str, settings: LoraSettings, *, with_critic: bool,
-                 with_reference: bool):
-    """``(actor, critic | None, reference | None)`` under LoRA: frozen (optionally nf4) bases with adapters.
-
-    Separate bases: the actor is a causal LM with adapter ``default``; the critic its own backbone with an adapter
-    and a value head. ``shared_base``: one causal LM with adapters ``actor`` and ``critic``, the critic a
-    :class:`SharedBaseCritic` over it. The reference (KL only) is :class:`AdaptersDisabled` in both cases.
-    """
-    from ragen_lightning import models
-
-    qconfig = settings.quantization_config(models.torch_dtype(dtype))
-    base = models.load_causal_lm(path, dtype, qconfig)
-    critic = None
-    if settings.shared_base and with_critic:  # without a critic (GRPO family) there is nothing to share
-        actor = add_shared_adapters(base, settings)
-        critic = SharedBaseCritic(actor, base.config.hidden_size, models.torch_dtype(dtype))
-    else:
-        actor = add_adapter(base, settings, "CAUSAL_LM")
-        if with_critic:
-            critic = models.load_critic(critic_path or path, dtype, qconfig, lora=settings)
-    reference = AdaptersDisabled(actor) if with_reference else None
-    return actor.train(), critic.train() if critic is not None else None, reference
-
-
 def optimizer_parameters(actor: nn.Module, critic: nn.Module | None) -> tuple[list, list]:
     """Disjoint trainable parameter lists of the actor and the critic (all parameters under full fine-tuning)."""
     if isinstance(critic, SharedBaseCritic):

@@ -19,11 +19,11 @@ the filter kept nothing) and ``last_logs`` (the values logged for it) hold that 
 Manual optimisation with one optimizer per network; ``trainer.global_step`` therefore counts optimizer steps, and the
 run length is set in iterations by ``--data.num_iterations``.
 
-Data parallel (DDP, FSDP2 via :class:`~ragen_lightning.distributed.FSDP2Strategy`, FSDP1): every rank holds the same
+Data parallel (DDP, FSDP2 via :class:`~ragen_lightning.parallel.FSDP2Strategy`, FSDP1): every rank holds the same
 global batch; scoring passes and each mini-batch's rows are split evenly across ranks (an inert zero-mask row pads
 short shares), losses keep the global normaliser times the world size (DDP/FSDP average gradients), so one step
-equals the single-process step (:mod:`ragen_lightning.distributed`; the update loop itself is
-:mod:`ragen_lightning.update`).
+equals the single-process step (:mod:`ragen_lightning.parallel`; the update loop itself is
+:mod:`ragen_lightning.starpo.update`).
 """
 
 from __future__ import annotations
@@ -40,24 +40,20 @@ import torch
 from lightning.pytorch.cli import OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_warn
 
-from ragen_lightning import lora as lora_mod
 from ragen_lightning import models
-from ragen_lightning.advantage_step import starpo_advantages
+from ragen_lightning.models import lora as lora_mod
+from ragen_lightning.models.build import build_networks
 from ragen_lightning.algos import advantages as A
 from ragen_lightning.algos.losses import AggMode, KLKind, actor_loss, agg_normalizer, aggregate, tis_weights, value_loss
 from ragen_lightning.algos.masked import masked_mean
-from ragen_lightning.distributed import (
-    GatheredWeightsEngine,
-    all_reduce_,
-    shard_model,
-    world,
-)
-from ragen_lightning.early_stop import LowValidationSuccess, RewardVarianceCollapse
 from ragen_lightning.errors import ConfigError
-from ragen_lightning.rollout.engine import HFEngine
-from ragen_lightning.scoring import actor_outputs, critic_values, trimmed
+from ragen_lightning.parallel import all_reduce_, shard_model, world
+from ragen_lightning.rollout.engines import GatheredWeightsEngine, build_engine
+from ragen_lightning.starpo.advantages import starpo_advantages
+from ragen_lightning.starpo.early_stop import LowValidationSuccess, RewardVarianceCollapse
+from ragen_lightning.starpo.scoring import actor_outputs, critic_values, trimmed
+from ragen_lightning.starpo.update import accumulate, mini_batches, score_sharded, with_inert_row
 from ragen_lightning.types import RolloutBatch
-from ragen_lightning.update import accumulate, mini_batches, score_sharded, with_inert_row
 
 AdvEstimator = Literal["gae", "grpo", "drgrpo", "brpo", "arpo"]
 
@@ -117,7 +113,7 @@ class StarPOModule(L.LightningModule):
             peft format, plus merged weights in ``<dir>/merged`` with ``lora.export_merged``).
         activation_checkpointing: recompute each transformer block in backward instead of storing its activations
             (actor and critic): far less activation memory for about one more forward pass of compute.
-        lora: LoRA / QLoRA settings (:class:`~ragen_lightning.lora.LoraSettings`: ``rank``, ``alpha``, ``dropout``,
+        lora: LoRA / QLoRA settings (:class:`~ragen_lightning.models.lora.LoraSettings`: ``rank``, ``alpha``, ``dropout``,
             ``target_modules``, ``quantization: none | nf4``, ``shared_base``, ``export_merged``); ``null`` trains
             all weights. Under LoRA only adapters (and the critic's value head) train and the KL reference is the
             actor with its adapters disabled (no copy). Raise the learning rates ~x10 (configs/lora.yaml).
@@ -257,21 +253,11 @@ class StarPOModule(L.LightningModule):
             return
         path = getattr(self, "_model_path", None) or models.resolve_model_path(self.hparams.model)
         self.tokenizer = models.load_tokenizer(path)
-        if self._lora is not None:
-            self.actor, self.critic, ref = lora_mod.build_models(
-                path, self.hparams.critic_model, self.hparams.dtype, self._lora, with_critic=self.uses_critic,
-                with_reference=self.uses_reference)
-            self._reference = [ref] if ref is not None else []
-        else:
-            self.actor = models.load_causal_lm(path, self.hparams.dtype).train()  # from_pretrained: eval mode
-            if self.uses_critic:
-                self.critic = models.load_critic(self.hparams.critic_model or path, self.hparams.dtype).train()
-            if self.uses_reference:
-                self._reference = [copy.deepcopy(self.actor).eval().requires_grad_(False)]
-        if self.hparams.activation_checkpointing:
-            for net in (self.actor, self.critic):
-                if net is not None:
-                    models.enable_activation_checkpointing(net)
+        nets = build_networks(path, self.hparams.critic_model, self.hparams.dtype, self._lora,
+                              with_critic=self.uses_critic, with_reference=self.uses_reference,
+                              activation_checkpointing=self.hparams.activation_checkpointing)
+        self.actor, self.critic = nets.actor, nets.critic
+        self._reference = [nets.reference] if nets.reference is not None else []
         if self._device_mesh is not None:  # FSDP2 (ModelParallelStrategy): shard per transformer block
             if self._lora is not None:
                 raise ConfigError("--model.lora is not supported with FSDP2 (configs/fsdp.yaml) yet: use DDP "
@@ -299,25 +285,11 @@ class StarPOModule(L.LightningModule):
 
     def make_engine(self, max_batch_size: int = 128, engine: str = "hf", vllm=None, max_model_len: int = 4096,
                     seed: int = 0):
-        """The rollout engine: ``hf`` samples with the actor's own weights (under FSDP2, with a full copy synced to
-        them); ``vllm`` is a colocated vLLM engine loaded from the actor's folder and synced from the actor before
-        every rollout (``VLLMConfig`` ``vllm``)."""
-        if engine not in ("hf", "vllm"):
-            raise ConfigError(f"--data.engine must be 'hf' or 'vllm', got {engine!r}")
-        stop, pad = [self.tokenizer.eos_token_id], self.tokenizer.pad_token_id
-        if engine == "hf":
-            if self._rollout_actor:
-                return GatheredWeightsEngine(self.actor, self._rollout_actor[0].to(self.device), stop, pad,
-                                             max_batch_size)
-            return HFEngine(self.actor, stop, pad, max_batch_size)
-        if self._rollout_actor:
-            raise ConfigError("--data.engine vllm is not supported with FSDP2 (configs/fsdp.yaml) yet: use DDP "
-                              "(configs/ddp.yaml) or --data.engine hf")
-        from ragen_lightning.rollout.vllm_engine import VLLMEngine
-
+        """The rollout engine for this module's actor (:func:`ragen_lightning.rollout.engines.build_engine`)."""
+        rollout_actor = self._rollout_actor[0].to(self.device) if self._rollout_actor else None
         path = getattr(self, "_model_path", None) or models.resolve_model_path(self.hparams.model)
-        return VLLMEngine(self.actor, path, stop, pad, vllm, max_model_len=max_model_len,
-                          max_batch_size=max_batch_size, seed=seed)
+        return build_engine(self.actor, self.tokenizer, model_path=path, rollout_actor=rollout_actor, engine=engine,
+                            vllm=vllm, max_batch_size=max_batch_size, max_model_len=max_model_len, seed=seed)
 
     def configure_optimizers(self):
         hp = self.hparams
@@ -416,7 +388,7 @@ class StarPOModule(L.LightningModule):
         return opts if isinstance(opts, list) else [opts]
 
     def _accumulate(self, opt, rows, loss_fn) -> dict[str, float]:
-        """One optimizer step of ``opt``'s network over ``rows`` (:func:`ragen_lightning.update.accumulate`)."""
+        """One optimizer step of ``opt``'s network over ``rows`` (:func:`ragen_lightning.starpo.update.accumulate`)."""
         out, stepped = accumulate(self, opt, rows, loss_fn, micro_batch_size=self.hparams.micro_batch_size,
                                   max_norm=self.hparams.grad_clip, pad_row=self._pad_row, on_step=self._step_scheduler)
         self.skipped_steps += not stepped

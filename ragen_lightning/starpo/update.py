@@ -1,6 +1,6 @@
 """Step 4 of a StarPO iteration: the (data-parallel) mini-batch update, network-agnostic.
 
-:class:`~ragen_lightning.module.StarPOModule` builds the actor and critic losses; this module owns what is the same
+:class:`~ragen_lightning.starpo.module.StarPOModule` builds the actor and critic losses; this module owns what is the same
 for both and what data parallelism changes:
 
 * :func:`mini_batches`: each mini-batch's global rows (shuffled per iteration and epoch when asked) and this rank's
@@ -22,8 +22,8 @@ from collections.abc import Callable
 import lightning as L
 import torch
 
-from ragen_lightning.distributed import all_reduce_, full_tensor, gather_objects, rank_rows, world
-from ragen_lightning.scoring import micro_slices, score_batch
+from ragen_lightning.parallel import all_reduce_, full_tensor, gather_objects, rank_rows, world
+from ragen_lightning.starpo.scoring import micro_slices, score_batch
 
 LossFn = Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
@@ -41,7 +41,7 @@ def mini_batches(n: int, size: int, *, shuffle: bool, epoch: int, iteration: int
 
 
 def score_sharded(model: torch.nn.Module, ids: torch.Tensor, att: torch.Tensor, micro: int, **kwargs):
-    """:func:`~ragen_lightning.scoring.score_batch` over the whole batch; with several ranks each scores its share
+    """:func:`~ragen_lightning.starpo.scoring.score_batch` over the whole batch; with several ranks each scores its share
     and the zero-filled full tensors are summed across ranks."""
     rank, size = world()
     if size == 1:

@@ -1,0 +1,102 @@
+"""Data-parallel StarPO across processes (DDP, FSDP2, FSDP1 through Lightning): who rolls out what, who trains on what.
+
+The scheme (DESIGN section 8.2, distributed-safe filtering):
+
+1. **Rollout**: rank ``r`` of ``W`` runs the whole groups ``[r*G/W, (r+1)*G/W)`` with its own engine, keeping the
+   global group ids, env indices and reset seeds, so N ranks see exactly the envs and generation seeds of 1 rank.
+2. **Gather + filter**: every rank all-gathers the trajectories (rank-major order is the global group order), then
+   runs the single-process filter and batch builder on the full list. Selection, score normalisation and the rollout
+   metrics are therefore the single-process ones by construction, identical on every rank, with no per-rank kept set
+   that could leave one rank with nothing to do.
+3. **Update**: every mini-batch (the same global rows as one process) is split into ``W`` equal shares
+   (:func:`rank_rows`); a short share is padded with a zero-mask row, so every rank runs the same number of
+   micro-batches (forward/backward collectives never hang, even when a mini-batch has fewer rows than ranks). Losses
+   keep the mini-batch's global normaliser and are multiplied by ``W`` because DDP and FSDP average gradients, so one
+   data-parallel step equals the single-process step on the same batch.
+4. **Scoring passes** (old log-probs, reference log-probs, values): each rank scores its share of rows (padded to equal
+   counts), the results are summed across ranks (every row is filled by exactly one rank).
+
+The strategies and sharding live in :mod:`ragen_lightning.parallel.strategies`; rollouts under FSDP2 from a full copy
+of the actor are :class:`ragen_lightning.rollout.engines.GatheredWeightsEngine`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import torch
+
+from ragen_lightning.errors import ConfigError
+
+T = TypeVar("T")
+
+
+# -- pure helpers (unit-tested without processes) --------------------------------------------------------------------
+def group_share(num_groups: int, world_size: int, rank: int) -> range:
+    """The global group ids rank ``rank`` rolls out: ``[rank*G/W, (rank+1)*G/W)``.
+
+    Raises:
+        ConfigError: ``num_groups`` is not a multiple of the world size (whole groups per rank).
+    """
+    if num_groups % world_size:
+        raise ConfigError(f"--data.num_groups ({num_groups}) must be divisible by the number of processes "
+                          f"({world_size}): every rank runs whole env groups")
+    per = num_groups // world_size
+    return range(rank * per, (rank + 1) * per)
+
+
+def concat_ranks(per_rank: Sequence[Sequence[T]]) -> list[T]:
+    """The gathered per-rank lists in rank order (= global group order, see :func:`group_share`)."""
+    return [x for part in per_rank for x in part]
+
+
+def rank_rows(rows: torch.Tensor, world_size: int, rank: int, pad_index: int) -> torch.Tensor:
+    """Rank ``rank``'s share of the row indices ``rows``, padded with ``pad_index`` to ``ceil(len(rows) / W)``.
+
+    Shares are contiguous and differ by at most one real row, so every rank gets the same number of rows (and of
+    micro-batches); ``pad_index`` names a row the caller makes inert (zero loss mask).
+    """
+    size = math.ceil(rows.numel() / world_size)
+    share = torch.tensor_split(rows, world_size)[rank]
+    if share.numel() < size:
+        pad = torch.full((size - share.numel(),), pad_index, dtype=rows.dtype, device=rows.device)
+        share = torch.cat([share, pad])
+    return share
+
+
+# -- process-group helpers (no-ops in one process) -------------------------------------------------------------------
+def world() -> tuple[int, int]:
+    """``(rank, world_size)`` of the default process group, ``(0, 1)`` without one."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """``all_gather_object``: every rank's ``obj``, in rank order (``[obj]`` in one process)."""
+    size = world()[1]
+    if size == 1:
+        return [obj]
+    out: list[Any] = [None] * size
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def all_reduce_(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """In-place all-reduce (``sum`` | ``min`` | ``max``); nothing in one process."""
+    if world()[1] > 1:
+        ops = {"sum": torch.distributed.ReduceOp.SUM, "min": torch.distributed.ReduceOp.MIN,
+               "max": torch.distributed.ReduceOp.MAX}
+        torch.distributed.all_reduce(tensor, op=ops[op])
+    return tensor
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's full value (collective); any other tensor unchanged."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+

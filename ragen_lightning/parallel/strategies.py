@@ -1,0 +1,109 @@
+"""Lightning strategies for sharded StarPO (FSDP2 through ``ModelParallelStrategy``, FSDP1) and per-block sharding.
+
+:class:`FSDP2Strategy` is Lightning's ``ModelParallelStrategy`` with data-parallel size = world size and tensor-parallel
+size 1; :func:`shard_model` applies ``fully_shard`` per transformer block; :func:`check_strategy` refuses combinations
+before Lightning's generic errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+
+from ragen_lightning.errors import ConfigError
+
+
+class FSDP2Strategy(ModelParallelStrategy):
+    """Lightning's ``ModelParallelStrategy`` as plain FSDP2 data parallelism: a 1-D mesh over every process.
+
+    ``ModelParallelStrategy``'s ``"auto"`` sizes mean data-parallel across nodes and tensor-parallel within a node;
+    StarPO shards data only, so the data-parallel size is the world size and the tensor-parallel size 1, whatever
+    ``--trainer.devices`` / ``--trainer.num_nodes`` are. The module shards actor, critic and reference per
+    transformer block in ``configure_model``.
+
+    Args:
+        save_distributed_checkpoint: save a sharded checkpoint folder (one file per rank plus metadata; it resumes on
+            any number of processes under this strategy); ``False`` gathers one full file on rank 0.
+        process_group_backend: ``gloo`` on CPU, ``nccl`` on GPUs (default: chosen by Lightning).
+    """
+
+    def __init__(self, save_distributed_checkpoint: bool = True, process_group_backend: str | None = None):
+        super().__init__(data_parallel_size="auto", tensor_parallel_size=1,
+                         save_distributed_checkpoint=save_distributed_checkpoint,
+                         process_group_backend=process_group_backend)
+
+    def setup_environment(self) -> None:
+        self._data_parallel_size = self.num_nodes * self.num_processes
+        super().setup_environment()
+
+
+class FSDP1Strategy(FSDPStrategy):
+    """Lightning's ``FSDPStrategy`` (torch FSDP1, CUDA only) wrapping every transformer block of the module's models.
+
+    The wrap policy is built at setup from the classes the models' ``_no_split_modules`` name (decoder layers), so
+    a YAML config needs no Python class objects. Gradient clipping uses the FSDP root's ``clip_grad_norm_``.
+
+    Args:
+        sharding_strategy: ``FULL_SHARD`` | ``SHARD_GRAD_OP`` | ``HYBRID_SHARD`` | ``NO_SHARD``.
+        state_dict_type: ``sharded`` (a checkpoint folder, reshardable) or ``full`` (one file on rank 0).
+    """
+
+    def __init__(self, sharding_strategy: str = "FULL_SHARD", state_dict_type: str = "sharded"):
+        super().__init__(sharding_strategy=sharding_strategy, state_dict_type=state_dict_type, use_orig_params=True)
+
+    def setup(self, trainer) -> None:  # pragma: no cover - needs CUDA
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        if self.kwargs.get("auto_wrap_policy") is None:
+            blocks = {type(m) for m in transformer_blocks(self.lightning_module)}
+            if blocks:
+                self.kwargs["auto_wrap_policy"] = ModuleWrapPolicy(blocks)
+        super().setup(trainer)
+
+
+def check_strategy(strategy: Any, accelerator: Any) -> None:
+    """Refuse FSDP1 without CUDA, naming the flag (Lightning would fail later with a generic error).
+
+    Args:
+        strategy: the ``--trainer.strategy`` value (a name, a class_path dict or a Strategy).
+        accelerator: the ``--trainer.accelerator`` value.
+    """
+    if isinstance(strategy, str):
+        name = strategy
+    elif isinstance(strategy, dict):
+        name = strategy.get("class_path", "")
+    else:  # a jsonargparse Namespace with class_path, or a Strategy instance
+        name = getattr(strategy, "class_path", None) or type(strategy).__name__
+    is_fsdp1 = str(name).split(".")[-1] in ("fsdp", "FSDPStrategy", "FSDP1Strategy") or str(name).startswith("fsdp_")
+    if is_fsdp1 and (str(accelerator) == "cpu" or not torch.cuda.is_available()):
+        raise ConfigError(f"--trainer.strategy {name} (FSDP1, configs/fsdp1.yaml) needs CUDA GPUs "
+                          f"(--trainer.accelerator is {accelerator!r}, CUDA available: {torch.cuda.is_available()}); "
+                          "on CPU use configs/fsdp.yaml (FSDP2) or configs/ddp.yaml")
+
+
+def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of a transformers model (classes its ``_no_split_modules`` names, e.g. decoder layers)."""
+    names: set[str] = set()
+    for m in model.modules():
+        names.update(getattr(m, "_no_split_modules", None) or [])
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+def shard_model(model: torch.nn.Module, mesh, *, mixed_precision: bool) -> torch.nn.Module:
+    """``fully_shard`` each transformer block of ``model``, then the model itself (embeddings, head, norm).
+
+    Args:
+        model: a transformers causal LM or a critic (backbone + value head).
+        mesh: the 1-D data-parallel device mesh.
+        mixed_precision: bf16 parameters for compute with fp32 gradient reduction (GPUs); fp32 otherwise.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision \
+        else MixedPrecisionPolicy()
+    for block in transformer_blocks(model):
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model

@@ -1,0 +1,63 @@
+"""Building the rollout engine for a training run, and the engine that samples from a sharded actor.
+
+:func:`build_engine` is the one place that chooses between the HF engine (samples with the actor itself), the
+:class:`GatheredWeightsEngine` (FSDP2: a full copy refreshed from the shards before every rollout) and the colocated
+vLLM engine (``vllm`` is imported only when chosen).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ragen_lightning.errors import ConfigError
+from ragen_lightning.parallel.ranks import full_tensor
+from ragen_lightning.rollout.engine import GenerationEngine, HFEngine
+
+
+def build_engine(actor: torch.nn.Module, tokenizer, *, model_path: str, rollout_actor: torch.nn.Module | None = None,
+                 engine: str = "hf", vllm=None, max_batch_size: int = 128, max_model_len: int = 4096,
+                 seed: int = 0) -> GenerationEngine:
+    """The rollout engine: ``hf`` samples with ``actor``'s own weights (under FSDP2, with the unsharded
+    ``rollout_actor`` synced to them); ``vllm`` is a colocated vLLM engine loaded from ``model_path`` and synced
+    from the actor before every rollout (``VLLMConfig`` ``vllm``)."""
+    if engine not in ("hf", "vllm"):
+        raise ConfigError(f"--data.engine must be 'hf' or 'vllm', got {engine!r}")
+    stop, pad = [tokenizer.eos_token_id], tokenizer.pad_token_id
+    if engine == "hf":
+        if rollout_actor is not None:
+            return GatheredWeightsEngine(actor, rollout_actor, stop, pad, max_batch_size)
+        return HFEngine(actor, stop, pad, max_batch_size)
+    if rollout_actor is not None:
+        raise ConfigError("--data.engine vllm is not supported with FSDP2 (configs/fsdp.yaml) yet: use DDP "
+                          "(configs/ddp.yaml) or --data.engine hf")
+    from ragen_lightning.rollout.vllm_engine import VLLMEngine
+
+    return VLLMEngine(actor, model_path, stop, pad, vllm, max_model_len=max_model_len, max_batch_size=max_batch_size,
+                      seed=seed)
+
+
+class GatheredWeightsEngine(HFEngine):
+    """HF generation from an unsharded copy of a sharded actor; ``sync_weights`` copies the full weights in.
+
+    Under FSDP2 every forward of the sharded actor is a collective, and ranks generate different numbers of tokens,
+    so rollouts must not run on the shards. ``sync_weights`` is itself collective (it gathers each parameter): the
+    data module calls it on every rank at the start of every rollout.
+
+    Args:
+        sharded: the training actor (FSDP2-sharded).
+        copy: a same-architecture, unsharded model on this rank's device.
+        stop_token_ids, pad_token_id, max_batch_size: as :class:`~ragen_lightning.rollout.engine.HFEngine`.
+    """
+
+    def __init__(self, sharded: torch.nn.Module, copy: torch.nn.Module, stop_token_ids: Sequence[int],
+                 pad_token_id: int, max_batch_size: int = 128):
+        super().__init__(copy, stop_token_ids, pad_token_id, max_batch_size)
+        self.sharded = sharded
+
+    @torch.no_grad()
+    def sync_weights(self) -> None:
+        target = self.model.state_dict()
+        for name, value in self.sharded.state_dict().items():
+            target[name].copy_(full_tensor(value))
