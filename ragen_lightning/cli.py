@@ -15,8 +15,8 @@ from lightning.pytorch.cli import LightningCLI
 
 from ragen_lightning import models
 from ragen_lightning.data.datamodule import RolloutDataModule
-from ragen_lightning.parallel import check_strategy
 from ragen_lightning.errors import ConfigError
+from ragen_lightning.parallel import check_strategy
 from ragen_lightning.starpo.module import StarPOModule
 
 

@@ -32,14 +32,14 @@ from typing import Literal
 import torch
 
 __all__ = [
+    "SCORE_METRICS",
     "ZERO_TOL",
     "ScoreMetric",
-    "SCORE_METRICS",
-    "group_scores",
     "Strategy",
-    "select_groups",
-    "kept_sample_mask",
     "filter_metrics",
+    "group_scores",
+    "kept_sample_mask",
+    "select_groups",
 ]
 
 ZERO_TOL = 1e-10  # |score| at or below this counts as zero (include_zero=False, filter_zero_count)

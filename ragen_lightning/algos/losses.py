@@ -51,17 +51,17 @@ import torch
 from .masked import as_bool_mask, masked_mean, masked_sum, safe_count
 
 __all__ = [
-    "AggMode",
     "AGG_MODES",
+    "KL_KINDS",
+    "AggMode",
+    "KLKind",
+    "actor_loss",
     "agg_normalizer",
     "aggregate",
-    "ppo_policy_loss",
-    "value_loss",
-    "KLKind",
-    "KL_KINDS",
     "kl_penalty",
-    "actor_loss",
+    "ppo_policy_loss",
     "tis_weights",
+    "value_loss",
 ]
 
 Normalizer = float | int | torch.Tensor | None

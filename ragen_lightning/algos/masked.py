@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["as_bool_mask", "masked_sum", "masked_mean", "masked_var", "masked_whiten", "safe_count"]
+__all__ = ["as_bool_mask", "masked_mean", "masked_sum", "masked_var", "masked_whiten", "safe_count"]
 
 
 def as_bool_mask(mask: torch.Tensor) -> torch.Tensor:

@@ -28,10 +28,15 @@ from ragen_lightning.data.batching import (
     rollout_metrics,
 )
 from ragen_lightning.data.sampler import FilterConfig, filter_groups
-from ragen_lightning.parallel import concat_ranks, gather_objects, group_share, world
 from ragen_lightning.errors import ConfigError
+from ragen_lightning.parallel import concat_ranks, gather_objects, group_share, world
 from ragen_lightning.rollout.engine import SamplingParams
-from ragen_lightning.rollout.runner import ContextWindow, RolloutRunner, UnknownEnvError, make_env
+from ragen_lightning.rollout.runner import (
+    ContextWindow,
+    RolloutRunner,
+    UnknownEnvError,
+    make_env,
+)
 from ragen_lightning.rollout.tokens import ChatTokens
 from ragen_lightning.rollout.vllm_engine import VLLMConfig, require_vllm
 from ragen_lightning.types import RolloutBatch

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from ragen_lightning.models.loading import enable_activation_checkpointing, load_causal_lm, load_critic, torch_dtype
+from ragen_lightning.models.loading import (
+    enable_activation_checkpointing,
+    load_causal_lm,
+    load_critic,
+    torch_dtype,
+)
 from ragen_lightning.models.lora import (
     AdaptersDisabled,
     LoraSettings,

@@ -119,7 +119,9 @@ def architecture(model: str) -> Architecture:
     for name, arch in PUBLISHED.items():
         if model in (name, name.removesuffix("-Instruct")):
             return arch
-    from ragen_lightning.models.loading import resolve_model_path  # lazy: keeps the plan free of torch
+    from ragen_lightning.models.loading import (
+        resolve_model_path,  # lazy: keeps the plan free of torch
+    )
 
     path = Path(resolve_model_path(model)).expanduser()
     if (path / "config.json").is_file():

@@ -130,7 +130,16 @@ def default_corpus(env_ids: Sequence[str] = CORPUS_ENV_IDS, seeds: int = 24, ste
 
 def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024):
     """Train the byte-level BPE tokenizer and wrap it as a transformers fast tokenizer with the chat template."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 

@@ -9,7 +9,13 @@ from ragen_lightning.parallel.ranks import (
     rank_rows,
     world,
 )
-from ragen_lightning.parallel.strategies import FSDP1Strategy, FSDP2Strategy, check_strategy, shard_model, transformer_blocks
+from ragen_lightning.parallel.strategies import (
+    FSDP1Strategy,
+    FSDP2Strategy,
+    check_strategy,
+    shard_model,
+    transformer_blocks,
+)
 
 __all__ = ["FSDP1Strategy", "FSDP2Strategy", "all_reduce_", "check_strategy", "concat_ranks", "full_tensor",
            "gather_objects", "group_share", "rank_rows", "shard_model", "transformer_blocks", "world"]

@@ -33,8 +33,8 @@ import torch
 
 from ragen_lightning import models
 from ragen_lightning.sft.module import (
-    LRSchedule,
     Demonstration,
+    LRSchedule,
     build_demonstrations,
     causal_lm_sft_loss,
     collate,

@@ -41,18 +41,34 @@ from lightning.pytorch.cli import OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_warn
 
 from ragen_lightning import models
-from ragen_lightning.models import lora as lora_mod
-from ragen_lightning.models.build import build_networks
 from ragen_lightning.algos import advantages as A
-from ragen_lightning.algos.losses import AggMode, KLKind, actor_loss, agg_normalizer, aggregate, tis_weights, value_loss
+from ragen_lightning.algos.losses import (
+    AggMode,
+    KLKind,
+    actor_loss,
+    agg_normalizer,
+    aggregate,
+    tis_weights,
+    value_loss,
+)
 from ragen_lightning.algos.masked import masked_mean
 from ragen_lightning.errors import ConfigError
+from ragen_lightning.models import lora as lora_mod
+from ragen_lightning.models.build import build_networks
 from ragen_lightning.parallel import all_reduce_, shard_model, world
 from ragen_lightning.rollout.engines import GatheredWeightsEngine, build_engine
 from ragen_lightning.starpo.advantages import starpo_advantages
-from ragen_lightning.starpo.early_stop import LowValidationSuccess, RewardVarianceCollapse
+from ragen_lightning.starpo.early_stop import (
+    LowValidationSuccess,
+    RewardVarianceCollapse,
+)
 from ragen_lightning.starpo.scoring import actor_outputs, critic_values, trimmed
-from ragen_lightning.starpo.update import accumulate, mini_batches, score_sharded, with_inert_row
+from ragen_lightning.starpo.update import (
+    accumulate,
+    mini_batches,
+    score_sharded,
+    with_inert_row,
+)
 from ragen_lightning.types import RolloutBatch
 
 AdvEstimator = Literal["gae", "grpo", "drgrpo", "brpo", "arpo"]

@@ -22,7 +22,13 @@ from collections.abc import Callable
 import lightning as L
 import torch
 
-from ragen_lightning.parallel import all_reduce_, full_tensor, gather_objects, rank_rows, world
+from ragen_lightning.parallel import (
+    all_reduce_,
+    full_tensor,
+    gather_objects,
+    rank_rows,
+    world,
+)
 from ragen_lightning.starpo.scoring import micro_slices, score_batch
 
 LossFn = Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]

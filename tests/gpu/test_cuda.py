@@ -12,8 +12,8 @@ import torch
 import envs  # noqa: F401
 from ragen_lightning import models
 from ragen_lightning.data.datamodule import RolloutDataModule
-from ragen_lightning.starpo.module import StarPOModule
 from ragen_lightning.rollout.engine import HFEngine, SamplingParams
+from ragen_lightning.starpo.module import StarPOModule
 
 pytestmark = pytest.mark.gpu
 

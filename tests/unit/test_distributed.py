@@ -7,8 +7,13 @@ import torch
 
 from ragen_lightning.algos.losses import agg_normalizer, aggregate
 from ragen_lightning.data.sampler import FilterConfig, filter_groups
-from ragen_lightning.parallel import check_strategy, concat_ranks, group_share, rank_rows
 from ragen_lightning.errors import ConfigError
+from ragen_lightning.parallel import (
+    check_strategy,
+    concat_ranks,
+    group_share,
+    rank_rows,
+)
 from ragen_lightning.types import Trajectory
 
 

@@ -1,6 +1,9 @@
 import pytest
 
-from ragen_lightning.starpo.early_stop import LowValidationSuccess, RewardVarianceCollapse
+from ragen_lightning.starpo.early_stop import (
+    LowValidationSuccess,
+    RewardVarianceCollapse,
+)
 
 
 def test_reward_variance_collapse_by_hand():

@@ -11,8 +11,8 @@ from callbacks import GradientAnalysis, RolloutStatistics
 from callbacks.gradients import group_buckets
 from callbacks.throughput import throughput_values
 from ragen_lightning.data.batching import build_batch
-from ragen_lightning.starpo.module import StarPOModule
 from ragen_lightning.rollout.tokens import ChatTokens
+from ragen_lightning.starpo.module import StarPOModule
 from ragen_lightning.types import Sample, Trajectory
 
 

@@ -5,8 +5,7 @@ import torch
 
 from ragen_lightning.data.batching import build_batch, normalize_scores, rollout_metrics
 from ragen_lightning.data.sampler import FilterConfig, filter_groups
-from ragen_lightning.types import Conversation
-from ragen_lightning.types import Sample, Trajectory
+from ragen_lightning.types import Conversation, Sample, Trajectory
 
 
 def conv(spec):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ragen_lightning.models import memory
 from ragen_lightning.errors import ConfigError
+from ragen_lightning.models import memory
 
 # 2 layers, H 8, I 16, 2 heads of 4 (q_dim 8), 1 kv head (kv_dim 4), vocab 10, tied embeddings
 SMALL = memory.Architecture(num_layers=2, hidden_size=8, intermediate_size=16, num_heads=2, num_kv_heads=1,

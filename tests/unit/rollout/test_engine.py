@@ -1,7 +1,12 @@
 import pytest
 import torch
 
-from ragen_lightning.rollout.engine import Generation, HFEngine, SamplingParams, process_logits
+from ragen_lightning.rollout.engine import (
+    Generation,
+    HFEngine,
+    SamplingParams,
+    process_logits,
+)
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,14 @@ import torch
 import envs  # noqa: F401
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.errors import ConfigError
-from ragen_lightning.starpo.module import StarPOModule
 from ragen_lightning.rollout.engine import Generation
-from ragen_lightning.rollout.vllm_engine import VLLMConfig, VLLMEngine, trainer_logprobs, weights_for_push
+from ragen_lightning.rollout.vllm_engine import (
+    VLLMConfig,
+    VLLMEngine,
+    trainer_logprobs,
+    weights_for_push,
+)
+from ragen_lightning.starpo.module import StarPOModule
 
 DATA = {"env_id": "ragen/Bandit-v0", "num_groups": 2, "group_size": 2, "max_turns": 1, "max_actions_per_turn": 1,
         "max_actions_per_episode": 1, "max_new_tokens": 8, "max_model_len": 1024, "val_num_groups": 2}
