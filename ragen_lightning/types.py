@@ -151,3 +151,61 @@ class RolloutBatch:
         """Rows ``index`` of every tensor (metrics and trajectories are shared)."""
         rows = {k: getattr(self, k)[index] for k in self._TENSORS}
         return RolloutBatch(**rows, metrics=self.metrics, trajectories=self.trajectories)
+
+
+@dataclass
+class UpdateBatch:
+    """What the mini-batch update reads: the kept rows' tokens plus the per-token training quantities of step 2-3.
+
+    Token tensors are ``[B, T]``; the rest live on the target axis ``[B, T - 1]`` (position ``j`` describes token
+    ``input_ids[:, j + 1]``). Optional fields are None when the run does not compute them.
+
+    Attributes:
+        input_ids: token ids, right-padded.  # [B, T]
+        attention_mask: 1 on real tokens.  # [B, T]
+        loss_mask: True on sampled tokens.  # [B, T - 1] bool
+        advantages: per-token advantages.  # [B, T - 1]
+        engine_logprobs: the rollout engine's log-probs of the sampled tokens.  # [B, T - 1]
+        old_logprobs: the actor's log-probs at rollout time; None when the update's first forward supplies them
+            (on-policy: one epoch over one mini-batch).  # [B, T - 1]
+        ref_logprobs: the reference's log-probs (KL loss only).  # [B, T - 1]
+        values: the critic's values at rollout time (GAE only).  # [B, T - 1]
+        returns: value targets (GAE only).  # [B, T - 1]
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    advantages: torch.Tensor
+    engine_logprobs: torch.Tensor
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def _fields(self) -> dict[str, torch.Tensor | None]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+    def with_inert_row(self) -> "UpdateBatch":
+        """This batch plus one row that trains nothing: row 0's tokens with an all-zero loss mask and zero
+        advantages/returns. It pads a rank's share of a mini-batch so every rank runs the same micro-batches."""
+        out = {}
+        for name, v in self._fields().items():
+            if v is not None:
+                row = v[:1].clone() if name in ("input_ids", "attention_mask") else torch.zeros_like(v[:1])
+                v = torch.cat([v, row])
+            out[name] = v
+        return UpdateBatch(**out)
+
+    def rows(self, index: torch.Tensor) -> "UpdateBatch":
+        """Rows ``index``, cut to the longest of them (``L`` tokens, at least 2 so there is one target)."""
+        length = max(int(self.attention_mask[index].sum(-1).max()), 2)
+        out = {}
+        for name, v in self._fields().items():
+            if v is not None:
+                v = v[index, :length] if name in ("input_ids", "attention_mask") else v[index, : length - 1]
+            out[name] = v
+        return UpdateBatch(**out)

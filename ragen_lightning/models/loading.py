@@ -1,7 +1,7 @@
 """Actor, critic and tokenizer loading.
 
-``"tiny"`` names the embedded tiny model (built and cached on first use, see :mod:`ragen_lightning.models.tiny`); any other
-name is a local folder or hub id loaded with transformers' auto classes. The critic is the same backbone with a
+``"tiny"`` names the embedded tiny model (built and cached on first use, see :mod:`ragen_lightning.models.tiny`);
+any other name is a local folder or hub id loaded with transformers' auto classes. The critic is the same backbone with a
 scalar value head (RAGEN: a token classifier with one label), so PPO's values come from a model of the actor's size
 and tokenizer.
 """

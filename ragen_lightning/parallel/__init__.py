@@ -1,4 +1,5 @@
-"""Data parallelism: which rank rolls out and trains on what (:mod:`.ranks`), strategies and sharding (:mod:`.strategies`)."""
+"""Data parallelism: which rank rolls out and trains on what (:mod:`.ranks`); strategies and sharding
+(:mod:`.strategies`)."""
 
 from ragen_lightning.parallel.ranks import (
     all_reduce_,

@@ -7,6 +7,7 @@ before Lightning's generic errors.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -107,3 +108,16 @@ def shard_model(model: torch.nn.Module, mesh, *, mixed_precision: bool) -> torch
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+def shard_networks(nets: list[torch.nn.Module | None], device_mesh, *, cuda: bool, lora: bool) -> torch.nn.Module:
+    """FSDP2: shard every network of ``nets`` per transformer block over the mesh's data-parallel dimension (bf16
+    compute on CUDA) and return an unsharded, frozen copy of ``nets[0]`` (the actor) for the rollout engine."""
+    if lora:
+        raise ConfigError("--model.lora is not supported with FSDP2 (configs/fsdp.yaml) yet: use DDP "
+                          "(configs/ddp.yaml); adapters are small enough to replicate")
+    rollout_copy = copy.deepcopy(nets[0]).eval().requires_grad_(False)
+    for net in nets:
+        if net is not None:
+            shard_model(net, device_mesh["data_parallel"], mixed_precision=cuda)
+    return rollout_copy

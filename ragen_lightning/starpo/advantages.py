@@ -15,6 +15,11 @@ from ragen_lightning.algos.losses import KLKind
 from ragen_lightning.algos.masked import masked_mean, masked_whiten
 from ragen_lightning.types import RolloutBatch
 
+# the keyword settings of starpo_advantages: the module passes its hyperparameters of the same names
+ADVANTAGE_SETTINGS = ("adv_estimator", "gamma", "lam", "turn_level_gae", "high_level_gamma", "kl_in_reward_coef",
+                      "kl_kind", "soft_advantage_reweight", "filter_loss_scaling", "length_weight",
+                      "zero_task_advantage")
+
 
 def starpo_advantages(
     batch: RolloutBatch,
@@ -23,7 +28,7 @@ def starpo_advantages(
     old_logprobs: torch.Tensor | None,
     ref_logprobs: torch.Tensor | None,
     values: torch.Tensor | None,
-    estimator: str,
+    adv_estimator: str,
     gamma: float,
     lam: float,
     turn_level_gae: bool,
@@ -41,7 +46,7 @@ def starpo_advantages(
     if kl_in_reward_coef > 0:
         rewards, kl_logs = A.apply_kl_in_reward(rewards, old_logprobs, ref_logprobs, mask, kl_in_reward_coef, kl_kind)
         logs["actor/reward_kl"] = float(kl_logs["kl"])
-    if estimator == "gae":
+    if adv_estimator == "gae":
         if turn_level_gae:
             ends = batch.turn_ends[:, 1:] & mask
             adv, returns = A.turn_level_gae(rewards, values, mask, ends, gamma, lam, high_level_gamma)
@@ -54,7 +59,7 @@ def starpo_advantages(
         for row, ep in enumerate(batch.episode_index.tolist()):
             first.setdefault(ep, row)
         ep_rows = torch.tensor(list(first.values()), device=mask.device)
-        ep_adv = A.outcome_advantages(batch.scores[ep_rows].float(), batch.group_index[ep_rows], estimator)
+        ep_adv = A.outcome_advantages(batch.scores[ep_rows].float(), batch.group_index[ep_rows], adv_estimator)
         lookup = dict(zip(first.keys(), ep_adv.tolist()))
         per_sample = torch.tensor([lookup[e] for e in batch.episode_index.tolist()], device=mask.device)
         if soft_advantage_reweight:

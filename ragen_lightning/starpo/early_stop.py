@@ -13,7 +13,36 @@ in ``state_dict`` so a resumed run continues the same windows.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
+
+from ragen_lightning.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class EarlyStopSettings:
+    """RAGEN's early stops (``--model.early_stop.*``; the empty-filter stop is ``--data.empty_stop_steps``).
+
+    Args:
+        rv_collapse_window: baseline = mean in-group reward std of the first N trained iterations; stop when the
+            last N are all below ``rv_collapse_ratio`` x baseline (0 disables).
+        rv_collapse_ratio: the collapse threshold as a fraction of the baseline.
+        low_val_success_patience: stop after this many consecutive validations with success below
+            ``low_val_success_threshold`` (0 disables).
+        low_val_success_threshold: the validation success counted as "low".
+    """
+
+    rv_collapse_window: int = 10
+    rv_collapse_ratio: float = 0.1
+    low_val_success_patience: int = 5
+    low_val_success_threshold: float = 0.01
+
+    def __post_init__(self):
+        for name in ("rv_collapse_window", "low_val_success_patience"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--model.early_stop.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.rv_collapse_ratio <= 1:
+            raise ConfigError(f"--model.early_stop.rv_collapse_ratio must be in [0, 1], got {self.rv_collapse_ratio}")
 
 
 class RewardVarianceCollapse:
@@ -75,3 +104,32 @@ class LowValidationSuccess:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.streak = int(state.get("streak", 0))
+
+
+class EarlyStops:
+    """Both rules of one run: feed them, get the reason to stop (None to go on); one checkpoint state."""
+
+    def __init__(self, settings: EarlyStopSettings):
+        self.rv_collapse = RewardVarianceCollapse(settings.rv_collapse_window, settings.rv_collapse_ratio)
+        self.low_val_success = LowValidationSuccess(settings.low_val_success_patience,
+                                                    settings.low_val_success_threshold)
+
+    def after_iteration(self, reward_std: float) -> str | None:
+        rule = self.rv_collapse
+        if rule.update(reward_std):
+            return (f"in-group reward std stayed below {rule.ratio} x its baseline ({rule.baseline:.4g}) for "
+                    f"{rule.window} iterations")
+        return None
+
+    def after_validation(self, success: float) -> str | None:
+        rule = self.low_val_success
+        if rule.update(success):
+            return f"validation success below {rule.threshold} for {rule.patience} validations in a row"
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rv_collapse": self.rv_collapse.state_dict(), "low_val_success": self.low_val_success.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rv_collapse.load_state_dict(state.get("rv_collapse", {}))
+        self.low_val_success.load_state_dict(state.get("low_val_success", {}))

@@ -1,34 +1,15 @@
 """StarPOModule: actor, critic (GAE only) and reference (KL only); one ``training_step`` is one StarPO iteration.
 
-The iteration (SPEC section 0, DESIGN section 3), top to bottom in :meth:`StarPOModule.training_step`:
-
-1. pull the filtered rollout batch the data module generated with the current actor;
-2. score it under ``no_grad``: ``old_logprobs`` (+ token entropy), ``ref_logprobs`` if a KL term is on, critic
-   ``values`` if the estimator is GAE;
-3. advantages: token rewards (optionally minus ``beta * KL``) -> GAE / turn-level GAE and whitening, or a GRPO-family
-   outcome estimator -> the post-advantage modifiers (soft reweight, filter-loss scaling, length weight, zero-task);
-4. ``ppo_epochs`` x mini-batches: critic then actor, each accumulated over micro-batches with the mini-batch's
-   normaliser (so the gradient does not depend on the micro-batch size), clipped per network and stepped; a
-   non-finite loss or grad norm skips that step and is counted;
-5. log.
-
-During and after each iteration ``last_rollout`` (its :class:`RolloutBatch`, kept trajectories included; empty when
-the filter kept nothing) and ``last_logs`` (the values logged for it) hold that iteration's data for callbacks
-(``callbacks/``), which read them in ``on_train_batch_end``.
-
-Manual optimisation with one optimizer per network; ``trainer.global_step`` therefore counts optimizer steps, and the
-run length is set in iterations by ``--data.num_iterations``.
-
-Data parallel (DDP, FSDP2 via :class:`~ragen_lightning.parallel.FSDP2Strategy`, FSDP1): every rank holds the same
-global batch; scoring passes and each mini-batch's rows are split evenly across ranks (an inert zero-mask row pads
-short shares), losses keep the global normaliser times the world size (DDP/FSDP average gradients), so one step
-equals the single-process step (:mod:`ragen_lightning.parallel`; the update loop itself is
-:mod:`ragen_lightning.starpo.update`).
+:meth:`StarPOModule.training_step` reads top to bottom as the numbered steps of DESIGN section 3: rollout batch ->
+no-grad scoring -> advantages (:mod:`.advantages`) -> ``ppo_epochs`` x mini-batches of critic then actor steps
+(:mod:`.update`, losses in :mod:`.steps`) -> logs. ``last_rollout`` / ``last_logs`` hold the iteration's batch and
+logged values for callbacks. Manual optimisation with one optimizer per network, so ``trainer.global_step`` counts
+optimizer steps and the run length is ``--data.num_iterations``. Under data parallelism every rank holds the same
+global batch and the update splits rows across ranks (:mod:`ragen_lightning.parallel.ranks`).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import time
@@ -42,34 +23,21 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from ragen_lightning import models
 from ragen_lightning.algos import advantages as A
-from ragen_lightning.algos.losses import (
-    AggMode,
-    KLKind,
-    actor_loss,
-    agg_normalizer,
-    aggregate,
-    tis_weights,
-    value_loss,
-)
+from ragen_lightning.algos.losses import AggMode, KLKind
 from ragen_lightning.algos.masked import masked_mean
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.models import lora as lora_mod
 from ragen_lightning.models.build import build_networks
-from ragen_lightning.parallel import all_reduce_, shard_model, world
-from ragen_lightning.rollout.engines import GatheredWeightsEngine, build_engine
-from ragen_lightning.starpo.advantages import starpo_advantages
-from ragen_lightning.starpo.early_stop import (
-    LowValidationSuccess,
-    RewardVarianceCollapse,
-)
-from ragen_lightning.starpo.scoring import actor_outputs, critic_values, trimmed
-from ragen_lightning.starpo.update import (
-    accumulate,
-    mini_batches,
-    score_sharded,
-    with_inert_row,
-)
-from ragen_lightning.types import RolloutBatch
+from ragen_lightning.parallel.strategies import shard_networks
+from ragen_lightning.rollout.engines import build_engine
+from ragen_lightning.starpo.advantages import ADVANTAGE_SETTINGS, starpo_advantages
+from ragen_lightning.starpo.checks import check_module_settings
+from ragen_lightning.starpo.early_stop import EarlyStops, EarlyStopSettings
+from ragen_lightning.starpo.export import export_actor
+from ragen_lightning.starpo.optim import build_optimizers, step_warmup
+from ragen_lightning.starpo.steps import PolicyLossSettings, ppo_update
+from ragen_lightning.starpo.update import StepResult, accumulate, score_sharded
+from ragen_lightning.types import RolloutBatch, UpdateBatch
 
 AdvEstimator = Literal["gae", "grpo", "drgrpo", "brpo", "arpo"]
 
@@ -81,8 +49,8 @@ class StarPOModule(L.LightningModule):
         model: actor model: ``"tiny"`` (the embedded model) or a HF folder / hub id.
         critic_model: critic base model (defaults to ``model``); only built for ``adv_estimator: gae``.
         dtype: parameter dtype (``float32`` on CPU; ``bfloat16`` on GPUs).
-        warm_start: supervised warm start from the env's solver before RL (``true`` for defaults, or a dict of
-            ``ragen_lightning.sft.warm_start`` arguments such as ``steps``); cached, so it runs once per setting.
+        warm_start: supervised warm start from the env's expert before RL (``true``, or a dict of
+            ``ragen_lightning.sft.warm_start`` arguments such as ``steps``); cached per setting.
         adv_estimator: ``gae`` (PPO, needs the critic) | ``grpo`` | ``drgrpo`` | ``brpo`` | ``arpo``.
         gamma: token-level discount.
         lam: GAE lambda.
@@ -112,30 +80,20 @@ class StarPOModule(L.LightningModule):
         actor_optimizer: optimizer factory for the actor (overrides ``actor_lr``).
         critic_optimizer: optimizer factory for the critic (overrides ``critic_lr``).
         grad_clip: max global grad norm per network (0 disables clipping).
-        lr_warmup_steps: linear learning-rate warm-up over each network's first N optimizer steps (step ``k`` uses
-            ``lr * min(1, (k + 1) / N)``; 0 = off). Adam's first steps move every weight by about ``lr`` whatever
-            the gradient's size, which can break a small model's answer format at the learning rates RL needs.
+        lr_warmup_steps: linear learning-rate warm-up over each network's first N optimizer steps (0 = off): Adam's
+            first steps move every weight by about ``lr``, which can break a small model's answer format.
         logprob_micro_batch_size: micro-batch size of the no-grad scoring passes (defaults to ``micro_batch_size``).
         logits_chunk_size: rows per chunk when computing log-probs/entropy from logits (bounds memory).
         temperature: the rollouts' sampling temperature (linked from ``--data.temperature``): log-probs and entropy
-            are computed from ``logits / temperature``, the distribution the tokens were sampled from.
-        rv_collapse_window: early stop (RAGEN): baseline = mean in-group reward std of the first N trained
-            iterations; stop when the last N are all below ``rv_collapse_ratio`` x baseline (0 disables).
-        rv_collapse_ratio: the collapse threshold as a fraction of the baseline.
-        low_val_success_patience: early stop after this many consecutive validations with success below
-            ``low_val_success_threshold`` (0 disables).
-        low_val_success_threshold: the validation success counted as "low".
-        export_dir: if set, save the trained actor there as a HF folder when fit ends (under LoRA: the adapter in
-            peft format, plus merged weights in ``<dir>/merged`` with ``lora.export_merged``).
-        activation_checkpointing: recompute each transformer block in backward instead of storing its activations
-            (actor and critic): far less activation memory for about one more forward pass of compute.
-        lora: LoRA / QLoRA settings (:class:`~ragen_lightning.models.lora.LoraSettings`: ``rank``, ``alpha``, ``dropout``,
-            ``target_modules``, ``quantization: none | nf4``, ``shared_base``, ``export_merged``); ``null`` trains
-            all weights. Under LoRA only adapters (and the critic's value head) train and the KL reference is the
-            actor with its adapters disabled (no copy). Raise the learning rates ~x10 (configs/lora.yaml).
-        tis_cap: truncated importance sampling against the rollout engine's distribution (off when null): each
-            token's policy-gradient term is weighted by ``min(exp(old_logprobs - engine_logprobs), tis_cap)``.
-            Useful with ``--data.engine vllm`` (e.g. 2.0); needs ``--data.temperature 1``.
+            are those of ``logits / temperature``.
+        early_stop: RAGEN's early stops (:class:`~ragen_lightning.starpo.early_stop.EarlyStopSettings`:
+            ``rv_collapse_window``, ``rv_collapse_ratio``, ``low_val_success_patience``, ``low_val_success_threshold``).
+        export_dir: save the trained actor there as a HF folder when fit ends (under LoRA: the peft adapter).
+        activation_checkpointing: recompute each transformer block in backward (less memory, one more forward).
+        lora: LoRA / QLoRA settings (:class:`~ragen_lightning.models.lora.LoraSettings`); ``null`` trains all
+            weights. Only adapters (and the critic's value head) train; the KL reference is the adapters-off actor.
+        tis_cap: truncated importance sampling (off when null): each token's policy-gradient term is weighted by
+            ``min(exp(old_logprobs - engine_logprobs), tis_cap)``; needs ``--data.temperature 1``.
     """
 
     def __init__(
@@ -177,39 +135,22 @@ class StarPOModule(L.LightningModule):
         logprob_micro_batch_size: int | None = None,
         logits_chunk_size: int | None = None,
         temperature: float = 1.0,
-        rv_collapse_window: int = 10,
-        rv_collapse_ratio: float = 0.1,
-        low_val_success_patience: int = 5,
-        low_val_success_threshold: float = 0.01,
+        early_stop: EarlyStopSettings | None = None,
         export_dir: str | None = None,
         tis_cap: float | None = None,
         activation_checkpointing: bool = False,
         lora: lora_mod.LoraSettings | None = None,
     ):
         super().__init__()
-        if micro_batch_size < 1 or mini_batch_size < 1 or ppo_epochs < 1:
-            raise ConfigError("--model.micro_batch_size, --model.mini_batch_size and --model.ppo_epochs must be >= 1")
-        if micro_batch_size > mini_batch_size:
-            raise ConfigError(f"--model.micro_batch_size ({micro_batch_size}) must be <= --model.mini_batch_size "
-                             f"({mini_batch_size})")
-        if turn_level_gae and adv_estimator != "gae":
-            raise ConfigError("--model.turn_level_gae needs --model.adv_estimator gae")
-        if (soft_advantage_reweight or length_weight) and adv_estimator == "gae":
-            raise ConfigError("--model.soft_advantage_reweight / --model.length_weight apply to GRPO-family estimators")
-        if tis_cap is not None and (tis_cap <= 0 or temperature != 1.0):
-            raise ConfigError("--model.tis_cap must be > 0 and needs --data.temperature 1 (engine log-probs are the "
-                              f"raw model's), got tis_cap={tis_cap}, temperature={temperature}")
-        if lr_warmup_steps < 0:
-            raise ConfigError(f"--model.lr_warmup_steps must be >= 0, got {lr_warmup_steps}")
-        if use_kl_loss and kl_coef == 0:
-            raise ConfigError("--model.use_kl_loss needs --model.kl_coef > 0")
         self._lora = lora_mod.as_settings(lora)
-        if self._lora is not None and self._lora.shared_base and critic_model is not None:
-            raise ConfigError("--model.lora.shared_base uses the actor's model for the critic: unset --model.critic_model")
+        stops = EarlyStopSettings(**early_stop) if isinstance(early_stop, dict) else early_stop or EarlyStopSettings()
         self.save_hyperparameters(ignore=["actor_optimizer", "critic_optimizer"])
+        check_module_settings(self.hparams, self._lora)
+        self._policy_loss = PolicyLossSettings.from_hparams(self.hparams)
         if self._lora is not None:  # a plain dict in checkpoints and hparams.yaml
             self.hparams["lora"] = dataclasses.asdict(self._lora)
             self.strict_loading = False  # LoRA checkpoints hold the trainable weights only (checked on load)
+        self.hparams["early_stop"] = dataclasses.asdict(stops)
         self.automatic_optimization = False
         self._actor_opt_factory, self._critic_opt_factory = actor_optimizer, critic_optimizer
         self.actor: torch.nn.Module | None = None
@@ -220,8 +161,7 @@ class StarPOModule(L.LightningModule):
         self.tokenizer = None
         self.skipped_steps = 0
         self._force_scoring_pass = False  # tests: always run the separate old-log-prob pass
-        self.rv_collapse = RewardVarianceCollapse(rv_collapse_window, rv_collapse_ratio)
-        self.low_val_success = LowValidationSuccess(low_val_success_patience, low_val_success_threshold)
+        self.early_stops = EarlyStops(stops)
         self.last_rollout: RolloutBatch | None = None  # the last trained iteration's batch (.trajectories included)
         self.last_logs: dict[str, float] = {}  # and its logged values; callbacks read both in on_train_batch_end
 
@@ -264,10 +204,14 @@ class StarPOModule(L.LightningModule):
             kwargs.setdefault(name, getattr(hp, name))  # demonstrations in exactly the rollouts' format
         return str(warm_start(self.hparams.model, hp.env_id, hp.env_kwargs, **kwargs))
 
+    def _actor_path(self) -> str:
+        """The actor's folder: the warm-started one once ``setup`` ran, else ``--model.model`` resolved."""
+        return getattr(self, "_model_path", None) or models.resolve_model_path(self.hparams.model)
+
     def configure_model(self) -> None:
         if self.actor is not None:
             return
-        path = getattr(self, "_model_path", None) or models.resolve_model_path(self.hparams.model)
+        path = self._actor_path()
         self.tokenizer = models.load_tokenizer(path)
         nets = build_networks(path, self.hparams.critic_model, self.hparams.dtype, self._lora,
                               with_critic=self.uses_critic, with_reference=self.uses_reference,
@@ -275,15 +219,9 @@ class StarPOModule(L.LightningModule):
         self.actor, self.critic = nets.actor, nets.critic
         self._reference = [nets.reference] if nets.reference is not None else []
         if self._device_mesh is not None:  # FSDP2 (ModelParallelStrategy): shard per transformer block
-            if self._lora is not None:
-                raise ConfigError("--model.lora is not supported with FSDP2 (configs/fsdp.yaml) yet: use DDP "
-                                  "(configs/ddp.yaml); adapters are small enough to replicate")
-            self._rollout_actor = [copy.deepcopy(self.actor).eval().requires_grad_(False)]
-            mesh = self._device_mesh["data_parallel"]
-            bf16 = self.trainer.strategy.root_device.type == "cuda"
-            for net in (self.actor, self.critic, self.reference):
-                if net is not None:
-                    shard_model(net, mesh, mixed_precision=bf16)
+            self._rollout_actor = [shard_networks([self.actor, self.critic, self.reference], self._device_mesh,
+                                                  cuda=self.trainer.strategy.root_device.type == "cuda",
+                                                  lora=self._lora is not None)]
 
     def on_fit_start(self) -> None:
         if self.reference is not None:
@@ -303,25 +241,16 @@ class StarPOModule(L.LightningModule):
                     seed: int = 0):
         """The rollout engine for this module's actor (:func:`ragen_lightning.rollout.engines.build_engine`)."""
         rollout_actor = self._rollout_actor[0].to(self.device) if self._rollout_actor else None
-        path = getattr(self, "_model_path", None) or models.resolve_model_path(self.hparams.model)
-        return build_engine(self.actor, self.tokenizer, model_path=path, rollout_actor=rollout_actor, engine=engine,
-                            vllm=vllm, max_batch_size=max_batch_size, max_model_len=max_model_len, seed=seed)
+        return build_engine(self.actor, self.tokenizer, model_path=self._actor_path(), rollout_actor=rollout_actor,
+                            engine=engine, vllm=vllm, max_batch_size=max_batch_size, max_model_len=max_model_len, seed=seed)
 
     def configure_optimizers(self):
         hp = self.hparams
-
-        def build(factory, params, lr):
-            return factory(params) if factory is not None else torch.optim.AdamW(params, lr=lr,
-                                                                                weight_decay=hp.weight_decay)
-
         actor_params, critic_params = lora_mod.optimizer_parameters(self.actor, self.critic)
-        opts = [build(self._actor_opt_factory, actor_params, hp.actor_lr)]
-        if self.critic is not None:
-            opts.append(build(self._critic_opt_factory, critic_params, hp.critic_lr))
-        if hp.lr_warmup_steps > 0:  # stepped by _accumulate after each optimizer step (manual optimisation)
-            warm = hp.lr_warmup_steps
-            return opts, [torch.optim.lr_scheduler.LambdaLR(o, lambda k: min(1.0, (k + 1) / warm)) for o in opts]
-        return opts
+        return build_optimizers(actor_params, critic_params, actor_factory=self._actor_opt_factory,
+                                critic_factory=self._critic_opt_factory, actor_lr=hp.actor_lr, critic_lr=hp.critic_lr,
+                                weight_decay=hp.weight_decay, with_critic=self.critic is not None,
+                                warmup_steps=hp.lr_warmup_steps)
 
     # -- the iteration --------------------------------------------------------------------------------------------
     def training_step(self, dataloader_iter) -> None:
@@ -330,144 +259,69 @@ class StarPOModule(L.LightningModule):
         logs = dict(batch.metrics)
         self.last_rollout, self.last_logs = batch, logs  # for callbacks; logs fills up below
         if len(batch) == 0:
-            self._log(logs)
-            return None
-        batch = batch.to(self.device)
-        hp = self.hparams
-        t0 = time.perf_counter()
-        ids, att = batch.input_ids, batch.attention_mask
-        mask = batch.loss_mask[:, 1:].bool()  # target axis
-        micro = hp.logprob_micro_batch_size or hp.micro_batch_size
+            return self._log(logs)
+        batch, hp, t0 = batch.to(self.device), self.hparams, time.perf_counter()
+        ids, att, mask = batch.input_ids, batch.attention_mask, batch.loss_mask[:, 1:].bool()  # mask: target axis
         # 2. scoring passes (no grad). With one epoch over one mini-batch the update's own forward pass runs on the
         #    rollout weights, so it supplies old_logprobs (ratio 1) and the separate actor pass is skipped.
         on_policy = (hp.ppo_epochs == 1 and len(batch) <= hp.mini_batch_size and hp.kl_in_reward_coef == 0
                      and not self._force_scoring_pass)
-        old_logprobs = entropy = None
+        old_logprobs = entropy = ref_logprobs = values = None
         if not on_policy:
-            old_logprobs, entropy = score_sharded(self.actor, ids, att, micro, kind="actor", with_entropy=True,
-                                                  temperature=hp.temperature, chunk_size=hp.logits_chunk_size)
-        ref_logprobs = None
+            old_logprobs, entropy = self._score(self.actor, ids, att, with_entropy=True)
         if self.reference is not None:
-            ref_logprobs, _ = score_sharded(self.reference, ids, att, micro, kind="actor",
-                                            temperature=hp.temperature, chunk_size=hp.logits_chunk_size)
-        values = score_sharded(self.critic, ids, att, micro, kind="critic")[0] if self.critic is not None else None
+            ref_logprobs, _ = self._score(self.reference, ids, att)
+        if self.critic is not None:
+            values, _ = self._score(self.critic, ids, att, kind="critic")
         # 3. advantages
-        advantages, returns, adv_logs = self._advantages(batch, mask, old_logprobs, ref_logprobs, values)
+        advantages, returns, adv_logs = starpo_advantages(batch, mask, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs,
+                                                          values=values, **{k: hp[k] for k in ADVANTAGE_SETTINGS})
         logs.update(adv_logs)
-        # 4. updates
-        data = dict(ids=ids, att=att, mask=mask, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs,
-                    advantages=advantages, returns=returns, values=values,
-                    engine_logprobs=batch.engine_logprobs[:, 1:],
-                    seen_logprobs=torch.zeros_like(mask, dtype=torch.float32),
-                    seen_entropy=torch.zeros_like(mask, dtype=torch.float32))
-        self._pad_row = len(batch)
-        if world()[1] > 1:
-            data = with_inert_row(data)  # row len(batch) pads short per-rank shares of a mini-batch
-        step_logs: dict[str, list[float]] = {}
-        iteration = batch.metrics.get("iteration", self.global_step)
-        for epoch in range(hp.ppo_epochs):
-            for mb, rows in mini_batches(len(batch), hp.mini_batch_size, shuffle=hp.shuffle, epoch=epoch,
-                                         iteration=iteration, device=self.device):
-                if self.critic is not None:
-                    self._merge(step_logs, self._critic_step(data, mb, rows))
-                self._merge(step_logs, self._actor_step(data, mb, rows, first_pass=epoch == 0))
-        logs.update({k: sum(v) / len(v) for k, v in step_logs.items()})
+        # 4. updates: ppo_epochs x mini-batches, critic then actor
+        data = UpdateBatch(ids, att, mask, advantages, batch.engine_logprobs[:, 1:], old_logprobs=old_logprobs,
+                           ref_logprobs=ref_logprobs, values=values, returns=returns)
+        self._pad_row = len(batch)  # data parallel: the inert row that pads short per-rank shares
+        step_logs, seen = ppo_update(data, self.actor, self.critic, policy_loss=self._policy_loss,
+                                     value_clip=hp.value_clip, ppo_epochs=hp.ppo_epochs,
+                                     mini_batch_size=hp.mini_batch_size, shuffle=hp.shuffle, step=self._step,
+                                     iteration=batch.metrics.get("iteration", self.global_step))
+        logs.update(step_logs)
         if old_logprobs is None:  # entropy and log-probs came from the update's forward pass (each rank: its rows)
-            B = len(batch)
-            old_logprobs = all_reduce_(data["seen_logprobs"][:B].contiguous())
-            entropy = all_reduce_(data["seen_entropy"][:B].contiguous())
+            old_logprobs, entropy = seen
         logs["actor/entropy"] = float(masked_mean(entropy, mask))
-        logs["rollout/engine_logprob_abs_diff"] = float(masked_mean((batch.engine_logprobs[:, 1:] - old_logprobs).abs(),
-                                                                    mask))
+        logs["rollout/engine_logprob_abs_diff"] = float(masked_mean((data.engine_logprobs - old_logprobs).abs(), mask))
         logs["train/skipped_steps"] = float(self.skipped_steps)
         logs["timing_s/update"] = time.perf_counter() - t0
-        if self.rv_collapse.update(logs.get("rollout/in_group_reward_std", 0.0)):
+        if reason := self.early_stops.after_iteration(logs.get("rollout/in_group_reward_std", 0.0)):
             logs["early_stopped/reward_variance_collapse"] = 1.0
-            self._stop(f"in-group reward std stayed below {hp.rv_collapse_ratio} x its baseline "
-                       f"({self.rv_collapse.baseline:.4g}) for {hp.rv_collapse_window} iterations")
+            self._stop(reason)
         # 5. log
-        self._log(logs)
-        return None
+        return self._log(logs)
 
-    def _advantages(self, batch: RolloutBatch, mask, old_logprobs, ref_logprobs, values):
+    def _score(self, net, ids, att, *, kind: str = "actor", with_entropy: bool = False):
         hp = self.hparams
-        return starpo_advantages(
-            batch, mask, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, values=values,
-            estimator=hp.adv_estimator, gamma=hp.gamma, lam=hp.lam, turn_level_gae=hp.turn_level_gae,
-            high_level_gamma=hp.high_level_gamma, kl_in_reward_coef=hp.kl_in_reward_coef, kl_kind=hp.kl_kind,
-            soft_advantage_reweight=hp.soft_advantage_reweight, filter_loss_scaling=hp.filter_loss_scaling,
-            length_weight=hp.length_weight, zero_task_advantage=hp.zero_task_advantage,
-        )
+        micro = hp.logprob_micro_batch_size or hp.micro_batch_size
+        if kind == "critic":
+            return score_sharded(net, ids, att, micro, kind="critic")
+        return score_sharded(net, ids, att, micro, kind="actor", with_entropy=with_entropy,
+                             temperature=hp.temperature, chunk_size=hp.logits_chunk_size)
 
     def _optimizers(self):
         opts = self.optimizers()
         return opts if isinstance(opts, list) else [opts]
 
-    def _accumulate(self, opt, rows, loss_fn) -> dict[str, float]:
-        """One optimizer step of ``opt``'s network over ``rows`` (:func:`ragen_lightning.starpo.update.accumulate`)."""
-        out, stepped = accumulate(self, opt, rows, loss_fn, micro_batch_size=self.hparams.micro_batch_size,
-                                  max_norm=self.hparams.grad_clip, pad_row=self._pad_row, on_step=self._step_scheduler)
-        self.skipped_steps += not stepped
-        return out
+    def _step(self, network: str, rows: torch.Tensor, loss_fn) -> StepResult:
+        """One optimizer step of ``network`` over ``rows`` (:func:`ragen_lightning.starpo.update.accumulate`)."""
+        opt = self._optimizers()[0 if network == "actor" else 1]
+        hp = self.hparams
+        result = accumulate(self, opt, rows, loss_fn, micro_batch_size=hp.micro_batch_size, max_norm=hp.grad_clip,
+                            pad_row=self._pad_row, on_step=self._step_scheduler)
+        self.skipped_steps += not result.stepped
+        return result
 
     def _step_scheduler(self, opt) -> None:
-        """Advance the learning-rate warm-up of ``opt``'s network (one scheduler step per optimizer step)."""
-        if self.hparams.lr_warmup_steps <= 0:
-            return
-        scheds = self.lr_schedulers()
-        inner = getattr(opt, "optimizer", opt)  # Lightning wraps optimizers in LightningOptimizer
-        for sched in scheds if isinstance(scheds, list) else [scheds]:
-            if sched.optimizer is inner:
-                sched.step()
-
-    def _actor_step(self, d, mb, rows, first_pass: bool = True) -> dict[str, float]:
-        """One actor optimizer step on mini-batch ``mb`` (global rows); this rank computes ``rows``."""
-        hp = self.hparams
-        horizon = d["mask"].shape[1]
-        norm = agg_normalizer(d["mask"][mb], hp.loss_agg_mode, horizon=horizon)
-
-        def loss_fn(micro):
-            L = trimmed(d["att"], micro)
-            need_entropy = hp.entropy_coeff != 0 or (first_pass and d["old_logprobs"] is None)
-            lp, ent = actor_outputs(self.actor, d["ids"][micro, :L], d["att"][micro, :L], with_entropy=need_entropy,
-                                    temperature=hp.temperature, chunk_size=hp.logits_chunk_size)
-            cut = lambda x: None if x is None else x[micro, : L - 1]  # noqa: E731
-            if first_pass and d["old_logprobs"] is None:
-                d["seen_logprobs"][micro, : L - 1] = lp.detach().float()
-                d["seen_entropy"][micro, : L - 1] = ent.detach().float()
-            old = cut(d["old_logprobs"]) if d["old_logprobs"] is not None else lp.detach()
-            is_w = tis_weights(old, cut(d["engine_logprobs"]), hp.tis_cap) if hp.tis_cap is not None else None
-            return actor_loss(lp, old, cut(d["advantages"]), cut(d["mask"]),
-                              entropy=ent if hp.entropy_coeff != 0 else None,
-                              ref_logprobs=cut(d["ref_logprobs"]) if hp.use_kl_loss else None,
-                              entropy_coeff=hp.entropy_coeff, kl_coef=hp.kl_coef if hp.use_kl_loss else 0.0,
-                              kl_kind=hp.kl_kind, clip_low=hp.clip_low, clip_high=hp.clip_high,
-                              dual_clip=hp.dual_clip, agg=hp.loss_agg_mode, normalizer=norm, horizon=horizon,
-                              is_weights=is_w)
-
-        out = self._accumulate(self._optimizers()[0], rows, loss_fn)
-        return {f"actor/{k}": v for k, v in out.items()}
-
-    def _critic_step(self, d, mb, rows) -> dict[str, float]:
-        norm = agg_normalizer(d["mask"][mb], "token-mean")
-
-        def loss_fn(micro):
-            L = trimmed(d["att"], micro)
-            v = critic_values(self.critic, d["ids"][micro, :L], d["att"][micro, :L])
-            loss, metrics = value_loss(v, d["values"][micro, : L - 1], d["returns"][micro, : L - 1],
-                                       d["mask"][micro, : L - 1], clip_range=self.hparams.value_clip,
-                                       agg="token-mean", normalizer=norm)
-            metrics = dict(metrics, vf_loss=loss.detach(),
-                           vpred_mean=aggregate(v.detach(), d["mask"][micro, : L - 1], normalizer=norm))
-            return loss, metrics
-
-        out = self._accumulate(self._optimizers()[1], rows, loss_fn)
-        return {f"critic/{k}": v for k, v in out.items()}
-
-    @staticmethod
-    def _merge(acc: dict[str, list[float]], new: dict[str, float]) -> None:
-        for k, v in new.items():
-            acc.setdefault(k, []).append(v)
+        if self.hparams.lr_warmup_steps > 0:
+            step_warmup(self.lr_schedulers(), opt)
 
     def _log(self, logs: dict[str, float]) -> None:
         logs = {k: float(v) for k, v in logs.items() if v is not None and math.isfinite(float(v))}
@@ -485,9 +339,8 @@ class StarPOModule(L.LightningModule):
             self.log("val_success", metrics["val/success"], prog_bar=True, on_epoch=True, batch_size=1,
                      sync_dist=True)
             if not self.trainer.sanity_checking and self.trainer.state.fn == "fit" and \
-                    self.low_val_success.update(metrics["val/success"]):
-                self._stop(f"validation success below {self.hparams.low_val_success_threshold} for "
-                           f"{self.hparams.low_val_success_patience} validations in a row")
+                    (reason := self.early_stops.after_validation(metrics["val/success"])):
+                self._stop(reason)
 
     def _stop(self, reason: str) -> None:
         rank_zero_warn(f"early stop: {reason}")
@@ -495,10 +348,8 @@ class StarPOModule(L.LightningModule):
 
     # -- checkpoints and export -----------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["starpo"] = {"skipped_steps": self.skipped_steps,
-                                "model_path": str(getattr(self, "_model_path", self.hparams.model)),
-                                "rv_collapse": self.rv_collapse.state_dict(),
-                                "low_val_success": self.low_val_success.state_dict()}
+        checkpoint["starpo"] = {"skipped_steps": self.skipped_steps, **self.early_stops.state_dict(),
+                                "model_path": str(getattr(self, "_model_path", self.hparams.model))}
         if self._lora is not None:
             checkpoint["state_dict"] = lora_mod.trainable_state(self, checkpoint["state_dict"])
 
@@ -507,32 +358,14 @@ class StarPOModule(L.LightningModule):
         if self._lora is not None and self.actor is not None:
             lora_mod.check_trainable_state(self, checkpoint["state_dict"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
-        self.rv_collapse.load_state_dict(state.get("rv_collapse", {}))
-        self.low_val_success.load_state_dict(state.get("low_val_success", {}))
+        self.early_stops.load_state_dict(state)
 
     def export_actor(self, path: str | Path) -> Path:
-        """Save the actor and tokenizer as a HF folder (loadable without this package); under LoRA the adapter in
-        peft format (``PeftModel.from_pretrained(base, path)``) and, with ``lora.export_merged``, full weights in
-        ``path/merged``.
-
-        Under FSDP2 every rank must call it (the full weights are gathered from the shards); rank 0 writes.
-        """
-        path = Path(path)
-        if self._lora is not None:
-            return lora_mod.export_adapter(self.actor, self.tokenizer, path, dtype=models.torch_dtype(self.hparams.dtype),
-                                           base_path=str(getattr(self, "_model_path", None)
-                                                         or models.resolve_model_path(self.hparams.model)),
-                                           merged=self._lora.export_merged)
-        actor = self.actor
-        if self._rollout_actor:
-            engine = GatheredWeightsEngine(self.actor, self._rollout_actor[0], [0], 0)
-            engine.sync_weights()  # collective
-            actor = engine.model
-            if world()[0] != 0:
-                return path
-        actor.save_pretrained(path)
-        self.tokenizer.save_pretrained(path)
-        return path
+        """Save the actor as a HF folder (:func:`ragen_lightning.starpo.export.export_actor`); under FSDP2 every rank
+        must call it."""
+        return export_actor(self.actor, self.tokenizer, path, lora=self._lora, dtype=self.hparams.dtype,
+                            base_path=self._actor_path(),
+                            rollout_actor=self._rollout_actor[0] if self._rollout_actor else None)
 
     def on_fit_end(self) -> None:
         if self.hparams.export_dir and (self.trainer.is_global_zero or self._rollout_actor):

@@ -7,7 +7,7 @@ micro-batch never pays for the batch's longest conversation.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import nn

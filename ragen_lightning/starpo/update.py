@@ -4,11 +4,13 @@
 for both and what data parallelism changes:
 
 * :func:`mini_batches`: each mini-batch's global rows (shuffled per iteration and epoch when asked) and this rank's
-  share of them; short shares are padded with the inert row (:func:`with_inert_row`) so every rank runs the same
-  micro-batches;
+  share of them; short shares are padded with the inert row (:meth:`~ragen_lightning.types.UpdateBatch.with_inert_row`)
+  so every rank runs the same micro-batches;
 * :func:`score_sharded`: a no-grad scoring pass where each rank scores its share and the shares are summed;
 * :func:`accumulate`: ``zero_grad`` -> backward over micro-batches -> clip -> step, skipped (and counted) when a
-  loss or the gradient norm is non-finite;
+  loss or the gradient norm is non-finite. A loss function returns a :class:`MicroOutput`: its loss terms add up
+  over micro-batches (each is already divided by the mini-batch's normaliser), its statistics are averaged, and
+  the log-probs/entropy of its forward pass come back to the caller in the :class:`StepResult`;
 * :func:`clip_grad_norm`: by the global norm of the optimizer's own parameters, or FSDP1's own clip.
 
 In one process these reduce to the plain loops (``world() == (0, 1)``).
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import lightning as L
 import torch
@@ -31,7 +34,42 @@ from ragen_lightning.parallel import (
 )
 from ragen_lightning.starpo.scoring import micro_slices, score_batch
 
-LossFn = Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+@dataclass
+class MicroOutput:
+    """What a loss function returns for one micro-batch.
+
+    Attributes:
+        loss: the micro-batch's share of the mini-batch loss (scalar, with grad).
+        terms: shares of the mini-batch's loss terms (``pg_loss``, ``vf_loss``, ...): summed over micro-batches.
+        stats: statistics of this micro-batch (clip fractions, ratios, ...): averaged over micro-batches.
+        logprobs: this forward's log-probs of the micro-batch's rows, when the caller needs them.  # [b, L - 1]
+        entropy: this forward's token entropies, likewise.  # [b, L - 1]
+    """
+
+    loss: torch.Tensor
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
+    stats: dict[str, torch.Tensor] = field(default_factory=dict)
+    logprobs: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+
+
+@dataclass
+class StepResult:
+    """One optimizer step's outcome.
+
+    Attributes:
+        metrics: loss terms (summed over micro-batches and ranks), statistics (averaged) and ``grad_norm``.
+        stepped: False when the step was skipped (non-finite loss or gradient norm).
+        outputs: ``(rows, logprobs, entropy)`` of every micro-batch whose loss function returned them.
+    """
+
+    metrics: dict[str, float]
+    stepped: bool
+    outputs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = field(default_factory=list)
+
+
+LossFn = Callable[[torch.Tensor], MicroOutput]
 
 
 def mini_batches(n: int, size: int, *, shuffle: bool, epoch: int, iteration: int,
@@ -67,19 +105,6 @@ def score_sharded(model: torch.nn.Module, ids: torch.Tensor, att: torch.Tensor, 
     return tuple(full)
 
 
-def with_inert_row(data: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor | None]:
-    """``data`` plus one row that trains nothing: a copy of row 0's tokens with an all-zero loss mask and zero
-    advantages/returns (it pads a rank's share of a mini-batch so every rank runs the same micro-batches)."""
-    out = {}
-    for k, v in data.items():
-        if v is None:
-            out[k] = None
-            continue
-        row = v[:1].clone() if k in ("ids", "att") else torch.zeros_like(v[:1])
-        out[k] = torch.cat([v, row])
-    return out
-
-
 def fsdp1_root(module: L.LightningModule):
     """The FSDP1-wrapped root module when the trainer runs ``FSDPStrategy``, else None."""
     trainer = module._trainer
@@ -105,30 +130,35 @@ def clip_grad_norm(module: L.LightningModule, params, max_norm: float, every_par
 
 
 def accumulate(module, opt, rows: torch.Tensor, loss_fn: LossFn, *, micro_batch_size: int, max_norm: float,
-               pad_row: int = -1, on_step: Callable[[object], None] | None = None) -> tuple[dict[str, float], bool]:
-    """zero_grad -> backward over micro-batches of ``rows`` -> clip -> step; returns ``(metrics, stepped)``.
+               pad_row: int = -1, on_step: Callable[[object], None] | None = None) -> StepResult:
+    """zero_grad -> backward over micro-batches of ``rows`` -> clip -> step.
 
     The step is skipped when a loss or the gradient norm is non-finite. With several ranks every rank runs all its
     micro-batches whatever their losses (a rank leaving the loop early would hang the gradient collectives), the
     loss is scaled by the world size (DDP/FSDP average gradients, the normaliser is already global), the finite flag
-    is agreed by all ranks and loss metrics are summed across them (micro-batches of ``pad_row`` only log nothing).
+    is agreed by all ranks and metrics are combined across them (micro-batches of ``pad_row`` only log nothing).
     ``on_step(opt)`` runs after a successful step (the learning-rate schedule).
     """
     size = world()[1]
     opt.zero_grad()
-    logs: dict[str, list[float]] = {}
+    terms: dict[str, list[float]] = {}
+    stats: dict[str, list[float]] = {}
+    outputs = []
     finite = True
     for micro in micro_slices(rows, micro_batch_size):
-        loss, metrics = loss_fn(micro)
-        if not torch.isfinite(loss):
+        out = loss_fn(micro)
+        if out.logprobs is not None:
+            outputs.append((micro, out.logprobs, out.entropy))
+        if not torch.isfinite(out.loss):
             finite = False
             if size == 1:
                 break
-        module.manual_backward(loss * size if size > 1 else loss)
+        module.manual_backward(out.loss * size if size > 1 else out.loss)
         if size > 1 and bool((micro == pad_row).all()):
             continue  # a micro-batch of padding only: no metrics
-        for k, v in metrics.items():
-            logs.setdefault(k, []).append(float(v))
+        for acc, values in ((terms, out.terms), (stats, out.stats)):
+            for k, v in values.items():
+                acc.setdefault(k, []).append(float(v))
     params = [p for g in opt.param_groups for p in g["params"]]  # a shared LoRA base holds both adapters
     if size > 1:
         finite = bool(all_reduce_(torch.tensor(float(finite), device=module.device), "min"))
@@ -141,12 +171,17 @@ def accumulate(module, opt, rows: torch.Tensor, loss_fn: LossFn, *, micro_batch_
         if on_step is not None:
             on_step(opt)
     opt.zero_grad()  # FSDP1 clips every gradient of the wrapped root: leave none behind for the other network
-    parts = gather_objects({k: (sum(v), len(v)) for k, v in logs.items()})
-    totals: dict[str, list[float]] = {}
-    for part in parts:
+    metrics = {k: total for k, (total, _) in _across_ranks(terms).items()}
+    metrics.update({k: total / count for k, (total, count) in _across_ranks(stats).items()})
+    metrics["grad_norm"] = norm
+    return StepResult(metrics, stepped, outputs)
+
+
+def _across_ranks(values: dict[str, list[float]]) -> dict[str, tuple[float, int]]:
+    """``{name: (sum, count)}`` over every rank's micro-batch values."""
+    totals: dict[str, tuple[float, int]] = {}
+    for part in gather_objects({k: (sum(v), len(v)) for k, v in values.items()}):
         for k, (total, count) in part.items():
-            acc = totals.setdefault(k, [0.0, 0])
-            acc[0], acc[1] = acc[0] + total, acc[1] + count
-    out = {k: (t if k.endswith("_loss") else t / c) for k, (t, c) in totals.items()}
-    out["grad_norm"] = norm
-    return out, stepped
+            t, c = totals.get(k, (0.0, 0))
+            totals[k] = (t + total, c + count)
+    return totals

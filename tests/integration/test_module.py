@@ -11,6 +11,7 @@ import envs  # noqa: F401
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.sampler import FilterConfig
 from ragen_lightning.errors import ConfigError
+from ragen_lightning.starpo.early_stop import EarlyStopSettings
 from ragen_lightning.starpo.module import StarPOModule
 from tests.integration.scripted import SeededBanditEngine
 
@@ -188,7 +189,7 @@ def test_reward_variance_collapse_stops_the_run(tmp_path, tiny_path):
             return Collapsing(self.tokenizer)
 
     module = M(model=str(tiny_path), adv_estimator="grpo", mini_batch_size=8, micro_batch_size=8,
-               rv_collapse_window=1, rv_collapse_ratio=0.1)
+               early_stop=EarlyStopSettings(rv_collapse_window=1, rv_collapse_ratio=0.1))
     dm = data(num_iterations=5)
     rec = Recorder()
     with pytest.warns(UserWarning, match="early stop: in-group reward std"):

@@ -1,0 +1,31 @@
+"""Combinations of ``--model.*`` settings that cannot work, refused before anything is built (one line each)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ragen_lightning.errors import ConfigError
+
+
+def check_module_settings(hp: Mapping[str, Any], lora) -> None:
+    """Raise :class:`ConfigError` naming the flag for the first impossible combination of the module's
+    hyperparameters ``hp`` (``lora``: the parsed :class:`~ragen_lightning.models.lora.LoraSettings` or None)."""
+    micro, mini, estimator, tis_cap = hp["micro_batch_size"], hp["mini_batch_size"], hp["adv_estimator"], hp["tis_cap"]
+    if micro < 1 or mini < 1 or hp["ppo_epochs"] < 1:
+        raise ConfigError("--model.micro_batch_size, --model.mini_batch_size and --model.ppo_epochs must be >= 1")
+    if micro > mini:
+        raise ConfigError(f"--model.micro_batch_size ({micro}) must be <= --model.mini_batch_size ({mini})")
+    if hp["turn_level_gae"] and estimator != "gae":
+        raise ConfigError("--model.turn_level_gae needs --model.adv_estimator gae")
+    if (hp["soft_advantage_reweight"] or hp["length_weight"]) and estimator == "gae":
+        raise ConfigError("--model.soft_advantage_reweight / --model.length_weight apply to GRPO-family estimators")
+    if tis_cap is not None and (tis_cap <= 0 or hp["temperature"] != 1.0):
+        raise ConfigError("--model.tis_cap must be > 0 and needs --data.temperature 1 (engine log-probs are the "
+                          f"raw model's), got tis_cap={tis_cap}, temperature={hp['temperature']}")
+    if hp["lr_warmup_steps"] < 0:
+        raise ConfigError(f"--model.lr_warmup_steps must be >= 0, got {hp['lr_warmup_steps']}")
+    if hp["use_kl_loss"] and hp["kl_coef"] == 0:
+        raise ConfigError("--model.use_kl_loss needs --model.kl_coef > 0")
+    if lora is not None and lora.shared_base and hp["critic_model"] is not None:
+        raise ConfigError("--model.lora.shared_base uses the actor's model for the critic: unset --model.critic_model")

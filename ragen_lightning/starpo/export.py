@@ -1,0 +1,33 @@
+"""Saving the trained actor as a Hugging Face folder (full weights, or a LoRA adapter in peft format)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ragen_lightning.models import lora as lora_mod
+from ragen_lightning.models import torch_dtype
+from ragen_lightning.parallel import world
+from ragen_lightning.rollout.engines import GatheredWeightsEngine
+
+
+def export_actor(actor: torch.nn.Module, tokenizer, path: str | Path, *, lora: lora_mod.LoraSettings | None,
+                 dtype: str, base_path: str, rollout_actor: torch.nn.Module | None = None) -> Path:
+    """Save ``actor`` and ``tokenizer`` at ``path`` (loadable without this package). Under LoRA: the adapter in peft
+    format (``PeftModel.from_pretrained(base, path)``) and, with ``lora.export_merged``, full weights in
+    ``path/merged``. Under FSDP2 (``rollout_actor``: the unsharded copy) every rank must call it: the full weights
+    are gathered from the shards and rank 0 writes."""
+    path = Path(path)
+    if lora is not None:
+        return lora_mod.export_adapter(actor, tokenizer, path, dtype=torch_dtype(dtype), base_path=base_path,
+                                       merged=lora.export_merged)
+    if rollout_actor is not None:
+        engine = GatheredWeightsEngine(actor, rollout_actor, [0], 0)
+        engine.sync_weights()  # collective
+        actor = engine.model
+        if world()[0] != 0:
+            return path
+    actor.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

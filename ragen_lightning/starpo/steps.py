@@ -1,0 +1,132 @@
+"""Step 4 of a StarPO iteration: ``ppo_epochs`` x mini-batches of a critic step then an actor step.
+
+:func:`ppo_update` is the loop; :func:`actor_micro_loss` / :func:`critic_micro_loss` bind the pure losses of
+:mod:`ragen_lightning.algos.losses` to the networks for one micro-batch: a teacher-forced forward on its rows (cut to
+their longest row), then the loss with the mini-batch's normaliser, so the terms add up over micro-batches to the
+mini-batch value whatever the micro-batch size. The optimizer mechanics (accumulate, clip, step, data-parallel
+shares) are :mod:`.update`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ragen_lightning.algos.losses import (
+    AggMode,
+    KLKind,
+    actor_loss,
+    agg_normalizer,
+    aggregate,
+    tis_weights,
+    value_loss,
+)
+from ragen_lightning.parallel import all_reduce_, world
+from ragen_lightning.starpo.scoring import actor_outputs, critic_values
+from ragen_lightning.starpo.update import LossFn, MicroOutput, StepResult, mini_batches
+from ragen_lightning.types import UpdateBatch
+
+_ACTOR_TERMS = ("pg_loss", "entropy_loss", "kl_loss")  # actor_loss's shares of the mini-batch loss
+
+
+@dataclass(frozen=True)
+class PolicyLossSettings:
+    """The actor loss of a run (the module's ``--model.*`` flags of the same names; ``kl_coef`` is 0 without
+    ``use_kl_loss``)."""
+
+    clip_low: float
+    clip_high: float
+    dual_clip: float | None
+    loss_agg_mode: AggMode
+    entropy_coeff: float
+    kl_coef: float
+    kl_kind: KLKind
+    temperature: float
+    tis_cap: float | None
+    logits_chunk_size: int | None
+
+    @classmethod
+    def from_hparams(cls, hp) -> PolicyLossSettings:
+        """The module's hyperparameters of the same names (the KL term only with ``use_kl_loss``)."""
+        names = [f for f in cls.__dataclass_fields__ if f != "kl_coef"]
+        return cls(**{k: hp[k] for k in names}, kl_coef=hp["kl_coef"] if hp["use_kl_loss"] else 0.0)
+
+
+def actor_micro_loss(actor: nn.Module, batch: UpdateBatch, settings: PolicyLossSettings, *,
+                     normalizer: torch.Tensor, horizon: int, first_pass: bool) -> MicroOutput:
+    """PPO loss of one micro-batch (``batch`` = its rows). On the first pass of an on-policy update
+    (``batch.old_logprobs is None``) this forward's log-probs are the old log-probs (ratio 1) and are returned,
+    with the token entropy, for the iteration's logs."""
+    s = settings
+    record = first_pass and batch.old_logprobs is None
+    logprobs, entropy = actor_outputs(actor, batch.input_ids, batch.attention_mask,
+                                      with_entropy=s.entropy_coeff != 0 or record, temperature=s.temperature,
+                                      chunk_size=s.logits_chunk_size)
+    old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
+    is_w = tis_weights(old, batch.engine_logprobs, s.tis_cap) if s.tis_cap is not None else None
+    loss, metrics = actor_loss(logprobs, old, batch.advantages, batch.loss_mask,
+                               entropy=entropy if s.entropy_coeff != 0 else None,
+                               ref_logprobs=batch.ref_logprobs if s.kl_coef != 0 else None,
+                               entropy_coeff=s.entropy_coeff, kl_coef=s.kl_coef, kl_kind=s.kl_kind,
+                               clip_low=s.clip_low, clip_high=s.clip_high, dual_clip=s.dual_clip,
+                               agg=s.loss_agg_mode, normalizer=normalizer, horizon=horizon, is_weights=is_w)
+    terms = {k: metrics.pop(k) for k in _ACTOR_TERMS if k in metrics}
+    if not record:
+        return MicroOutput(loss, terms, metrics)
+    return MicroOutput(loss, terms, metrics, logprobs=logprobs.detach().float(), entropy=entropy.detach().float())
+
+
+def critic_micro_loss(critic: nn.Module, batch: UpdateBatch, *, clip_range: float,
+                      normalizer: torch.Tensor) -> MicroOutput:
+    """Clipped value loss of one micro-batch; ``vf_loss`` and ``vpred_mean`` are shares of the mini-batch's
+    token means (they add up over micro-batches), ``vf_clipfrac`` is this micro-batch's fraction."""
+    v = critic_values(critic, batch.input_ids, batch.attention_mask)
+    loss, metrics = value_loss(v, batch.values, batch.returns, batch.loss_mask, clip_range=clip_range,
+                               agg="token-mean", normalizer=normalizer)
+    terms = {"vf_loss": loss.detach(), "vpred_mean": aggregate(v.detach(), batch.loss_mask, normalizer=normalizer)}
+    return MicroOutput(loss, terms, {"vf_clipfrac": metrics["vf_clipfrac"]})
+
+
+def ppo_update(data: UpdateBatch, actor: nn.Module, critic: nn.Module | None, *, policy_loss: PolicyLossSettings,
+               value_clip: float, ppo_epochs: int, mini_batch_size: int, shuffle: bool, iteration: int,
+               step: Callable[[str, torch.Tensor, LossFn], StepResult]):
+    """``ppo_epochs`` x mini-batches of a critic step (when there is a critic) then an actor step.
+
+    ``step(network, rows, loss_fn)`` runs one optimizer step of ``"actor"`` or ``"critic"`` over this rank's
+    ``rows`` (:func:`~.update.accumulate`). Returns the step metrics averaged over steps (``actor/<name>``,
+    ``critic/<name>``) and, for an on-policy update (``data.old_logprobs is None``), the first pass's
+    ``(logprobs, entropy)`` of every row ``[B, T - 1]`` (summed over ranks: each rank fills its rows); else None.
+    """
+    B = len(data)
+    if world()[1] > 1:
+        data = data.with_inert_row()  # row B pads short per-rank shares of a mini-batch
+    horizon = data.loss_mask.shape[1]
+    logs: dict[str, list[float]] = {}
+    seen = [torch.zeros_like(data.loss_mask, dtype=torch.float32) for _ in range(2)]
+    for epoch in range(ppo_epochs):
+        for mb, rows in mini_batches(B, mini_batch_size, shuffle=shuffle, epoch=epoch, iteration=iteration,
+                                     device=data.input_ids.device):
+            if critic is not None:
+                norm = agg_normalizer(data.loss_mask[mb], "token-mean")
+                result = step("critic", rows, lambda m, n=norm: critic_micro_loss(
+                    critic, data.rows(m), clip_range=value_clip, normalizer=n))
+                _merge(logs, result, "critic")
+            norm = agg_normalizer(data.loss_mask[mb], policy_loss.loss_agg_mode, horizon=horizon)
+            result = step("actor", rows, lambda m, n=norm, first=epoch == 0: actor_micro_loss(
+                actor, data.rows(m), policy_loss, normalizer=n, horizon=horizon, first_pass=first))
+            _merge(logs, result, "actor")
+            for micro, logprobs, entropy in result.outputs:
+                seen[0][micro, : logprobs.shape[1]] = logprobs
+                seen[1][micro, : entropy.shape[1]] = entropy
+    means = {k: sum(v) / len(v) for k, v in logs.items()}
+    if data.old_logprobs is not None:
+        return means, None
+    return means, tuple(all_reduce_(t[:B].contiguous()) for t in seen)
+
+
+def _merge(acc: dict[str, list[float]], result: StepResult, network: str) -> None:
+    for k, v in result.metrics.items():
+        acc.setdefault(f"{network}/{k}", []).append(v)

@@ -1,0 +1,168 @@
+"""The library's layering (DESIGN section 2), checked on the source: no import cycles, imports only point down,
+the math is torch-only, ``envs`` never imports the library and the library never imports ``callbacks``.
+
+The graph is static: every ``import`` statement in a module counts, including lazy ones inside functions (a lazy
+import still couples the two modules), except those under ``if TYPE_CHECKING:``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ragen_lightning
+
+LIB = Path(ragen_lightning.__file__).parent
+ROOT = LIB.parent
+FORBIDDEN = ("lightning", "pytorch_lightning", "lightning_fabric", "vllm", "transformers", "torchmetrics", "peft")
+# Each package's layer: imports may only go to the same or a lower layer (and never around a cycle).
+LAYERS = {
+    "types": 0, "errors": 0,
+    "algos": 1,
+    "parallel": 2, "metrics": 2, "rollout": 2, "models": 2,
+    "data": 3, "sft": 3,
+    "starpo": 4,
+    "cli": 5,
+}
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """Modules of the ``ragen_lightning`` package that ``path`` imports (``from pkg import sub`` counts as
+    ``pkg.sub`` when ``sub`` is a module)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    type_checking = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                     and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in type_checking:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "ragen_lightning")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            if module.split(".")[0] != "ragen_lightning":
+                continue
+            for alias in node.names:
+                sub = f"{module}.{alias.name}"
+                found.add(sub if sub in known else module)
+    found.discard(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = {_module_name(p, ROOT): p for p in sorted(LIB.rglob("*.py"))}
+    return {name: _imports(path, name, set(paths)) for name, path in paths.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules (first == last), or None."""
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.get(parts[1]) if len(parts) > 1 else None
+
+
+def test_find_cycle_detects_a_cycle_and_accepts_a_dag():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_graph_sees_lazy_and_relative_imports():
+    graph = import_graph()
+    assert "ragen_lightning.algos.masked" in graph["ragen_lightning.algos.losses"]  # relative: from .masked import
+    assert "ragen_lightning.rollout.vllm_engine" in graph["ragen_lightning.rollout.engines"]  # lazy, in a function
+
+
+def test_no_import_cycle_among_library_modules():
+    assert find_cycle(import_graph()) is None
+
+
+def test_every_package_has_a_layer():
+    names = {_module_name(p, ROOT).split(".")[1] for p in LIB.rglob("*.py") if p.parent != LIB or p.stem != "__init__"}
+    assert names <= set(LAYERS), f"give these packages a layer in LAYERS: {sorted(names - set(LAYERS))}"
+
+
+def test_imports_point_down_or_sideways_only():
+    upward = [(a, b) for a, targets in import_graph().items() for b in targets
+              if _layer(a) is not None and _layer(b) is not None and _layer(b) > _layer(a)]
+    assert upward == []
+
+
+def test_types_and_errors_are_leaves():
+    graph = import_graph()
+    assert graph["ragen_lightning.types"] == set()
+    assert graph["ragen_lightning.errors"] == set()
+
+
+def _roots(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            out.add((node.module or "").split(".")[0])
+    return out
+
+
+@pytest.mark.parametrize("folder", ["ragen_lightning/algos"])
+def test_math_imports_only_torch_stdlib_and_itself(folder):
+    files = sorted((ROOT / folder).glob("*.py")) + [LIB / "metrics" / "functional.py"]
+    for path in files:
+        for root in _roots(path):
+            assert root in ("torch", "ragen_lightning") or root in sys.stdlib_module_names, f"{path.name}: {root}"
+    graph = import_graph()
+    assert all(m.startswith("ragen_lightning.algos") for m in graph["ragen_lightning.metrics.functional"])
+
+
+@pytest.mark.parametrize("module", ["ragen_lightning.algos", "ragen_lightning.metrics.functional"])
+def test_math_import_does_not_load_lightning_or_vllm(module):
+    # A fresh interpreter: other tests in this process may already have imported lightning.
+    code = (f"import json, sys; import {module}; "
+            f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {FORBIDDEN!r})))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+
+
+def test_envs_never_import_the_library_or_callbacks():
+    for path in sorted((ROOT / "envs").rglob("*.py")):
+        assert not _roots(path) & {"ragen_lightning", "callbacks"}, path
+
+
+def test_library_never_imports_callbacks_or_envs():
+    for path in sorted(LIB.rglob("*.py")):
+        assert not _roots(path) & {"callbacks", "envs"}, path
