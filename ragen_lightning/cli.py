@@ -49,6 +49,7 @@ class StarPOCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        _fit_validation_into_run(config)
         threads = config.get("torch_threads")
         if threads is not None:
             if threads < 1:
@@ -78,3 +79,13 @@ def main(args: list[str] | None = None) -> StarPOCLI:
             raise
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _fit_validation_into_run(config) -> None:
+    """A run shorter than ``--trainer.val_check_interval`` iterations validates once, at its end (Lightning refuses
+    an integer interval larger than the epoch's batch count; here an epoch is the whole run)."""
+    trainer, data = config.get("trainer") or {}, config.get("data") or {}
+    interval, iterations = trainer.get("val_check_interval"), data.get("num_iterations")
+    if isinstance(interval, int) and not isinstance(interval, bool) and isinstance(iterations, int) \
+            and 0 < iterations < interval:
+        trainer["val_check_interval"] = iterations
