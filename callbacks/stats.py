@@ -22,7 +22,11 @@ from lightning.pytorch.callbacks import Callback
 
 from callbacks._common import iteration_data, log_values
 from ragen_lightning.metrics import LengthMetrics, RewardMetrics, ValidThinkingRate
-from ragen_lightning.metrics.cross import ReasoningFinder, thinking_flags, trajectory_turns
+from ragen_lightning.metrics.cross import (
+    ReasoningFinder,
+    thinking_flags,
+    trajectory_turns,
+)
 
 
 class RolloutStatistics(Callback):

@@ -23,7 +23,13 @@ from .advantages import (
     turn_level_gae,
     zero_task_advantage,
 )
-from .filtering import filter_metrics, group_scores, in_group_std, kept_sample_mask, select_groups
+from .filtering import (
+    filter_metrics,
+    group_scores,
+    in_group_std,
+    kept_sample_mask,
+    select_groups,
+)
 from .logits import entropy_from_logits, logprobs_from_logits
 from .losses import (
     AGG_MODES,

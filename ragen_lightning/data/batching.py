@@ -16,7 +16,8 @@ one member (a validation batch of singletons is left alone).
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 import torch
 

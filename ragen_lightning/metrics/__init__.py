@@ -30,7 +30,13 @@ __all__ = [
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import functional
-    from .rollout import LengthMetrics, RatioMetric, RewardMetrics, SumStateMetric, ValidThinkingRate
+    from .rollout import (
+        LengthMetrics,
+        RatioMetric,
+        RewardMetrics,
+        SumStateMetric,
+        ValidThinkingRate,
+    )
 
 
 def __getattr__(name: str) -> Any:
