@@ -37,6 +37,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
+def pytest_collection_modifyitems(config, items):
+    """Deselect ``gpu`` tests unless the ``-m`` expression names them (``-m gpu``). Done here rather than with
+    ``-m 'not gpu'`` in addopts so that another ``-m`` on the command line (``-m "not slow"``) does not bring them
+    back: the last ``-m`` wins."""
+    if "gpu" in (config.getoption("markexpr") or ""):
+        return
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+
+
 # A small fixed corpus keeps the session fixture fast; tests of the default corpus build their own.
 SMALL_CORPUS = [
     "You're a helpful assistant. You are solving the Sokoban puzzle. Your available actions are:\nUp, Down, Left, Right",
