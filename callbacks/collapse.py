@@ -47,9 +47,11 @@ from ragen_lightning.metrics.cross import (
     first_turn_pairs,
     mi_diagnostics,
     score_pairs,
+    thinking_flags,
     trajectory_pairs,
     trajectory_turns,
 )
+from ragen_lightning.metrics.functional import valid_thinking_rate
 
 Action = Literal["log", "checkpoint", "stop", "adjust_filter", "adjust_entropy"]
 ACTIONS = ("log", "checkpoint", "stop", "adjust_filter", "adjust_entropy")
@@ -264,9 +266,9 @@ class CollapseMonitor(Callback):
         turns = trajectory_turns(trajectories, self._finder)
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + iteration)
         out: dict[str, float] = {}
-        all_turns = [t for ts in turns for t in ts]
-        if all_turns:
-            out["collapse/valid_thinking_rate"] = sum(t.reasoning is not None for t in all_turns) / len(all_turns)
+        flags = thinking_flags(turns)
+        if flags.numel():
+            out["collapse/valid_thinking_rate"] = float(valid_thinking_rate(flags))
         jobs = []
         if self.first_turn:
             jobs.append(("first_turn", first_turn_pairs(turns, self.num_samples, gen)))

@@ -22,7 +22,11 @@ from lightning.pytorch.callbacks import Callback
 
 from callbacks._common import iteration_data, log_values
 from ragen_lightning.metrics import LengthMetrics, RewardMetrics, ValidThinkingRate
-from ragen_lightning.metrics.cross import ReasoningFinder, trajectory_turns
+from ragen_lightning.metrics.cross import (
+    ReasoningFinder,
+    thinking_flags,
+    trajectory_turns,
+)
 
 
 class RolloutStatistics(Callback):
@@ -50,7 +54,7 @@ class RolloutStatistics(Callback):
         self.rewards.update(scores, success)
         turns = trajectory_turns(trajectories, self._finder)
         self.lengths.update(think_tokens=torch.tensor([float(sum(len(t.reasoning or []) for t in ts)) for ts in turns]))
-        self.valid.update(torch.tensor([t.reasoning is not None for ts in turns for t in ts], dtype=torch.float32))
+        self.valid.update(thinking_flags(turns))
         out = {f"stats/{k}": float(v) for k, v in self.rewards.compute().items() if k.startswith("pass@")}
         out["stats/think_tokens_mean"] = float(self.lengths.compute()["think_tokens_mean"])
         out["stats/valid_thinking_rate"] = float(self.valid.compute())

@@ -1,11 +1,33 @@
-"""Shared fixtures: a tiny tokenizer/model built once per test session into a temporary cache."""
+"""Shared fixtures (a tiny tokenizer/model) and hermetic caches.
+
+Caches: tests never write to the user's caches (``~/.cache/ragen_lightning``, wandb's and Hugging Face's home
+folders). Unless already set, every cache variable points into the repo-local, git-ignored ``.cache/tests/``, which
+survives between runs, so the tiny model and the warm starts are built once, not on every run. The variables are set
+in ``os.environ`` at import, before any test runs, so subprocesses started with the environment inherit them.
+"""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
+
+TEST_CACHE = Path(__file__).resolve().parents[1] / ".cache" / "tests"
+CACHE_VARS = {
+    "RAGEN_LIGHTNING_CACHE": TEST_CACHE / "ragen_lightning",  # tiny models and warm starts (models/tiny.py)
+    "HF_HOME": TEST_CACHE / "huggingface",
+    "WANDB_DIR": TEST_CACHE / "wandb",
+    "WANDB_CACHE_DIR": TEST_CACHE / "wandb" / "cache",
+    "WANDB_CONFIG_DIR": TEST_CACHE / "wandb" / "config",
+    "WANDB_DATA_DIR": TEST_CACHE / "wandb" / "data",
+    "MPLCONFIGDIR": TEST_CACHE / "matplotlib",
+}
+for _name, _path in CACHE_VARS.items():
+    if not os.environ.get(_name):
+        _path.mkdir(parents=True, exist_ok=True)
+        os.environ[_name] = str(_path)
 
 # The test models are tiny: one thread avoids per-op threading overhead (and stalls when another process holds a
 # core), which makes the suite several times faster on 2-core machines.
@@ -14,6 +36,18 @@ torch.set_num_threads(1)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+def pytest_collection_modifyitems(config, items):
+    """Deselect ``gpu`` tests unless the ``-m`` expression names them (``-m gpu``). Done here rather than with
+    ``-m 'not gpu'`` in addopts so that another ``-m`` on the command line (``-m "not slow"``) does not bring them
+    back: the last ``-m`` wins."""
+    if "gpu" in (config.getoption("markexpr") or ""):
+        return
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+
 
 # A small fixed corpus keeps the session fixture fast; tests of the default corpus build their own.
 SMALL_CORPUS = [
@@ -25,11 +59,12 @@ SMALL_CORPUS = [
 
 
 @pytest.fixture(scope="session")
-def tiny_path(tmp_path_factory):
-    from ragen_lightning.models.tiny import TinySpec, tiny_model_path
+def tiny_path():
+    """Built once into the test cache (keyed by spec and corpus, written atomically) and reused by later runs."""
+    from ragen_lightning.models.tiny import TinySpec, cache_root, tiny_model_path
 
     spec = TinySpec(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64, vocab_size=400)
-    return tiny_model_path(spec, cache_dir=tmp_path_factory.mktemp("tiny-cache"), corpus=SMALL_CORPUS)
+    return tiny_model_path(spec, cache_dir=cache_root(), corpus=SMALL_CORPUS)
 
 
 @pytest.fixture(scope="session")

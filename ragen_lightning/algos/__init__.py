@@ -13,6 +13,7 @@ from .advantages import (
     drgrpo,
     filter_loss_scaling,
     gae,
+    group_centre,
     group_std,
     grpo,
     length_weight,
@@ -22,7 +23,13 @@ from .advantages import (
     turn_level_gae,
     zero_task_advantage,
 )
-from .filtering import filter_metrics, group_scores, kept_sample_mask, select_groups
+from .filtering import (
+    filter_metrics,
+    group_scores,
+    in_group_std,
+    kept_sample_mask,
+    select_groups,
+)
 from .logits import entropy_from_logits, logprobs_from_logits
 from .losses import (
     AGG_MODES,
@@ -53,9 +60,11 @@ __all__ = [
     "filter_loss_scaling",
     "filter_metrics",
     "gae",
+    "group_centre",
     "group_scores",
     "group_std",
     "grpo",
+    "in_group_std",
     "kept_sample_mask",
     "kl_penalty",
     "length_weight",

@@ -46,6 +46,7 @@ __all__ = [
     "drgrpo",
     "filter_loss_scaling",
     "gae",
+    "group_centre",
     "group_std",
     "grpo",
     "length_weight",
@@ -193,8 +194,12 @@ def turn_level_gae(
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _group_centre(scores: torch.Tensor, group_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per sample: ``(s_i − μ_g, σ_g)`` with unbiased σ (0 for groups of size 1); exact for constant groups."""
+def group_centre(scores: torch.Tensor, group_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sample: ``(s_i − μ_g, σ_g)`` with unbiased σ (0 for groups of size 1); exact for constant groups.
+
+    The one per-sample (group-index) centring and in-group std: GRPO, ``group_std`` and the score normalisation of
+    ``data.batching.normalize_scores`` use it. ``filtering.in_group_std`` is its ``[G, N]`` matrix counterpart
+    (rows of one group each; numerically it may differ in the last float bit, so the two are not swapped)."""
     if scores.dim() != 1 or group_index.shape != scores.shape:
         raise ValueError(f"scores and group_index must both be [B]; got {tuple(scores.shape)} and "
                          f"{tuple(group_index.shape)}")
@@ -216,7 +221,7 @@ def _group_centre(scores: torch.Tensor, group_index: torch.Tensor) -> tuple[torc
 
 def group_std(scores: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
     """``[B]``: the unbiased std of each sample's group (0 for a group of size 1)."""
-    return _group_centre(scores, group_index)[1]
+    return group_centre(scores, group_index)[1]
 
 
 def grpo(
@@ -233,7 +238,7 @@ def grpo(
     A zero-variance group and a group of size 1 both give 0 (see the module docstring). For turn-level batches
     (one row per turn) pass one score per episode and broadcast the result back to its turns.
     """
-    centred, std = _group_centre(scores, group_index)
+    centred, std = group_centre(scores, group_index)
     return centred / (std + eps) if norm_by_std else centred
 
 

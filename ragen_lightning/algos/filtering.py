@@ -38,6 +38,7 @@ __all__ = [
     "Strategy",
     "filter_metrics",
     "group_scores",
+    "in_group_std",
     "kept_sample_mask",
     "select_groups",
 ]
@@ -51,8 +52,13 @@ _MIN_P_TOL = 1e-10
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _row_std(x: torch.Tensor) -> torch.Tensor:
-    """Unbiased std of each row, exactly 0 for constant rows and rows of one sample."""
+def in_group_std(x: torch.Tensor) -> torch.Tensor:
+    """``[..., N]`` -> ``[...]``: the unbiased std of each row (one group per row), exactly 0 for constant rows and
+    rows of one sample.
+
+    The one ``[G, N]`` in-group std: the filter's ``reward_std`` scores, ``rollout/in_group_*std``,
+    ``metrics.functional.within_group_reward_std`` (hence ``RewardMetrics`` and the gradient-analysis buckets).
+    ``advantages.group_centre`` is its per-sample (group-index) counterpart."""
     n = x.shape[-1]
     if n < 2:
         return torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
@@ -72,13 +78,13 @@ ScoreMetric = Literal[
     "reward_variance", "reward_std", "reward", "reward_sum", "entropy", "entropy_variance", "entropy_std", "length"
 ]
 _SCORE_FNS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "reward_variance": _row_std,  # named "variance" in RAGEN, but it is the std
-    "reward_std": _row_std,
+    "reward_variance": in_group_std,  # named "variance" in RAGEN, but it is the std
+    "reward_std": in_group_std,
     "reward": _row_mean,
     "reward_sum": _row_sum,
     "entropy": _row_mean,
-    "entropy_variance": _row_std,
-    "entropy_std": _row_std,
+    "entropy_variance": in_group_std,
+    "entropy_std": in_group_std,
     "length": _row_mean,
 }
 SCORE_METRICS: tuple[str, ...] = tuple(_SCORE_FNS)
@@ -233,7 +239,7 @@ def filter_metrics(values: torch.Tensor, scores: torch.Tensor, kept: torch.Tenso
     """
     x = values.detach().float()
     per_group = {
-        "std": _row_std(x),
+        "std": in_group_std(x),
         "max": x.max(dim=-1).values if x.shape[-1] else torch.zeros(x.shape[0]),
         "mean": _row_mean(x),
         "sum": _row_sum(x),

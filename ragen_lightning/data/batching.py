@@ -16,10 +16,13 @@ one member (a validation batch of singletons is left alone).
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 import torch
 
+from ragen_lightning.algos.advantages import group_centre
+from ragen_lightning.metrics.functional import pass_at_k
 from ragen_lightning.types import RolloutBatch, Trajectory
 
 RewardPlacement = Literal["last", "turn"]
@@ -39,18 +42,11 @@ def normalize_scores(scores: torch.Tensor, group_index: torch.Tensor, grouping: 
     keys = group_index if grouping == "state" else torch.zeros_like(group_index)
     if int(torch.bincount(keys).max()) <= 1:
         return scores
-    out = torch.empty_like(scores)
-    for key in torch.unique(keys):
-        rows = keys == key
-        x = scores[rows]
-        centred = x - x.mean()
-        if method == "mean":
-            out[rows] = centred
-            continue
-        std = x.std() if x.numel() > 1 else torch.zeros((), dtype=x.dtype)
-        z = torch.zeros_like(x) if std <= eps else centred / (std + eps)
-        out[rows] = z.clamp(-1.0, 3.0) if method == "asym_clip" else z
-    return out
+    centred, std = group_centre(scores, keys)
+    if method == "mean":
+        return centred.to(scores.dtype)
+    z = torch.where(std <= eps, torch.zeros_like(centred), centred / (std + eps))
+    return (z.clamp(-1.0, 3.0) if method == "asym_clip" else z).to(scores.dtype)
 
 
 def build_batch(trajectories: Sequence[Trajectory], *, pad_token_id: int, reward_placement: RewardPlacement = "last",
@@ -141,8 +137,10 @@ def rollout_metrics(trajectories: Sequence[Trajectory], group_size: int) -> dict
     }
     groups: dict[int, list[bool]] = defaultdict(list)
     for t in trajectories:
-        groups[t.group_id].append(t.success)
-    out[f"pass@{group_size}"] = sum(any(v) for v in groups.values()) / len(groups)
+        groups[t.group_id].append(bool(t.success))
+    successes = torch.tensor([sum(v) for v in groups.values()])
+    sizes = torch.tensor([len(v) for v in groups.values()])
+    out[f"pass@{group_size}"] = float(pass_at_k(successes, sizes, group_size).mean())
     info_keys = sorted({k for t in trajectories for k in t.info})
     for k in info_keys:
         out[k] = sum(t.info.get(k, 0.0) for t in trajectories) / n

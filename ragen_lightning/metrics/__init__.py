@@ -1,8 +1,9 @@
-"""Collapse diagnostics and rollout statistics.
+"""Rollout statistics and collapse diagnostics.
 
-``functional`` is pure torch math (importable without lightning, torchmetrics or vllm; a test checks this). The
-TorchMetrics ``Metric`` classes are loaded lazily on first attribute access, so ``import
-ragen_lightning.metrics.functional`` does not pull in torchmetrics.
+``functional`` is the pure torch math, one function per statistic (importable without lightning, torchmetrics or vllm;
+a test checks this); ``cross`` builds and scores cross log-prob matrices. The TorchMetrics ``Metric`` classes of
+``rollout`` (accumulators of the functional values, synced across ranks) are loaded lazily on first attribute access,
+so ``import ragen_lightning.metrics.functional`` does not pull in torchmetrics.
 """
 
 from __future__ import annotations
@@ -11,40 +12,30 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _CLASSES = {
-    "TokenEntropy": "collapse",
-    "MutualInformation": "collapse",
-    "ValidThinkingRate": "collapse",
     "RewardMetrics": "rollout",
     "LengthMetrics": "rollout",
-    "FormatErrorRate": "rollout",
-    "FilterKeepRatio": "rollout",
+    "ValidThinkingRate": "rollout",
     "RatioMetric": "rollout",
     "SumStateMetric": "rollout",
 }
 
 __all__ = [
-    "FilterKeepRatio",
-    "FormatErrorRate",
     "LengthMetrics",
-    "MutualInformation",
     "RatioMetric",
     "RewardMetrics",
     "SumStateMetric",
-    "TokenEntropy",
     "ValidThinkingRate",
     "functional",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import functional
-    from .collapse import MutualInformation, TokenEntropy, ValidThinkingRate
     from .rollout import (
-        FilterKeepRatio,
-        FormatErrorRate,
         LengthMetrics,
         RatioMetric,
         RewardMetrics,
         SumStateMetric,
+        ValidThinkingRate,
     )
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "first_turn_pairs",
     "mi_diagnostics",
     "score_pairs",
+    "thinking_flags",
     "trajectory_pairs",
     "trajectory_turns",
 ]
@@ -145,6 +146,12 @@ def trajectory_turns(trajectories: Sequence[Any], finder: ReasoningFinder) -> li
                                       finder(conv.input_ids[start:end])))
         out.append(turns)
     return out
+
+
+def thinking_flags(turns: list[list[TurnText]]) -> torch.Tensor:
+    """``[all turns]`` bool: the turn has a non-empty reasoning (the definition behind the valid-thinking rate,
+    ``functional.valid_thinking_rate``); turns in trajectory order."""
+    return torch.tensor([t.reasoning is not None for ts in turns for t in ts], dtype=torch.bool)
 
 
 def _signatures(prompts: list[list[int]]) -> torch.Tensor:

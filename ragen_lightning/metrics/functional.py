@@ -1,5 +1,8 @@
-"""Pure collapse-diagnostic math (SPEC §6.1-6.2, §5.4): token entropy, within-group reward std, the mutual-information
-family of a cross log-prob matrix and prompt retrieval.
+"""Pure statistics of rollouts and collapse diagnostics (SPEC §6.1-6.2, §5.4): token entropy, within-group reward std,
+pass@k, the valid-thinking rate, the mutual-information family of a cross log-prob matrix and prompt retrieval.
+
+One home per statistic: the data module, the TorchMetrics classes and the callbacks all call these functions (the
+in-group std itself lives in ``algos.filtering.in_group_std`` because the rollout filter, below this package, needs it).
 
 Imports torch, the standard library and ``ragen_lightning.algos`` only (no lightning, no torchmetrics, no vllm; a
 test checks this). Every function returns 0-dim tensors; empty inputs give 0, never NaN.
@@ -42,7 +45,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ragen_lightning.algos.filtering import group_scores
+from ragen_lightning.algos.filtering import in_group_std
 from ragen_lightning.algos.logits import entropy_from_logits
 from ragen_lightning.algos.masked import masked_mean, masked_sum, masked_var
 
@@ -54,8 +57,10 @@ __all__ = [
     "mean_token_entropy",
     "mi_row_terms",
     "mutual_information",
+    "pass_at_k",
     "retrieval",
     "token_entropy",
+    "valid_thinking_rate",
     "within_group_reward_std",
 ]
 
@@ -83,7 +88,37 @@ def within_group_reward_std(rewards: torch.Tensor) -> torch.Tensor:
 
     0 for ``N = 1`` (RAGEN gives NaN) and exactly 0 for identical rewards (a member is subtracted first).
     """
-    return group_scores(rewards, "reward_std")
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be [num_groups, group_size], got shape {tuple(rewards.shape)}")
+    return in_group_std(rewards if rewards.is_floating_point() else rewards.float())
+
+
+def pass_at_k(num_success: torch.Tensor, group_size: int | torch.Tensor, k: int) -> torch.Tensor:
+    """Unbiased pass@k of each group (Chen et al. 2021): ``1 − C(n − c, k) / C(n, k)``, ``n = group_size``.
+
+    ``num_success`` ``[G]`` successes c per group; ``group_size`` an int or a ``[G]`` tensor of group sizes. ``k``
+    larger than ``n`` is clipped to ``n`` (pass@n: any success). Computed with ``lgamma`` in float64; a group with no
+    success gives exactly 0 and ``n − c < k`` gives exactly 1, so pass@n is exactly the share of groups with a success.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    c = num_success.to(torch.float64)
+    nf = torch.as_tensor(group_size, dtype=torch.float64, device=c.device).expand_as(c)
+    kf = torch.clamp(nf, max=float(k))
+    lg = torch.lgamma
+    free = nf - c  # failures
+    ok = free >= kf
+    safe_free = torch.where(ok, free, kf)
+    # log [C(n−c, k) / C(n, k)] = [lgΓ(n−c+1) − lgΓ(n+1)] + [lgΓ(n−k+1) − lgΓ(n−c−k+1)]; each bracket is 0 when c = 0
+    log_ratio = (lg(safe_free + 1) - lg(nf + 1)) + (lg(nf - kf + 1) - lg(safe_free - kf + 1))
+    return torch.where(ok, 1.0 - torch.exp(log_ratio), torch.ones_like(c))
+
+
+def valid_thinking_rate(valid: torch.Tensor) -> torch.Tensor:
+    """``[turns]`` bool (the turn has a non-empty ``<think>…</think>``, ``cross.thinking_flags``) -> 0-dim float64
+    share of valid turns (SPEC §6.1 ``collapse/valid_thinking_rate``); 0 with no turn."""
+    v = valid.to(torch.float64)
+    return v.sum() / v.numel() if v.numel() else v.new_zeros(())
 
 
 # ----------------------------------------------------------------------------------------------------------------

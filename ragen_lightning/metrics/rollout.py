@@ -1,10 +1,11 @@
-"""TorchMetrics for rollout statistics: rewards (mean, in-group std, success, pass@k), lengths, format errors and the
-rollout filter's keep ratio (SPEC §3.4, §5.4).
+"""TorchMetrics for rollout statistics (SPEC §3.4, §5.4, §6.1): rewards (mean, in-group std, success, pass@k),
+lengths and the valid-thinking rate; fed by the ``callbacks.RolloutStatistics`` callback.
 
-Every metric keeps float64 sums and counts with ``dist_reduce_fx="sum"``: the all-reduced state of W ranks equals
-the state of one process that saw all their updates, so ``compute`` is exact across ranks (never a mean of per-rank
-means), and ``merge_state`` works. Nothing seen gives 0, not NaN. ``SumStateMetric`` and ``RatioMetric`` are the
-shared plumbing (also used by ``collapse.py``).
+The classes only accumulate: the math is ``functional`` (``within_group_reward_std``, ``pass_at_k``,
+``valid_thinking_rate``). Every metric keeps float64 sums and counts with ``dist_reduce_fx="sum"``: the all-reduced
+state of W ranks equals the state of one process that saw all their updates, so ``compute`` is exact across ranks
+(never a mean of per-rank means), and ``merge_state`` works. Nothing seen gives 0, not NaN. ``SumStateMetric`` and
+``RatioMetric`` are the shared plumbing.
 """
 
 from __future__ import annotations
@@ -14,25 +15,17 @@ from collections.abc import Sequence
 import torch
 from torchmetrics import Metric
 
-from .functional import within_group_reward_std
+from .functional import pass_at_k, within_group_reward_std
 
-__all__ = [
-    "FilterKeepRatio",
-    "FormatErrorRate",
-    "LengthMetrics",
-    "RatioMetric",
-    "RewardMetrics",
-    "SumStateMetric",
-    "pass_at_k",
-]
+__all__ = ["LengthMetrics", "RatioMetric", "RewardMetrics", "SumStateMetric", "ValidThinkingRate"]
 
 
 class SumStateMetric(Metric):
     """A ``Metric`` whose states are float64 zeros of a given shape, summed across ranks."""
 
-    full_state_update = False
+    full_state_update = False  # update() never reads the accumulated state: forward() may use the fast path
     is_differentiable = False
-    higher_is_better = None
+    higher_is_better: bool | None = None
 
     def _add_sum_state(self, name: str, shape: tuple[int, ...] = ()) -> None:
         self.add_state(
@@ -61,6 +54,8 @@ def _f64(x: torch.Tensor | float | bool) -> torch.Tensor:
 class RatioMetric(SumStateMetric):
     """``Σ numerator / Σ denominator`` over all updates (and ranks); 0 before any denominator.
 
+    Generic: ``higher_is_better`` is None here and set by subclasses.
+
     ``update(flags)`` with a bool / 0-1 tensor adds ``flags.sum()`` over ``flags.numel()``;
     ``update(numerator, denominator)`` adds counts (tensors of any shape are summed, or numbers).
     """
@@ -84,27 +79,6 @@ class RatioMetric(SumStateMetric):
         return _ratio(self.numerator, self.denominator)
 
 
-def pass_at_k(num_success: torch.Tensor, group_size: int, k: int) -> torch.Tensor:
-    """Unbiased pass@k of each group (Chen et al. 2021): ``1 − C(n − c, k) / C(n, k)``, ``n = group_size``.
-
-    ``num_success`` ``[G]`` successes c per group. ``k`` larger than ``n`` is clipped to ``n`` (pass@n: any success).
-    Computed with ``lgamma`` in float64; a group with no success gives exactly 0 and ``n − c < k`` gives exactly 1.
-    """
-    n = group_size
-    k = min(k, n)
-    c = num_success.to(torch.float64)
-    lg = torch.lgamma
-    nf = torch.tensor(float(n), dtype=torch.float64, device=c.device)
-    free = nf - c  # failures
-    ok = free >= k
-    safe_free = torch.where(ok, free, torch.full_like(free, float(k)))
-    # log [C(n−c, k) / C(n, k)] = [lgΓ(n−c+1) − lgΓ(n+1)] + [lgΓ(n−k+1) − lgΓ(n−c−k+1)]; each bracket is 0 when c = 0
-    log_ratio = (lg(safe_free + 1) - lg(nf + 1)) + (
-        lg(nf - k + 1) - lg(safe_free - k + 1)
-    )
-    return torch.where(ok, 1.0 - torch.exp(log_ratio), torch.ones_like(c))
-
-
 class RewardMetrics(SumStateMetric):
     """Reward mean, within-group reward std, success rate and pass@k of grouped rollouts.
 
@@ -116,7 +90,11 @@ class RewardMetrics(SumStateMetric):
       falling token entropy) is the echo-trap warning: groups stop disagreeing, so the task gradient vanishes.
     - ``pass@k`` = mean over groups of the unbiased estimator ``1 − C(N − c, k)/C(N, k)`` (c successes in the group;
       k > N clipped to N). pass@k well above success_rate = diversity worth exploiting; pass@k ≈ pass@1 = collapse.
+
+    ``higher_is_better`` refers to reward, success and pass@k (the in-group std is a diagnostic, not a target).
     """
+
+    higher_is_better = True
 
     def __init__(self, ks: Sequence[int] = (1, 2, 4, 8), **kwargs) -> None:
         super().__init__(**kwargs)
@@ -184,6 +162,7 @@ class LengthMetrics(SumStateMetric):
     """
 
     FIELDS = ("response_tokens", "think_tokens", "turns", "actions")
+    higher_is_better = None  # lengths are read, not maximised
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -212,17 +191,13 @@ class LengthMetrics(SumStateMetric):
         }
 
 
-class FormatErrorRate(RatioMetric):
-    """``Σ turns with a format error / Σ turns`` (unparseable answer or invalid action, SPEC §2.4).
+class ValidThinkingRate(RatioMetric):
+    """``Σ valid turns / Σ turns`` (SPEC §6.1 ``valid_thinking_rate``): ``functional.valid_thinking_rate`` accumulated
+    over updates and ranks.
 
-    Healthy: falls early in training and stays near 0; rising again signals reward hacking around the format
-    penalty or degenerate text.
+    A turn is valid when its ``<think>…</think>`` block is non-empty (``cross.thinking_flags``). ``update(flags)`` or
+    ``update(num_valid, num_turns)``. Healthy: near 1; falling means the model drops its reasoning (MI cannot be
+    measured on those turns, and they often precede low-entropy collapse).
     """
 
-
-class FilterKeepRatio(RatioMetric):
-    """``Σ kept groups / Σ groups`` of the reward-variance filter (SPEC §5.4 ``rollout/filter_kept_ratio``).
-
-    With top-p filtering a ratio falling towards 0 means most groups have zero reward std: little learning signal
-    left (pair with ``in_group_reward_std``).
-    """
+    higher_is_better = True

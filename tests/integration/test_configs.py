@@ -1,10 +1,13 @@
-"""Every YAML in configs/ parses against the CLI's signatures; every task config runs a short fit on CPU."""
+"""Every YAML in configs/ parses against the CLI's signatures; every task config runs a short fit on CPU that
+generates, updates, validates and checkpoints."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
+import torch
 
 import envs  # noqa: F401
 from ragen_lightning.cli import StarPOCLI, main
@@ -52,9 +55,22 @@ def test_bad_value_names_the_flag():
 @pytest.mark.parametrize("task", [p.stem for p in TASKS])
 def test_task_config_fit_smoke(task, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    main(["fit", "--config", str(CONFIGS / f"{task}.yaml"), "--trainer.logger", "false",
-          "--trainer.callbacks", "[]", "--trainer.enable_checkpointing", "false", "--model.warm_start", "false",
-          "--trainer.max_steps", "2", "--data.num_iterations", "1", "--data.num_groups", "2",
-          "--data.group_size", "2", "--data.max_new_tokens", "12", "--data.max_turns", "2",
-          "--data.val_num_groups", "2", "--trainer.val_check_interval", "1", "--model.mini_batch_size", "4",
-          "--model.micro_batch_size", "2"])
+    cli = main(["fit", "--config", str(CONFIGS / f"{task}.yaml"), "--trainer.logger", "false",
+                "--trainer.callbacks", "[]", "--trainer.enable_checkpointing", "true", "--model.warm_start", "false",
+                "--trainer.max_steps", "2", "--data.num_iterations", "1", "--data.num_groups", "2",
+                "--data.group_size", "2", "--data.max_new_tokens", "12", "--data.max_turns", "2",
+                "--data.val_num_groups", "2", "--trainer.val_check_interval", "1", "--model.mini_batch_size", "4",
+                "--model.micro_batch_size", "2"])
+    m = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
+    # the rollout generated tokens and the episodes were scored
+    assert m["rollout/generated_tokens"] > 0 and m["train/response_length"] > 0, task
+    for key in ("train/success", "train/pass@2", "val/success", "train/format_error_rate"):
+        assert 0.0 <= m[key] <= 1.0, (task, key, m.get(key))
+    # one StarPO iteration ran its update (finite loss and grad norm) and validation ran (val_check_interval 1)
+    assert cli.trainer.global_step >= 1 and m["iteration"] == 0.0, task
+    assert math.isfinite(m["actor/pg_loss"]) and math.isfinite(m["actor/grad_norm"]), task
+    # a checkpoint was written and holds the actor's weights
+    ckpts = sorted(tmp_path.rglob("*.ckpt"))
+    assert ckpts, f"{task}: no checkpoint under {tmp_path}"
+    state = torch.load(ckpts[-1], map_location="cpu", weights_only=False)["state_dict"]
+    assert any(k.startswith("actor.") for k in state), (task, list(state)[:5])

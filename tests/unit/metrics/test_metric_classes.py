@@ -7,24 +7,14 @@ import math
 import pytest
 import torch
 
-from ragen_lightning.metrics import (
-    FilterKeepRatio,
-    FormatErrorRate,
-    LengthMetrics,
-    MutualInformation,
-    RewardMetrics,
-    TokenEntropy,
-    ValidThinkingRate,
-)
-from ragen_lightning.metrics.functional import mutual_information
-from ragen_lightning.metrics.rollout import pass_at_k
+import ragen_lightning.metrics as metrics_pkg
+from ragen_lightning.metrics import LengthMetrics, RewardMetrics, ValidThinkingRate
+from ragen_lightning.metrics.functional import pass_at_k, valid_thinking_rate
+from ragen_lightning.metrics.rollout import SumStateMetric
 
 # Rewards of 2 groups x 4 samples. Group 0: rewards [1, 0, 0, 1], one success; group 1: [0.5]*4, no success.
 REWARDS = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5]])
 SUCCESS = torch.tensor([[True, False, False, False], [False, False, False, False]])
-# 3x3 cross log-prob matrix, dyadic entries; split into rows {0} and {1, 2}.
-ELL = torch.tensor([[-1.0, -2.0, -3.0], [-2.5, -1.5, -0.5], [-3.0, -2.0, -1.0]])
-IDX = torch.tensor([0, 1, 2])
 
 
 def _close(
@@ -42,6 +32,34 @@ def test_pass_at_k_by_hand():
     assert pass_at_k(c, 4, 2).tolist() == pytest.approx([0.5, 0.0, 1.0])
     assert pass_at_k(c, 4, 4).tolist() == [1.0, 0.0, 1.0]
     assert pass_at_k(c, 4, 8).tolist() == [1.0, 0.0, 1.0]  # k > n clipped to n
+    # per-group sizes: n = (4, 2, 3) with c = (1, 0, 1) and k = 2: 1/2 (above), 0, 1 - C(2,2)/C(3,2) = 1 - 1/3 = 2/3
+    got = pass_at_k(torch.tensor([1, 0, 1]), torch.tensor([4, 2, 3]), 2).tolist()
+    assert got == pytest.approx([0.5, 0.0, 2 / 3])
+    # pass@n is exactly the share of groups with a success (the data module's train/pass@group_size)
+    assert pass_at_k(torch.tensor([0, 3, 1, 0]), 4, 4).mean().item() == 0.5
+    with pytest.raises(ValueError):
+        pass_at_k(c, 4, 0)
+
+
+def test_valid_thinking_rate_functional_and_metric_agree():
+    # 2 of 3 turns have a reasoning: 2/3 in float64 (the collapse monitor's value), 0 with no turn
+    flags = torch.tensor([True, False, True])
+    assert float(valid_thinking_rate(flags)) == 2 / 3
+    assert float(valid_thinking_rate(torch.zeros(0, dtype=torch.bool))) == 0.0
+    v = ValidThinkingRate()
+    v.update(flags)
+    assert float(v.compute()) == pytest.approx(2 / 3)
+
+
+def test_every_metric_class_declares_its_direction():
+    for name in metrics_pkg.__all__:
+        cls = getattr(metrics_pkg, name)
+        if not isinstance(cls, type) or cls is SumStateMetric:
+            continue
+        assert "higher_is_better" in vars(cls) or cls.__name__ == "RatioMetric", name
+        assert cls.full_state_update is False and cls.is_differentiable is False, name
+    assert RewardMetrics.higher_is_better is True and ValidThinkingRate.higher_is_better is True
+    assert LengthMetrics.higher_is_better is None
 
 
 def test_reward_metrics_by_hand():
@@ -96,73 +114,6 @@ def test_two_updates_equal_one_on_concatenation_and_reset():
         0.0,
     ]
 
-    ent = torch.tensor([[1.0, 2.0, 9.0], [0.5, 0.5, 0.5]])
-    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    e_one, e_two = TokenEntropy(), TokenEntropy()
-    e_one.update(ent, mask)
-    e_two.update(ent[:1], mask[:1])
-    e_two.update(ent[1:], mask[1:])
-    assert (
-        float(e_one.compute())
-        == float(e_two.compute())
-        == pytest.approx((1 + 2 + 0.5) / 3)
-    )
-    e_two.reset()
-    assert float(e_two.compute()) == 0.0
-
-
-def test_mutual_information_metric_matches_functional_and_splits():
-    one = MutualInformation()
-    one.update(ELL, IDX)
-    ref = mutual_information(ELL, IDX)
-    got = one.compute()
-    for (
-        k,
-        v,
-    ) in (
-        got.items()
-    ):  # float64 sums vs the functional's float32 means: equal to ~1e-6 relative
-        torch.testing.assert_close(v, ref[k], rtol=1e-5, atol=1e-6, msg=k)
-    # Split rows {0} and {1, 2} of the same matrix: the per-row a, b and hits are the same, so every row-mean key is
-    # equal; chance@k (k >= 2) is left out: min(1, chance·k_eff) per call differs from the whole matrix's only where
-    # the clip binds, which it does here (1/3·3 = 1 for one part).
-    two = MutualInformation()
-    two.update(ELL[:1], IDX[:1])
-    two.update(ELL[1:], IDX[1:])
-    split = two.compute()
-    for k in (
-        "mi",
-        "conditional_entropy",
-        "marginal_entropy",
-        "marginal_std",
-        "mi_zscore",
-        "retrieval_accuracy",
-        "retrieval_accuracy@2",
-        "retrieval_chance_level",
-        "retrieval_above_chance",
-        "mi_upper_bound",
-    ):
-        torch.testing.assert_close(split[k], got[k], rtol=0, atol=1e-6, msg=k)
-    two.reset()
-    assert all(float(v) == 0.0 and not torch.isnan(v) for v in two.compute().values())
-
-
-def test_mutual_information_metric_accumulates_over_all_rows():
-    # Two calls with different column sets: the accumulated mi is the mean over all 2 + 3 rows, not of the two means.
-    m = MutualInformation(topk=(1,))
-    m.update(torch.tensor([[-1.0, -3.0], [-2.0, -0.5]]), torch.tensor([0, 1]))
-    m.update(ELL, IDX)
-    a1 = mutual_information(
-        torch.tensor([[-1.0, -3.0], [-2.0, -0.5]]), torch.tensor([0, 1])
-    )
-    b1 = mutual_information(ELL, IDX)
-    expected = (2 * float(a1["mi"]) + 3 * float(b1["mi"])) / 5
-    assert float(m.compute()["mi"]) == pytest.approx(expected, abs=1e-6)
-    # mi_upper_bound = (2 log 2 + 3 log 3) / 5
-    assert float(m.compute()["mi_upper_bound"]) == pytest.approx(
-        (2 * math.log(2) + 3 * math.log(3)) / 5
-    )
-
 
 def test_ratio_metrics():
     v = ValidThinkingRate()
@@ -171,14 +122,8 @@ def test_ratio_metrics():
     assert float(v.compute()) == 0.5
     v.reset()
     assert float(v.compute()) == 0.0
-    f = FormatErrorRate()
-    assert float(f.compute()) == 0.0  # nothing seen: 0, not NaN
-    f.update(2, 8)
-    assert float(f.compute()) == 0.25
-    k = FilterKeepRatio()
-    k.update(torch.tensor(3), torch.tensor(8))
-    k.update(torch.tensor(1), torch.tensor(8))
-    assert float(k.compute()) == 0.25
+    v.update(2, 8)
+    assert float(v.compute()) == 0.25
 
 
 def _ranks(cls, updates, **kwargs):
@@ -195,8 +140,6 @@ def test_simulated_two_rank_merge_equals_single_process():
     for metric in (
         RewardMetrics(),
         LengthMetrics(),
-        TokenEntropy(),
-        MutualInformation(),
         ValidThinkingRate(),
     ):
         assert set(metric._reductions) == set(metric._defaults)
@@ -207,16 +150,6 @@ def test_simulated_two_rank_merge_equals_single_process():
         RewardMetrics, [(REWARDS[:1], SUCCESS[:1]), (REWARDS[1:], SUCCESS[1:])]
     )
     _close(single, merged)
-    single, merged = _ranks(
-        TokenEntropy,
-        [
-            (torch.tensor([[1.0, 2.0]]), torch.tensor([[1, 1]])),
-            (torch.tensor([[4.0, 8.0]]), torch.tensor([[1, 0]])),
-        ],
-    )
-    assert float(single) == float(merged) == pytest.approx(7 / 3)
-    single, merged = _ranks(MutualInformation, [(ELL, IDX), (ELL[1:], IDX[1:])])
-    _close(single, merged, atol=1e-6)
     single, merged = _ranks(
         ValidThinkingRate, [(torch.tensor([1, 0]),), (torch.tensor([1, 1, 1]),)]
     )
