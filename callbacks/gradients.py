@@ -3,7 +3,7 @@
 RAGEN-2's SNR argument says low-reward-variance groups carry a weak task gradient while the regularisers (entropy,
 KL) keep theirs. This callback measures it: every ``every_n`` iterations (and at iteration 1) it takes the iteration's
 kept batch, recomputes old log-probs / reference log-probs / values and the advantages exactly as the module does
-(``scoring.score_batch``, ``StarPOModule._advantages``), splits the groups into buckets by their reward std and, per
+(``scoring.score_batch``, ``starpo.advantages.starpo_advantages``), splits the groups into buckets by their reward std and, per
 bucket and per component, backpropagates that component alone over micro-batches and records the global grad norm
 of the actor. No optimizer step is taken and the gradients are cleared afterwards.
 
@@ -31,10 +31,21 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from callbacks._common import advance, log_values, on_schedule
-from ragen_lightning.algos.losses import agg_normalizer, aggregate, kl_penalty, ppo_policy_loss
+from ragen_lightning.algos.losses import (
+    agg_normalizer,
+    aggregate,
+    kl_penalty,
+    ppo_policy_loss,
+)
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.metrics.functional import within_group_reward_std
-from ragen_lightning.starpo.scoring import actor_outputs, micro_slices, score_batch, trimmed
+from ragen_lightning.starpo.advantages import ADVANTAGE_SETTINGS, starpo_advantages
+from ragen_lightning.starpo.scoring import (
+    actor_outputs,
+    micro_slices,
+    score_batch,
+    trimmed,
+)
 
 BucketMode = Literal["quantile", "fixed_rv"]
 
@@ -93,7 +104,8 @@ class GradientAnalysis(Callback):
                                  chunk_size=hp.logits_chunk_size)
         values = (score_batch(pl_module.critic, ids, att, micro, kind="critic")[0]
                   if pl_module.critic is not None else None)
-        advantages, _, _ = pl_module._advantages(batch, mask, old, ref, values)
+        advantages, _, _ = starpo_advantages(batch, mask, old_logprobs=old, ref_logprobs=ref, values=values,
+                                             **{k: hp[k] for k in ADVANTAGE_SETTINGS})
         return {"batch": batch, "ids": ids, "att": att, "mask": mask, "old": old, "ref": ref, "adv": advantages}
 
     def _component_norm(self, pl_module: Any, d: dict[str, Any], rows: torch.Tensor, component: str) -> tuple[float,
