@@ -8,6 +8,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 import envs  # noqa: F401
+from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.sampler import FilterConfig
 from ragen_lightning.errors import ConfigError
@@ -31,8 +32,9 @@ class Recorder(Callback):
 
 
 def data(**kw):
-    args = dict(env_id="ragen/Bandit-v0", num_groups=2, group_size=4, num_iterations=1, max_turns=1,
-                max_actions_per_turn=1, max_actions_per_episode=1, max_new_tokens=12, max_model_len=1024,
+    args = dict(env_id="ragen/Bandit-v0", num_groups=2, group_size=4, num_iterations=1,
+                episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1,
+                                        max_new_tokens=12, max_model_len=1024),
                 val_num_groups=2)
     args.update(kw)
     return RolloutDataModule(**args)
