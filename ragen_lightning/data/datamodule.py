@@ -263,7 +263,7 @@ class RolloutDataModule(L.LightningDataModule):
         ep = self.episode
         try:
             for seed in (hp.train_seed, hp.val_seed):
-                need = runner.first_prompt_length(seed, ep.max_new_tokens) + ep.max_new_tokens
+                need = runner.first_prompt_length(seed) + ep.max_new_tokens
                 if need > ep.max_model_len:
                     raise ConfigError(
                         f"--data.episode.max_model_len={ep.max_model_len} is too small for the first prompt of "

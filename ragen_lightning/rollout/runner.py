@@ -121,10 +121,10 @@ class RolloutRunner:
         self._envs.clear()
 
     # -- rollout ----------------------------------------------------------------------------------------------
-    def first_prompt_length(self, seed: int, max_new_tokens: int) -> int:
+    def first_prompt_length(self, seed: int) -> int:
         """Tokens of the first prompt of an episode reset with ``seed`` (to check the context budget up front)."""
         ep = self._reset(0, 0, seed)
-        user = self._user_message(ep, 1, self.max_response_tokens or max_new_tokens)
+        user = self._user_message(ep, 1, self.max_response_tokens or self.episode.max_new_tokens)
         return len(self.chat.start(ep.system, user))
 
     def run(self, group_seeds: Sequence[int], group_size: int, params: SamplingParams,
@@ -218,9 +218,10 @@ class RolloutRunner:
         lines.append(f"\nCurrent Turn (Turn {turn}):")
         return "".join(lines)
 
-    def _prompt_ids(self, ep: _Episode, user: str, max_new_tokens: int) -> list[int] | None:
-        """The next prompt's ids, or None (and nothing changed) when prompt + response would exceed the limit."""
-        budget = self.episode.max_model_len - max_new_tokens
+    def _prompt_ids(self, ep: _Episode, user: str, response_cap: int) -> list[int] | None:
+        """The next prompt's ids, or None (and nothing changed) when prompt + a ``response_cap``-token response (the
+        sampling cap of this run) would exceed the limit."""
+        budget = self.episode.max_model_len - response_cap
         if self.episode.context_window == "full":
             if ep.conv is None:
                 conv = self.chat.start(ep.system, user)
