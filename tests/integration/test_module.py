@@ -155,8 +155,10 @@ def test_resume_continues_exactly(tmp_path, tiny_path):
 
 def test_max_model_len_too_small_fails_before_training(tmp_path, tiny_path):
     module = StarPOModule(model=str(tiny_path), adv_estimator="grpo", mini_batch_size=8, micro_batch_size=8)
-    with pytest.raises(ValueError, match=r"--data.max_model_len=64 is too small for the first prompt"):
-        fit(tmp_path, module, data(max_model_len=64))
+    small = EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1, max_new_tokens=12,
+                            max_model_len=64)
+    with pytest.raises(ValueError, match=r"--data.episode.max_model_len=64 is too small for the first prompt"):
+        fit(tmp_path, module, data(episode=small))
     assert module.global_step == 0
 
 
