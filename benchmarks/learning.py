@@ -51,10 +51,13 @@ VARIANTS: dict[str, list[str]] = {
     "grpo_filter": ["--model.adv_estimator", "grpo", "--data.filter",
                     "{strategy: top_p, value: 0.9, include_zero: false}"],
 }
-RUNNER_KEYS = ("max_turns", "max_actions_per_turn", "max_actions_per_episode", "max_new_tokens", "max_model_len",
-               "context_window", "enable_think")
-DATA_DEFAULTS = {"max_turns": 5, "max_actions_per_turn": 2, "max_actions_per_episode": 10, "max_new_tokens": 100,
-                 "max_model_len": 4096, "context_window": "full", "enable_think": True}
+
+
+def episode_of(data: dict[str, Any]):
+    """The config's ``data.episode`` settings (the rollouts' format; the warm start and evaluation reuse it)."""
+    from ragen_lightning.rollout.settings import as_episode
+
+    return as_episode(data.get("episode"))
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -93,8 +96,7 @@ def warm_model(cfg: dict[str, Any]) -> tuple[str, list[int]]:
     data, model = cfg["data"], cfg["model"]
     ws = model.get("warm_start")
     kwargs = dict(ws) if isinstance(ws, dict) else {}
-    for k in RUNNER_KEYS:
-        kwargs.setdefault(k, data.get(k, DATA_DEFAULTS[k]))
+    kwargs.setdefault("episode", episode_of(data))
     path = warm_start(model.get("model", "tiny"), data["env_id"], data.get("env_kwargs"), **kwargs)
     demo = episode_seeds(kwargs.get("seed", 0), kwargs.get("num_episodes", 512), "train")
     return str(path), demo
@@ -105,11 +107,9 @@ def evaluate(path: str, cfg: dict[str, Any], n: int, temperature: float, seed: i
     from ragen_lightning.sft.warm_start import evaluate_policy
 
     data = cfg["data"]
-    runner = {k: data.get(k, DATA_DEFAULTS[k]) for k in RUNNER_KEYS}
-    runner.pop("context_window")
     t = time.perf_counter()
     out = evaluate_policy(path, data["env_id"], data.get("env_kwargs"), num_episodes=n, seed=seed,
-                          exclude_seeds=exclude, temperature=temperature, **runner)
+                          exclude_seeds=exclude, temperature=temperature, episode=episode_of(data))
     out["eval_s"] = time.perf_counter() - t
     return out
 

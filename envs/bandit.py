@@ -173,5 +173,16 @@ class BanditEnv(TextEnv):
     def _info(self, *, success: bool, valid: bool, effective: bool) -> dict[str, Any]:
         return {"success": success, "action_is_valid": valid, "action_is_effective": effective}
 
+    # The answer is an arm name copied from the prompt and the tiny model learns that copy late: format-valid at
+    # temperature 1 was 0.03 after 150 warm-start steps, 0.64 after 300 and 0.92 after 500 (its one-turn samples
+    # are short: 500 steps took ~2 min on one core).
+    warm_start_steps = 500
+
+    def expert_turn(self, max_actions: int) -> tuple[str, tuple[str, ...]]:
+        """The warm start's expert: the risky arm (the higher expected reward), ``hi_arm_name``. The reasoning names
+        no arm: the tiny model learns to copy a multi-token arm name slowly, and with one name to copy instead of two
+        it answered in format 0.64 vs 0.39 of the time after 300 steps."""
+        return "the riskier arm pays more on average", (self.hi_arm_name,)
+
     def _render_text(self) -> str:
         return self._obs

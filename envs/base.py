@@ -4,6 +4,10 @@ observation space helper.
 Every env in this package is a plain :class:`gymnasium.Env` whose observations are strings. Turning model text into
 actions is NOT the env's job (it lives in the trainer's prompting code); an env only publishes the words it
 understands (``action_names``) and the instruction/legend text a prompt needs (:meth:`TextEnv.prompt_spec`).
+
+An env also owns what a trainer may want to know about solving it, in plain types (this package never imports a
+trainer): the optional expert policy ``expert_turn`` and the warm-start hint ``warm_start_steps`` (see
+:class:`TextEnv`). :func:`relation` and :func:`going` are reasoning-sentence helpers several experts share.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import operator
 import string
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -45,6 +49,20 @@ def as_action(action: Any, n: int) -> int | None:
     return a if 0 <= a < n else None
 
 
+def relation(a: tuple[int, int], b: tuple[int, int]) -> str:
+    """Where cell ``a`` lies relative to cell ``b``: ``"above and left of"``, ``"below"``, ``"right of"``, ``"at"``."""
+    vertical = "above" if a[0] < b[0] else "below" if a[0] > b[0] else ""
+    horizontal = "left of" if a[1] < b[1] else "right of" if a[1] > b[1] else ""
+    if vertical and horizontal:
+        return f"{vertical} and {horizontal}"
+    return vertical or horizontal or "at"
+
+
+def going(actions: Sequence[str]) -> str:
+    """``"I go Up, Left"``: the tail of an expert's reasoning sentence."""
+    return "I go " + ", ".join(actions)
+
+
 @dataclass(frozen=True)
 class PromptSpec:
     """What a prompt needs to know about an env, as plain data.
@@ -67,10 +85,22 @@ class TextEnv(gym.Env[str, Any]):
 
     Subclasses set ``action_names`` (class or instance attribute) and implement :meth:`prompt_spec` and
     :meth:`_render_text`.
+
+    Optional, for a supervised warm start before RL (``--model.warm_start``; the trainer reaches them duck-typed
+    through ``env.unwrapped``, so any gymnasium env may define them):
+
+    * ``expert_turn(self, max_actions: int) -> tuple[str, tuple[str, ...]]``: the expert's answer for the current
+      state: a short, deterministic reasoning sentence that says something true about the state (it is placed
+      between ``<think>`` and ``</think>``; keep it short, a small model imitates it) and one to ``max_actions``
+      action words (``action_names`` spelling) or answer strings (free-text envs). Not defined here: an env without
+      it has no expert, and a warm start on it fails at configuration time naming the class.
+    * ``warm_start_steps``: optimizer steps of a warm start that names none (default 150; raise it for an env
+      whose answer format a small model learns slowly).
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
     action_names: tuple[str, ...] = ()
+    warm_start_steps: int = 150
 
     def __init__(self, render_mode: str | None = None):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:

@@ -303,6 +303,15 @@ class CountdownEnv(TextEnv):
             "action_is_effective": effective,
         }
 
+    def expert_turn(self, max_actions: int) -> tuple[str, tuple[str, ...]]:
+        """The warm start's expert: the solver's equation (:func:`solve_countdown`) for the current numbers and
+        target."""
+        expr = solve_countdown(list(self.nums), int(self.target))
+        if expr is None:  # generated instances always have one; a hand-set instance might not
+            expr = " + ".join(str(n) for n in self.nums)
+            return f"no exact equation; closest try {expr}", (expr,)
+        return f"{expr} = {self.target}", (expr,)
+
     def _render_text(self) -> str:
         return self._obs
 

@@ -20,7 +20,7 @@ from gymnasium import spaces
 from envs.base import PromptSpec, TextEnv, as_action, text_space
 
 ACTION_NAMES = ("Up", "Right", "Down", "Left")
-
+_EXPERT_ORDER = ("Up", "Down", "Left", "Right")  # the expert's tie order
 
 
 def merge_line(line: list[int]) -> tuple[list[int], int]:
@@ -229,6 +229,30 @@ class Game2048Env(TextEnv):
             "score": int(self.score),
             "max_tile": max_tile,
         }
+
+    def expert_turn(self, max_actions: int) -> tuple[str, tuple[str, ...]]:
+        """The warm start's expert: a one-step greedy heuristic on ``board``: among the moves that change the
+        board, the one maximising merge score + 2 x empty cells, keeping the largest tile in a corner as a
+        tie-break; ties in the fixed order Up, Down, Left, Right. One action per turn (a tile spawns after each)."""
+        board = np.asarray(self.board)
+        names = tuple(self.action_names or ACTION_NAMES)
+        best, best_key = None, None
+        for name in _EXPERT_ORDER:
+            if name not in names:
+                continue
+            after, score, moved = slide(board, ACTION_NAMES.index(name))
+            if not moved:
+                continue
+            corner = max(after[0, 0], after[0, -1], after[-1, 0], after[-1, -1]) == after.max()
+            key = (score + 2 * int((after == 0).sum()), corner)
+            if best_key is None or key > best_key:
+                best, best_key = name, key
+        if best is None:
+            return f"no move changes the board; I go {names[0]}", (names[0],)
+        gain = best_key[0] - 2 * int((board == 0).sum())
+        if gain > 0:
+            return f"{best} merges the most tiles; I go {best}", (best,)
+        return f"{best} keeps the board open; I go {best}", (best,)
 
     def _render_text(self) -> str:
         if self.grid is None:

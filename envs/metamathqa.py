@@ -425,6 +425,10 @@ class MetaMathQAEnv(TextEnv):
             "attempts": self.attempts,
         }
 
+    def expert_turn(self, max_actions: int) -> tuple[str, tuple[str, ...]]:
+        """The warm start's expert: the item's label (``answer``)."""
+        return f"the answer is {self.answer}", (str(self.answer),)
+
     def _render_text(self) -> str:
         return self._obs
 

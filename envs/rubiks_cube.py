@@ -15,12 +15,13 @@ to leave the cube solved is redrawn, so every episode starts unsolved.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Sequence
 
 import numpy as np
 from gymnasium import spaces
 
-from envs.base import PromptSpec, TextEnv, as_action, text_space
+from envs.base import PromptSpec, TextEnv, as_action, going, text_space
 
 FACES = ("U", "L", "F", "R", "B", "D")
 FACE_NAMES = ("Up", "Left", "Front", "Right", "Back", "Down")
@@ -255,6 +256,32 @@ class RubiksCubeEnv(TextEnv):
 
     def _info(self, *, valid: bool, effective: bool) -> dict[str, Any]:
         return {"success": self._terminated, "action_is_valid": valid, "action_is_effective": effective}
+
+    def expert_turn(self, max_actions: int, max_states: int = 200_000) -> tuple[str, tuple[str, ...]]:
+        """The warm start's expert: the first ``max_actions`` moves of a shortest solving sequence, by breadth-first
+        search from ``state`` (:func:`apply_move`, :func:`is_solved`). Scrambles are shallow (RAGEN: depth 1 on a
+        2x2 cube), so the search stops long before ``max_states`` states."""
+        names = tuple(self.action_names)
+        start = self.state
+        if is_solved(start):
+            return "the cube is solved", (names[0],)
+        seen = {np.asarray(start).tobytes()}
+        queue: deque[tuple[Any, list[int]]] = deque([(start, [])])
+        while queue and len(seen) < max_states:
+            state, path = queue.popleft()
+            for a in range(len(names)):
+                nxt = apply_move(state, a)
+                k = np.asarray(nxt).tobytes()
+                if k in seen:
+                    continue
+                if is_solved(nxt):
+                    actions = tuple(names[i] for i in (path + [a])[:max_actions])
+                    n = len(path) + 1
+                    how = "1 move solves it" if n == 1 else f"{n} moves solve it"
+                    return f"{how}; {going(actions)}", actions
+                seen.add(k)
+                queue.append((nxt, path + [a]))
+        return f"no solution found in {max_states} states; I go {names[0]}", (names[0],)
 
     def _render_text(self) -> str:
         if self.state is None:

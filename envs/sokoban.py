@@ -27,7 +27,7 @@ import numpy as np
 from gymnasium import spaces
 
 from envs import _sokoban_gen as gen
-from envs.base import PromptSpec, TextEnv, as_action, text_space
+from envs.base import PromptSpec, TextEnv, as_action, going, relation, text_space
 
 ACTION_NAMES = ("Up", "Down", "Left", "Right")
 OBSERVATION_FORMATS = ("grid", "coord", "grid_coord")
@@ -429,6 +429,27 @@ class SokobanEnv(TextEnv):
         self._coord_head = f"Board size: {rows} rows x {cols} cols (zero-indexed)."
         tcells = geo.cells(targets)
         self._coord_targets = "Targets: " + _fmt(tcells) if tcells else None
+
+    def expert_turn(self, max_actions: int) -> tuple[str, tuple[str, ...]]:
+        """The warm start's expert: the first ``max_actions`` steps of a shortest solution (:meth:`solve`) from the
+        current state.
+
+        Reasoning: where the first box that is off a target lies relative to the nearest free target, then the
+        moves, e.g. ``"box is above and left of target; I go Down, Right"``.
+        """
+        plan = self.solve()
+        names = tuple(self.action_names)
+        if not plan:  # None: unsolvable from here (cannot happen on an expert's own path); []: already solved
+            return "no push can solve this any more; I go " + names[0], (names[0],)
+        actions = tuple(names[a] for a in plan[:max_actions])
+        state, fixed = np.asarray(self.room_state), np.asarray(self.room_fixed)
+        boxes = [tuple(int(x) for x in rc) for rc in np.argwhere(state == 4)]
+        targets = [tuple(int(x) for x in rc) for rc in np.argwhere((fixed == 2) & (state != 3))]
+        if boxes and targets:
+            box = boxes[0]
+            target = min(targets, key=lambda t: (abs(t[0] - box[0]) + abs(t[1] - box[1]), t))
+            return f"box is {relation(box, target)} target; {going(actions)}", actions
+        return going(actions), actions
 
     def _render_text(self) -> str:
         fmt = self.observation_format

@@ -503,6 +503,22 @@ class SudokuEnv(TextEnv):
             lines.append("|".join("".join(cells[k : k + b]) for k in range(0, n, b)))
         return lines
 
+    def expert_turn(self, max_actions: int) -> tuple[str, tuple[str, ...]]:
+        """The warm start's expert: up to ``max_actions`` correct placements (``place N at row R col C``,
+        1-indexed) from ``solution``, the most constrained empty cells first (fewest legal numbers, then row-major).
+        Placements from the unique solution never conflict with each other, so their order within a turn does not
+        matter."""
+        board, solution = np.asarray(self.board), np.asarray(self.solution)
+        empty = [(int(r), int(c)) for r, c in np.argwhere(board == 0)]
+        if not empty:
+            return "the grid is full", ("place 1 at row 1 col 1",)
+        options = {rc: len(self.valid_numbers(*rc)) for rc in empty}
+        cells = sorted(empty, key=lambda rc: (options[rc], rc))[:max_actions]
+        actions = tuple(f"place {int(solution[r, c])} at row {r + 1} col {c + 1}" for r, c in cells)
+        r, c = cells[0]
+        why = "can only be" if options[(r, c)] == 1 else "must be"
+        return f"row {r + 1} col {c + 1} {why} {int(solution[r, c])}", actions
+
     def _render_text(self) -> str:
         if self.board is None:
             return ""

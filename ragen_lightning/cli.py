@@ -36,6 +36,10 @@ class StarPOCLI(LightningCLI):
     def _preflight(self) -> None:
         """Checks that need the tokenizer, before the trainer writes anything (config, logs, checkpoints)."""
         self.model.check_data(self.datamodule)
+        if self.model.hparams.get("warm_start"):  # an env without an expert fails here, not after the tiny build
+            from ragen_lightning.sft.experts import require_expert
+
+            require_expert(self.datamodule.hparams.env_id, self.datamodule.hparams.env_kwargs)
         self.datamodule.check_world_size(self.trainer.world_size)  # before the launcher starts the processes
         self.datamodule.check_prompt_budget(models.load_tokenizer(self.model.hparams.model))
 

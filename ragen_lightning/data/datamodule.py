@@ -31,12 +31,8 @@ from ragen_lightning.data.sampler import FilterConfig, filter_groups
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.parallel import concat_ranks, gather_objects, group_share, world
 from ragen_lightning.rollout.engine import SamplingParams
-from ragen_lightning.rollout.runner import (
-    ContextWindow,
-    RolloutRunner,
-    UnknownEnvError,
-    make_env,
-)
+from ragen_lightning.rollout.runner import RolloutRunner, UnknownEnvError, make_env
+from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
 from ragen_lightning.rollout.tokens import ChatTokens
 from ragen_lightning.rollout.vllm_engine import VLLMConfig, require_vllm
 from ragen_lightning.types import RolloutBatch
@@ -69,18 +65,11 @@ class RolloutDataModule(L.LightningDataModule):
             be divisible by their number (each rank runs whole groups; the seeds are those of one process).
         group_size: rollouts per group.
         num_iterations: StarPO iterations (rollout + update) of a fit; the one place that sets the run length.
-        max_turns: assistant turns per episode.
-        max_actions_per_turn: env actions executed per turn at most.
-        max_actions_per_episode: the episode's action budget.
-        max_new_tokens: sampled tokens per turn at most (RAGEN's ``response_length``).
+        episode: the episode settings (``EpisodeSettings``: turns, action budgets, ``max_new_tokens``, context
+            window, ``max_model_len``, thinking, format penalty); the warm start's demonstrations use the same ones.
         temperature: training sampling temperature.
         top_p: training nucleus sampling mass.
         top_k: training top-k (-1 = off).
-        context_window: ``full`` | ``limited`` | ``single_turn``.
-        window_turns: turns kept in the prompt for ``limited`` / ``single_turn``.
-        max_model_len: hard limit on prompt + response tokens; episodes that would exceed it end early.
-        enable_think: ask for ``<think>`` reasoning before the answer.
-        format_penalty: score added for every turn with an invalid or missing action.
         reward_placement: ``last`` (episode score on the last sampled token) or ``turn`` (each turn's reward at its end).
         norm_grouping: score normalisation groups: ``state`` (per group) or ``batch``.
         norm_method: ``identity`` | ``mean`` | ``mean_std`` | ``asym_clip``.
@@ -105,18 +94,10 @@ class RolloutDataModule(L.LightningDataModule):
         num_groups: int = 8,
         group_size: int = 16,
         num_iterations: int = 200,
-        max_turns: int = 5,
-        max_actions_per_turn: int = 2,
-        max_actions_per_episode: int = 10,
-        max_new_tokens: int = 100,
+        episode: EpisodeSettings | None = None,
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = -1,
-        context_window: ContextWindow = "full",
-        window_turns: int = 2,
-        max_model_len: int = 4096,
-        enable_think: bool = True,
-        format_penalty: float = -0.1,
         reward_placement: RewardPlacement = "last",
         norm_grouping: NormGrouping = "state",
         norm_method: NormMethod = "identity",
@@ -147,11 +128,12 @@ class RolloutDataModule(L.LightningDataModule):
             raise ConfigError(f"--data.engine must be 'hf' or 'vllm', got {engine!r}")
         if engine == "vllm":
             require_vllm()
-        self.save_hyperparameters(ignore=["filter", "vllm"])
+        self.save_hyperparameters(ignore=["filter", "vllm", "episode"])
+        self.episode = as_episode(episode)
         self.vllm = vllm if vllm is not None else VLLMConfig()
         self.filter = filter if filter is not None else FilterConfig()
-        self.train_params = SamplingParams(temperature, top_p, top_k, max_new_tokens)
-        self.val_params = SamplingParams(val_temperature, 1.0, -1, max_new_tokens)
+        self.train_params = SamplingParams(temperature, top_p, top_k, self.episode.max_new_tokens)
+        self.val_params = SamplingParams(val_temperature, 1.0, -1, self.episode.max_new_tokens)
         self.iteration = 0
         self.consecutive_empty = 0
         self._runner: RolloutRunner | None = None
@@ -176,21 +158,14 @@ class RolloutDataModule(L.LightningDataModule):
             return
         module = self.trainer.lightning_module
         hp = self.hparams
-        chat = ChatTokens(module.tokenizer, enable_think=hp.enable_think)
+        chat = ChatTokens(module.tokenizer, enable_think=self.episode.enable_think)
         extra = {} if hp.engine == "hf" else {"engine": hp.engine, "vllm": self.vllm,
-                                              "max_model_len": hp.max_model_len, "seed": hp.train_seed}
+                                              "max_model_len": self.episode.max_model_len, "seed": hp.train_seed}
         engine = module.make_engine(max_batch_size=hp.max_batch_size, **extra)
         self.engine = engine
         self.chat = chat
-        self._runner = RolloutRunner(hp.env_id, hp.env_kwargs, chat, engine, **self._runner_kwargs())
-        self._val_runner = RolloutRunner(hp.env_id, hp.env_kwargs, chat, engine, **self._runner_kwargs())
-
-    def _runner_kwargs(self) -> dict[str, Any]:
-        hp = self.hparams
-        return dict(max_turns=hp.max_turns, max_actions_per_turn=hp.max_actions_per_turn,
-                    max_actions_per_episode=hp.max_actions_per_episode, context_window=hp.context_window,
-                    window_turns=hp.window_turns, max_model_len=hp.max_model_len, format_penalty=hp.format_penalty,
-                    enable_think=hp.enable_think)
+        self._runner = RolloutRunner(hp.env_id, hp.env_kwargs, chat, engine, self.episode)
+        self._val_runner = RolloutRunner(hp.env_id, hp.env_kwargs, chat, engine, self.episode)
 
     def teardown(self, stage: str) -> None:
         for runner in (self._runner, self._val_runner):
@@ -280,18 +255,20 @@ class RolloutDataModule(L.LightningDataModule):
         """
         hp = self.hparams
         if tokenizer is not None:
-            runner = RolloutRunner(hp.env_id, hp.env_kwargs, ChatTokens(tokenizer, enable_think=hp.enable_think),
-                                   None, **self._runner_kwargs())
+            runner = RolloutRunner(hp.env_id, hp.env_kwargs,
+                                   ChatTokens(tokenizer, enable_think=self.episode.enable_think), None, self.episode)
         else:
             self._ensure_runners()
             runner = self._runner
+        ep = self.episode
         try:
             for seed in (hp.train_seed, hp.val_seed):
-                need = runner.first_prompt_length(seed, hp.max_new_tokens) + hp.max_new_tokens
-                if need > hp.max_model_len:
+                need = runner.first_prompt_length(seed) + ep.max_new_tokens
+                if need > ep.max_model_len:
                     raise ConfigError(
-                        f"--data.max_model_len={hp.max_model_len} is too small for the first prompt of {hp.env_id}: "
-                        f"it needs {need} tokens (prompt + --data.max_new_tokens={hp.max_new_tokens})"
+                        f"--data.episode.max_model_len={ep.max_model_len} is too small for the first prompt of "
+                        f"{hp.env_id}: it needs {need} tokens (prompt + --data.episode.max_new_tokens="
+                        f"{ep.max_new_tokens})"
                     )
         finally:
             if runner is not self._runner:

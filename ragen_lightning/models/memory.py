@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -267,6 +267,8 @@ def _activation_bytes(precision: Any, dtype: str) -> int:
 def _as_dict(value: Any) -> dict[str, Any]:
     if value is None:
         return {}
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
     return value.as_dict() if hasattr(value, "as_dict") else dict(value)
 
 
@@ -282,7 +284,7 @@ def plan_from_config(model: dict[str, Any], data: dict[str, Any], trainer: dict[
     return plan(
         architecture(model.get("model", "tiny")), dtype=model.get("dtype", "float32"),
         activation_bytes=_activation_bytes(trainer.get("precision"), model.get("dtype", "float32")),
-        micro_batch_size=micro, max_model_len=data.get("max_model_len", 4096),
+        micro_batch_size=micro, max_model_len=_as_dict(data.get("episode")).get("max_model_len", 4096),
         logits_chunk_size=model.get("logits_chunk_size"),
         activation_checkpointing=bool(model.get("activation_checkpointing", False)),
         with_critic=model.get("adv_estimator", "gae") == "gae", with_reference=uses_reference, lora=lora,
@@ -307,7 +309,7 @@ def check_memory(config: Any, *, print_plan: bool, refuse: bool = True) -> Memor
         if print_plan:
             print(result.table(gpu))
         raise ConfigError(f"--gpu_memory_gb {gpu:g}: the estimated peak {result.peak / GIB:.1f} GiB does not fit "
-                          "(see --memory_plan true); lower --model.micro_batch_size / --data.max_model_len, set "
+                          "(see --memory_plan true); lower --model.micro_batch_size / --data.episode.max_model_len, set "
                           "--model.activation_checkpointing true or --model.logits_chunk_size, or use LoRA/QLoRA "
                           "(configs/lora.yaml, configs/qlora.yaml)")
     if print_plan:

@@ -36,23 +36,11 @@ CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
 )
-# env ids whose renderings enter the tokenizer corpus (resolved through gymnasium's "module:id" syntax, so this
-# package does not import ``envs`` itself); ids whose module is missing are skipped.
-CORPUS_ENV_IDS = (
-    "ragen/SimpleSokoban-v0",
-    "ragen/LargerSokoban-v0",
-    "ragen/CoordSokoban-v0",
-    "ragen/SokobanDifferentGridVocab-v0",
-    "ragen/FrozenLake-v0",
-    "ragen/CoordFrozenLake-v0",
-    "ragen/Bandit-v0",
-    "ragen/BanditTest-v0",
-    "ragen/Countdown-v0",
-    "ragen/MetaMathQA-v0",
-    "ragen/Sudoku-v0",
-    "ragen/2048-v0",
-    "ragen/RubiksCube-v0",
-)
+# The tokenizer corpus comes from the project's registered envs: every id of the ``ragen`` gymnasium namespace whose
+# entry point lives in the ``envs`` package (imported for its registrations, like gymnasium's "envs:<id>" syntax),
+# in registration order. Ids registered elsewhere (a user's or a test's env) never change the tiny model.
+CORPUS_MODULE = "envs"
+CORPUS_NAMESPACE = "ragen"
 CACHE_ENV_VAR = "RAGEN_LIGHTNING_CACHE"
 _BUILD_VERSION = 1  # bump when the build recipe changes in a way the corpus hash does not see
 
@@ -87,44 +75,73 @@ def cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV_VAR) or Path.home() / ".cache" / "ragen_lightning")
 
 
-def default_corpus(env_ids: Sequence[str] = CORPUS_ENV_IDS, seeds: int = 24, steps: int = 4) -> list[str]:
-    """Text the tokenizer is trained on: prompts, turn blocks, tagged answers and env renderings.
+def corpus_env_ids() -> list[str]:
+    """The registered ids whose texts enter the tokenizer corpus: namespace ``ragen``, entry point in the ``envs``
+    package, in registration order (empty when ``envs`` cannot be imported)."""
+    import importlib
 
-    Each env is reset on ``seeds`` seeds and stepped ``steps`` times with actions drawn from its own seeded action
-    space, so the corpus is deterministic.
-    """
     import gymnasium as gym
 
+    try:
+        importlib.import_module(CORPUS_MODULE)
+    except ImportError:
+        return []
+    return [env_id for env_id, spec in gym.registry.items()
+            if spec.namespace == CORPUS_NAMESPACE and isinstance(spec.entry_point, str)
+            and spec.entry_point.split(":")[0].split(".")[0] == CORPUS_MODULE]
+
+
+def default_corpus(env_ids: Sequence[str] | None = None, seeds: int = 24, steps: int = 4) -> list[str]:
+    """Text the tokenizer is trained on: prompts, turn blocks, tagged answers and env renderings.
+
+    ``env_ids`` defaults to :func:`corpus_env_ids`. Each env is reset on ``seeds`` seeds and stepped ``steps`` times
+    with actions drawn from its own seeded action space, so the corpus is deterministic. An id whose texts repeat an
+    earlier id's exactly (an alias such as ``ragen/Sokoban-v0`` and ``ragen/SimpleSokoban-v0``) adds nothing.
+    """
     texts: list[str] = []
-    for env_id in env_ids:
-        try:
-            env = gym.make(f"envs:{env_id}")
-        except (ImportError, ModuleNotFoundError, gym.error.Error, AttributeError):
+    seen: set[tuple[str, ...]] = set()
+    for env_id in corpus_env_ids() if env_ids is None else env_ids:
+        env_texts = _env_texts(env_id, seeds, steps)
+        if env_texts is None or tuple(env_texts) in seen:
             continue
-        core = env.unwrapped
-        spec = core.prompt_spec()
-        texts.append(prompting.system_prompt(spec, max_actions_per_episode=10))
-        for seed in range(seeds):
-            obs, _ = env.reset(seed=seed)
-            env.action_space.seed(seed)
-            names = tuple(getattr(core, "action_names", ()) or ())
-            for turn in range(1, steps + 1):
-                texts.append(prompting.turn_block(turn, obs, 10 - turn, max_response_tokens=100))
-                action = env.action_space.sample()
-                if names:
-                    word = names[int(action) % len(names)]
-                    texts.append(f"<think>I should go {word}.</think><answer>{word} || {names[0]}</answer>")
-                else:
-                    texts.append(f"<think>The answer is {action}.</think><answer>{action}</answer>")
-                obs, reward, terminated, truncated, _ = env.step(action)
-                texts.append(prompting.reward_text(reward))
-                if terminated or truncated:
-                    break
-        env.close()
+        seen.add(tuple(env_texts))
+        texts.extend(env_texts)
     # numbers and punctuation in many forms, so digits and rewards tokenise compactly
     texts.append(" ".join(str(i) for i in range(-20, 200)))
     texts.append(" ".join(f"{i / 10:.1f}" for i in range(-30, 120)))
     texts.append(prompting.INVALID_ACTION_WARNING + prompting.format_prompt(True) + prompting.format_prompt(False))
+    return texts
+
+
+def _env_texts(env_id: str, seeds: int, steps: int) -> list[str] | None:
+    """System prompt, turn blocks, tagged answers and reward lines of a few seeded random episodes of ``env_id``."""
+    import gymnasium as gym
+
+    try:
+        env = gym.make(f"{CORPUS_MODULE}:{env_id}")
+    except (ImportError, ModuleNotFoundError, gym.error.Error, AttributeError):
+        return None
+    texts: list[str] = []
+    core = env.unwrapped
+    spec = core.prompt_spec()
+    texts.append(prompting.system_prompt(spec, max_actions_per_episode=10))
+    for seed in range(seeds):
+        obs, _ = env.reset(seed=seed)
+        env.action_space.seed(seed)
+        names = tuple(getattr(core, "action_names", ()) or ())
+        for turn in range(1, steps + 1):
+            texts.append(prompting.turn_block(turn, obs, 10 - turn, max_response_tokens=100))
+            action = env.action_space.sample()
+            if names:
+                word = names[int(action) % len(names)]
+                texts.append(f"<think>I should go {word}.</think><answer>{word} || {names[0]}</answer>")
+            else:
+                texts.append(f"<think>The answer is {action}.</think><answer>{action}</answer>")
+            obs, reward, terminated, truncated, _ = env.step(action)
+            texts.append(prompting.reward_text(reward))
+            if terminated or truncated:
+                break
+    env.close()
     return texts
 
 

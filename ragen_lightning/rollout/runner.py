@@ -22,18 +22,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
 import gymnasium as gym
 import numpy as np
 
 from ragen_lightning.rollout import prompting
 from ragen_lightning.rollout.engine import GenerationEngine, SamplingParams
+from ragen_lightning.rollout.settings import ContextWindow, EpisodeSettings  # noqa: F401 (re-export)
 from ragen_lightning.rollout.tokens import ChatTokens
 from ragen_lightning.types import Conversation, Sample, Trajectory
-
-ContextWindow = Literal["full", "limited", "single_turn"]
-
 
 class UnknownEnvError(ValueError):
     """No gymnasium registration for the env id."""
@@ -88,15 +86,9 @@ class RolloutRunner:
         env_kwargs: keyword arguments for ``gymnasium.make``.
         chat: the token-in/token-out conversation builder (tokenizer + chat template).
         engine: the generation engine.
-        max_turns: assistant turns per episode at most.
-        max_actions_per_turn: actions executed per turn at most (extra parsed actions are ignored).
-        max_actions_per_episode: the episode's action budget (RAGEN's ``max_actions_per_traj``).
+        episode: the episode settings (turns, action budgets, context mode, limits, answer format); default
+            :class:`EpisodeSettings`. The sampling cap of a turn is the ``SamplingParams`` passed to :meth:`run`.
         max_response_tokens: the response length announced in the prompt (defaults to the sampling cap).
-        context_window: ``full``, ``limited`` or ``single_turn`` (see module docstring).
-        window_turns: turns kept in the prompt in ``limited``/``single_turn`` modes (including the current one).
-        max_model_len: hard limit on prompt + response tokens.
-        format_penalty: added to the episode score for every turn with an invalid or missing action.
-        enable_think: ask for and parse ``<think>...</think>`` before the answer.
     """
 
     def __init__(
@@ -105,31 +97,14 @@ class RolloutRunner:
         env_kwargs: dict[str, Any] | None,
         chat: ChatTokens,
         engine: GenerationEngine,
+        episode: EpisodeSettings | None = None,
         *,
-        max_turns: int = 5,
-        max_actions_per_turn: int = 2,
-        max_actions_per_episode: int = 10,
         max_response_tokens: int | None = None,
-        context_window: ContextWindow = "full",
-        window_turns: int = 2,
-        max_model_len: int = 4096,
-        format_penalty: float = prompting.FORMAT_PENALTY,
-        enable_think: bool = True,
     ):
-        for name, value in (("max_turns", max_turns), ("max_actions_per_turn", max_actions_per_turn),
-                            ("max_actions_per_episode", max_actions_per_episode), ("window_turns", window_turns),
-                            ("max_model_len", max_model_len)):
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if context_window not in ("full", "limited", "single_turn"):
-            raise ValueError(f"context_window must be 'full', 'limited' or 'single_turn', got {context_window!r}")
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
         self.chat, self.engine = chat, engine
-        self.max_turns, self.max_actions_per_turn = max_turns, max_actions_per_turn
-        self.max_actions_per_episode = max_actions_per_episode
+        self.episode = episode if episode is not None else EpisodeSettings()
         self.max_response_tokens = max_response_tokens
-        self.context_window, self.window_turns = context_window, window_turns
-        self.max_model_len, self.format_penalty, self.enable_think = max_model_len, format_penalty, enable_think
         self._envs: list[gym.Env] = []
         self.timing = {"generate": 0.0, "env": 0.0}  # seconds spent in the last run()
         make_env(env_id, self.env_kwargs).close()  # fail now, with the id in the message, not mid-rollout
@@ -146,10 +121,10 @@ class RolloutRunner:
         self._envs.clear()
 
     # -- rollout ----------------------------------------------------------------------------------------------
-    def first_prompt_length(self, seed: int, max_new_tokens: int) -> int:
+    def first_prompt_length(self, seed: int) -> int:
         """Tokens of the first prompt of an episode reset with ``seed`` (to check the context budget up front)."""
         ep = self._reset(0, 0, seed)
-        user = self._user_message(ep, 1, self.max_response_tokens or max_new_tokens)
+        user = self._user_message(ep, 1, self.max_response_tokens or self.episode.max_new_tokens)
         return len(self.chat.start(ep.system, user))
 
     def run(self, group_seeds: Sequence[int], group_size: int, params: SamplingParams,
@@ -172,7 +147,7 @@ class RolloutRunner:
                     for g, s in enumerate(group_seeds) for m in range(group_size)]
         self.timing["env"] += time.perf_counter() - t0
         announce = self.max_response_tokens or params.max_new_tokens
-        for turn in range(1, self.max_turns + 1):
+        for turn in range(1, self.episode.max_turns + 1):
             live = [ep for ep in episodes if not ep.done]
             if not live:
                 break
@@ -184,7 +159,8 @@ class RolloutRunner:
                     if turn == 1:
                         need = len(self.chat.start(ep.system, user))
                         raise ValueError(
-                            f"max_model_len={self.max_model_len} is too small for the first prompt of {self.env_id} "
+                            f"max_model_len={self.episode.max_model_len} is too small for the first prompt of "
+                            f"{self.env_id} "
                             f"({need} prompt tokens + max_new_tokens={params.max_new_tokens})"
                         )
                     ep.traj.context_truncated = ep.traj.truncated = True
@@ -212,24 +188,25 @@ class RolloutRunner:
         env = self._env(env_index if slot is None else slot)
         obs, info = env.reset(seed=seed)
         spec = env.unwrapped.prompt_spec()
-        system = prompting.system_prompt(spec, self.max_actions_per_episode)
+        system = prompting.system_prompt(spec, self.episode.max_actions_per_episode)
         traj = Trajectory(env_index=env_index, group_id=group_id, seed=seed)
-        return _Episode(traj=traj, env=env, system=system, obs=str(obs), actions_left=self.max_actions_per_episode)
+        return _Episode(traj=traj, env=env, system=system, obs=str(obs),
+                        actions_left=self.episode.max_actions_per_episode)
 
     def _turn_block(self, ep: _Episode, turn: int, announce: int) -> str:
         return prompting.turn_block(turn, ep.obs, ep.actions_left, max_response_tokens=announce,
-                                    enable_think=self.enable_think, warn_invalid=ep.warn_invalid)
+                                    enable_think=self.episode.enable_think, warn_invalid=ep.warn_invalid)
 
     def _user_message(self, ep: _Episode, turn: int, announce: int) -> str:
         block = self._turn_block(ep, turn, announce)
-        if self.context_window == "single_turn":
+        if self.episode.context_window == "single_turn":
             return self._memory_summary(ep, turn) + block
         if ep.turns:  # feedback of the previous turn opens this turn's user message
             return prompting.reward_text(ep.turns[-1].reward) + block
         return block
 
     def _memory_summary(self, ep: _Episode, turn: int) -> str:
-        shown = ep.turns[-(self.window_turns - 1):] if self.window_turns > 1 else []
+        shown = ep.turns[-(self.episode.window_turns - 1):] if self.episode.window_turns > 1 else []
         if not shown:
             return f"Current Turn (Turn {turn}):" if ep.turns else ""
         first = turn - len(shown)
@@ -241,10 +218,11 @@ class RolloutRunner:
         lines.append(f"\nCurrent Turn (Turn {turn}):")
         return "".join(lines)
 
-    def _prompt_ids(self, ep: _Episode, user: str, max_new_tokens: int) -> list[int] | None:
-        """The next prompt's ids, or None (and nothing changed) when prompt + response would exceed the limit."""
-        budget = self.max_model_len - max_new_tokens
-        if self.context_window == "full":
+    def _prompt_ids(self, ep: _Episode, user: str, response_cap: int) -> list[int] | None:
+        """The next prompt's ids, or None (and nothing changed) when prompt + a ``response_cap``-token response (the
+        sampling cap of this run) would exceed the limit."""
+        budget = self.episode.max_model_len - response_cap
+        if self.episode.context_window == "full":
             if ep.conv is None:
                 conv = self.chat.start(ep.system, user)
                 if len(conv) > budget:
@@ -255,8 +233,8 @@ class RolloutRunner:
                     return None
                 self.chat.add_user(ep.conv, user)
             return list(ep.conv.input_ids)
-        window = ep.turns[-(self.window_turns - 1):] if (self.context_window == "limited" and
-                                                          self.window_turns > 1) else []
+        limited = self.episode.context_window == "limited" and self.episode.window_turns > 1
+        window = ep.turns[-(self.episode.window_turns - 1):] if limited else []
         users = [t.user for t in window] + [user]
         conv = self.chat.start(ep.system, users[0])
         for prev, next_user in zip(window, users[1:]):
@@ -271,15 +249,15 @@ class RolloutRunner:
         current = ep.turns[-1]
         current.sampled, current.logprobs = list(sampled), list(logprobs)
         text = self.chat.add_response(ep.conv, sampled, logprobs)
-        current.response = prompting.generation_prefix(self.enable_think) + text
+        current.response = prompting.generation_prefix(self.episode.enable_think) + text
         ep.traj.num_turns += 1
         ep.traj.response_tokens += len(sampled)
 
-        parsed = prompting.parse_response(text, enable_think=self.enable_think,
-                                          max_actions_per_turn=self.max_actions_per_turn)
+        parsed = prompting.parse_response(text, enable_think=self.episode.enable_think,
+                                          max_actions_per_turn=self.episode.max_actions_per_turn)
         names = tuple(getattr(ep.env.unwrapped, "action_names", ()) or ())
         valid = [a for a in prompting.map_actions(parsed.actions, names) if a is not None and a != ""]
-        current.penalty = prompting.turn_format_penalty(len(valid), len(parsed.actions), self.format_penalty)
+        current.penalty = prompting.turn_format_penalty(len(valid), len(parsed.actions), self.episode.format_penalty)
         if current.penalty:
             ep.traj.penalty += current.penalty
             ep.traj.num_format_errors += 1
@@ -302,7 +280,7 @@ class RolloutRunner:
         current.reward = reward
         ep.traj.turn_rewards.append(reward)
         ep.warn_invalid = not valid
-        if self.context_window != "full":
+        if self.episode.context_window != "full":
             ep.traj.samples.append(Sample(ep.conv, [reward + current.penalty]))
         if ended:
             self._finish(ep)
@@ -314,7 +292,7 @@ class RolloutRunner:
         if ep.done:
             return
         ep.done = True
-        if self.context_window == "full" and ep.conv is not None and ep.conv.turn_spans:
+        if self.episode.context_window == "full" and ep.conv is not None and ep.conv.turn_spans:
             ep.traj.samples.append(Sample(ep.conv, [t.reward + t.penalty for t in ep.turns]))
         turns = max(ep.traj.num_turns, 1)
         ep.traj.info = {k: v / turns for k, v in ep.info_sums.items()}

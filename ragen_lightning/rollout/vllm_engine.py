@@ -61,7 +61,7 @@ class VLLMConfig:
         gpu_memory_utilization: fraction of GPU memory vLLM may take (weights + KV cache); the actor, its optimizer
             and activations need the rest.
         enforce_eager: no CUDA graphs (less memory and start-up time, slower decode).
-        max_model_len: vLLM's context length; None = ``--data.max_model_len``.
+        max_model_len: vLLM's context length; None = ``--data.episode.max_model_len``.
         tensor_parallel_size: GPUs one engine shards over (1 on CPU).
         sleep_level: 0 = never sleep; 1 = offload weights and drop the KV cache during the update (default);
             2 = drop the weights too, so every sync pushes every weight (also for a LoRA actor). vLLM ignores sleep

@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader
 from ragen_lightning import models
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.runner import make_env
+from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
 
 LRSchedule = Literal["constant", "cosine"]
 
@@ -107,17 +108,16 @@ def build_demonstrations(
     tokenizer: Any,
     seeds: Sequence[int],
     *,
+    env_kwargs: dict[str, Any] | None = None,
+    episode: EpisodeSettings | None = None,
     only_successful: bool = False,
-    **runner_kwargs: Any,
 ) -> tuple[list[Demonstration], dict[str, float]]:
-    """Expert episodes on ``seeds`` cut into training sequences, and statistics of the expert run.
-
-    ``runner_kwargs`` go to :func:`ragen_lightning.sft.experts.collect_demonstrations` (env_kwargs, max_turns, ...).
-    With ``only_successful`` episodes the env did not mark successful are dropped.
-    """
+    """Expert episodes on ``seeds`` (:func:`ragen_lightning.sft.experts.collect_demonstrations` with ``episode``)
+    cut into training sequences, and statistics of the expert run. With ``only_successful`` episodes the env did not
+    mark successful are dropped."""
     from ragen_lightning.sft.experts import collect_demonstrations
 
-    trajectories = collect_demonstrations(env_id, tokenizer, seeds, **runner_kwargs)
+    trajectories = collect_demonstrations(env_id, tokenizer, seeds, env_kwargs=env_kwargs, episode=episode)
     kept = [t for t in trajectories if t.success or not only_successful]
     demos = [Demonstration(tuple(s.conversation.input_ids), tuple(s.conversation.loss_mask))
              for t in kept for s in t.samples if any(s.conversation.loss_mask)]
@@ -340,14 +340,8 @@ class DemonstrationDataModule(L.LightningDataModule):
         num_episodes: expert episodes for training.
         val_episodes: expert episodes on held-out seeds for validation (0: no validation).
         seed: seeds the episode seeds and the shuffling.
-        max_turns: assistant turns per episode at most.
-        max_actions_per_turn: actions per turn at most (the expert proposes this many).
-        max_actions_per_episode: the episode's action budget.
-        context_window: ``full``, ``limited`` or ``single_turn`` (as the RL runner will use).
-        window_turns: turns kept in ``limited``/``single_turn`` modes.
-        max_model_len: prompt + response token limit.
-        max_new_tokens: per-turn response cap (also announced in the prompt).
-        enable_think: demonstrations reason in ``<think>...</think>`` before the answer.
+        episode: the episode settings of the demonstrations (use the RL run's ``--data.episode`` so the formats
+            match; the expert proposes ``max_actions_per_turn`` actions).
         only_successful: keep only episodes the env marked successful.
         batch_size: sequences per batch.
         num_workers: DataLoader workers (0 is fastest for in-memory token lists).
@@ -361,14 +355,7 @@ class DemonstrationDataModule(L.LightningDataModule):
         num_episodes: int = 512,
         val_episodes: int = 32,
         seed: int = 0,
-        max_turns: int = 5,
-        max_actions_per_turn: int = 2,
-        max_actions_per_episode: int = 10,
-        context_window: Literal["full", "limited", "single_turn"] = "full",
-        window_turns: int = 2,
-        max_model_len: int = 4096,
-        max_new_tokens: int = 100,
-        enable_think: bool = True,
+        episode: EpisodeSettings | None = None,
         only_successful: bool = False,
         batch_size: int = 4,
         num_workers: int = 0,
@@ -381,16 +368,11 @@ class DemonstrationDataModule(L.LightningDataModule):
         if batch_size < 1:
             raise ConfigError(f"--data.batch_size must be >= 1, got {batch_size}")
         make_env(env_id, env_kwargs).close()  # an unknown id fails here, naming it
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["episode"])
+        self.episode = as_episode(episode)
         self.env_id, self.env_kwargs, self.model = env_id, dict(env_kwargs or {}), model
         self.num_episodes, self.val_episodes, self.seed = num_episodes, val_episodes, seed
         self.only_successful, self.batch_size, self.num_workers = only_successful, batch_size, num_workers
-        self.runner_kwargs = dict(
-            env_kwargs=self.env_kwargs, max_turns=max_turns, max_actions_per_turn=max_actions_per_turn,
-            max_actions_per_episode=max_actions_per_episode, context_window=context_window,
-            window_turns=window_turns, max_model_len=max_model_len, max_new_tokens=max_new_tokens,
-            enable_think=enable_think,
-        )
         self.train_demos: list[Demonstration] | None = None
         self.val_demos: list[Demonstration] = []
         self.stats: dict[str, float] = {}
@@ -402,8 +384,8 @@ class DemonstrationDataModule(L.LightningDataModule):
         tokenizer = models.load_tokenizer(self.model)
         self.pad_token_id = tokenizer.pad_token_id
         train_seeds = episode_seeds(self.seed, self.num_episodes, "train")
-        train, self.stats = build_demonstrations(self.env_id, tokenizer, train_seeds,
-                                                 only_successful=self.only_successful, **self.runner_kwargs)
+        train, self.stats = build_demonstrations(self.env_id, tokenizer, train_seeds, env_kwargs=self.env_kwargs,
+                                                 episode=self.episode, only_successful=self.only_successful)
         if not train:
             raise ValueError(
                 f"no demonstrations for {self.env_id}: {int(self.stats['demo/episodes'])} expert episodes, "
@@ -412,8 +394,8 @@ class DemonstrationDataModule(L.LightningDataModule):
             )
         if self.val_episodes:
             val_seeds = episode_seeds(self.seed, self.val_episodes, "val", exclude=train_seeds)
-            self.val_demos, _ = build_demonstrations(self.env_id, tokenizer, val_seeds,
-                                                     only_successful=self.only_successful, **self.runner_kwargs)
+            self.val_demos, _ = build_demonstrations(self.env_id, tokenizer, val_seeds, env_kwargs=self.env_kwargs,
+                                                     episode=self.episode, only_successful=self.only_successful)
         self.train_demos = train
 
     def _collate(self, items: Sequence[Demonstration]) -> SFTBatch:

@@ -32,6 +32,8 @@ from typing import Any, Sequence
 import torch
 
 from ragen_lightning import models
+from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
+from ragen_lightning.sft.experts import require_expert
 from ragen_lightning.sft.module import (
     Demonstration,
     LRSchedule,
@@ -45,11 +47,7 @@ from ragen_lightning.sft.module import (
 
 _WARM_VERSION = 1  # bump when the training recipe changes in a way the arguments do not show
 META_FILE = "warm_start.json"
-DEFAULT_STEPS = 150
-# env class -> default optimizer steps where DEFAULT_STEPS is not enough. The bandit's answer is an arm name copied
-# from the prompt and the tiny model learns that copy late: format-valid at temperature 1 was 0.03 after 150 steps,
-# 0.64 after 300 and 0.92 after 500 (its one-turn samples are short: 500 steps took ~2 min on one core).
-STEPS_BY_ENV: dict[str, int] = {"BanditEnv": 500}
+DEFAULT_STEPS = 150  # for an env that gives no ``warm_start_steps`` hint
 
 
 def _env_class(env_id: str, env_kwargs: dict[str, Any] | None) -> type:
@@ -63,20 +61,22 @@ def _env_class(env_id: str, env_kwargs: dict[str, Any] | None) -> type:
 
 
 def default_steps(env_id: str, env_kwargs: dict[str, Any] | None = None) -> int:
-    """Optimizer steps of a warm start when none are given: ``STEPS_BY_ENV`` for the env's class, else 150."""
-    mro = _env_class(env_id, env_kwargs).__mro__
-    return next((STEPS_BY_ENV[c.__name__] for c in mro if c.__name__ in STEPS_BY_ENV), DEFAULT_STEPS)
+    """Optimizer steps of a warm start when none are given: the env's own ``warm_start_steps`` hint, else 150."""
+    return int(getattr(_env_class(env_id, env_kwargs), "warm_start_steps", DEFAULT_STEPS))
 
 
 def code_fingerprint(env_id: str, env_kwargs: dict[str, Any] | None = None) -> str:
-    """Hash of the source files that decide the demonstrations: the experts and the env's module. Editing either
-    (a better expert, a changed level generator) must not reuse a warm start built from the old demonstrations."""
+    """Hash of the source files that decide the demonstrations: the expert engine and the modules of the env class
+    and its own base classes (the expert policy is an env method). Editing any of them (a better expert, a changed
+    level generator) must not reuse a warm start built from the old demonstrations."""
     import inspect
 
     from ragen_lightning.sft import experts
 
+    env_class = _env_class(env_id, env_kwargs)
+    owners = [c for c in env_class.__mro__ if c.__module__.split(".")[0] not in ("builtins", "gymnasium", "typing")]
     h = hashlib.sha256()
-    for obj in (experts, _env_class(env_id, env_kwargs)):
+    for obj in (experts, *dict.fromkeys(inspect.getmodule(c) or c for c in owners)):
         try:
             h.update(Path(inspect.getfile(obj)).read_bytes())
         except (TypeError, OSError):  # built-in or source not on disk: the class name is the best we have
@@ -155,14 +155,7 @@ def warm_start(
     warmup_steps: int = 10,
     lr_schedule: LRSchedule = "cosine",
     seed: int = 0,
-    max_turns: int = 5,
-    max_actions_per_turn: int = 2,
-    max_actions_per_episode: int = 10,
-    context_window: str = "full",
-    window_turns: int = 2,
-    max_new_tokens: int = 100,
-    max_model_len: int = 4096,
-    enable_think: bool = True,
+    episode: EpisodeSettings | dict[str, Any] | None = None,
     only_successful: bool = False,
     dtype: str = "float32",
     cache_dir: str | Path | None = None,
@@ -184,14 +177,9 @@ def warm_start(
         warmup_steps: linear warm-up steps.
         lr_schedule: ``constant`` or ``cosine`` (to 10 % of ``lr``).
         seed: seeds the demonstration seeds, the batch order and torch's RNG during training.
-        max_turns: runner setting of the demonstrations (use the RL run's values so the formats match).
-        max_actions_per_turn: runner setting; the expert proposes this many actions per turn.
-        max_actions_per_episode: runner setting (the action budget shown in the prompt).
-        context_window: runner setting (``full``, ``limited``, ``single_turn``).
-        window_turns: runner setting for the windowed modes.
-        max_new_tokens: response cap of a turn (announced in the prompt as the max response length).
-        max_model_len: prompt + response token limit.
-        enable_think: demonstrations reason in ``<think>...</think>`` first.
+        episode: episode settings of the demonstrations (use the RL run's ``--data.episode`` so the formats match;
+            the expert proposes ``max_actions_per_turn`` actions per turn). A mapping overrides single defaults.
+            Every field but ``format_penalty`` (which does not change a demonstration) is part of the cache key.
         only_successful: train only on episodes the env marked successful.
         dtype: parameter dtype while training and in the saved folder.
         cache_dir: where warm-started folders live (default ``tiny.cache_root()``).
@@ -206,18 +194,17 @@ def warm_start(
     """
     from ragen_lightning.models.tiny import cache_root
 
+    require_expert(env_id, env_kwargs)  # one line naming the env class, before anything is built
+    episode = as_episode(episode)
     if steps is None:
         steps = default_steps(env_id, env_kwargs)
     if steps < 1 or num_episodes < 1 or batch_size < 1:
         raise ValueError(f"steps, num_episodes and batch_size must be >= 1, got {steps}, {num_episodes}, {batch_size}")
-    runner_kwargs = dict(
-        env_kwargs=dict(env_kwargs or {}), max_turns=max_turns, max_actions_per_turn=max_actions_per_turn,
-        max_actions_per_episode=max_actions_per_episode, context_window=context_window, window_turns=window_turns,
-        max_model_len=max_model_len, max_new_tokens=max_new_tokens, enable_think=enable_think,
-    )
+    # the key hashes the same flat names as before EpisodeSettings existed, so existing caches keep their keys
     args = dict(env_id=env_id, steps=steps, num_episodes=num_episodes, lr=lr, batch_size=batch_size,
                 weight_decay=weight_decay, warmup_steps=warmup_steps, lr_schedule=lr_schedule, seed=seed,
-                only_successful=only_successful, dtype=dtype, **runner_kwargs)
+                only_successful=only_successful, dtype=dtype, env_kwargs=dict(env_kwargs or {}),
+                **episode.demonstration_fields())
     base = models.resolve_model_path(model)
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     final = root / f"warm-{warm_start_key(model, base, args, code_fingerprint(env_id, env_kwargs))}"
@@ -230,19 +217,20 @@ def warm_start(
             raise ValueError(f"torch_threads must be >= 1, got {torch_threads}")
         torch.set_num_threads(torch_threads)
     try:
-        return _build(final, root, base, args, runner_kwargs, verbose)
+        return _build(final, root, base, args, episode, verbose)
     finally:
         torch.set_num_threads(previous_threads)
 
 
-def _build(final: Path, root: Path, base: str, args: dict[str, Any], runner_kwargs: dict[str, Any],
+def _build(final: Path, root: Path, base: str, args: dict[str, Any], episode: EpisodeSettings,
            verbose: bool) -> Path:
     started = time.perf_counter()
     env_id, seed, only_successful = args["env_id"], args["seed"], args["only_successful"]
     num_episodes, dtype = args["num_episodes"], args["dtype"]
     tokenizer = models.load_tokenizer(base)
     demos, stats = build_demonstrations(env_id, tokenizer, episode_seeds(seed, num_episodes, "train"),
-                                        only_successful=only_successful, **runner_kwargs)
+                                        env_kwargs=args["env_kwargs"], episode=episode,
+                                        only_successful=only_successful)
     if not demos:
         raise ValueError(f"no demonstrations for {env_id}: {stats}")
     with torch.random.fork_rng(devices=[]):
@@ -281,15 +269,10 @@ def evaluate_policy(
     seed: int = 0,
     exclude_seeds: Sequence[int] = (),
     temperature: float = 1.0,
-    max_turns: int = 5,
-    max_actions_per_turn: int = 2,
-    max_actions_per_episode: int = 10,
-    context_window: str = "full",
-    max_new_tokens: int = 100,
-    max_model_len: int = 4096,
-    enable_think: bool = True,
+    episode: EpisodeSettings | dict[str, Any] | None = None,
 ) -> dict[str, float]:
-    """Roll out ``model`` with the HF engine on held-out seeds (``episode_seeds(seed, n, "eval")``).
+    """Roll out ``model`` with the HF engine on held-out seeds (``episode_seeds(seed, n, "eval")``) under the
+    ``episode`` settings (use the RL run's).
 
     Returns ``format_valid_rate`` (turns with a well-formed answer whose actions were all valid, i.e. no format
     penalty), ``success_rate``, ``mean_return`` (env reward) and ``mean_turns``.
@@ -305,15 +288,14 @@ def evaluate_policy(
     else:
         tokenizer = tokenizer or models.load_tokenizer(str(model))
         net = models.load_causal_lm(str(model))
+    episode = as_episode(episode)
     engine = HFEngine(net, [tokenizer.eos_token_id], tokenizer.pad_token_id)
-    runner = RolloutRunner(env_id, env_kwargs, ChatTokens(tokenizer, enable_think=enable_think), engine,
-                           max_turns=max_turns, max_actions_per_turn=max_actions_per_turn,
-                           max_actions_per_episode=max_actions_per_episode,
-                           context_window=context_window,  # type: ignore[arg-type]
-                           max_model_len=max_model_len, enable_think=enable_think)
+    runner = RolloutRunner(env_id, env_kwargs, ChatTokens(tokenizer, enable_think=episode.enable_think), engine,
+                           episode)
     seeds = episode_seeds(seed, num_episodes, "eval", exclude=exclude_seeds)
+    params = SamplingParams(temperature=temperature, max_new_tokens=episode.max_new_tokens)
     try:
-        trajs = runner.run(seeds, 1, SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens), seed=seed)
+        trajs = runner.run(seeds, 1, params, seed=seed)
     finally:
         runner.close()
     turns = sum(t.num_turns for t in trajs)
@@ -359,21 +341,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name in a.modules or ["envs"]:
         importlib.import_module(name)
     env_kwargs = json.loads(a.env_kwargs)
-    runner = dict(max_turns=a.max_turns, max_actions_per_turn=a.max_actions_per_turn,
-                  max_actions_per_episode=a.max_actions_per_episode)
+    episode = EpisodeSettings(max_turns=a.max_turns, max_actions_per_turn=a.max_actions_per_turn,
+                              max_actions_per_episode=a.max_actions_per_episode)
     overrides = {k: v for k, v in dict(steps=a.steps, num_episodes=a.num_episodes, lr=a.lr,
                                       batch_size=a.batch_size).items() if v is not None}
     # held-out levels: the evaluation seeds never include a demonstration's seed
     demo_seeds = episode_seeds(a.seed, overrides.get("num_episodes", _default("num_episodes")), "train")
     evaluate = dict(num_episodes=a.eval_episodes, temperature=a.temperature, seed=a.seed, exclude_seeds=demo_seeds,
-                    **runner)
+                    episode=episode)
 
     if not a.no_base:
         t = time.perf_counter()
         print("base", a.model, evaluate_policy(a.model, a.env, env_kwargs, **evaluate),
               f"({time.perf_counter() - t:.1f}s)", flush=True)
     t = time.perf_counter()
-    path = warm_start(a.model, a.env, env_kwargs, seed=a.seed, cache_dir=a.cache_dir, verbose=True, **runner,
+    path = warm_start(a.model, a.env, env_kwargs, seed=a.seed, cache_dir=a.cache_dir, verbose=True, episode=episode,
                       **overrides)
     meta = json.loads((path / META_FILE).read_text())
     print(f"warm start: {path} ({time.perf_counter() - t:.1f}s; trained in {meta['wall_s']:.1f}s, "

@@ -199,9 +199,12 @@ class StarPOModule(L.LightningModule):
 
         hp = dm.hparams
         kwargs = dict(ws) if isinstance(ws, dict) else {}
-        for name in ("max_turns", "max_actions_per_turn", "max_actions_per_episode", "context_window", "window_turns",
-                     "max_new_tokens", "max_model_len", "enable_think"):
-            kwargs.setdefault(name, getattr(hp, name))  # demonstrations in exactly the rollouts' format
+        # demonstrations in exactly the rollouts' format: the data module's episode settings, unless the warm start
+        # names its own (``warm_start: {episode: {...}}`` overrides single fields)
+        episode = getattr(dm, "episode", None)
+        if isinstance(kwargs.get("episode"), dict) and episode is not None:
+            kwargs["episode"] = dataclasses.replace(episode, **kwargs["episode"])
+        kwargs.setdefault("episode", episode)
         return str(warm_start(self.hparams.model, hp.env_id, hp.env_kwargs, **kwargs))
 
     def _actor_path(self) -> str:

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scripted import SeededBanditEngine
 
 import envs  # noqa: F401
+from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.sampler import FilterConfig
 from ragen_lightning.parallel import FSDP2Strategy, full_tensor
@@ -73,8 +74,9 @@ def main(cfg: dict) -> None:
                  critic_optimizer=partial(torch.optim.SGD, lr=0.5, momentum=0.9))
     flt = FilterConfig(strategy="top_k_abs", value=cfg["top_k_abs"]) if cfg.get("top_k_abs") else None
     dm = Recording(env_id="ragen/Bandit-v0", num_groups=4, group_size=3, num_iterations=cfg["iterations"],
-                   max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1, max_new_tokens=8,
-                   max_model_len=1024, val_num_groups=2, filter=flt, temperature=1.0)
+                   episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1,
+                                           max_new_tokens=8, max_model_len=1024),
+                   val_num_groups=2, filter=flt, temperature=1.0)
     callbacks = [Metrics()]
     if cfg.get("ckpt_dir"):
         callbacks.append(ModelCheckpoint(dirpath=cfg["ckpt_dir"], every_n_train_steps=1, save_top_k=-1,

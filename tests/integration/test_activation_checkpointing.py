@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import envs  # noqa: F401
+from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.starpo.module import StarPOModule
 
@@ -19,9 +20,10 @@ def test_activation_checkpointing_gives_the_same_update(tmp_path, tiny_path):
         torch.manual_seed(0)
         module = StarPOModule(model=str(tiny_path), adv_estimator="gae", mini_batch_size=8, micro_batch_size=4,
                               actor_lr=1e-2, critic_lr=1e-2, activation_checkpointing=on)
-        dm = RolloutDataModule(env_id="ragen/Bandit-v0", num_groups=2, group_size=4, num_iterations=1, max_turns=1,
-                               max_actions_per_turn=1, max_actions_per_episode=1, max_new_tokens=8,
-                               max_model_len=1024, val_num_groups=2)
+        dm = RolloutDataModule(env_id="ragen/Bandit-v0", num_groups=2, group_size=4, num_iterations=1,
+                               episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1,
+                                                       max_actions_per_episode=1, max_new_tokens=8, max_model_len=1024),
+                               val_num_groups=2)
         L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
                   enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                   limit_val_batches=0, default_root_dir=tmp_path).fit(module, dm)

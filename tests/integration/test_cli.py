@@ -19,7 +19,7 @@ def test_fit_validate_and_export(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     common = ["--config", str(CONFIGS / "bandit.yaml"), "--model.warm_start", "false",
               "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", "logs",
-              "--data.num_groups", "2", "--data.group_size", "4", "--data.max_new_tokens", "12",
+              "--data.num_groups", "2", "--data.group_size", "4", "--data.episode.max_new_tokens", "12",
               "--data.val_num_groups", "4", "--model.mini_batch_size", "8", "--model.micro_batch_size", "4"]
     main(["fit", *common, "--data.num_iterations", "2", "--trainer.val_check_interval", "2",
           "--model.export_dir", "exported"])
@@ -48,7 +48,7 @@ def test_fit_validate_and_export(tmp_path, monkeypatch):
     "flags, message",
     [
         (["--model.adv_estimator", "grpo", "--data.group_size", "1"], "error: --data.group_size must be >= 2"),
-        (["--data.max_model_len", "64"], "error: --data.max_model_len=64 is too small for the first prompt"),
+        (["--data.episode.max_model_len", "64"], "error: --data.episode.max_model_len=64 is too small for the first prompt"),
         (["--data.env_id", "ragen/Nope-v0"], "error: --data.env_id: unknown env id 'ragen/Nope-v0'"),
         (["--model.micro_batch_size", "64"], "error: --model.micro_batch_size (64) must be <="),
         (["--trainer.devices", "3", "--data.num_groups", "4"],  # checked before any process is launched

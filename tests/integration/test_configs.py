@@ -58,7 +58,7 @@ def test_task_config_fit_smoke(task, tmp_path, monkeypatch):
     cli = main(["fit", "--config", str(CONFIGS / f"{task}.yaml"), "--trainer.logger", "false",
                 "--trainer.callbacks", "[]", "--trainer.enable_checkpointing", "true", "--model.warm_start", "false",
                 "--trainer.max_steps", "2", "--data.num_iterations", "1", "--data.num_groups", "2",
-                "--data.group_size", "2", "--data.max_new_tokens", "12", "--data.max_turns", "2",
+                "--data.group_size", "2", "--data.episode.max_new_tokens", "12", "--data.episode.max_turns", "2",
                 "--data.val_num_groups", "2", "--trainer.val_check_interval", "1", "--model.mini_batch_size", "4",
                 "--model.micro_batch_size", "2"])
     m = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}

@@ -17,6 +17,7 @@ import yaml
 
 import envs  # noqa: F401  (registers the ragen/* ids)
 from ragen_lightning.cli import main
+from ragen_lightning.rollout.settings import EpisodeSettings
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "bandit.yaml"
 RUNNER = {"max_turns": 1, "max_actions_per_turn": 1, "max_actions_per_episode": 1, "max_new_tokens": 32,
@@ -32,11 +33,13 @@ def test_bandit_fit_improves_heldout_return(tmp_path, monkeypatch, capsys):
 
     cfg = yaml.safe_load(CONFIG.read_text())
     data = cfg["data"]
-    assert {k: data[k] for k in RUNNER} == RUNNER  # the test rolls out in the config's format
+    assert {k: data["episode"][k] for k in RUNNER} == RUNNER  # the test rolls out in the config's format
     ws = cfg["model"]["warm_start"]
-    warm = warm_start("tiny", data["env_id"], **(ws if isinstance(ws, dict) else {}), **RUNNER)
+    warm = warm_start("tiny", data["env_id"], **(ws if isinstance(ws, dict) else {}),
+                      episode=EpisodeSettings(**RUNNER))
     demo_seeds = episode_seeds(0, 512, "train")
-    evaluate = dict(num_episodes=EVAL_EPISODES, temperature=1.0, seed=0, exclude_seeds=demo_seeds, **RUNNER)
+    evaluate = dict(num_episodes=EVAL_EPISODES, temperature=1.0, seed=0, exclude_seeds=demo_seeds,
+                    episode=EpisodeSettings(**RUNNER))
     before = evaluate_policy(warm, data["env_id"], **evaluate)
 
     monkeypatch.chdir(tmp_path)

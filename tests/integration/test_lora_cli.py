@@ -15,7 +15,7 @@ from ragen_lightning.starpo.module import StarPOModule
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 RECIPES = sorted((CONFIGS / "recipes").glob("24gb-*.yaml"))
 SHORT = ["--trainer.logger", "false", "--model.warm_start", "false",
-         "--data.num_groups", "2", "--data.group_size", "2", "--data.max_new_tokens", "12", "--data.val_num_groups",
+         "--data.num_groups", "2", "--data.group_size", "2", "--data.episode.max_new_tokens", "12", "--data.val_num_groups",
          "2", "--model.mini_batch_size", "4", "--model.micro_batch_size", "2", "--data.num_iterations", "1",
          "--trainer.val_check_interval", "1"]
 
@@ -45,7 +45,7 @@ def test_recipes_fit_24gb_with_ragen_low_memory_settings(recipe):
 
     cfg = parse(CONFIGS / "sokoban.yaml", recipe)
     assert (cfg.model.micro_batch_size, cfg.model.mini_batch_size) == (1, 8)
-    assert (cfg.data.max_model_len, cfg.data.max_new_tokens) == (2048, 128)
+    assert (cfg.data.episode.max_model_len, cfg.data.episode.max_new_tokens) == (2048, 128)
     assert cfg.gpu_memory_gb == 24
     plan = check_memory(cfg, print_plan=False)  # raises ConfigError if the estimate exceeds 24 GiB
     assert 8 * 2**30 < plan.peak <= 24 * 2**30  # a real model's plan, not an empty one

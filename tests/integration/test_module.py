@@ -8,6 +8,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 import envs  # noqa: F401
+from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.sampler import FilterConfig
 from ragen_lightning.errors import ConfigError
@@ -32,8 +33,9 @@ class Recorder(Callback):
 
 
 def data(**kw):
-    args = dict(env_id="ragen/Bandit-v0", num_groups=2, group_size=4, num_iterations=1, max_turns=1,
-                max_actions_per_turn=1, max_actions_per_episode=1, max_new_tokens=12, max_model_len=1024,
+    args = dict(env_id="ragen/Bandit-v0", num_groups=2, group_size=4, num_iterations=1,
+                episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1,
+                                        max_new_tokens=12, max_model_len=1024),
                 val_num_groups=2)
     args.update(kw)
     return RolloutDataModule(**args)
@@ -154,8 +156,10 @@ def test_resume_continues_exactly(tmp_path, tiny_path):
 
 def test_max_model_len_too_small_fails_before_training(tmp_path, tiny_path):
     module = StarPOModule(model=str(tiny_path), adv_estimator="grpo", mini_batch_size=8, micro_batch_size=8)
-    with pytest.raises(ValueError, match=r"--data.max_model_len=64 is too small for the first prompt"):
-        fit(tmp_path, module, data(max_model_len=64))
+    small = EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1, max_new_tokens=12,
+                            max_model_len=64)
+    with pytest.raises(ValueError, match=r"--data.episode.max_model_len=64 is too small for the first prompt"):
+        fit(tmp_path, module, data(episode=small))
     assert module.global_step == 0
 
 

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 import envs  # noqa: F401  (registers the ragen/* ids)
+from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.sft import warm_start as ws
 
-SMALL = dict(env_id="ragen/Bandit-v0", steps=2, num_episodes=4, batch_size=2, max_turns=1, max_actions_per_turn=1,
-             max_actions_per_episode=1)
+SMALL = dict(env_id="ragen/Bandit-v0", steps=2, num_episodes=4, batch_size=2, 
+             episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1))
 
 
 def _weights(path):

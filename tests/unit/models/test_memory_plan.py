@@ -107,7 +107,7 @@ def test_shared_base_holds_one_base_and_two_adapters():
 
 def config(**model):
     return {"model": {"model": "Qwen/Qwen2.5-7B-Instruct", "dtype": "float32", "micro_batch_size": 1, **model},
-            "data": {"max_model_len": 2048, "max_batch_size": 32}, "trainer": {"precision": "bf16-mixed"},
+            "data": {"episode": {"max_model_len": 2048}, "max_batch_size": 32}, "trainer": {"precision": "bf16-mixed"},
             "gpu_memory_gb": 24.0}
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import gymnasium as gym
 import pytest
 from gymnasium import spaces
@@ -9,6 +11,7 @@ from gymnasium import spaces
 from ragen_lightning.rollout import prompting
 from ragen_lightning.rollout.engine import Generation, SamplingParams
 from ragen_lightning.rollout.runner import RolloutRunner, request_seed
+from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.rollout.tokens import ChatTokens
 
 
@@ -71,7 +74,7 @@ class ScriptedEngine:
 def make(tok, script, **kw):
     engine = ScriptedEngine(tok, script)
     kw.setdefault("max_turns", 3)
-    return RolloutRunner("test/Line-v0", None, ChatTokens(tok), engine, **kw), engine
+    return RolloutRunner("test/Line-v0", None, ChatTokens(tok), engine, EpisodeSettings(**kw)), engine
 
 
 PARAMS = SamplingParams(max_new_tokens=40)
@@ -137,12 +140,12 @@ def test_max_model_len_ends_episode_without_corrupting(tiny_tokenizer):
     first = len(engine.prompts) or len(runner.chat.start(
         prompting.system_prompt(prompting_spec(), 10),
         prompting.turn_block(1, "pos: 0", 10, max_response_tokens=40)))
-    runner.max_model_len = first + 40 + 5  # room for turn 1 only
+    runner.episode = replace(runner.episode, max_model_len=first + 40 + 5)  # room for turn 1 only
     (t,) = runner.run([0], 1, PARAMS)
     assert t.context_truncated and t.truncated and t.num_turns == 1
     conv = t.samples[0].conversation
     assert len(conv.turn_spans) == 1 and conv.messages[-1]["role"] == "assistant"
-    runner.max_model_len = first + 10
+    runner.episode = replace(runner.episode, max_model_len=first + 10)
     with pytest.raises(ValueError, match="max_model_len=.* too small for the first prompt"):
         runner.run([0], 1, PARAMS)
 

@@ -14,6 +14,7 @@ import envs  # noqa: F401
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.engine import Generation
+from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.rollout.vllm_engine import (
     VLLMConfig,
     VLLMEngine,
@@ -22,8 +23,9 @@ from ragen_lightning.rollout.vllm_engine import (
 )
 from ragen_lightning.starpo.module import StarPOModule
 
-DATA = {"env_id": "ragen/Bandit-v0", "num_groups": 2, "group_size": 2, "max_turns": 1, "max_actions_per_turn": 1,
-        "max_actions_per_episode": 1, "max_new_tokens": 8, "max_model_len": 1024, "val_num_groups": 2}
+DATA = {"env_id": "ragen/Bandit-v0", "num_groups": 2, "group_size": 2, "val_num_groups": 2,
+        "episode": EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1, max_new_tokens=8,
+                                   max_model_len=1024)}
 
 
 @pytest.fixture

@@ -3,33 +3,33 @@ tokens, and the text parses back to the expert's actions."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
 import pytest
 
 import envs  # noqa: F401  (registers the ragen/* ids)
+from envs.base import relation
+from envs.game_2048 import Game2048Env, slide
+from envs.rubiks_cube import SOLVED_STATE, RubiksCubeEnv, apply_move, is_solved
+from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout import prompting
 from ragen_lightning.rollout.engine import SamplingParams
+from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.sft.experts import (
     ExpertEngine,
     ExpertTurn,
     collect_demonstrations,
     expert_actions,
     expert_turn,
-    game_2048_expert,
-    relation,
     render_response,
-    rubiks_expert,
-    slide_2048,
 )
 
 SOKOBAN_SEEDS = [0, 1, 2, 3, 4, 6, 7]  # shortest solutions of 6, 3, 2, 3, 4, 5, 6 steps: all fit the 10-action budget
 
 
-def _run(env_id, tok, seeds, **kw):
-    return collect_demonstrations(env_id, tok, seeds, **kw)
+def _run(env_id, tok, seeds, env_kwargs=None, **episode):
+    return collect_demonstrations(env_id, tok, seeds, env_kwargs=env_kwargs, episode=EpisodeSettings(**episode))
 
 
 def test_sokoban_expert_solves_and_uses_the_shortest_plan(tiny_tokenizer):
@@ -187,47 +187,39 @@ def test_sudoku_expert_places_correct_numbers(tiny_tokenizer):
         assert reward >= core.correct_placement_score and info["action_is_valid"]
 
 
-def test_slide_2048_by_hand():
+def test_the_one_2048_slide_by_hand():  # the expert plans with the env's own slide (0 Up, 1 Right, 3 Left)
     board = np.array([[2, 2, 4, 0], [0, 0, 0, 2], [2, 0, 2, 2], [0, 0, 0, 0]])
-    left, score = slide_2048(board, "Left")
+    left, score, _ = slide(board, 3)
     assert left.tolist() == [[4, 4, 0, 0], [2, 0, 0, 0], [4, 2, 0, 0], [0, 0, 0, 0]] and score == 8
-    right, score = slide_2048(board, "Right")
+    right, score, _ = slide(board, 1)
     assert right.tolist() == [[0, 0, 4, 4], [0, 0, 0, 2], [0, 0, 2, 4], [0, 0, 0, 0]] and score == 8
-    up, score = slide_2048(board, "Up")
+    up, score, _ = slide(board, 0)
     assert up.tolist() == [[4, 2, 4, 4], [0, 0, 2, 0], [0, 0, 0, 0], [0, 0, 0, 0]] and score == 8
 
 
 def test_game_2048_expert_is_greedy():
     # Left/Right merge 2+2 twice (score 8, 2 more empties); Up/Down merge nothing useful in column terms
-    env = SimpleNamespace(board=np.array([[2, 2, 0, 0], [4, 4, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]]),
-                          action_names=("Up", "Down", "Left", "Right"))
-    turn = game_2048_expert(env, 2)
+    env = Game2048Env(size=4)
+    env.reset(seed=0)
+    env.grid = np.array([[2, 2, 0, 0], [4, 4, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]])
+    turn = expert_turn(env, 2)
     assert turn.actions == ("Left",)  # Left and Right tie on score/empties; Left keeps the 8 in a corner first
     assert turn.reasoning == "Left merges the most tiles; I go Left"
 
 
-class _ToyCube:
-    """A 4-cycle puzzle: state is a rotation count of two rings; moves add +1 (A), -1 (A'), +1 (B) modulo 4."""
-
-    action_names = ("A", "A'", "B")
-
-    def __init__(self, state):
-        self.state = np.array(state)
-
-    @staticmethod
-    def apply_move(state, a):
-        delta = {0: (1, 0), 1: (-1, 0), 2: (0, 1)}[a]
-        return (np.asarray(state) + np.array(delta)) % 4
-
-    @staticmethod
-    def is_solved(state):
-        return not np.asarray(state).any()
-
-
 def test_rubiks_expert_finds_a_shortest_solution():
-    turn = rubiks_expert(_ToyCube([3, 2]), 4)  # A once (3->0), B twice (2->0): 3 moves
-    assert turn.actions == ("A", "B", "B") and turn.reasoning.startswith("3 moves solve it")
-    assert rubiks_expert(_ToyCube([1, 0]), 1) == ExpertTurn("1 move solves it; I go A'", ("A'",))
+    env = RubiksCubeEnv()
+    env.reset(seed=0)
+    names = env.action_names
+    scrambled = apply_move(apply_move(SOLVED_STATE, names.index("U")), names.index("R"))  # R' U' undoes it
+    env.state = scrambled
+    turn = expert_turn(env, 4)
+    assert len(turn.actions) == 2 and turn.reasoning == f"2 moves solve it; I go {', '.join(turn.actions)}"
+    for action in turn.actions:  # on a 2x2 cube several 2-move answers exist; any shortest one solves it
+        scrambled = apply_move(scrambled, names.index(action))
+    assert is_solved(scrambled)
+    env.state = apply_move(SOLVED_STATE, names.index("F"))
+    assert expert_turn(env, 1) == ExpertTurn("1 move solves it; I go F'", ("F'",))
 
 
 @pytest.mark.parametrize("scramble_depth", [1, 3])
@@ -250,16 +242,16 @@ def test_game_2048_expert_plays_valid_moves(tiny_tokenizer):
     assert all(r >= 0 for r in traj.turn_rewards) and sum(traj.turn_rewards) > 0
 
 
-def test_unknown_env_is_named_in_the_error():
+def test_an_env_without_an_expert_is_named_in_a_config_error():
     class MysteryEnv:
         action_names = ("Go",)
 
-    with pytest.raises(KeyError, match="MysteryEnv"):
+    with pytest.raises(ConfigError, match=r"--model.warm_start needs an expert: MysteryEnv has no expert_turn"):
         expert_turn(MysteryEnv(), 1)
 
 
 def test_engine_needs_envs_and_caps_length(tiny_tokenizer):
-    engine = ExpertEngine(tiny_tokenizer, max_actions_per_turn=2)
+    engine = ExpertEngine(tiny_tokenizer, EpisodeSettings(max_actions_per_turn=2))
     assert engine.needs_envs
     with pytest.raises(ValueError, match="env state"):
         engine.generate([[1, 2]], SamplingParams())

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import envs  # noqa: F401  (registers the ragen/* ids)
+from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.sft.module import (
     Demonstration,
     DemonstrationDataModule,
@@ -121,7 +122,9 @@ def test_a_few_steps_reduce_the_loss(tiny_path, tiny_tokenizer, demos):
 
 def test_datamodule_builds_held_out_padded_batches(tiny_path):
     dm = DemonstrationDataModule("ragen/Bandit-v0", model=str(tiny_path), num_episodes=6, val_episodes=3, seed=1,
-                                 max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1, batch_size=4)
+                                 episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1,
+                                                         max_actions_per_episode=1),
+                                 batch_size=4)
     dm.setup("fit")
     assert len(dm.train_demos) == 6 and len(dm.val_demos) == 3
     assert dm.stats["demo/expert_success_rate"] == 1.0
@@ -132,7 +135,9 @@ def test_datamodule_builds_held_out_padded_batches(tiny_path):
         assert batch.attention_mask[row, :n].all() and not batch.attention_mask[row, n:].any()
         assert not batch.loss_mask[row, n:].any() and batch.loss_mask[row, :n].any()
     again = DemonstrationDataModule("ragen/Bandit-v0", model=str(tiny_path), num_episodes=6, val_episodes=3, seed=1,
-                                    max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1, batch_size=4)
+                                    episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1,
+                                                            max_actions_per_episode=1),
+                                    batch_size=4)
     again.setup("fit")
     assert torch.equal(next(iter(again.train_dataloader())).input_ids, batch.input_ids)  # seeded shuffling
 
@@ -144,7 +149,7 @@ def test_datamodule_errors_name_the_problem(tiny_path):
         DemonstrationDataModule("ragen/Bandit-v0", model=str(tiny_path), num_episodes=0)
     # a one-action budget never solves a Sokoban level (every level needs >= 2 pushes/moves)
     dm = DemonstrationDataModule("ragen/SimpleSokoban-v0", model=str(tiny_path), num_episodes=3, val_episodes=0,
-                                 max_actions_per_episode=1, only_successful=True)
+                                 episode=EpisodeSettings(max_actions_per_episode=1), only_successful=True)
     with pytest.raises(ValueError, match="no demonstrations for ragen/SimpleSokoban-v0.*only_successful"):
         dm.setup("fit")
 
@@ -154,7 +159,9 @@ def test_module_runs_under_trainer(tiny_path):
 
     module = SFTModule(str(tiny_path), lr=3e-3, warmup_steps=1)
     dm = DemonstrationDataModule("ragen/Bandit-v0", model=str(tiny_path), num_episodes=8, val_episodes=2,
-                                 max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1, batch_size=2)
+                                 episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1,
+                                                         max_actions_per_episode=1),
+                                 batch_size=2)
     trainer = L.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=1,
                         num_sanity_val_steps=0, val_check_interval=3)

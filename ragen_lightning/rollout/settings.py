@@ -1,0 +1,79 @@
+"""The episode settings: how one multi-turn episode is shaped, declared once.
+
+The rollout runner, the RL data module, the demonstration data module, the expert demonstrations and the warm start
+all take the same :class:`EpisodeSettings` object (``--data.episode.*`` on the command line), so the demonstrations
+the warm start trains on have exactly the format of the rollouts RL samples, and no copy of the keyword list can
+drift (a test asserts the names are declared in this one signature).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from ragen_lightning.errors import ConfigError
+
+ContextWindow = Literal["full", "limited", "single_turn"]
+CONTEXT_WINDOWS: tuple[str, ...] = ("full", "limited", "single_turn")
+FLAG_PREFIX = "--data.episode."
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    """Shape of one episode: turns, action budgets, response and context limits, answer format.
+
+    Args:
+        max_turns: assistant turns per episode at most.
+        max_actions_per_turn: env actions executed per turn at most (extra parsed actions are ignored; the expert
+            proposes this many).
+        max_actions_per_episode: the episode's action budget, shown in the prompt (RAGEN's ``max_actions_per_traj``).
+        max_new_tokens: sampled tokens per turn at most (RAGEN's ``response_length``; announced in the prompt).
+        context_window: ``full`` (the whole conversation, one sample per episode), ``limited`` (system message and
+            the last ``window_turns`` turns, one sample per turn) or ``single_turn`` (one user message summarising
+            the last ``window_turns - 1`` turns, one sample per turn).
+        window_turns: turns kept in the prompt in the ``limited`` / ``single_turn`` modes, the current one included.
+        max_model_len: hard limit on prompt + response tokens; an episode whose next turn would not fit ends early.
+        enable_think: ask for (and parse) ``<think>...</think>`` reasoning before the answer.
+        format_penalty: score added for every turn with an invalid or missing action.
+    """
+
+    max_turns: int = 5
+    max_actions_per_turn: int = 2
+    max_actions_per_episode: int = 10
+    max_new_tokens: int = 100
+    context_window: ContextWindow = "full"
+    window_turns: int = 2
+    max_model_len: int = 4096
+    enable_think: bool = True
+    format_penalty: float = -0.1
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_actions_per_turn", "max_actions_per_episode", "max_new_tokens",
+                     "window_turns", "max_model_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{FLAG_PREFIX}{name} must be >= 1, got {value!r}")
+        if self.context_window not in CONTEXT_WINDOWS:
+            raise ConfigError(f"{FLAG_PREFIX}context_window must be 'full', 'limited' or 'single_turn', "
+                              f"got {self.context_window!r}")
+        if self.format_penalty > 0:
+            raise ConfigError(f"{FLAG_PREFIX}format_penalty must be <= 0 (it is added to the score), "
+                              f"got {self.format_penalty}")
+
+    def demonstration_fields(self) -> dict[str, Any]:
+        """The settings that shape expert demonstrations (every field but ``format_penalty``, which only moves
+        the RL score); the warm start's cache key hashes exactly these."""
+        fields = asdict(self)
+        fields.pop("format_penalty")
+        return fields
+
+
+def as_episode(value: EpisodeSettings | dict[str, Any] | None) -> EpisodeSettings:
+    """``value`` as :class:`EpisodeSettings` (None: the defaults; a mapping: its keys over the defaults)."""
+    if value is None:
+        return EpisodeSettings()
+    if isinstance(value, EpisodeSettings):
+        return value
+    if hasattr(value, "as_dict"):  # a jsonargparse Namespace
+        value = value.as_dict()
+    return EpisodeSettings(**dict(value))
