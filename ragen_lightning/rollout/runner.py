@@ -33,6 +33,7 @@ from ragen_lightning.rollout.settings import ContextWindow, EpisodeSettings  # n
 from ragen_lightning.rollout.tokens import ChatTokens
 from ragen_lightning.types import Conversation, Sample, Trajectory
 
+
 class UnknownEnvError(ValueError):
     """No gymnasium registration for the env id."""
 

@@ -20,6 +20,7 @@ format-valid and success rates of the base and warm-started models on held-out s
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -32,6 +33,7 @@ from typing import Any, Sequence
 import torch
 
 from ragen_lightning import models
+from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
 from ragen_lightning.sft.experts import require_expert
 from ragen_lightning.sft.module import (
@@ -257,6 +259,23 @@ def _build(final: Path, root: Path, base: str, args: dict[str, Any], episode: Ep
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def warm_started_path(model: str, setting: bool | dict[str, Any], datamodule) -> str:
+    """The actor's folder for a fit: ``model`` resolved, or (``--model.warm_start`` on) the cached warm start on the
+    data module's env, with demonstrations in exactly the rollouts' format: the data module's episode settings,
+    unless the setting names its own (``warm_start: {episode: {...}}`` overrides single fields)."""
+    if not setting:
+        return models.resolve_model_path(model)
+    if datamodule is None:
+        raise ConfigError("--model.warm_start needs the RolloutDataModule (it names the env to learn from)")
+    kwargs = dict(setting) if isinstance(setting, dict) else {}
+    episode = getattr(datamodule, "episode", None)
+    if isinstance(kwargs.get("episode"), dict) and episode is not None:
+        kwargs["episode"] = dataclasses.replace(episode, **kwargs["episode"])
+    kwargs.setdefault("episode", episode)
+    hp = datamodule.hparams
+    return str(warm_start(model, hp.env_id, hp.env_kwargs, **kwargs))
 
 
 def evaluate_policy(

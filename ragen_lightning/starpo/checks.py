@@ -29,3 +29,9 @@ def check_module_settings(hp: Mapping[str, Any], lora) -> None:
         raise ConfigError("--model.use_kl_loss needs --model.kl_coef > 0")
     if lora is not None and lora.shared_base and hp["critic_model"] is not None:
         raise ConfigError("--model.lora.shared_base uses the actor's model for the critic: unset --model.critic_model")
+
+
+def check_data_settings(hp: Mapping[str, Any], data_hp: Mapping[str, Any] | None) -> None:
+    """Combinations of the module's and the data module's settings that cannot work."""
+    if data_hp is not None and hp["adv_estimator"] in ("grpo", "drgrpo") and data_hp["group_size"] < 2:
+        raise ConfigError(f"--data.group_size must be >= 2 for --model.adv_estimator {hp['adv_estimator']}")

@@ -25,13 +25,13 @@ from ragen_lightning import models
 from ragen_lightning.algos import advantages as A
 from ragen_lightning.algos.losses import AggMode, KLKind
 from ragen_lightning.algos.masked import masked_mean
-from ragen_lightning.errors import ConfigError
 from ragen_lightning.models import lora as lora_mod
 from ragen_lightning.models.build import build_networks
 from ragen_lightning.parallel.strategies import shard_networks
 from ragen_lightning.rollout.engines import build_engine
+from ragen_lightning.sft.warm_start import warm_started_path
 from ragen_lightning.starpo.advantages import ADVANTAGE_SETTINGS, starpo_advantages
-from ragen_lightning.starpo.checks import check_module_settings
+from ragen_lightning.starpo.checks import check_data_settings, check_module_settings
 from ragen_lightning.starpo.early_stop import EarlyStops, EarlyStopSettings
 from ragen_lightning.starpo.export import export_actor
 from ragen_lightning.starpo.optim import build_optimizers, step_warmup
@@ -181,31 +181,11 @@ class StarPOModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         self.check_data(dm)
-        self._model_path = self._resolve_actor_path(dm)
+        self._model_path = warm_started_path(self.hparams.model, self.hparams.warm_start, dm)
 
     def check_data(self, dm) -> None:
-        """Combinations of module and data settings that cannot work (the CLI checks them before anything runs)."""
-        hp = getattr(dm, "hparams", None)
-        if hp is not None and self.hparams.adv_estimator in ("grpo", "drgrpo") and hp.group_size < 2:
-            raise ConfigError(f"--data.group_size must be >= 2 for --model.adv_estimator {self.hparams.adv_estimator}")
-
-    def _resolve_actor_path(self, dm) -> str:
-        ws = self.hparams.warm_start
-        if not ws:
-            return models.resolve_model_path(self.hparams.model)
-        if dm is None:
-            raise ConfigError("--model.warm_start needs the RolloutDataModule (it names the env to learn from)")
-        from ragen_lightning.sft.warm_start import warm_start
-
-        hp = dm.hparams
-        kwargs = dict(ws) if isinstance(ws, dict) else {}
-        # demonstrations in exactly the rollouts' format: the data module's episode settings, unless the warm start
-        # names its own (``warm_start: {episode: {...}}`` overrides single fields)
-        episode = getattr(dm, "episode", None)
-        if isinstance(kwargs.get("episode"), dict) and episode is not None:
-            kwargs["episode"] = dataclasses.replace(episode, **kwargs["episode"])
-        kwargs.setdefault("episode", episode)
-        return str(warm_start(self.hparams.model, hp.env_id, hp.env_kwargs, **kwargs))
+        """Module x data settings that cannot work (the CLI checks them before anything runs)."""
+        check_data_settings(self.hparams, getattr(dm, "hparams", None))
 
     def _actor_path(self) -> str:
         """The actor's folder: the warm-started one once ``setup`` ran, else ``--model.model`` resolved."""
@@ -229,12 +209,9 @@ class StarPOModule(L.LightningModule):
     def on_fit_start(self) -> None:
         if self.reference is not None:
             self.reference.to(self.device)
-        self._check_data()
+        self.on_validation_start()
 
-    def on_validation_start(self) -> None:
-        self._check_data()
-
-    def _check_data(self) -> None:
+    def on_validation_start(self) -> None:  # the first prompt must fit (the CLI checks it too, before launch)
         dm = getattr(self.trainer, "datamodule", None)
         if dm is not None and hasattr(dm, "check_prompt_budget") and not getattr(self, "_data_checked", False):
             dm.check_prompt_budget()
@@ -302,12 +279,9 @@ class StarPOModule(L.LightningModule):
         return self._log(logs)
 
     def _score(self, net, ids, att, *, kind: str = "actor", with_entropy: bool = False):
-        hp = self.hparams
-        micro = hp.logprob_micro_batch_size or hp.micro_batch_size
-        if kind == "critic":
-            return score_sharded(net, ids, att, micro, kind="critic")
-        return score_sharded(net, ids, att, micro, kind="actor", with_entropy=with_entropy,
-                             temperature=hp.temperature, chunk_size=hp.logits_chunk_size)
+        hp = self.hparams  # (a critic pass ignores temperature and chunking)
+        return score_sharded(net, ids, att, hp.logprob_micro_batch_size or hp.micro_batch_size, kind=kind,
+                             with_entropy=with_entropy, temperature=hp.temperature, chunk_size=hp.logits_chunk_size)
 
     def _optimizers(self):
         opts = self.optimizers()

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import envs  # noqa: F401
-from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning import models
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.rollout.engine import HFEngine, SamplingParams
+from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.starpo.module import StarPOModule
 
 pytestmark = pytest.mark.gpu

@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scripted import SeededBanditEngine
 
 import envs  # noqa: F401
-from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.sampler import FilterConfig
 from ragen_lightning.parallel import FSDP2Strategy, full_tensor
+from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.starpo.module import StarPOModule
 
 torch.set_num_threads(1)

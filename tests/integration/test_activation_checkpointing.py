@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import envs  # noqa: F401
-from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.data.datamodule import RolloutDataModule
+from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.starpo.module import StarPOModule
 
 pytestmark = pytest.mark.slow

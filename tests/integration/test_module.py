@@ -8,10 +8,10 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 import envs  # noqa: F401
-from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.sampler import FilterConfig
 from ragen_lightning.errors import ConfigError
+from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.starpo.early_stop import EarlyStopSettings
 from ragen_lightning.starpo.module import StarPOModule
 from tests.integration.scripted import SeededBanditEngine

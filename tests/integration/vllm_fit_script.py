@@ -21,9 +21,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 import envs  # noqa: F401
-from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.rollout.engine import HFEngine, SamplingParams
+from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.rollout.vllm_engine import SyncProbeError, VLLMConfig, VLLMEngine
 from ragen_lightning.starpo.module import StarPOModule
 

@@ -3,7 +3,6 @@ tokens, and the text parses back to the expert's actions."""
 
 from __future__ import annotations
 
-
 import gymnasium as gym
 import numpy as np
 import pytest
