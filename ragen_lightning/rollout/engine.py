@@ -277,8 +277,8 @@ class HFEngine:
                     real = attention[j].bool()
                     i = int(rows[j])
                     self._store(prompts[i] + tokens[i, :step].tolist(),
-                                [layer.keys[j][:, real].clone() for layer in cache.layers],
-                                [layer.values[j][:, real].clone() for layer in cache.layers])
+                                [layer.keys[j][:, real] for layer in cache.layers],
+                                [layer.values[j][:, real] for layer in cache.layers])
             if bool(finished.all()):
                 break
             if bool(finished.any()):  # drop finished rows, then columns that are padding in every live row
