@@ -40,9 +40,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
+import torch
 
-from ragen_lightning.rollout.engine import HFEngine, SamplingParams  # noqa: E402
+from ragen_lightning.rollout.engine import HFEngine, SamplingParams
 
 PRESETS = {  # random-weight Qwen2 sizes beside the embedded tiny model
     "small": {"hidden_size": 256, "num_layers": 4, "num_heads": 8, "num_kv_heads": 4, "intermediate_size": 1024},
@@ -107,9 +107,9 @@ def task_settings(config: str) -> tuple[dict, dict]:
 
 
 def multi_turn(args) -> list[dict]:
-    import envs  # noqa: F401  (registers the project's envs)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    import envs  # noqa: F401  (registers the project's envs)
     from ragen_lightning.models import resolve_model_path
     from ragen_lightning.rollout.runner import RolloutRunner
     from ragen_lightning.rollout.tokens import ChatTokens

@@ -14,8 +14,9 @@ with.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, Sequence
+from typing import Literal, Protocol
 
 import torch
 
@@ -150,7 +151,6 @@ class HFEngine:
 
     def sync_weights(self) -> None:  # the engine samples with the actor's own parameters
         self.clear_cache()
-        return None
 
     # -- prefix cache ---------------------------------------------------------------------------------------------
     def clear_cache(self) -> None:

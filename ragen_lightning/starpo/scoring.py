@@ -12,7 +12,7 @@ either way). :func:`causal_only` then drops the mask, which lets attention take 
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import nn

@@ -3,7 +3,12 @@
 import pytest
 import torch
 
-from ragen_lightning.starpo.scoring import actor_outputs, causal_only, critic_values, score_batch
+from ragen_lightning.starpo.scoring import (
+    actor_outputs,
+    causal_only,
+    critic_values,
+    score_batch,
+)
 
 
 @pytest.fixture(scope="module")
