@@ -3,6 +3,7 @@
     python benchmarks/rollout.py                              # embedded tiny model, batches 32 and 128
     python benchmarks/rollout.py --model medium --batches 32 128
     python benchmarks/rollout.py --model /path/to/hf/folder --prompt-len 64 --new-tokens 128
+    python benchmarks/rollout.py --multi-turn configs/sokoban.yaml     # a task config's default rollout
 
 Needs the ``vllm`` extra (``pip install -e ".[vllm]"``). Models: ``tiny`` (the embedded ~1M-parameter Qwen2),
 ``small`` (~4M: hidden 256, 4 layers), ``medium`` (~47M: hidden 512, 12 layers) and ``large`` (Qwen2.5-0.5B's 24
@@ -17,6 +18,15 @@ For each batch size: the same random prompts (``--prompt-len`` ids) and per-requ
 (``sync_s``: all weights into vLLM + prefix-cache reset) and the sync-fidelity probe (``probe_s``) with its max
 |log-prob difference. HF runs with ``--threads`` torch threads, measured before the vLLM engine is built (vLLM
 pins torch to its own thread count in this process).
+
+``--multi-turn CONFIG`` runs instead the first training rollout of a task config (its ``num_groups x group_size``
+episodes, ``max_turns``, ``max_new_tokens``, sampling settings and seeds; the warm-started model when the config
+warm starts, built and cached on first use) with each of ``--engines``: ``hf`` (prefix reuse across turns and
+finished-row dropping), ``hf-noreuse`` (the same engine with ``prefix_cache_tokens=0``: every turn re-prefills the
+whole conversation) and ``vllm`` (in-process, prefix caching on). Each engine runs one untimed rollout first, then
+the timed one (same seeds, so the HF variants sample the same tokens). Reported: rollout wall time, the part spent
+in ``generate``, prompt tokens requested, prompt tokens prefilled (HF only; vLLM's prefix cache is internal),
+sampled tokens, and sampled tokens per second of ``generate``.
 """
 
 from __future__ import annotations
@@ -30,9 +40,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
+import torch
 
-from ragen_lightning.rollout.engine import HFEngine, SamplingParams  # noqa: E402
+from ragen_lightning.rollout.engine import HFEngine, SamplingParams
 
 PRESETS = {  # random-weight Qwen2 sizes beside the embedded tiny model
     "small": {"hidden_size": 256, "num_layers": 4, "num_heads": 8, "num_kv_heads": 4, "intermediate_size": 1024},
@@ -58,6 +68,114 @@ def timed(fn, *args, **kwargs):
     return out, time.perf_counter() - t0
 
 
+class Counting:
+    """Wraps an engine: counts prompt tokens requested and tokens sampled (other attributes pass through)."""
+
+    def __init__(self, engine):
+        self.engine, self.prompt_tokens, self.sampled_tokens, self.requests = engine, 0, 0, 0
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate(self, prompts, params, seeds=None, **kw):
+        outs = self.engine.generate(prompts, params, seeds, **kw)
+        self.prompt_tokens += sum(len(p) for p in prompts)
+        self.sampled_tokens += sum(len(o.token_ids) for o in outs)
+        self.requests += len(prompts)
+        return outs
+
+
+def task_settings(config: str) -> tuple[dict, dict]:
+    """``(data, model)`` settings of a task config, data defaults filled in from ``RolloutDataModule``'s signature
+    (an ``episode`` group, where the config has one, is flattened)."""
+    import inspect
+
+    import yaml
+
+    from ragen_lightning.data.datamodule import RolloutDataModule
+
+    cfg = yaml.safe_load(Path(config).read_text())
+    data = {k: v.default for k, v in inspect.signature(RolloutDataModule.__init__).parameters.items()
+            if v.default is not inspect.Parameter.empty}
+    for group in (data.pop("episode", None), cfg.get("data", {})):
+        if isinstance(group, dict):
+            data.update(group.get("init_args", group) if "class_path" in group else group)
+    episode = data.pop("episode", None)
+    if isinstance(episode, dict):
+        data.update(episode.get("init_args", episode))
+    return data, cfg.get("model", {})
+
+
+def multi_turn(args) -> list[dict]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import envs  # noqa: F401  (registers the project's envs)
+    from ragen_lightning.models import resolve_model_path
+    from ragen_lightning.rollout.runner import RolloutRunner
+    from ragen_lightning.rollout.tokens import ChatTokens
+
+    d, m = task_settings(args.multi_turn)
+    names = ("max_turns", "max_actions_per_turn", "max_actions_per_episode", "context_window", "window_turns",
+             "max_new_tokens", "max_model_len", "enable_think")
+    torch.set_num_threads(args.threads)
+    if m.get("warm_start"):
+        from ragen_lightning.sft.warm_start import warm_start
+
+        ws = dict(m["warm_start"]) if isinstance(m["warm_start"], dict) else {}
+        ws.update({k: d[k] for k in names if k not in ws})
+        path = str(warm_start(m.get("model", "tiny"), d["env_id"], d.get("env_kwargs"), **ws))
+    else:
+        path = resolve_model_path(m.get("model", "tiny"))
+    tok = AutoTokenizer.from_pretrained(path)
+    actor = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    params = SamplingParams(d["temperature"], d["top_p"], d["top_k"], d["max_new_tokens"])
+    G, N = d["num_groups"], d["group_size"]
+    group_seeds = [d["train_seed"] + i for i in range(G)]  # iteration 0's groups and generation seed
+    seed = d["train_seed"] << 20
+    runner_kwargs = {k: d[k] for k in names if k not in ("max_new_tokens",)}
+    runner_kwargs["format_penalty"] = d["format_penalty"]
+    stop, pad = [tok.eos_token_id], tok.pad_token_id
+
+    def engine(name):
+        if name == "hf":
+            return HFEngine(actor, stop, pad, max_batch_size=G * N)
+        if name == "hf-noreuse":
+            return HFEngine(actor, stop, pad, max_batch_size=G * N, prefix_cache_tokens=0)
+        from ragen_lightning.rollout.vllm_engine import VLLMConfig, VLLMEngine
+
+        return VLLMEngine(actor, path, stop, pad, d["vllm"] if isinstance(d.get("vllm"), VLLMConfig) else VLLMConfig(), max_model_len=d["max_model_len"],
+                          max_batch_size=G * N, seed=0)
+
+    rows = []
+    for name in args.engines:  # vLLM last: it pins torch's thread count in this process
+        eng = engine(name)
+        eng.sync_weights()
+        runner = RolloutRunner(d["env_id"], d.get("env_kwargs"), ChatTokens(tok, enable_think=d["enable_think"]),
+                               eng, **runner_kwargs)
+        runner.run(group_seeds, N, params, seed=seed)  # warm-up
+        counting = Counting(eng)
+        runner.engine = counting
+        stats0 = dict(getattr(eng, "stats", {}))
+        trajs, wall = timed(runner.run, group_seeds, N, params, seed=seed)
+        gen = runner.timing["generate"]
+        stats = {k: v - stats0.get(k, 0) for k, v in getattr(eng, "stats", {}).items()}
+        rows.append(dict(engine=name, wall=wall, generate=gen, requests=counting.requests,
+                         prompt=counting.prompt_tokens, prefilled=stats.get("prefill_tokens"),
+                         sampled=counting.sampled_tokens, tok_s=counting.sampled_tokens / gen,
+                         turns=sum(t.num_turns for t in trajs), success=sum(t.success for t in trajs) / len(trajs)))
+    print(f"\n{args.multi_turn}: {G} x {N} episodes, max_turns {d['max_turns']}, max_new_tokens "
+          f"{d['max_new_tokens']}, temperature {d['temperature']}; model {path}; {os.cpu_count()} CPU cores, "
+          f"HF torch threads {args.threads}\n")
+    print("| engine | rollout s | generate s | requests | turns | prompt tokens | prefilled | sampled | "
+          "sampled tok/s | vs first |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        pre = "-" if r["prefilled"] is None else str(r["prefilled"])
+        print(f"| {r['engine']} | {r['wall']:.2f} | {r['generate']:.2f} | {r['requests']} | {r['turns']} | "
+              f"{r['prompt']} | {pre} | {r['sampled']} | {r['tok_s']:.0f} | {rows[0]['wall'] / r['wall']:.2f}x |")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="tiny", help="tiny | small | medium | large | a HF folder")
@@ -66,7 +184,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=1, help="torch threads of the HF engine")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--multi-turn", default=None, metavar="CONFIG", help="time a task config's default rollout")
+    p.add_argument("--engines", nargs="+", default=["hf-noreuse", "hf", "vllm"], help="with --multi-turn")
     args = p.parse_args(argv)
+    if args.multi_turn:
+        return multi_turn(args)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

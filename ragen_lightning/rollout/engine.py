@@ -13,8 +13,10 @@ with.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, Sequence
+from typing import Literal, Protocol
 
 import torch
 
@@ -97,8 +99,29 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     return logits
 
 
+@dataclass
+class _CachedPrefix:
+    """Keys/values of one finished request: ``ids`` (its prompt + sampled ids but the last one, which was never fed
+    back) at unpadded positions ``0 .. len(ids) - 1``; per layer ``[kv_heads, len(ids), head_dim]``."""
+
+    ids: list[int]
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+
 class HFEngine:
     """KV-cached batched sampling with a transformers causal LM.
+
+    Two savings over a plain decode loop, neither of which changes what a request samples:
+
+    * **Prefix reuse across turns.** Multi-turn conversations are append-only: turn ``k + 1``'s prompt is turn
+      ``k``'s prompt + sampled ids + the next user message. Every finished request leaves its keys/values behind
+      (at unpadded positions, so they do not depend on the batch they were computed in); a later request whose
+      prompt starts with a cached sequence prefills only the rest. Entries are dropped when a request extends them,
+      when the weights change (parameter version counters, checked every call), by :meth:`clear_cache` (the rollout
+      runner calls it at the start and end of every rollout) and oldest-first beyond ``prefix_cache_tokens``.
+    * **Finished rows leave the batch.** A row that sampled a stop token is removed from the decode batch (and the
+      leading all-padding columns with it), so late steps decode only live rows.
 
     Args:
         model: the causal LM (usually the actor itself; generation runs under ``no_grad`` in eval mode and
@@ -106,20 +129,62 @@ class HFEngine:
         stop_token_ids: ids that end a turn (the tokenizer's end-of-turn token).
         pad_token_id: id used for left padding.
         max_batch_size: requests decoded together at most (bounds memory).
+        prefix_cache_tokens: tokens of keys/values kept for prefix reuse at most (0 turns reuse off).
     """
 
     def __init__(self, model: torch.nn.Module, stop_token_ids: Sequence[int], pad_token_id: int,
-                 max_batch_size: int = 128):
+                 max_batch_size: int = 128, prefix_cache_tokens: int = 1 << 18):
         if not stop_token_ids:
             raise ValueError("stop_token_ids must name at least one end-of-turn token")
+        if prefix_cache_tokens < 0:
+            raise ValueError(f"prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
         self.model = model
         self.stop_token_ids = list(stop_token_ids)
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
+        self.prefix_cache_tokens = prefix_cache_tokens
+        self._cache: OrderedDict[int, _CachedPrefix] = OrderedDict()
+        self._cache_key = 0
+        self._weights_stamp: tuple | None = None
+        # running totals: prompt tokens prefilled / reused from the cache, sampled tokens, decode row-steps run
+        self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "sampled_tokens": 0, "decode_row_steps": 0}
 
     def sync_weights(self) -> None:  # the engine samples with the actor's own parameters
-        return None
+        self.clear_cache()
 
+    # -- prefix cache ---------------------------------------------------------------------------------------------
+    def clear_cache(self) -> None:
+        """Forget every cached prefix (keys/values are only valid for the weights that computed them)."""
+        self._cache.clear()
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(len(e.ids) for e in self._cache.values())
+
+    def _stamp(self) -> tuple:
+        # in-place updates (optimizer steps, load_state_dict, copy_) bump a tensor's version counter
+        return tuple((id(p), p._version) for p in self.model.parameters())
+
+    def _lookup(self, prompt: list[int]) -> tuple[int | None, int]:
+        """``(key, reused)`` of the longest cached sequence that is a prefix of ``prompt`` (at least one prompt
+        token is always left to prefill, for the next-token logits)."""
+        best, reused = None, 0
+        for key, entry in self._cache.items():
+            n = len(entry.ids)
+            if n > reused and n <= len(prompt) and prompt[:n] == entry.ids:
+                best, reused = key, n
+        return best, min(reused, len(prompt) - 1)
+
+    def _store(self, ids: list[int], keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        if not ids or len(ids) > self.prefix_cache_tokens:
+            return
+        total = self.cached_tokens + len(ids)
+        while self._cache and total > self.prefix_cache_tokens:
+            total -= len(self._cache.popitem(last=False)[1].ids)
+        self._cache[self._cache_key] = _CachedPrefix(ids, keys, values)
+        self._cache_key += 1
+
+    # -- generation -----------------------------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  seeds: Sequence[int] | None = None) -> list[Generation]:
@@ -127,56 +192,115 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
+            if self.prefix_cache_tokens:
+                stamp = self._stamp()
+                if stamp != self._weights_stamp:
+                    self.clear_cache()
+                    self._weights_stamp = stamp
             out: list[Generation] = []
             for start in range(0, len(prompts), self.max_batch_size):
-                chunk = prompts[start:start + self.max_batch_size]
+                chunk = [list(p) for p in prompts[start:start + self.max_batch_size]]
                 chunk_seeds = None if seeds is None else seeds[start:start + self.max_batch_size]
                 out.extend(self._generate_batch(chunk, params, chunk_seeds))
             return out
         finally:
             self.model.train(was_training)
 
-    def _generate_batch(self, prompts, params: SamplingParams, seeds) -> list[Generation]:
+    def _prefill_inputs(self, prompts: list[list[int]], device):
+        """Cache, ids, attention and positions of the prefill, laid out per row as
+        ``[pad | cached prefix | pad | uncached suffix]`` (the cached keys already carry their RoPE positions)."""
+        from transformers import DynamicCache
+
+        found = [self._lookup(p) if self.prefix_cache_tokens else (None, 0) for p in prompts]
+        entries = [self._cache[k] if k is not None else None for k, _ in found]
+        reused = [r for _, r in found]
+        suffix = [p[r:] for p, r in zip(prompts, reused)]
+        B, P, S = len(prompts), max(reused), max(len(s) for s in suffix)
+        input_ids = torch.full((B, S), self.pad_token_id, dtype=torch.long, device=device)
+        attention = torch.zeros((B, P + S), dtype=torch.long, device=device)
+        position = torch.zeros((B, S), dtype=torch.long, device=device)
+        for i, (s, r) in enumerate(zip(suffix, reused)):
+            input_ids[i, S - len(s):] = torch.as_tensor(s, dtype=torch.long)
+            attention[i, P - r:P] = 1
+            attention[i, P + S - len(s):] = 1
+            position[i, S - len(s):] = torch.arange(r, r + len(s))
+        cache = DynamicCache()
+        if P > 0:
+            ref = next(e for e in entries if e is not None)
+            for layer in range(len(ref.keys)):
+                for name in ("keys", "values"):
+                    like = getattr(ref, name)[layer]  # [kv_heads, n, head_dim]
+                    padded = like.new_zeros((B, like.shape[0], P, like.shape[2]))
+                    for i, (e, r) in enumerate(zip(entries, reused)):
+                        if e is not None and r > 0:
+                            padded[i, :, P - r:] = getattr(e, name)[layer][:, :r]
+                    if name == "keys":
+                        keys = padded
+                cache.update(keys, padded, layer)
+        for key in {k for k, _ in found if k is not None}:  # the conversation moves on: its new entry replaces it
+            del self._cache[key]
+        self.stats["prefill_tokens"] += sum(len(s) for s in suffix)
+        self.stats["reused_tokens"] += sum(reused)
+        return cache, input_ids, attention, position
+
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, seeds) -> list[Generation]:
         device = next(self.model.parameters()).device
-        B, L = len(prompts), max(len(p) for p in prompts)
-        input_ids = torch.full((B, L), self.pad_token_id, dtype=torch.long, device=device)
-        attention = torch.zeros((B, L), dtype=torch.long, device=device)
-        for i, p in enumerate(prompts):  # left padding: the last prompt token of every row sits at column L-1
-            input_ids[i, L - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
-            attention[i, L - len(p):] = 1
+        B = len(prompts)
+        cache, input_ids, attention, position = self._prefill_inputs(prompts, device)
         generators = None
         if seeds is not None and params.temperature > 0:
             generators = [torch.Generator(device=device).manual_seed(int(s) % (2**63)) for s in seeds]
         stop = torch.tensor(self.stop_token_ids, device=device)
 
-        position = (attention.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=position, use_cache=True)
-        past, next_pos = out.past_key_values, position[:, -1] + 1
+        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=position, past_key_values=cache,
+                         use_cache=True, logits_to_keep=1)
+        cache, next_pos = out.past_key_values, position[:, -1] + 1
+        # sliding-window masks count columns, which the padded layout of reused prefixes would shift
+        reusable = self.prefix_cache_tokens > 0 and not getattr(getattr(self.model, "config", None),
+                                                                "use_sliding_window", False)
         tokens = torch.zeros((B, params.max_new_tokens), dtype=torch.long, device=device)
         logprobs = torch.zeros((B, params.max_new_tokens), device=device)
-        done = torch.zeros(B, dtype=torch.bool, device=device)
         lengths = torch.full((B,), params.max_new_tokens, dtype=torch.long, device=device)
+        rows = torch.arange(B, device=device)  # original index of each live row of the decode batch
         for step in range(params.max_new_tokens):
             logits = out.logits[:, -1, :].float()
             token = self._sample(logits, params, generators)
-            token = torch.where(done, torch.full_like(token, self.pad_token_id), token)
-            tokens[:, step] = token
-            logprobs[:, step] = torch.log_softmax(logits, dim=-1).gather(-1, token[:, None]).squeeze(-1)
-            just_stopped = ~done & torch.isin(token, stop)
-            lengths = torch.where(just_stopped, torch.full_like(lengths, step + 1), lengths)
-            done |= just_stopped
-            if bool(done.all()) or step + 1 == params.max_new_tokens:
+            tokens[rows, step] = token
+            logprobs[rows, step] = torch.log_softmax(logits, dim=-1).gather(-1, token[:, None]).squeeze(-1)
+            self.stats["decode_row_steps"] += len(rows)
+            finished = torch.isin(token, stop)
+            lengths[rows[finished]] = step + 1
+            if step + 1 == params.max_new_tokens:
+                finished[:] = True
+            if reusable:  # keys/values of prompt + tokens[:step] (the token just sampled was never fed)
+                for j in finished.nonzero().flatten().tolist():
+                    real = attention[j].bool()
+                    i = int(rows[j])
+                    self._store(prompts[i] + tokens[i, :step].tolist(),
+                                [layer.keys[j][:, real] for layer in cache.layers],
+                                [layer.values[j][:, real] for layer in cache.layers])
+            if bool(finished.all()):
                 break
-            attention = torch.cat([attention, (~done).long()[:, None]], dim=1)
+            if bool(finished.any()):  # drop finished rows, then columns that are padding in every live row
+                keep = (~finished).nonzero().flatten()
+                rows, token, next_pos, attention = rows[keep], token[keep], next_pos[keep], attention[keep]
+                if generators is not None:
+                    generators = [generators[j] for j in keep.tolist()]
+                first = int(attention.any(0).long().argmax())
+                attention = attention[:, first:]
+                for layer in cache.layers:
+                    layer.keys, layer.values = layer.keys[keep, :, first:], layer.values[keep, :, first:]
+            attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
             out = self.model(input_ids=token[:, None], attention_mask=attention, position_ids=next_pos[:, None],
-                             past_key_values=past, use_cache=True)
-            past, next_pos = out.past_key_values, next_pos + 1
+                             past_key_values=cache, use_cache=True)
+            cache, next_pos = out.past_key_values, next_pos + 1
         results = []
         for i in range(B):
             n = int(lengths[i])
             ids = tokens[i, :n].tolist()
             stopped = bool(n > 0 and ids[-1] in self.stop_token_ids)
             results.append(Generation(ids, logprobs[i, :n].tolist(), "stop" if stopped else "length"))
+        self.stats["sampled_tokens"] += int(lengths.sum())
         return results
 
     @staticmethod

@@ -58,6 +58,7 @@ class GatheredWeightsEngine(HFEngine):
 
     @torch.no_grad()
     def sync_weights(self) -> None:
+        self.clear_cache()  # cached keys/values belong to the old weights
         target = self.model.state_dict()
         for name, value in self.sharded.state_dict().items():
             target[name].copy_(full_tensor(value))

@@ -143,6 +143,9 @@ class RolloutRunner:
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         self.timing = {"generate": 0.0, "env": 0.0}
+        # engines that keep per-conversation state (HFEngine's prefix cache) hold it for one rollout only
+        clear_cache = getattr(self.engine, "clear_cache", lambda: None)
+        clear_cache()
         t0 = time.perf_counter()
         episodes = [self._reset((first_group + g) * group_size + m, first_group + g, int(s), slot=g * group_size + m)
                     for g, s in enumerate(group_seeds) for m in range(group_size)]
@@ -183,6 +186,7 @@ class RolloutRunner:
             if not ep.done:  # turn limit reached while the env was still running
                 ep.traj.truncated = True
                 self._finish(ep)
+        clear_cache()
         return [ep.traj for ep in episodes]
 
     def _reset(self, env_index: int, group_id: int, seed: int, slot: int | None = None) -> _Episode:

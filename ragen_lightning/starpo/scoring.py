@@ -3,6 +3,11 @@
 Everything here works on the *target* axis of a right-padded batch: position ``j`` of an output describes token
 ``input_ids[:, j + 1]`` (so outputs are ``[B, T - 1]``). Micro-batches are trimmed to their longest row, so a short
 micro-batch never pays for the batch's longest conversation.
+
+Rollout batches are right-padded, and the actor and critic are causal decoders: a real token attends only to
+earlier positions, which are all real, so the padding mask changes nothing on real tokens (positions count from 0
+either way). :func:`causal_only` then drops the mask, which lets attention take its causal fast path (SDPA
+``is_causal``, no ``[B, 1, T, T]`` mask built per layer); outputs on padding differ and are never used.
 """
 
 from __future__ import annotations
@@ -26,11 +31,21 @@ def trimmed(attention_mask: torch.Tensor, rows: torch.Tensor) -> int:
     return max(int(attention_mask[rows].sum(-1).max()), 2)
 
 
+def causal_only(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """``None`` when every row of ``attention_mask`` [b, t] is right-padded (ones, then zeros), where causal
+    attention alone gives the same outputs on real tokens; otherwise the mask itself (e.g. left padding)."""
+    if attention_mask is None or attention_mask.shape[1] < 2:
+        return None
+    if bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
+        return None
+    return attention_mask
+
+
 def actor_outputs(actor: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
                   with_entropy: bool, temperature: float = 1.0,
                   chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of ``input_ids[:, 1:]`` under ``actor``: ``[b, t - 1]`` each."""
-    logits = actor(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+    logits = actor(input_ids=input_ids, attention_mask=causal_only(attention_mask)).logits[:, :-1]
     if temperature != 1.0:
         logits = logits / temperature
     logprobs = logprobs_from_logits(logits, input_ids[:, 1:], chunk_size=chunk_size)
@@ -40,7 +55,7 @@ def actor_outputs(actor: nn.Module, input_ids: torch.Tensor, attention_mask: tor
 
 def critic_values(critic: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """``V`` after each prefix, on the target axis: ``[b, t - 1]``."""
-    return critic(input_ids, attention_mask)[:, :-1].float()
+    return critic(input_ids, causal_only(attention_mask))[:, :-1].float()
 
 
 @torch.no_grad()

@@ -1,0 +1,90 @@
+"""Teacher-forced passes without the padding mask on right-padded rows give the same outputs on real tokens."""
+
+import pytest
+import torch
+
+from ragen_lightning.starpo.scoring import (
+    actor_outputs,
+    causal_only,
+    critic_values,
+    score_batch,
+)
+
+
+@pytest.fixture(scope="module")
+def nets(tiny_path):
+    from transformers import AutoModelForCausalLM
+
+    from ragen_lightning.models.loading import load_critic
+
+    torch.manual_seed(0)
+    actor = AutoModelForCausalLM.from_pretrained(tiny_path).eval()
+    critic = load_critic(tiny_path).eval()
+    with torch.no_grad():
+        torch.nn.init.normal_(critic.value_head.weight)  # a zero head would hide any difference
+    return actor, critic
+
+
+def right_padded(lengths, T=12, pad=0):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.full((len(lengths), T), pad, dtype=torch.long)
+    att = torch.zeros((len(lengths), T), dtype=torch.long)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = torch.randint(3, 300, (n,), generator=g)
+        att[i, :n] = 1
+    return ids, att
+
+
+def test_causal_only_drops_the_mask_only_for_right_padding():
+    _, att = right_padded([5, 12, 1, 0])  # an all-padding row (an inert row) is right-padded too
+    assert causal_only(att) is None
+    left = att.flip(1)
+    assert causal_only(left) is left
+    gap = torch.tensor([[1, 0, 1, 1]])
+    assert causal_only(gap) is gap
+
+
+def test_same_logprobs_entropy_and_values_on_real_tokens(nets):
+    actor, critic = nets
+    ids, att = right_padded([5, 12, 9, 2])
+    real = att[:, 1:].bool()  # target axis
+    with torch.no_grad():
+        lp, ent = actor_outputs(actor, ids, att, with_entropy=True)
+        ref = torch.log_softmax(actor(input_ids=ids, attention_mask=att).logits[:, :-1], -1)
+        ref_lp = ref.gather(-1, ids[:, 1:, None]).squeeze(-1)
+        ref_ent = -(ref.exp() * ref).sum(-1)
+        v = critic_values(critic, ids, att)
+        ref_v = critic(ids, att)[:, :-1]
+    torch.testing.assert_close(lp[real], ref_lp[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent[real], ref_ent[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(v[real], ref_v[real], atol=1e-5, rtol=0)
+    # and the same as each row scored alone, unpadded
+    for i, n in enumerate(att.sum(-1).tolist()):
+        with torch.no_grad():
+            alone = torch.log_softmax(actor(input_ids=ids[i:i + 1, :n]).logits[0, :-1], -1)
+        torch.testing.assert_close(lp[i, : n - 1], alone.gather(-1, ids[i, 1:n, None]).squeeze(-1), atol=1e-5, rtol=0)
+
+
+def test_score_batch_matches_the_masked_pass(nets):
+    actor, critic = nets
+    ids, att = right_padded([5, 12, 9, 2, 7])
+    real = att[:, 1:].bool()
+    lp, _ = score_batch(actor, ids, att, 2, kind="actor")
+    v, _ = score_batch(critic, ids, att, 2, kind="critic")
+    with torch.no_grad():
+        ref_lp = torch.log_softmax(actor(input_ids=ids, attention_mask=att).logits[:, :-1], -1)
+        ref_lp = ref_lp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+        ref_v = critic(ids, att)[:, :-1]
+    torch.testing.assert_close(lp[real], ref_lp[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(v[real], ref_v[real], atol=1e-5, rtol=0)
+
+
+def test_left_padding_keeps_the_mask(nets):
+    actor, _ = nets
+    ids, att = right_padded([5, 12, 9])
+    ids, att = ids.flip(1), att.flip(1)  # left-padded rows: the mask matters, so it is kept
+    with torch.no_grad():
+        lp, _ = actor_outputs(actor, ids, att, with_entropy=False)
+        ref = torch.log_softmax(actor(input_ids=ids, attention_mask=att).logits[:, :-1], -1)
+    real = att[:, 1:].bool() & att[:, :-1].bool()
+    torch.testing.assert_close(lp[real], ref.gather(-1, ids[:, 1:, None]).squeeze(-1)[real], atol=1e-6, rtol=0)
