@@ -31,6 +31,7 @@ from ragen_lightning.data.sampler import FilterConfig, filter_groups
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.parallel import concat_ranks, gather_objects, group_share, world
 from ragen_lightning.rollout.engine import SamplingParams
+from ragen_lightning.rollout.engines import ENGINES
 from ragen_lightning.rollout.runner import RolloutRunner, UnknownEnvError, make_env
 from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
 from ragen_lightning.rollout.tokens import ChatTokens
@@ -81,9 +82,11 @@ class RolloutDataModule(L.LightningDataModule):
         val_group_size: validation rollouts per initial state (pass@k uses it).
         val_temperature: validation sampling temperature (0 = greedy).
         max_batch_size: generation requests decoded together at most.
-        engine: rollout engine: ``hf`` (transformers, samples with the actor itself) or ``vllm`` (an in-process vLLM
+        engine: rollout engine: ``hf`` (transformers, samples with the actor itself), ``vllm`` (an in-process vLLM
             engine whose weights are pushed from the actor before every rollout and checked by the sync probe;
-            needs ``pip install -e ".[vllm]"``).
+            needs ``pip install -e ".[vllm]"``) or ``auto`` (``vllm`` when installed and the actor is not
+            FSDP2-sharded, else ``hf``; the task configs' choice: vLLM's prefix cache makes multi-turn rollouts
+            several times faster).
         vllm: vLLM engine settings (``VLLMConfig``: memory, sleep level, dtype, probe threshold, ...).
     """
 
@@ -109,7 +112,7 @@ class RolloutDataModule(L.LightningDataModule):
         val_group_size: int = 1,
         val_temperature: float = 0.5,
         max_batch_size: int = 128,
-        engine: Literal["hf", "vllm"] = "hf",
+        engine: Literal["hf", "vllm", "auto"] = "hf",
         vllm: VLLMConfig | None = None,
     ):
         super().__init__()
@@ -124,8 +127,8 @@ class RolloutDataModule(L.LightningDataModule):
             raise ConfigError(f"--data.env_id: {e}") from None
         except (TypeError, ValueError) as e:
             raise ConfigError(f"--data.env_kwargs for {env_id}: {e}") from None
-        if engine not in ("hf", "vllm"):
-            raise ConfigError(f"--data.engine must be 'hf' or 'vllm', got {engine!r}")
+        if engine not in ENGINES:
+            raise ConfigError(f"--data.engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         if engine == "vllm":
             require_vllm()
         self.save_hyperparameters(ignore=["filter", "vllm", "episode"])

@@ -14,6 +14,19 @@ import torch
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.parallel.ranks import full_tensor
 from ragen_lightning.rollout.engine import GenerationEngine, HFEngine
+from ragen_lightning.rollout.vllm_engine import vllm_installed
+
+ENGINES = ("hf", "vllm", "auto")
+
+
+def resolve_engine(engine: str, *, sharded: bool) -> str:
+    """``hf`` or ``vllm`` for a ``--data.engine`` value: ``auto`` is ``vllm`` when vLLM is installed and the actor
+    is not FSDP2-sharded (vLLM under FSDP2 is not supported yet), else ``hf``."""
+    if engine not in ENGINES:
+        raise ConfigError(f"--data.engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine == "auto":
+        return "vllm" if vllm_installed() and not sharded else "hf"
+    return engine
 
 
 def build_engine(actor: torch.nn.Module, tokenizer, *, model_path: str, rollout_actor: torch.nn.Module | None = None,
@@ -21,9 +34,9 @@ def build_engine(actor: torch.nn.Module, tokenizer, *, model_path: str, rollout_
                  seed: int = 0) -> GenerationEngine:
     """The rollout engine: ``hf`` samples with ``actor``'s own weights (under FSDP2, with the unsharded
     ``rollout_actor`` synced to them); ``vllm`` is a colocated vLLM engine loaded from ``model_path`` and synced
-    from the actor before every rollout (``VLLMConfig`` ``vllm``)."""
-    if engine not in ("hf", "vllm"):
-        raise ConfigError(f"--data.engine must be 'hf' or 'vllm', got {engine!r}")
+    from the actor before every rollout (``VLLMConfig`` ``vllm``); ``auto`` is ``vllm`` when vLLM is installed and
+    the actor is not sharded, else ``hf``."""
+    engine = resolve_engine(engine, sharded=rollout_actor is not None)
     stop, pad = [tokenizer.eos_token_id], tokenizer.pad_token_id
     if engine == "hf":
         if rollout_actor is not None:

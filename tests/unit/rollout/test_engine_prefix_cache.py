@@ -127,12 +127,13 @@ def test_runner_clears_the_cache_around_a_rollout(tiny_path, tiny_tokenizer):
 
     import envs  # noqa: F401  (registers the project's envs)
     from ragen_lightning.rollout.runner import RolloutRunner
+    from ragen_lightning.rollout.settings import EpisodeSettings
     from ragen_lightning.rollout.tokens import ChatTokens
 
     m = AutoModelForCausalLM.from_pretrained(tiny_path).eval()
     eng = HFEngine(m, [tiny_tokenizer.eos_token_id], tiny_tokenizer.pad_token_id)
-    runner = RolloutRunner("ragen/SimpleSokoban-v0", None, ChatTokens(tiny_tokenizer), eng, max_turns=3,
-                           max_model_len=4096)
+    runner = RolloutRunner("ragen/SimpleSokoban-v0", None, ChatTokens(tiny_tokenizer), eng,
+                           EpisodeSettings(max_turns=3, max_model_len=4096))
     trajs = runner.run([0, 1], 2, SamplingParams(temperature=1.0, max_new_tokens=8), seed=3)
     assert len(trajs) == 4 and eng.cached_tokens == 0
     assert sum(t.num_turns for t in trajs) <= 4 or eng.stats["reused_tokens"] > 0

@@ -37,7 +37,7 @@ def model(tiny_path):
 
 # -- engine selection ---------------------------------------------------------------------------------------------
 def test_unknown_engine_names_the_flag():
-    with pytest.raises(ConfigError, match="--data.engine must be 'hf' or 'vllm', got 'sglang'"):
+    with pytest.raises(ConfigError, match="--data.engine must be one of hf, vllm, auto, got 'sglang'"):
         RolloutDataModule(**DATA, engine="sglang")
     with pytest.raises(ConfigError, match="--data.engine"):
         StarPOModule().make_engine(engine="sglang")
@@ -169,3 +169,15 @@ def test_every_rollout_is_preceded_by_a_sync_and_followed_by_sleep(tiny_tokenize
     assert (engine.syncs, engine.sleeps) == (3, 3)
     assert val.metrics["val/sync_s"] == 0.25 and val.metrics["val/probe_max_abs_logprob_diff"] == 3e-6
     assert "rollout/sync_s" not in val.metrics
+
+
+def test_auto_engine_is_vllm_when_installed_and_unsharded(monkeypatch):
+    from ragen_lightning.rollout import engines
+
+    monkeypatch.setattr(engines, "vllm_installed", lambda: True)
+    assert engines.resolve_engine("auto", sharded=False) == "vllm"
+    assert engines.resolve_engine("auto", sharded=True) == "hf"  # FSDP2: the HF engine on a gathered copy
+    assert engines.resolve_engine("hf", sharded=False) == "hf"
+    monkeypatch.setattr(engines, "vllm_installed", lambda: False)
+    assert engines.resolve_engine("auto", sharded=False) == "hf"
+    assert engines.resolve_engine("vllm", sharded=False) == "vllm"  # explicit: the data module requires vllm
