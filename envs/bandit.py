@@ -213,7 +213,9 @@ class BanditEnv(TextEnv):
 
         ``"balanced"``: the risky arm or the safe one on a fair coin drawn from the reset seed (independent of which
         arm is listed first), with one reasoning sentence for both, so nothing in a demonstration tells the arms
-        apart."""
+        apart. Measured on the tiny model (256 held-out episodes, temperature 1): 1000 warm-start steps give
+        format-valid 0.70 and success 0.18, i.e. the valid answers favour the safe arm (~3:1), whose names are
+        shorter to copy; the demonstrations themselves are 50/50."""
         if self.expert_policy == "balanced":
             return "I cannot tell which arm pays more, so I try one", (
                 self.hi_arm_name if self._expert_risky else self.lo_arm_name,
