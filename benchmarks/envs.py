@@ -2,12 +2,18 @@
 
     python benchmarks/envs.py                       # all ids, 1 s per measurement
     python benchmarks/envs.py --seconds 3 --ids ragen/SimpleSokoban-v0 ragen/LargerSokoban-v0
+    python benchmarks/envs.py --histogram            # Sokoban difficulty: shortest-solution histogram per generator
 
 For each id: a warm-up, then ``reset(seed=s)`` over the fixed seeds ``--seed``, ``--seed + 1``, ... for
 ``--seconds`` (resets/s), then steps with actions drawn from the seeded action space (a ``Text`` action space
 samples strings), resetting with the next seed whenever an episode ends; steps/s counts only the time inside
 ``step``. Envs are used unwrapped (no Gymnasium checker wrappers). Ids whose module is not importable are skipped
 with a note. Imports only ``envs``, NumPy and Gymnasium.
+
+``--histogram`` prints, for the SimpleSokoban (6x6, 1 box) and LargerSokoban (8x8, 2 boxes, search depth 10)
+presets and each level generator (``"ragen"``, the presets' default, and ``"uniform_depth"``), the histogram of the
+shortest solution length (``info["optimal_steps"]``) over seeds ``0 .. --levels - 1``. RAGEN's own generator gives
+mean 4.0 (1-11) and 5.8 on 300 seeds.
 
 Reference point for Sokoban: RAGEN's generator (gym-sokoban's reverse play) does about 210 resets/s for 6x6 rooms
 with one box and 84/s for 8x8 with two boxes on one core of the build machines.
@@ -84,6 +90,25 @@ def bench_steps(env: gym.Env, seconds: float, seed: int, warmup: int) -> float:
     return n / in_step
 
 
+def sokoban_histograms(levels: int) -> None:
+    from collections import Counter
+
+    from envs.sokoban import GENERATORS, SokobanEnv
+
+    for preset in ("SimpleSokoban", "LargerSokoban"):
+        for generator in GENERATORS:
+            env = SokobanEnv(preset=preset, generator=generator)
+            start = time.perf_counter()
+            steps = [env.reset(seed=s)[1]["optimal_steps"] for s in range(levels)]
+            seconds = time.perf_counter() - start
+            counts = Counter(steps)
+            print(f"{preset} generator={generator}: {levels} levels, mean {sum(steps) / levels:.2f} steps, "
+                  f"range {min(steps)}-{max(steps)}, {levels / seconds:,.0f} resets/s")
+            top = max(counts.values())
+            for k in range(min(steps), max(steps) + 1):
+                print(f"  {k:>3} {counts.get(k, 0):>5} {'#' * round(40 * counts.get(k, 0) / top)}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ids", nargs="*", default=None, help="env ids (default: every id in envs.ENV_IDS)")
@@ -91,9 +116,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="first reset seed")
     parser.add_argument("--warmup", type=int, default=20, help="resets/steps before measuring")
     parser.add_argument("--cpu", type=int, default=None, help="pin the process to this CPU (Linux)")
+    parser.add_argument("--histogram", action="store_true", help="Sokoban shortest-solution histograms instead")
+    parser.add_argument("--levels", type=int, default=300, help="levels per histogram")
     args = parser.parse_args(argv)
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
+    if args.histogram:
+        sokoban_histograms(args.levels)
+        return
 
     ids = args.ids or list(envs.ENV_IDS)
     unknown = [i for i in ids if i not in envs.ENV_IDS]

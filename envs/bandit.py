@@ -2,7 +2,9 @@
 
 The agent sees two occupation names and must guess from the names alone which arm is the risky, high-paying one.
 Departure from RAGEN: RAGEN offsets every instance's seed by a global instance counter, so envs reset with the same
-seed in one group see different arms and reward draws; here the seed alone decides everything (group invariant).
+seed in one group see different arms and reward draws. Here the seed alone decides the arms (group invariant: one
+initial state per group), and the reward draw comes from the per-instance transition stream when the trainer passes
+``options={"transition_seed": ...}`` (RAGEN's independent draws; ``shared_transitions=True`` shares them instead).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from envs.base import PromptSpec, TextEnv, as_action, text_space
+from envs.base import TRANSITION_SEED, PromptSpec, TextEnv, as_action, text_space
 
 # (low-risk arm, high-risk arm) pairs, in RAGEN's order.
 TRAIN_ARM_PAIRS: tuple[tuple[str, str], ...] = (
@@ -56,6 +58,7 @@ PROMPT_TEMPLATE = (
 # a non-empty one, so the instruction is the opening of the env's own prompt.
 INSTRUCTION = "You are playing a bandit game. Goal: Maximize your total reward by choosing which arm to pull."
 INVALID_TEXT = "Invalid action. Choose arm 0 ({name_a}) or arm 1 ({name_b})."
+EXPERT_POLICIES = ("risky", "balanced")
 
 
 
@@ -90,10 +93,24 @@ class BanditEnv(TextEnv):
     ## Arguments
     - ``split``: ``"train"`` (12 name pairs) or ``"test"`` (8 held-out pairs; ``ragen/BanditTest-v0``).
     - ``lo_arm_score`` (0.1), ``hi_arm_loscore`` (0.0), ``hi_arm_hiscore`` (1.0), ``hi_arm_hiscore_prob`` (0.25).
+    - ``shared_transitions`` (False): ignore the ``transition_seed`` reset option, so envs reset with the same seed
+      share the risky arm's reward draw (before per-instance draws existed this was the only behaviour).
+    - ``expert_policy`` (``"risky"``): the warm-start expert (:meth:`expert_turn`). ``"risky"`` always pulls the
+      risky arm (a warm start then teaches the answer, success equals the format-valid rate); ``"balanced"`` pulls
+      each arm about half the time (a coin drawn from the seed, independent of the arm order) with reasoning that
+      does not say which arm is risky, so a warm-started model is format-valid but chooses the higher-mean arm about
+      half the time and RL has a choice to learn (``configs/bandit_policy.yaml``).
     - ``render_mode``: ``None`` or ``"ansi"``.
 
-    Envs reset with the same seed are identical: same names, same order and the same reward draw.
+    ## Randomness
+    The reset seed decides the arms (name pair and order) and the balanced expert's coin: envs reset with the same
+    seed show the same prompt. The risky arm's reward is a transition draw: from the stream seeded by
+    ``reset(options={"transition_seed": t})`` (``transition_seeded = True``; the trainer gives every member of a
+    group its own ``t``, so members draw independently, as in RAGEN), else from ``np_random`` (same seed => same
+    draw). Same seed and same ``t`` => identical episodes.
     """
+
+    transition_seeded = True
 
     def __init__(
         self,
@@ -102,6 +119,8 @@ class BanditEnv(TextEnv):
         hi_arm_loscore: float = 0.0,
         hi_arm_hiscore: float = 1.0,
         hi_arm_hiscore_prob: float = 0.25,
+        shared_transitions: bool = False,
+        expert_policy: str = "risky",
         render_mode: str | None = None,
     ):
         super().__init__(render_mode=render_mode)
@@ -116,7 +135,12 @@ class BanditEnv(TextEnv):
         ):
             if not np.isfinite(value):
                 raise ValueError(f"{name} must be a finite number, got {value}")
+        if expert_policy not in EXPERT_POLICIES:
+            raise ValueError(f"expert_policy must be one of {EXPERT_POLICIES}, got {expert_policy!r}")
         self.split = split
+        self.shared_transitions = bool(shared_transitions)
+        self.expert_policy = expert_policy
+        self._expert_risky = True
         self.arm_pairs = ARM_PAIRS[split]
         self.lo_arm_score = float(lo_arm_score)
         self.hi_arm_loscore = float(hi_arm_loscore)
@@ -137,13 +161,15 @@ class BanditEnv(TextEnv):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
-        if options:
-            raise ValueError(f"BanditEnv.reset takes no options, got {sorted(options)}")
+        self._seed_transitions(self._reset_options(options, (TRANSITION_SEED,)))
         self.lo_arm_name, self.hi_arm_name = self.arm_pairs[int(self.np_random.integers(len(self.arm_pairs)))]
         if self.np_random.random() < 0.5:
             self.action_names = (self.lo_arm_name, self.hi_arm_name)
         else:
             self.action_names = (self.hi_arm_name, self.lo_arm_name)
+        if self.expert_policy == "balanced":
+            # a child stream of the reset seed: the coin does not move np_random (nor the shared reward draw)
+            self._expert_risky = bool(self.np_random.spawn(1)[0].random() < 0.5)
         self._prompt = PROMPT_TEMPLATE.format(name_a=self.action_names[0], name_b=self.action_names[1])
         self._obs = self._prompt
         self._done = False
@@ -162,7 +188,7 @@ class BanditEnv(TextEnv):
         name = self.action_names[arm]
         if name == self.lo_arm_name:
             reward = self.lo_arm_score
-        elif self.np_random.random() < self.hi_arm_hiscore_prob:
+        elif self.transition_rng.random() < self.hi_arm_hiscore_prob:
             reward = self.hi_arm_hiscore
         else:
             reward = self.hi_arm_loscore
@@ -179,9 +205,21 @@ class BanditEnv(TextEnv):
     warm_start_steps = 500
 
     def expert_turn(self, max_actions: int) -> tuple[str, tuple[str, ...]]:
-        """The warm start's expert: the risky arm (the higher expected reward), ``hi_arm_name``. The reasoning names
-        no arm: the tiny model learns to copy a multi-token arm name slowly, and with one name to copy instead of two
-        it answered in format 0.64 vs 0.39 of the time after 300 steps."""
+        """The warm start's expert, by ``expert_policy``.
+
+        ``"risky"``: the risky arm (the higher expected reward), ``hi_arm_name``. The reasoning names no arm: the
+        tiny model learns to copy a multi-token arm name slowly, and with one name to copy instead of two it
+        answered in format 0.64 vs 0.39 of the time after 300 steps.
+
+        ``"balanced"``: the risky arm or the safe one on a fair coin drawn from the reset seed (independent of which
+        arm is listed first), with one reasoning sentence for both, so nothing in a demonstration tells the arms
+        apart. Measured on the tiny model (256 held-out episodes, temperature 1): 1000 warm-start steps give
+        format-valid 0.70 and success 0.18, i.e. the valid answers favour the safe arm (~3:1), whose names are
+        shorter to copy; the demonstrations themselves are 50/50."""
+        if self.expert_policy == "balanced":
+            return "I cannot tell which arm pays more, so I try one", (
+                self.hi_arm_name if self._expert_risky else self.lo_arm_name,
+            )
         return "the riskier arm pays more on average", (self.hi_arm_name,)
 
     def _render_text(self) -> str:

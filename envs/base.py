@@ -21,6 +21,9 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+# The reset option of envs with ``transition_seeded = True`` (see :class:`TextEnv`).
+TRANSITION_SEED = "transition_seed"
+
 # Printable ASCII (letters, digits, punctuation, space, \t \n \r \x0b \x0c); envs add their own non-ASCII symbols.
 PRINTABLE = string.printable
 
@@ -96,11 +99,22 @@ class TextEnv(gym.Env[str, Any]):
       it has no expert, and a warm start on it fails at configuration time naming the class.
     * ``warm_start_steps``: optimizer steps of a warm start that names none (default 150; raise it for an env
       whose answer format a small model learns slowly).
+
+    Initial state per group, transitions per instance: a trainer resets every member of a group with the same seed
+    (same initial state). An env with random transitions (Bandit's reward draw, FrozenLake's slips) sets the class
+    attribute ``transition_seeded = True`` and accepts the reset option ``options={"transition_seed": int}``: its
+    transitions then draw from a stream seeded by that int (:meth:`_seed_transitions`), so members given different
+    transition seeds see independent draws (RAGEN's behaviour: each instance has its own random stream) while
+    sharing the initial state. Without the option, or when constructed with ``shared_transitions=True`` (the option
+    is then ignored), transitions continue ``np_random`` after the reset draws, so every env reset with the same
+    seed draws the same transitions. The same seed and transition seed always give the same episode.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
     action_names: tuple[str, ...] = ()
     warm_start_steps: int = 150
+    transition_seeded: bool = False  # True: reset accepts options={"transition_seed": int} (see above)
+    shared_transitions: bool = True  # envs with transition_seeded take it as a constructor keyword (default False)
 
     def __init__(self, render_mode: str | None = None):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -115,6 +129,25 @@ class TextEnv(gym.Env[str, Any]):
             names = ", ".join(repr(a) for a in allowed)
             raise ValueError(f"{type(self).__name__}.reset: unknown options {sorted(unknown)}; allowed: {names}")
         return options
+
+    @property
+    def transition_rng(self) -> np.random.Generator:
+        """The stream of transition randomness: the one :meth:`_seed_transitions` chose at reset, else
+        ``np_random``."""
+        rng = getattr(self, "_transition_rng", None)
+        return self.np_random if rng is None else rng
+
+    def _seed_transitions(self, options: dict[str, Any]) -> None:
+        """Choose :attr:`transition_rng` after ``super().reset(seed=...)``: a fresh generator seeded by
+        ``options["transition_seed"]``, or ``np_random`` itself when the option is absent or ``shared_transitions``
+        is set (the group-shared behaviour)."""
+        seed = options.get(TRANSITION_SEED)
+        self._transition_rng = None
+        if seed is None or self.shared_transitions:
+            return
+        if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"{type(self).__name__}.reset: transition_seed must be an int >= 0, got {seed!r}")
+        self._transition_rng = np.random.Generator(np.random.PCG64(int(seed)))
 
     def prompt_spec(self) -> PromptSpec:  # pragma: no cover - every env overrides it
         raise NotImplementedError

@@ -19,7 +19,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.utils import seeding
 
-from envs.base import PromptSpec, TextEnv, as_action, going, relation, text_space
+from envs.base import TRANSITION_SEED, PromptSpec, TextEnv, as_action, going, relation, text_space
 
 ACTION_NAMES = ("Up", "Down", "Left", "Right")
 DELTAS = ((-1, 0), (1, 0), (0, -1), (0, 1))
@@ -131,10 +131,19 @@ class FrozenLakeEnv(TextEnv):
     * ``map_seed=None``: when set, one map drawn from this seed is used for every episode.
     * ``desc=None``: an explicit map (rows of ``S``, ``F``, ``H``, ``G``; one ``S`` and one ``G``), e.g.
       ``["SFFF", "FHFH", "FFFH", "HFFG"]``; it wins over ``size``/``p``/``map_seed``.
+    * ``shared_transitions=False``: ignore the ``transition_seed`` reset option, so envs reset with the same seed
+      slip identically under identical actions (RAGEN's group behaviour, SPEC 1.2).
     * ``render_mode=None``: ``"ansi"`` makes ``render()`` return the observation text.
+
+    ## Randomness
+    The reset seed decides the map (group invariant: same seed, same map and start). The slips are transition
+    draws: from the stream seeded by ``reset(options={"transition_seed": t})`` (``transition_seeded = True``; the
+    trainer gives every member of a group its own ``t``, so members slip independently), else from ``np_random``
+    (same seed and actions => same slips). Same seed and same ``t`` => identical episodes.
     """
 
     action_names = ACTION_NAMES
+    transition_seeded = True
 
     def __init__(
         self,
@@ -144,6 +153,7 @@ class FrozenLakeEnv(TextEnv):
         observation_format: str = "grid",
         map_seed: int | None = None,
         desc: Sequence[str] | None = None,
+        shared_transitions: bool = False,
         render_mode: str | None = None,
     ):
         super().__init__(render_mode=render_mode)
@@ -157,6 +167,7 @@ class FrozenLakeEnv(TextEnv):
             raise ValueError(f"observation_format must be one of {OBSERVATION_FORMATS}, got {observation_format!r}")
         self.size, self.p, self.success_rate = int(size), float(p), float(success_rate)
         self.observation_format = observation_format
+        self.shared_transitions = bool(shared_transitions)
         self.map_seed = map_seed
         self._fixed_desc: list[str] | None = None
         if desc is not None:
@@ -170,7 +181,7 @@ class FrozenLakeEnv(TextEnv):
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
-        self._reset_options(options, ())
+        self._seed_transitions(self._reset_options(options, (TRANSITION_SEED,)))
         self._load(self._fixed_desc or generate_random_map(self.size, self.p, self.np_random))
         return self._render_text(), self._info(False, True)
 
@@ -180,7 +191,7 @@ class FrozenLakeEnv(TextEnv):
             return self._render_text(), 0.0, self._terminated, False, self._info(False, a is not None)
         direction = a
         if self.success_rate < 1.0:
-            u = float(self.np_random.random())
+            u = float(self.transition_rng.random())
             if u >= self.success_rate:
                 half = (1.0 - self.success_rate) / 2.0
                 direction = PERPENDICULAR[a][0 if u < self.success_rate + half else 1]

@@ -1,9 +1,19 @@
 """Sokoban as an exact Gymnasium text env (RAGEN's ``sokoban`` env type and its tags).
 
-Rules, rewards and renderings follow RAGEN (SPEC 1.1). The level generator is this package's own
-(:mod:`envs._sokoban_gen`): a breadth-first backward search from the solved room gives every reachable start state
-its exact shortest solution length, so every level is solvable, its difficulty is known (``info["optimal_steps"]``)
-and generation does not depend on Python's ``random``, the global NumPy state or string hashing.
+Rules, rewards and renderings follow RAGEN (SPEC 1.1). Two level generators (:mod:`envs._sokoban_gen`), both seeded
+from ``np_random`` only (never Python's ``random``, the global NumPy state or string hashing), both always solvable:
+
+* ``generator="ragen"`` (the presets named after RAGEN's tags): RAGEN's own procedure on bitmask boards: random-walk
+  room, player then targets on random floor cells, depth-first reverse play with pulls up to ``search_depth``
+  keeping the first state with the highest ``box_swaps x sum of Manhattan distances``, then a short random player
+  walk. Same level distribution as RAGEN: on 300 seeds the shortest solution averages 4.0 steps (1-12) at 6x6 with
+  one box and 5.7 (2-11) at 8x8 with two boxes and search depth 10 (``python benchmarks/envs.py --histogram``).
+* ``generator="uniform_depth"`` (the default of ``ragen/Sokoban-v0``): a breadth-first backward search from the
+  solved room gives every reachable start state its exact shortest solution length and the start is drawn uniformly
+  among those needing ``min_solution_steps..search_depth`` steps: harder levels (mean 5.0 steps, 2-16, at 6x6 with
+  one box; 8.0, 3-10, at 8x8 with two boxes and search depth 10).
+
+Either way ``info["optimal_steps"]`` gives the level's shortest solution length.
 
 Departures from RAGEN (all deliberate):
 
@@ -13,9 +23,9 @@ Departures from RAGEN (all deliberate):
   shown) gets no legend and no mention of a symbol grid;
 * ``num_boxes`` defaults to 1 (RAGEN's dataclass default is 3; every RAGEN tag sets 1 or 2);
 * the episode limit is a truncation, not a termination (Gymnasium semantics);
-* levels are drawn uniformly among the start states whose shortest solution has between ``min_solution_steps`` and
-  ``search_depth`` steps, with no box on a target (RAGEN keeps the state of its depth-first reverse play that
-  displaced the boxes most).
+* with ``generator="uniform_depth"`` levels are drawn uniformly among the start states whose shortest solution has
+  between ``min_solution_steps`` and ``search_depth`` steps, with no box on a target (RAGEN keeps the state of its
+  depth-first reverse play that displaced the boxes most, as ``generator="ragen"`` does).
 """
 
 from __future__ import annotations
@@ -72,14 +82,22 @@ DEFAULTS: dict[str, Any] = {
     "search_depth": 300,
     "min_solution_steps": 2,
     "search_budget": 10_000,
+    "generator": "uniform_depth",
 }
+GENERATORS = ("ragen", "uniform_depth")
 
-# RAGEN's Sokoban tags (config/envs.yaml); search_depth as in RAGEN (300 by default, 10 and 30 where it sets one).
+# RAGEN's Sokoban tags (config/envs.yaml) with RAGEN's generator; search_depth as in RAGEN (300 by default, 10 and 30
+# where it sets one).
 PRESETS: dict[str, dict[str, Any]] = {
-    "SimpleSokoban": {"dim_room": (6, 6), "num_boxes": 1, "max_steps": 100, "observation_format": "grid"},
-    "LargerSokoban": {"dim_room": (8, 8), "num_boxes": 2, "max_steps": 100, "search_depth": 10},
-    "CoordSokoban": {"dim_room": (6, 6), "num_boxes": 1, "max_steps": 100, "observation_format": "grid_coord"},
+    "SimpleSokoban": {
+        "dim_room": (6, 6), "num_boxes": 1, "max_steps": 100, "observation_format": "grid", "generator": "ragen",
+    },
+    "LargerSokoban": {"dim_room": (8, 8), "num_boxes": 2, "max_steps": 100, "search_depth": 10, "generator": "ragen"},
+    "CoordSokoban": {
+        "dim_room": (6, 6), "num_boxes": 1, "max_steps": 100, "observation_format": "grid_coord", "generator": "ragen",
+    },
     "SokobanDifferentGridVocab": {
+        "generator": "ragen",
         "dim_room": (6, 6),
         "num_boxes": 1,
         "max_steps": 100,
@@ -167,9 +185,11 @@ class SokobanEnv(TextEnv):
     A room of walls and floor with some targets, as many boxes and one player. The player walks one cell per action
     and pushes a box by walking into it when the cell behind the box is free (floor or target, no box). Boxes cannot
     be pulled or pushed two at a time. Levels are generated from the seed (see :mod:`envs._sokoban_gen`): a random
-    room, random targets, then a backward breadth-first search from the solved room gives every start state its
-    exact shortest solution length; the start state is drawn uniformly among those needing
-    ``min_solution_steps..search_depth`` steps with no box on a target. Every level is solvable.
+    room and random targets, then, by ``generator``: ``"ragen"``, RAGEN's reverse play (pull boxes off the targets
+    depth-first, keep the state that displaced them most, walk the player a few random steps); ``"uniform_depth"``,
+    a backward breadth-first search from the solved room gives every start state its exact shortest solution length
+    and the start is drawn uniformly among those needing ``min_solution_steps..search_depth`` steps with no box on a
+    target (harder levels). Every level is solvable.
     A hand-built board can be loaded with ``reset(options={"board": ...})`` (see :func:`parse_board`).
 
     ## Action Space
@@ -210,10 +230,13 @@ class SokobanEnv(TextEnv):
     * ``grid_lookup=None``: cell code -> symbol (codes 0..6 above), default ``{0:"#",1:"_",2:"O",3:"√",4:"X",
       5:"P",6:"S"}``; single characters, all different.
     * ``grid_vocab=None``: symbol -> meaning for the prompt legend; missing symbols get the code's meaning.
-    * ``search_depth=300``: longest shortest-solution (in steps) a generated level may have (RAGEN's knob of the same
-      name bounds its reverse play the same way).
-    * ``min_solution_steps=2``: shortest shortest-solution a generated level may have.
-    * ``search_budget=10000``: states the backward search may find per room (bounds generation time of big rooms).
+    * ``generator="uniform_depth"`` (``"ragen"`` in every preset): the level generator, see the description.
+    * ``search_depth=300``: bound of the reverse play: ``"ragen"``, RAGEN's ``ttl`` (pull sequences of at most
+      ``search_depth - 2`` moves); ``"uniform_depth"``, the longest shortest-solution (in steps) a level may have.
+    * ``min_solution_steps=2``: shortest shortest-solution a generated level may have (``"uniform_depth"`` only;
+      RAGEN's generator has no such floor and yields 1-step levels ~10 % of the time at 6x6).
+    * ``search_budget=10000``: states the backward search may find per room (``"uniform_depth"`` only: bounds
+      generation time of big rooms; ``"ragen"`` caps its reverse play at RAGEN's 300000 explored states).
     * ``preset=None``: one of ``PRESETS`` (SimpleSokoban, LargerSokoban, CoordSokoban, SokobanDifferentGridVocab).
     * ``render_mode=None``: ``"ansi"`` makes ``render()`` return the observation text.
     """
@@ -231,6 +254,7 @@ class SokobanEnv(TextEnv):
         search_depth: int | None = None,
         min_solution_steps: int | None = None,
         search_budget: int | None = None,
+        generator: str | None = None,
         preset: str | None = None,
         render_mode: str | None = None,
     ):
@@ -250,6 +274,7 @@ class SokobanEnv(TextEnv):
             "search_depth": search_depth,
             "min_solution_steps": min_solution_steps,
             "search_budget": search_budget,
+            "generator": generator,
         }
         cfg.update({k: v for k, v in explicit.items() if v is not None})
         self.preset = preset
@@ -278,6 +303,9 @@ class SokobanEnv(TextEnv):
                 f"min_solution_steps={self.min_solution_steps} must be <= search_depth={self.search_depth}"
             )
         self.search_budget = _positive_int("search_budget", cfg["search_budget"])
+        if cfg["generator"] not in GENERATORS:
+            raise ValueError(f"generator must be one of {GENERATORS}, got {cfg['generator']!r}")
+        self.generator = cfg["generator"]
 
         lookup = dict(cfg["grid_lookup"] or DEFAULT_GRID_LOOKUP)
         if all(isinstance(k, str) and k.isdigit() for k in lookup):  # e.g. keys read from JSON
@@ -307,16 +335,27 @@ class SokobanEnv(TextEnv):
             self._set_board(*parse_board(board, self.grid_lookup), optimal_steps=None)
         else:
             rng = self.np_random
-            level = gen.generate_level(
-                lambda n: rng.random(n).tolist(),
-                self.dim_room[0],
-                self.dim_room[1],
-                self.num_boxes,
-                self.min_solution_steps,
-                self.search_depth,
-                self.search_budget,
-                _MAX_GENERATION_TRIES,
-            )
+            if self.generator == "ragen":
+                level = gen.generate_level_ragen(
+                    lambda n: rng.random(n).tolist(),
+                    self.dim_room[0],
+                    self.dim_room[1],
+                    self.num_boxes,
+                    self.search_depth,
+                    gen.RAGEN_MAX_STATES,
+                    _MAX_GENERATION_TRIES,
+                )
+            else:
+                level = gen.generate_level(
+                    lambda n: rng.random(n).tolist(),
+                    self.dim_room[0],
+                    self.dim_room[1],
+                    self.num_boxes,
+                    self.min_solution_steps,
+                    self.search_depth,
+                    self.search_budget,
+                    _MAX_GENERATION_TRIES,
+                )
             self._set_board(
                 level.rows, level.cols, level.floor, level.targets, level.boxes, level.player,
                 optimal_steps=level.optimal_steps,

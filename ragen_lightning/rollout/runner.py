@@ -2,6 +2,9 @@
 
 ``num_groups x group_size`` envs run in lock-step; every member of a group is reset with the group's seed, so a group
 is ``group_size`` samples of the same initial state (what GRPO baselines and the reward-variance filter compare).
+Envs that declare ``transition_seeded = True`` (random transitions: Bandit's reward draw, FrozenLake's slips) also
+get ``options={"transition_seed": transition_seed(group seed, member)}``, so each member draws its own transitions
+(RAGEN's per-instance randomness) while sharing the initial state; the env's ``shared_transitions`` kwarg opts out.
 Each turn, every live episode gets one generation request; actions are executed up to the episode's remaining
 action budget, stopping when the env ends the episode.
 
@@ -52,6 +55,12 @@ def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None) -> gym.Env:
 def request_seed(base: int, env_index: int, turn: int) -> int:
     """A generation seed for (rollout, env, turn), independent of batch composition."""
     return int(np.random.SeedSequence([base % 2**63, env_index, turn]).generate_state(1, dtype=np.uint64)[0])
+
+
+def transition_seed(group_seed: int, member: int) -> int:
+    """The transition seed of member ``member`` of the group reset with ``group_seed`` (reproducible, and independent
+    of batch composition and data-parallel rank)."""
+    return int(np.random.SeedSequence([group_seed % 2**63, member, 0x7EED]).generate_state(1, dtype=np.uint64)[0])
 
 
 @dataclass
@@ -124,7 +133,7 @@ class RolloutRunner:
     # -- rollout ----------------------------------------------------------------------------------------------
     def first_prompt_length(self, seed: int) -> int:
         """Tokens of the first prompt of an episode reset with ``seed`` (to check the context budget up front)."""
-        ep = self._reset(0, 0, seed)
+        ep = self._reset(0, 0, seed, member=0)
         user = self._user_message(ep, 1, self.max_response_tokens or self.episode.max_new_tokens)
         return len(self.chat.start(ep.system, user))
 
@@ -147,7 +156,8 @@ class RolloutRunner:
         clear_cache = getattr(self.engine, "clear_cache", lambda: None)
         clear_cache()
         t0 = time.perf_counter()
-        episodes = [self._reset((first_group + g) * group_size + m, first_group + g, int(s), slot=g * group_size + m)
+        episodes = [self._reset((first_group + g) * group_size + m, first_group + g, int(s), member=m,
+                                slot=g * group_size + m)
                     for g, s in enumerate(group_seeds) for m in range(group_size)]
         self.timing["env"] += time.perf_counter() - t0
         announce = self.max_response_tokens or params.max_new_tokens
@@ -189,9 +199,11 @@ class RolloutRunner:
         clear_cache()
         return [ep.traj for ep in episodes]
 
-    def _reset(self, env_index: int, group_id: int, seed: int, slot: int | None = None) -> _Episode:
+    def _reset(self, env_index: int, group_id: int, seed: int, member: int, slot: int | None = None) -> _Episode:
         env = self._env(env_index if slot is None else slot)
-        obs, info = env.reset(seed=seed)
+        options = ({"transition_seed": transition_seed(seed, member)}
+                   if getattr(env.unwrapped, "transition_seeded", False) else None)
+        obs, info = env.reset(seed=seed, options=options)
         spec = env.unwrapped.prompt_spec()
         system = prompting.system_prompt(spec, self.episode.max_actions_per_episode)
         traj = Trajectory(env_index=env_index, group_id=group_id, seed=seed)

@@ -135,3 +135,71 @@ def test_registered_ids():
 def test_constructor_errors_name_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=name):
         BanditEnv(**kwargs)
+
+
+def _risky_rewards(seeds, transition_seeds, **kwargs):
+    """Arms and the risky arm's reward for each (seed, transition seed); transition seed None passes no option."""
+    env = BanditEnv(**kwargs)
+    out = []
+    for seed, t in zip(seeds, transition_seeds):
+        env.reset(seed=seed, options=None if t is None else {"transition_seed": t})
+        arms = env.action_names
+        out.append((arms, env.step(_hi_index(env))[1]))
+    return out
+
+
+def test_group_members_draw_rewards_independently_by_default():
+    # two members of a group: same seed (same arms), their own transition seeds (own reward draws)
+    seeds = range(200)
+    a = _risky_rewards(seeds, [2 * s for s in seeds])
+    b = _risky_rewards(seeds, [2 * s + 1 for s in seeds])
+    assert [arms for arms, _ in a] == [arms for arms, _ in b]
+    differ = sum(ra != rb for (_, ra), (_, rb) in zip(a, b))
+    assert 40 < differ < 110  # P(differ) = 2 * 0.25 * 0.75 = 0.375 -> ~75 of 200
+    assert a == _risky_rewards(seeds, [2 * s for s in seeds])  # same seed + same transition seed: same episode
+    assert BanditEnv.transition_seeded and not BanditEnv().shared_transitions
+
+
+def test_shared_transitions_ignores_the_transition_seed():
+    seeds = range(200)
+    a = _risky_rewards(seeds, [2 * s for s in seeds], shared_transitions=True)
+    b = _risky_rewards(seeds, [2 * s + 1 for s in seeds], shared_transitions=True)
+    assert a == b == _risky_rewards(seeds, [None] * 200)  # = no option: the draw continues np_random
+    assert 20 < sum(r == 1.0 for _, r in a) < 80  # still Bernoulli(0.25) across seeds
+
+
+def test_transition_seed_must_be_a_non_negative_int():
+    env = BanditEnv()
+    for bad in (-1, 1.5, True, "3"):
+        with pytest.raises(ValueError, match="transition_seed"):
+            env.reset(seed=0, options={"transition_seed": bad})
+    with pytest.raises(ValueError, match="unknown options"):
+        env.reset(seed=0, options={"board": 1})
+
+
+def test_risky_expert_always_pulls_the_risky_arm():
+    env = BanditEnv()
+    for seed in range(20):
+        env.reset(seed=seed)
+        assert env.expert_turn(1)[1] == (env.hi_arm_name,)
+
+
+def test_balanced_expert_pulls_each_arm_half_the_time_without_telling_them_apart():
+    env = BanditEnv(expert_policy="balanced")
+    picks = []
+    for seed in range(1000):
+        env.reset(seed=seed)
+        reasoning, (arm,) = env.expert_turn(1)
+        assert arm in env.action_names and env.hi_arm_name not in reasoning and env.lo_arm_name not in reasoning
+        picks.append((reasoning, arm == env.hi_arm_name, env.action_names.index(arm)))
+    assert len({r for r, _, _ in picks}) == 1  # one sentence for both arms
+    assert 450 < sum(risky for _, risky, _ in picks) < 550
+    assert 450 < sum(index for _, _, index in picks) < 550  # no position bias either
+    again = BanditEnv(expert_policy="balanced")
+    for seed in range(50):  # deterministic given the seed
+        again.reset(seed=seed)
+        assert (again.expert_turn(1)[1][0] == again.hi_arm_name) == picks[seed][1]
+    # the coin does not move np_random: prompts and shared reward draws equal the risky expert's env
+    assert _risky_rewards(range(50), [None] * 50, expert_policy="balanced") == _risky_rewards(range(50), [None] * 50)
+    with pytest.raises(ValueError, match="expert_policy"):
+        BanditEnv(expert_policy="greedy")

@@ -311,3 +311,25 @@ def test_discounted_value_iteration_matches_monte_carlo():
     # and the undiscounted success probability is at least as high
     assert env.optimal_policy()[1][0, 0] >= target
 
+
+
+def _directions(seed, transition_seed, actions, **kwargs):
+    env = FrozenLakeEnv(desc=["FFFFF", "FFFFF", "FFSFF", "FFFFF", "FFFFG"], success_rate=0.5, **kwargs)
+    obs, _ = env.reset(seed=seed, options=None if transition_seed is None else {"transition_seed": transition_seed})
+    return obs, [env.step(a)[4]["direction"] for a in actions]
+
+
+def test_group_members_slip_independently_by_default():
+    actions = [0, 1] * 2  # Up, Down: stays on the board whatever slips
+    pairs = [(_directions(s, 2 * s, actions), _directions(s, 2 * s + 1, actions)) for s in range(100)]
+    assert all(a[0] == b[0] for a, b in pairs)  # same initial state
+    assert sum(a[1] != b[1] for a, b in pairs) > 80  # 4 moves at success rate 0.5: P(same) is small
+    assert _directions(3, 7, actions) == _directions(3, 7, actions)  # same seed + transition seed: same slips
+    assert FrozenLakeEnv.transition_seeded and not FrozenLakeEnv().shared_transitions
+
+
+def test_shared_transitions_slip_together():
+    actions = [0, 1] * 2
+    for s in range(50):
+        a = _directions(s, 2 * s, actions, shared_transitions=True)
+        assert a == _directions(s, 2 * s + 1, actions, shared_transitions=True) == _directions(s, None, actions)

@@ -250,17 +250,43 @@ def test_bad_boards_and_options():
 # ---------------------------------------------------------------------------------------------------- generator
 
 
+# RAGEN's generator, seed 0: by hand, box (2,3) goes Left then Down to the target (3,2): walk Right, Right, Down
+# (3), push Left (4), walk Up, Left (6), push Down (7); pushing Down first jams the box into the wall at (3,3)
+GOLDEN_RAGEN_SEED_0 = "######\n#_P__#\n#__X_#\n#_O###\n#___##\n######"
+GOLDEN_RAGEN_STEPS = 7
+
+
 def test_golden_level_seed_0():
-    # pins the generator: same package version + seed => same level on every machine
-    obs, info = gym.make("ragen/SimpleSokoban-v0").unwrapped.reset(seed=0)
+    # pins the generators: same package version + seed => same level on every machine
+    obs, info = gym.make("ragen/Sokoban-v0").unwrapped.reset(seed=0)  # generator="uniform_depth"
     assert obs == "######\n#___##\n#_O_##\n#__X_#\n#__P_#\n######"
     # by hand: Right, Up, Left (box to (3,2)), Down, Left, Up (box to (2,2)) = 6 steps
     assert info["optimal_steps"] == 6
+    obs, info = gym.make("ragen/SimpleSokoban-v0").unwrapped.reset(seed=0)  # generator="ragen"
+    assert obs == GOLDEN_RAGEN_SEED_0
+    assert info["optimal_steps"] == GOLDEN_RAGEN_STEPS
 
 
-@pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_generated_levels_are_well_formed(preset):
-    env = SokobanEnv(preset=preset)
+def test_ragen_generator_matches_ragens_difficulty():
+    # RAGEN's generator on 300 seeds (SPEC 1.1): mean shortest solution 4.0 (1-11) at 6x6/1 box, 5.8 at 8x8/2 boxes;
+    # the uniform-depth generator is harder (5.1 and 8.0)
+    def lengths(**kw):
+        env = SokobanEnv(**kw)
+        return np.array([env.reset(seed=s)[1]["optimal_steps"] for s in range(300)])
+
+    simple = lengths(preset="SimpleSokoban")
+    assert 3.7 < simple.mean() < 4.3 and simple.min() == 1 and 10 <= simple.max() <= 13
+    assert 5.4 < lengths(preset="LargerSokoban").mean() < 6.1
+    assert lengths(preset="SimpleSokoban", generator="uniform_depth").mean() > 4.8
+    assert SokobanEnv().generator == "uniform_depth" and all(p["generator"] == "ragen" for p in PRESETS.values())
+    with pytest.raises(ValueError, match="generator"):
+        SokobanEnv(generator="bfs")
+
+
+@pytest.mark.parametrize(("preset", "generator"), [(p, None) for p in sorted(PRESETS)] + [
+    ("SimpleSokoban", "uniform_depth"), ("LargerSokoban", "uniform_depth")])
+def test_generated_levels_are_well_formed(preset, generator):
+    env = SokobanEnv(preset=preset, generator=generator)
     rows, cols = env.dim_room
     steps = set()
     for seed in range(100):
@@ -271,7 +297,10 @@ def test_generated_levels_are_well_formed(preset):
         assert (border == 0).all()
         assert (state == 3).sum() == 0 and (state == 4).sum() == env.num_boxes  # no box starts on a target
         assert (env.room_fixed == 2).sum() == env.num_boxes and (state == 5).sum() == 1
-        assert env.min_solution_steps <= info["optimal_steps"] <= env.search_depth
+        if env.generator == "uniform_depth":
+            assert env.min_solution_steps <= info["optimal_steps"] <= env.search_depth
+        else:  # pulls of at most search_depth - 2 moves, then at most 3 walking steps
+            assert 1 <= info["optimal_steps"] <= env.search_depth + 1
         assert info == {
             "success": False,
             "action_is_effective": False,
@@ -312,9 +341,10 @@ def test_generation_does_not_depend_on_pythonhashseed():
 # ---------------------------------------------------------------------------------------------------- solver
 
 
-@pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_solver_plans_solve_200_levels_in_exactly_optimal_steps(preset):
-    env = SokobanEnv(preset=preset)
+@pytest.mark.parametrize(("preset", "generator"), [(p, None) for p in sorted(PRESETS)] + [
+    ("SimpleSokoban", "uniform_depth"), ("LargerSokoban", "uniform_depth")])
+def test_solver_plans_solve_200_levels_in_exactly_optimal_steps(preset, generator):
+    env = SokobanEnv(preset=preset, generator=generator)
     for seed in range(200):
         _, info = env.reset(seed=seed)
         plan = env.solve()

@@ -10,7 +10,7 @@ from gymnasium import spaces
 
 from ragen_lightning.rollout import prompting
 from ragen_lightning.rollout.engine import Generation, SamplingParams
-from ragen_lightning.rollout.runner import RolloutRunner, request_seed
+from ragen_lightning.rollout.runner import RolloutRunner, request_seed, transition_seed
 from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.rollout.tokens import ChatTokens
 
@@ -183,3 +183,37 @@ def test_request_seeds_are_deterministic_and_distinct(tiny_tokenizer):
 def test_unknown_env_id_is_a_clear_error(tiny_tokenizer):
     with pytest.raises(ValueError, match="unknown env id 'nope/Nothing-v0'"):
         RolloutRunner("nope/Nothing-v0", None, ChatTokens(tiny_tokenizer), None)
+
+
+class SeededLineEnv(LineEnv):
+    """LineEnv that declares ``transition_seeded`` and records the reset options it got."""
+
+    transition_seeded = True
+
+    def reset(self, *, seed=None, options=None):
+        self.options = options
+        return super().reset(seed=seed)
+
+
+class UnseededLineEnv(SeededLineEnv):
+    transition_seeded = False
+
+
+for _id, _entry in (("test/SeededLine-v0", SeededLineEnv), ("test/UnseededLine-v0", UnseededLineEnv)):
+    if _id not in gym.registry:
+        gym.register(_id, entry_point=_entry)
+
+
+def test_transition_seeds_only_for_envs_that_declare_them(tiny_tokenizer):
+    # members of a group share the reset seed; a transition_seeded env also gets its own, reproducible transition seed
+    engine = ScriptedEngine(tiny_tokenizer, lambda _: "<think>go</think><answer>Right</answer>")
+    runner = RolloutRunner("test/SeededLine-v0", None, ChatTokens(tiny_tokenizer), engine, EpisodeSettings(max_turns=1))
+    runner.run([5, 6], group_size=3, params=PARAMS)
+    options = [env.unwrapped.options for env in runner._envs]
+    assert options == [{"transition_seed": transition_seed(s, m)} for s in (5, 6) for m in range(3)]
+    assert len({o["transition_seed"] for o in options}) == 6  # every member its own stream
+    assert transition_seed(5, 1) == transition_seed(5, 1) != transition_seed(6, 1)
+    plain = RolloutRunner("test/UnseededLine-v0", None, ChatTokens(tiny_tokenizer), engine,
+                          EpisodeSettings(max_turns=1))
+    plain.run([5], group_size=2, params=PARAMS)  # an env that does not declare it gets no options at all
+    assert [env.unwrapped.options for env in plain._envs] == [None, None]

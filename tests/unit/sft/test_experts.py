@@ -24,7 +24,7 @@ from ragen_lightning.sft.experts import (
     render_response,
 )
 
-SOKOBAN_SEEDS = [0, 1, 2, 3, 4, 6, 7]  # shortest solutions of 6, 3, 2, 3, 4, 5, 6 steps: all fit the 10-action budget
+SOKOBAN_SEEDS = [0, 1, 3, 4, 5, 6, 7, 9]  # shortest solutions of 7, 2, 4, 5, 1, 3, 4, 6 steps (seed 2 needs 12): all fit the 10-action budget
 
 
 def _run(env_id, tok, seeds, env_kwargs=None, **episode):
@@ -264,10 +264,10 @@ def test_engine_needs_envs_and_caps_length(tiny_tokenizer):
 
 
 def test_demonstrations_without_think(tiny_tokenizer):
-    (traj,) = _run("ragen/SimpleSokoban-v0", tiny_tokenizer, [2], enable_think=False)
+    (traj,) = _run("ragen/SimpleSokoban-v0", tiny_tokenizer, [3], enable_think=False)
     conv = traj.samples[0].conversation
     assert traj.success
-    assert conv.messages[2]["content"] == "<answer>" + render_response(expert_turn_for_seed(2), False)
+    assert conv.messages[2]["content"] == "<answer>" + render_response(expert_turn_for_seed(3), False)
 
 
 def expert_turn_for_seed(seed):

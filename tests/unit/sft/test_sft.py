@@ -147,10 +147,11 @@ def test_datamodule_errors_name_the_problem(tiny_path):
         DemonstrationDataModule("ragen/NoSuchEnv-v0", model=str(tiny_path))
     with pytest.raises(ValueError, match="num_episodes"):
         DemonstrationDataModule("ragen/Bandit-v0", model=str(tiny_path), num_episodes=0)
-    # a one-action budget never solves a Sokoban level (every level needs >= 2 pushes/moves)
-    dm = DemonstrationDataModule("ragen/SimpleSokoban-v0", model=str(tiny_path), num_episodes=3, val_episodes=0,
+    # a one-action budget never solves a uniform-depth Sokoban level (min_solution_steps=2; RAGEN's generator, the
+    # presets' default, has 1-step levels)
+    dm = DemonstrationDataModule("ragen/Sokoban-v0", model=str(tiny_path), num_episodes=3, val_episodes=0,
                                  episode=EpisodeSettings(max_actions_per_episode=1), only_successful=True)
-    with pytest.raises(ValueError, match="no demonstrations for ragen/SimpleSokoban-v0.*only_successful"):
+    with pytest.raises(ValueError, match="no demonstrations for ragen/Sokoban-v0.*only_successful"):
         dm.setup("fit")
 
 
