@@ -26,6 +26,12 @@ def micro_slices(rows: torch.Tensor, micro_batch_size: int) -> Iterator[torch.Te
         yield rows[start:start + micro_batch_size]
 
 
+def by_length(rows: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """``rows`` longest first (ties in order), so consecutive micro-batches hold rows of similar length and each is
+    trimmed to little padding. Exact: a mini-batch's loss and gradient do not depend on how it is split."""
+    return rows[torch.argsort(lengths[rows], descending=True, stable=True)]
+
+
 def trimmed(attention_mask: torch.Tensor, rows: torch.Tensor) -> int:
     """Length of the longest row among ``rows`` (at least 2, so there is one target)."""
     return max(int(attention_mask[rows].sum(-1).max()), 2)
@@ -67,7 +73,8 @@ def score_batch(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
     B, T = input_ids.shape
     first = torch.zeros((B, T - 1), device=input_ids.device)
     second = torch.zeros((B, T - 1), device=input_ids.device) if with_entropy else None
-    for rows in micro_slices(torch.arange(B, device=input_ids.device), micro_batch_size):
+    for rows in micro_slices(by_length(torch.arange(B, device=input_ids.device), attention_mask.sum(-1)),
+                             micro_batch_size):
         L = trimmed(attention_mask, rows)
         ids, att = input_ids[rows, :L], attention_mask[rows, :L]
         if kind == "actor":

@@ -25,7 +25,7 @@ from ragen_lightning.algos.losses import (
     value_loss,
 )
 from ragen_lightning.parallel import all_reduce_, world
-from ragen_lightning.starpo.scoring import actor_outputs, critic_values
+from ragen_lightning.starpo.scoring import actor_outputs, by_length, critic_values
 from ragen_lightning.starpo.update import LossFn, MicroOutput, StepResult, mini_batches
 from ragen_lightning.types import UpdateBatch
 
@@ -106,9 +106,11 @@ def ppo_update(data: UpdateBatch, actor: nn.Module, critic: nn.Module | None, *,
     horizon = data.loss_mask.shape[1]
     logs: dict[str, list[float]] = {}
     seen = [torch.zeros_like(data.loss_mask, dtype=torch.float32) for _ in range(2)]
+    lengths = data.attention_mask.sum(-1)
     for epoch in range(ppo_epochs):
         for mb, rows in mini_batches(B, mini_batch_size, shuffle=shuffle, epoch=epoch, iteration=iteration,
                                      device=data.input_ids.device):
+            rows = by_length(rows, lengths)
             if critic is not None:
                 norm = agg_normalizer(data.loss_mask[mb], "token-mean")
                 result = step("critic", rows, lambda m, n=norm: critic_micro_loss(

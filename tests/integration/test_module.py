@@ -114,7 +114,9 @@ def test_empty_filter_skips_update_and_stops(tmp_path, tiny_path):
     module.configure_model()
     before = params(module.actor)
     rec = Recorder()
-    dm = data(num_iterations=10, empty_stop_steps=2, filter=FilterConfig(value=0.9, include_zero=False))
+    # shared reward draws: members answering the same arm then score the same (zero variance)
+    dm = data(num_iterations=10, empty_stop_steps=2, filter=FilterConfig(value=0.9, include_zero=False),
+              env_kwargs={"shared_transitions": True})
     with pytest.warns(UserWarning, match="kept no group"):
         t = fit(tmp_path, module, dm, [rec])
     assert not changed(before, module.actor) and t.global_step == 0
@@ -194,7 +196,7 @@ def test_reward_variance_collapse_stops_the_run(tmp_path, tiny_path):
 
     module = M(model=str(tiny_path), adv_estimator="grpo", mini_batch_size=8, micro_batch_size=8,
                early_stop=EarlyStopSettings(rv_collapse_window=1, rv_collapse_ratio=0.1))
-    dm = data(num_iterations=5)
+    dm = data(num_iterations=5, env_kwargs={"shared_transitions": True})  # equal answers, equal rewards
     rec = Recorder()
     with pytest.warns(UserWarning, match="early stop: in-group reward std"):
         fit(tmp_path, module, dm, [rec])

@@ -88,3 +88,11 @@ def test_left_padding_keeps_the_mask(nets):
         ref = torch.log_softmax(actor(input_ids=ids, attention_mask=att).logits[:, :-1], -1)
     real = att[:, 1:].bool() & att[:, :-1].bool()
     torch.testing.assert_close(lp[real], ref.gather(-1, ids[:, 1:, None]).squeeze(-1)[real], atol=1e-6, rtol=0)
+
+
+def test_by_length_orders_rows_longest_first_keeping_ties_in_order():
+    from ragen_lightning.starpo.scoring import by_length
+
+    lengths = torch.tensor([3, 7, 5, 7, 2])
+    assert by_length(torch.tensor([0, 1, 2, 3, 4]), lengths).tolist() == [1, 3, 2, 0, 4]
+    assert by_length(torch.tensor([4, 2, 0]), lengths).tolist() == [2, 0, 4]  # a subset, by its own lengths
