@@ -248,11 +248,11 @@ class StarPOModule(L.LightningModule):
                      and not self._force_scoring_pass)
         old_logprobs = entropy = ref_logprobs = values = None
         if not on_policy:
-            old_logprobs, entropy = self._score(self.actor, ids, att, with_entropy=True)
+            old_logprobs, entropy = self._score(self.actor, ids, att, mask, with_entropy=True)
         if self.reference is not None:
-            ref_logprobs, _ = self._score(self.reference, ids, att)
+            ref_logprobs, _ = self._score(self.reference, ids, att, mask)
         if self.critic is not None:
-            values, _ = self._score(self.critic, ids, att, kind="critic")
+            values, _ = self._score(self.critic, ids, att, mask, kind="critic")
         # 3. advantages
         advantages, returns, adv_logs = starpo_advantages(batch, mask, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs,
                                                           values=values, **{k: hp[k] for k in ADVANTAGE_SETTINGS})
@@ -278,10 +278,11 @@ class StarPOModule(L.LightningModule):
         # 5. log
         return self._log(logs)
 
-    def _score(self, net, ids, att, *, kind: str = "actor", with_entropy: bool = False):
-        hp = self.hparams  # (a critic pass ignores temperature and chunking)
+    def _score(self, net, ids, att, mask, *, kind: str = "actor", with_entropy: bool = False):
+        hp = self.hparams  # (a critic pass ignores temperature, chunking and the mask)
         return score_sharded(net, ids, att, hp.logprob_micro_batch_size or hp.micro_batch_size, kind=kind,
-                             with_entropy=with_entropy, temperature=hp.temperature, chunk_size=hp.logits_chunk_size)
+                             with_entropy=with_entropy, temperature=hp.temperature, chunk_size=hp.logits_chunk_size,
+                             loss_mask=mask)
 
     def _optimizers(self):
         opts = self.optimizers()
@@ -338,8 +339,7 @@ class StarPOModule(L.LightningModule):
         self.early_stops.load_state_dict(state)
 
     def export_actor(self, path: str | Path) -> Path:
-        """Save the actor as a HF folder (:func:`ragen_lightning.starpo.export.export_actor`); under FSDP2 every rank
-        must call it."""
+        """Save the actor as a HF folder (:func:`.export.export_actor`; under FSDP2 every rank calls it)."""
         return export_actor(self.actor, self.tokenizer, path, lora=self._lora, dtype=self.hparams.dtype,
                             base_path=self._actor_path(),
                             rollout_actor=self._rollout_actor[0] if self._rollout_actor else None)

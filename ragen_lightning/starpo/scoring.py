@@ -47,15 +47,35 @@ def causal_only(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     return attention_mask
 
 
+def first_target(loss_mask: torch.Tensor | None) -> int:
+    """The first target column any row of ``loss_mask`` [b, t - 1] trains (0 without a mask; the last column when
+    no row trains anything)."""
+    if loss_mask is None:
+        return 0
+    trained = loss_mask.any(0).nonzero()
+    return int(trained[0]) if len(trained) else max(loss_mask.shape[1] - 1, 0)
+
+
 def actor_outputs(actor: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
-                  with_entropy: bool, temperature: float = 1.0,
-                  chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropies) of ``input_ids[:, 1:]`` under ``actor``: ``[b, t - 1]`` each."""
-    logits = actor(input_ids=input_ids, attention_mask=causal_only(attention_mask)).logits[:, :-1]
+                  with_entropy: bool, temperature: float = 1.0, chunk_size: int | None = None,
+                  skip: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) of ``input_ids[:, 1:]`` under ``actor``: ``[b, t - 1]`` each.
+
+    The first ``skip`` target columns (a prompt no row trains, :func:`first_target`) read 0: the LM head, the
+    log-softmax and the entropy run only on the other positions (``logits_to_keep``), which is exact and saves the
+    vocabulary-sized work on the prompt (half of a multi-turn row's tokens).
+    """
+    length = input_ids.shape[1]
+    skip = min(max(skip, 0), length - 1)
+    logits = actor(input_ids=input_ids, attention_mask=causal_only(attention_mask),
+                   logits_to_keep=length - skip if skip else 0).logits[:, :-1]
     if temperature != 1.0:
         logits = logits / temperature
-    logprobs = logprobs_from_logits(logits, input_ids[:, 1:], chunk_size=chunk_size)
+    logprobs = logprobs_from_logits(logits, input_ids[:, skip + 1:], chunk_size=chunk_size)
     entropy = entropy_from_logits(logits, chunk_size=chunk_size) if with_entropy else None
+    if skip:
+        logprobs = torch.nn.functional.pad(logprobs, (skip, 0))
+        entropy = torch.nn.functional.pad(entropy, (skip, 0)) if entropy is not None else None
     return logprobs, entropy
 
 
@@ -66,10 +86,11 @@ def critic_values(critic: nn.Module, input_ids: torch.Tensor, attention_mask: to
 
 @torch.no_grad()
 def score_batch(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro_batch_size: int, *,
-                kind: str, with_entropy: bool = False, temperature: float = 1.0,
-                chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                kind: str, with_entropy: bool = False, temperature: float = 1.0, chunk_size: int | None = None,
+                loss_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run ``actor`` (``kind="actor"``: log-probs [+ entropy]) or ``critic`` (``kind="critic"``: values) over a
-    whole batch in micro-batches, returning ``[B, T - 1]`` tensors padded with zeros."""
+    whole batch in micro-batches, returning ``[B, T - 1]`` tensors padded with zeros. With ``loss_mask``
+    [B, T - 1] the actor's outputs are computed on trained columns onward only (:func:`actor_outputs` ``skip``)."""
     B, T = input_ids.shape
     first = torch.zeros((B, T - 1), device=input_ids.device)
     second = torch.zeros((B, T - 1), device=input_ids.device) if with_entropy else None
@@ -78,8 +99,9 @@ def score_batch(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
         L = trimmed(attention_mask, rows)
         ids, att = input_ids[rows, :L], attention_mask[rows, :L]
         if kind == "actor":
+            skip = first_target(loss_mask[rows, : L - 1] if loss_mask is not None else None)
             lp, ent = actor_outputs(model, ids, att, with_entropy=with_entropy, temperature=temperature,
-                                    chunk_size=chunk_size)
+                                    chunk_size=chunk_size, skip=skip)
             first[rows, : L - 1] = lp.float()
             if second is not None:
                 second[rows, : L - 1] = ent.float()

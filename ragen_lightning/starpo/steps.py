@@ -25,7 +25,12 @@ from ragen_lightning.algos.losses import (
     value_loss,
 )
 from ragen_lightning.parallel import all_reduce_, world
-from ragen_lightning.starpo.scoring import actor_outputs, by_length, critic_values
+from ragen_lightning.starpo.scoring import (
+    actor_outputs,
+    by_length,
+    critic_values,
+    first_target,
+)
 from ragen_lightning.starpo.update import LossFn, MicroOutput, StepResult, mini_batches
 from ragen_lightning.types import UpdateBatch
 
@@ -64,7 +69,7 @@ def actor_micro_loss(actor: nn.Module, batch: UpdateBatch, settings: PolicyLossS
     record = first_pass and batch.old_logprobs is None
     logprobs, entropy = actor_outputs(actor, batch.input_ids, batch.attention_mask,
                                       with_entropy=s.entropy_coeff != 0 or record, temperature=s.temperature,
-                                      chunk_size=s.logits_chunk_size)
+                                      chunk_size=s.logits_chunk_size, skip=first_target(batch.loss_mask))
     old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
     is_w = tis_weights(old, batch.engine_logprobs, s.tis_cap) if s.tis_cap is not None else None
     loss, metrics = actor_loss(logprobs, old, batch.advantages, batch.loss_mask,

@@ -84,16 +84,18 @@ def mini_batches(n: int, size: int, *, shuffle: bool, epoch: int, iteration: int
     return [(mb, rank_rows(mb, ranks, rank, pad_index=n) if ranks > 1 else mb) for mb in rows.split(size)]
 
 
-def score_sharded(model: torch.nn.Module, ids: torch.Tensor, att: torch.Tensor, micro: int, **kwargs):
+def score_sharded(model: torch.nn.Module, ids: torch.Tensor, att: torch.Tensor, micro: int,
+                  loss_mask: torch.Tensor | None = None, **kwargs):
     """:func:`~ragen_lightning.starpo.scoring.score_batch` over the whole batch; with several ranks each scores its share
     and the zero-filled full tensors are summed across ranks."""
     rank, size = world()
     if size == 1:
-        return score_batch(model, ids, att, micro, **kwargs)
+        return score_batch(model, ids, att, micro, loss_mask=loss_mask, **kwargs)
     B = ids.shape[0]
     rows = rank_rows(torch.arange(B, device=ids.device), size, rank, pad_index=0)
     real = torch.tensor_split(torch.arange(B, device=ids.device), size)[rank].numel()
-    outs = score_batch(model, ids[rows], att[rows], micro, **kwargs)
+    outs = score_batch(model, ids[rows], att[rows], micro, **kwargs,
+                       loss_mask=loss_mask[rows] if loss_mask is not None else None)
     full = []
     for out in outs:
         if out is None:

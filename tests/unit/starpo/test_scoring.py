@@ -96,3 +96,27 @@ def test_by_length_orders_rows_longest_first_keeping_ties_in_order():
     lengths = torch.tensor([3, 7, 5, 7, 2])
     assert by_length(torch.tensor([0, 1, 2, 3, 4]), lengths).tolist() == [1, 3, 2, 0, 4]
     assert by_length(torch.tensor([4, 2, 0]), lengths).tolist() == [2, 0, 4]  # a subset, by its own lengths
+
+
+def test_skipping_untrained_prompt_columns_is_exact(tiny_path):
+    from transformers import AutoModelForCausalLM
+
+    from ragen_lightning.starpo.scoring import actor_outputs, first_target, score_batch
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_path).eval()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, model.config.vocab_size, (3, 20), generator=g)
+    att = torch.ones_like(ids)
+    att[1, 15:] = 0
+    mask = torch.zeros((3, 19), dtype=torch.bool)
+    mask[0, 9:12], mask[1, 7:10], mask[2, 12:] = True, True, True
+    assert first_target(mask) == 7 and first_target(None) == 0 and first_target(torch.zeros(2, 5).bool()) == 4
+    with torch.no_grad():
+        full_lp, full_ent = actor_outputs(model, ids, att, with_entropy=True)
+        lp, ent = actor_outputs(model, ids, att, with_entropy=True, skip=7)
+        scored, scored_ent = score_batch(model, ids, att, 2, kind="actor", with_entropy=True, loss_mask=mask)
+    assert lp.shape == full_lp.shape and (lp[:, :7] == 0).all() and (ent[:, :7] == 0).all()
+    torch.testing.assert_close(lp[:, 7:], full_lp[:, 7:], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent[:, 7:], full_ent[:, 7:], atol=1e-5, rtol=0)
+    torch.testing.assert_close(scored[mask], full_lp[mask], atol=1e-5, rtol=0)  # every trained column is right
+    torch.testing.assert_close(scored_ent[mask], full_ent[mask], atol=1e-5, rtol=0)
