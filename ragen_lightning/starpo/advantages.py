@@ -78,3 +78,19 @@ def starpo_advantages(
     if values is not None:
         logs["critic/values_mean"] = float(masked_mean(values, mask))
     return adv, returns, logs
+
+
+def advantages_for(batch: RolloutBatch, mask: torch.Tensor, old_logprobs: torch.Tensor | None,
+                   ref_logprobs: torch.Tensor | None, settings: dict):
+    """``of(values, rows)``: :func:`starpo_advantages` of the whole batch (``rows`` None) or of rows ``rows`` only
+    (their returns are exact: GAE targets are per row; whitening and group statistics then cover those rows only)."""
+
+    def of(values: torch.Tensor | None, rows: torch.Tensor | None):
+        if rows is None:
+            return starpo_advantages(batch, mask, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs,
+                                     values=values, **settings)
+        pick = lambda t: None if t is None else t[rows]  # noqa: E731
+        return starpo_advantages(batch.select(rows), mask[rows], old_logprobs=pick(old_logprobs),
+                                 ref_logprobs=pick(ref_logprobs), values=values, **settings)
+
+    return of

@@ -30,7 +30,7 @@ from ragen_lightning.models.build import build_networks
 from ragen_lightning.parallel.strategies import shard_networks
 from ragen_lightning.rollout.engines import build_engine
 from ragen_lightning.sft.warm_start import warm_started_path
-from ragen_lightning.starpo.advantages import ADVANTAGE_SETTINGS, starpo_advantages
+from ragen_lightning.starpo.advantages import ADVANTAGE_SETTINGS, advantages_for
 from ragen_lightning.starpo.checks import check_data_settings, check_module_settings
 from ragen_lightning.starpo.early_stop import EarlyStops, EarlyStopSettings
 from ragen_lightning.starpo.export import export_actor
@@ -154,13 +154,12 @@ class StarPOModule(L.LightningModule):
         self.automatic_optimization = False
         self._actor_opt_factory, self._critic_opt_factory = actor_optimizer, critic_optimizer
         self.actor: torch.nn.Module | None = None
-        self.critic: torch.nn.Module | None = None
+        self.critic: torch.nn.Module | None = None  # GAE only
         self._reference: list[torch.nn.Module] = []  # kept out of state_dict: it is rebuilt from the model folder
         self._rollout_actor: list[torch.nn.Module] = []  # FSDP2: an unsharded copy the engine generates with
         self._pad_row = -1  # data parallel: index of the inert row that pads short per-rank shares
-        self.tokenizer = None
-        self.skipped_steps = 0
-        self._force_scoring_pass = False  # tests: always run the separate old-log-prob pass
+        self.tokenizer, self.skipped_steps = None, 0
+        self._force_scoring_pass = False  # tests: always run the separate old-log-prob and value passes
         self.early_stops = EarlyStops(stops)
         self.last_rollout: RolloutBatch | None = None  # the last trained iteration's batch (.trajectories included)
         self.last_logs: dict[str, float] = {}  # and its logged values; callbacks read both in on_train_batch_end
@@ -251,11 +250,12 @@ class StarPOModule(L.LightningModule):
             old_logprobs, entropy = self._score(self.actor, ids, att, mask, with_entropy=True)
         if self.reference is not None:
             ref_logprobs, _ = self._score(self.reference, ids, att, mask)
-        if self.critic is not None:
+        if self.critic is not None and not on_policy:  # on-policy the critic step's own forward gives the values
             values, _ = self._score(self.critic, ids, att, mask, kind="critic")
-        # 3. advantages
-        advantages, returns, adv_logs = starpo_advantages(batch, mask, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs,
-                                                          values=values, **{k: hp[k] for k in ADVANTAGE_SETTINGS})
+        # 3. advantages (on-policy with a critic: inside step 4, from the values of the critic step)
+        adv_of = advantages_for(batch, mask, old_logprobs, ref_logprobs, {k: hp[k] for k in ADVANTAGE_SETTINGS})
+        critic_first = self.critic is not None and values is None
+        advantages, returns, adv_logs = (None, None, {}) if critic_first else adv_of(values, None)
         logs.update(adv_logs)
         # 4. updates: ppo_epochs x mini-batches, critic then actor
         data = UpdateBatch(ids, att, mask, advantages, batch.engine_logprobs[:, 1:], old_logprobs=old_logprobs,
@@ -264,7 +264,7 @@ class StarPOModule(L.LightningModule):
         step_logs, seen = ppo_update(data, self.actor, self.critic, policy_loss=self._policy_loss,
                                      value_clip=hp.value_clip, ppo_epochs=hp.ppo_epochs,
                                      mini_batch_size=hp.mini_batch_size, shuffle=hp.shuffle, step=self._step,
-                                     iteration=batch.metrics.get("iteration", self.global_step))
+                                     iteration=batch.metrics.get("iteration", self.global_step), advantages_of=adv_of)
         logs.update(step_logs)
         if old_logprobs is None:  # entropy and log-probs came from the update's forward pass (each rank: its rows)
             old_logprobs, entropy = seen

@@ -9,6 +9,7 @@ shares) are :mod:`.update`'s.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,16 +25,18 @@ from ragen_lightning.algos.losses import (
     tis_weights,
     value_loss,
 )
-from ragen_lightning.parallel import all_reduce_, world
+from ragen_lightning.parallel import world
 from ragen_lightning.starpo.scoring import (
     actor_outputs,
     by_length,
     critic_values,
     first_target,
 )
-from ragen_lightning.starpo.update import LossFn, MicroOutput, StepResult, mini_batches
+from ragen_lightning.starpo.update import LossFn, MicroOutput, StepResult, mini_batches, scatter_outputs
 from ragen_lightning.types import UpdateBatch
 
+# (values [b, T - 1], rows of the batch or None for all) -> (advantages, returns, logs), as starpo_advantages
+AdvantagesOf = Callable[[torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor, dict[str, float]]]
 _ACTOR_TERMS = ("pg_loss", "entropy_loss", "kl_loss")  # actor_loss's shares of the mini-batch loss
 
 
@@ -79,59 +82,78 @@ def actor_micro_loss(actor: nn.Module, batch: UpdateBatch, settings: PolicyLossS
                                clip_low=s.clip_low, clip_high=s.clip_high, dual_clip=s.dual_clip,
                                agg=s.loss_agg_mode, normalizer=normalizer, horizon=horizon, is_weights=is_w)
     terms = {k: metrics.pop(k) for k in _ACTOR_TERMS if k in metrics}
-    if not record:
-        return MicroOutput(loss, terms, metrics)
-    return MicroOutput(loss, terms, metrics, logprobs=logprobs.detach().float(), entropy=entropy.detach().float())
+    outputs = (logprobs.detach().float(), entropy.detach().float()) if record else ()
+    return MicroOutput(loss, terms, metrics, outputs)
 
 
-def critic_micro_loss(critic: nn.Module, batch: UpdateBatch, *, clip_range: float,
-                      normalizer: torch.Tensor) -> MicroOutput:
+def critic_micro_loss(critic: nn.Module, batch: UpdateBatch, *, clip_range: float, normalizer: torch.Tensor,
+                      returns_of: Callable[[torch.Tensor], torch.Tensor] | None = None) -> MicroOutput:
     """Clipped value loss of one micro-batch; ``vf_loss`` and ``vpred_mean`` are shares of the mini-batch's
-    token means (they add up over micro-batches), ``vf_clipfrac`` is this micro-batch's fraction."""
+    token means (they add up over micro-batches), ``vf_clipfrac`` is this micro-batch's fraction.
+
+    On-policy (``batch.values`` None) this forward's values are the rollout-time values: the targets come from
+    ``returns_of(values)`` (per row, so a micro-batch needs only its own rows) and the values are returned."""
     v = critic_values(critic, batch.input_ids, batch.attention_mask)
-    loss, metrics = value_loss(v, batch.values, batch.returns, batch.loss_mask, clip_range=clip_range,
-                               agg="token-mean", normalizer=normalizer)
+    values = batch.values if batch.values is not None else v.detach()
+    returns = batch.returns if batch.values is not None else returns_of(values)
+    loss, metrics = value_loss(v, values, returns, batch.loss_mask, clip_range=clip_range, agg="token-mean",
+                               normalizer=normalizer)
     terms = {"vf_loss": loss.detach(), "vpred_mean": aggregate(v.detach(), batch.loss_mask, normalizer=normalizer)}
-    return MicroOutput(loss, terms, {"vf_clipfrac": metrics["vf_clipfrac"]})
+    return MicroOutput(loss, terms, {"vf_clipfrac": metrics["vf_clipfrac"]}, () if batch.values is not None else (values,))
 
 
 def ppo_update(data: UpdateBatch, actor: nn.Module, critic: nn.Module | None, *, policy_loss: PolicyLossSettings,
                value_clip: float, ppo_epochs: int, mini_batch_size: int, shuffle: bool, iteration: int,
-               step: Callable[[str, torch.Tensor, LossFn], StepResult]):
+               step: Callable[[str, torch.Tensor, LossFn], StepResult], advantages_of: AdvantagesOf | None = None):
     """``ppo_epochs`` x mini-batches of a critic step (when there is a critic) then an actor step.
 
     ``step(network, rows, loss_fn)`` runs one optimizer step of ``"actor"`` or ``"critic"`` over this rank's
-    ``rows`` (:func:`~.update.accumulate`). Returns the step metrics averaged over steps (``actor/<name>``,
-    ``critic/<name>``) and, for an on-policy update (``data.old_logprobs is None``), the first pass's
-    ``(logprobs, entropy)`` of every row ``[B, T - 1]`` (summed over ranks: each rank fills its rows); else None.
+    ``rows`` (:func:`~.update.accumulate`). With a critic and ``data.values`` None (on-policy: one epoch over one
+    mini-batch) the critic step's own forward supplies the values, so no separate value pass runs: its targets come
+    from ``advantages_of(values, rows)`` per micro-batch, then ``advantages_of(values, None)`` gives the batch's
+    advantages and returns for the actor (their logs are returned with the step metrics).
+
+    Returns the step metrics averaged over steps (``actor/<name>``, ``critic/<name>``) and, for an on-policy update
+    (``data.old_logprobs is None``), the first pass's ``(logprobs, entropy)`` of every row ``[B, T - 1]`` (summed
+    over ranks: each rank fills its rows); else None.
     """
-    B = len(data)
-    if world()[1] > 1:
-        data = data.with_inert_row()  # row B pads short per-rank shares of a mini-batch
-    horizon = data.loss_mask.shape[1]
+    B, width = len(data), data.loss_mask.shape[1]
+    if critic is not None and data.values is None and (ppo_epochs > 1 or B > mini_batch_size or advantages_of is None):
+        raise ValueError("values from the critic step's own forward need one epoch over one mini-batch and advantages_of")
+    padded = data.with_inert_row() if world()[1] > 1 else data  # row B pads short per-rank shares of a mini-batch
+    lengths = padded.attention_mask.sum(-1)
     logs: dict[str, list[float]] = {}
-    seen = [torch.zeros_like(data.loss_mask, dtype=torch.float32) for _ in range(2)]
-    lengths = data.attention_mask.sum(-1)
+    adv_logs: dict[str, float] = {}
+    seen: list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = []
     for epoch in range(ppo_epochs):
         for mb, rows in mini_batches(B, mini_batch_size, shuffle=shuffle, epoch=epoch, iteration=iteration,
                                      device=data.input_ids.device):
             rows = by_length(rows, lengths)
             if critic is not None:
-                norm = agg_normalizer(data.loss_mask[mb], "token-mean")
+                norm = agg_normalizer(padded.loss_mask[mb], "token-mean")
                 result = step("critic", rows, lambda m, n=norm: critic_micro_loss(
-                    critic, data.rows(m), clip_range=value_clip, normalizer=n))
+                    critic, padded.rows(m), clip_range=value_clip, normalizer=n,
+                    returns_of=lambda v, m=m: advantages_of(_widen(v, width), torch.where(m < B, m, 0))[1][:, : v.shape[1]]))
                 _merge(logs, result, "critic")
-            norm = agg_normalizer(data.loss_mask[mb], policy_loss.loss_agg_mode, horizon=horizon)
+                if data.values is None:  # on-policy: the advantages need the values this step just computed
+                    (values,) = scatter_outputs(result.outputs, 1, padded.loss_mask, B)
+                    advantages, returns, adv_logs = advantages_of(values, None)
+                    data = dataclasses.replace(data, values=values, advantages=advantages, returns=returns)
+                    padded = data.with_inert_row() if world()[1] > 1 else data
+            norm = agg_normalizer(padded.loss_mask[mb], policy_loss.loss_agg_mode, horizon=width)
             result = step("actor", rows, lambda m, n=norm, first=epoch == 0: actor_micro_loss(
-                actor, data.rows(m), policy_loss, normalizer=n, horizon=horizon, first_pass=first))
+                actor, padded.rows(m), policy_loss, normalizer=n, horizon=width, first_pass=first))
             _merge(logs, result, "actor")
-            for micro, logprobs, entropy in result.outputs:
-                seen[0][micro, : logprobs.shape[1]] = logprobs
-                seen[1][micro, : entropy.shape[1]] = entropy
-    means = {k: sum(v) / len(v) for k, v in logs.items()}
+            seen += result.outputs
+    means = {k: sum(v) / len(v) for k, v in logs.items()} | adv_logs
     if data.old_logprobs is not None:
         return means, None
-    return means, tuple(all_reduce_(t[:B].contiguous()) for t in seen)
+    return means, scatter_outputs(seen, 2, padded.loss_mask, B)
+
+
+def _widen(values: torch.Tensor, width: int) -> torch.Tensor:
+    """``[b, L - 1]`` micro-batch values zero-padded to the batch's ``[b, T - 1]``."""
+    return torch.nn.functional.pad(values, (0, width - values.shape[1]))
 
 
 def _merge(acc: dict[str, list[float]], result: StepResult, network: str) -> None:

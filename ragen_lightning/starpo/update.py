@@ -43,15 +43,14 @@ class MicroOutput:
         loss: the micro-batch's share of the mini-batch loss (scalar, with grad).
         terms: shares of the mini-batch's loss terms (``pg_loss``, ``vf_loss``, ...): summed over micro-batches.
         stats: statistics of this micro-batch (clip fractions, ratios, ...): averaged over micro-batches.
-        logprobs: this forward's log-probs of the micro-batch's rows, when the caller needs them.  # [b, L - 1]
-        entropy: this forward's token entropies, likewise.  # [b, L - 1]
+        outputs: per-token outputs of this forward the caller needs back (the actor's first-pass log-probs and
+            entropy, the on-policy critic's values), each of the micro-batch's rows.  # [b, L - 1] each
     """
 
     loss: torch.Tensor
     terms: dict[str, torch.Tensor] = field(default_factory=dict)
     stats: dict[str, torch.Tensor] = field(default_factory=dict)
-    logprobs: torch.Tensor | None = None
-    entropy: torch.Tensor | None = None
+    outputs: tuple[torch.Tensor, ...] = ()
 
 
 @dataclass
@@ -61,12 +60,12 @@ class StepResult:
     Attributes:
         metrics: loss terms (summed over micro-batches and ranks), statistics (averaged) and ``grad_norm``.
         stepped: False when the step was skipped (non-finite loss or gradient norm).
-        outputs: ``(rows, logprobs, entropy)`` of every micro-batch whose loss function returned them.
+        outputs: ``(rows, MicroOutput.outputs)`` of every micro-batch whose loss function returned outputs.
     """
 
     metrics: dict[str, float]
     stepped: bool
-    outputs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = field(default_factory=list)
+    outputs: list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = field(default_factory=list)
 
 
 LossFn = Callable[[torch.Tensor], MicroOutput]
@@ -149,8 +148,8 @@ def accumulate(module, opt, rows: torch.Tensor, loss_fn: LossFn, *, micro_batch_
     finite = True
     for micro in micro_slices(rows, micro_batch_size):
         out = loss_fn(micro)
-        if out.logprobs is not None:
-            outputs.append((micro, out.logprobs, out.entropy))
+        if out.outputs:
+            outputs.append((micro, out.outputs))
         if not torch.isfinite(out.loss):
             finite = False
             if size == 1:
@@ -187,3 +186,15 @@ def _across_ranks(values: dict[str, list[float]]) -> dict[str, tuple[float, int]
             t, c = totals.get(k, (0.0, 0))
             totals[k] = (t + total, c + count)
     return totals
+
+
+def scatter_outputs(outputs: list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]], count: int, like: torch.Tensor,
+                    rows: int) -> tuple[torch.Tensor, ...]:
+    """The ``count`` per-token outputs of a step's micro-batches as full ``[rows, T - 1]`` tensors (zeros where no
+    micro-batch wrote; ``like`` gives the shape ``[B(+1), T - 1]``), summed across ranks: each rank fills its rows
+    (a collective: every rank calls it)."""
+    full = [torch.zeros_like(like, dtype=torch.float32) for _ in range(count)]
+    for micro, tensors in outputs:
+        for dest, t in zip(full, tensors):
+            dest[micro, : t.shape[1]] = t
+    return tuple(all_reduce_(t[:rows].contiguous()) for t in full)

@@ -166,7 +166,8 @@ def test_max_model_len_too_small_fails_before_training(tmp_path, tiny_path):
 
 
 def test_single_pass_shortcut_equals_separate_old_logprob_pass(tmp_path, tiny_path):
-    """One epoch over one mini-batch takes old log-probs from the update's own forward: same result, one pass less."""
+    """One epoch over one mini-batch takes old log-probs and (GAE) values from the update's own forward passes:
+    same result, two passes less."""
     results = []
     for force in (False, True):
         module = ScriptedStarPO(model=str(tiny_path), mini_batch_size=8, micro_batch_size=4, actor_lr=1e-2,
@@ -174,11 +175,13 @@ def test_single_pass_shortcut_equals_separate_old_logprob_pass(tmp_path, tiny_pa
         module._force_scoring_pass = force
         rec = Recorder()
         fit(tmp_path, module, data(), [rec])
-        results.append((params(module.actor), rec.rows[-1]))
+        assert module.critic is not None  # GAE: the critic's values come from its step when not forced
+        results.append(({**params(module.actor), **params(module.critic)}, rec.rows[-1]))
     (a, ma), (b, mb) = results
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0, msg=k)
-    for key in ("actor/pg_loss", "actor/entropy", "actor/ppo_kl", "rollout/engine_logprob_abs_diff"):
+    for key in ("actor/pg_loss", "actor/entropy", "actor/ppo_kl", "rollout/engine_logprob_abs_diff", "critic/vf_loss",
+                "critic/values_mean", "critic/vpred_mean", "train/advantage_mean", "train/return_mean"):
         assert ma[key] == pytest.approx(mb[key], abs=1e-6), key
 
 
