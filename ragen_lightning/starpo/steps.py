@@ -32,7 +32,13 @@ from ragen_lightning.starpo.scoring import (
     critic_values,
     first_target,
 )
-from ragen_lightning.starpo.update import LossFn, MicroOutput, StepResult, mini_batches, scatter_outputs
+from ragen_lightning.starpo.update import (
+    LossFn,
+    MicroOutput,
+    StepResult,
+    mini_batches,
+    scatter_outputs,
+)
 from ragen_lightning.types import UpdateBatch
 
 # (values [b, T - 1], rows of the batch or None for all) -> (advantages, returns, logs), as starpo_advantages
