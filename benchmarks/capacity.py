@@ -41,6 +41,36 @@ def throughput(spec, seq_len: int = 512, batch: int = 4, reps: int = 3) -> float
     return reps * batch * seq_len / (time.perf_counter() - t)
 
 
+def random_baseline(task: str, n: int, seed: int, reps: int = 8) -> float:
+    """Success of uniformly random actions (the config's action budget, no turns, no format) on the held-out seeds of
+    ``n`` evaluation episodes: the floor a warm start must beat to be reading its observation."""
+    import gymnasium as gym
+    import numpy as np
+
+    import importlib.util
+
+    from ragen_lightning.sft.module import episode_seeds
+
+    spec_ = importlib.util.spec_from_file_location("learning", ROOT / "benchmarks" / "learning.py")
+    learning = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(learning)
+    data = learning.load_config(task)["data"]
+    budget = data.get("max_actions_per_episode", 10)
+    seeds = episode_seeds(seed, n, "eval", exclude=episode_seeds(seed, 512, "train"))
+    env = gym.make(data["env_id"], **(data.get("env_kwargs") or {}))
+    rng, wins = np.random.default_rng(seed), 0
+    for s in seeds:
+        for _ in range(reps):
+            env.reset(seed=int(s))
+            info: dict = {}
+            for _ in range(budget):
+                _, _, terminated, truncated, info = env.step(int(rng.integers(env.action_space.n)))
+                if terminated or truncated:
+                    break
+            wins += bool(info.get("success", False))
+    return wins / (len(seeds) * reps)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--task", default="frozen_lake", help="configs/<task>.yaml or a path")
@@ -52,6 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="outputs/learning")
     p.add_argument("--throughput", action="store_true", help="only measure tokens/s of each preset")
+    p.add_argument("--random-baseline", action="store_true", help="only measure uniformly random actions' success")
     a = p.parse_args(argv)
 
     import torch
@@ -77,6 +108,10 @@ def main(argv: list[str] | None = None) -> None:
                 tiny_model_path(spec) / "model.safetensors").values())
             print(f"| {name} | {spec.hidden_size} x {spec.num_layers} | {n / 1e6:.2f}M | {throughput(spec):.0f} |",
                   flush=True)
+        return
+    if a.random_baseline:
+        print(f"| {a.task} | uniform random actions | - | - | "
+              f"{random_baseline(a.task, a.eval_episodes, a.seed):.3f} | - | - | - |")
         return
     extra = yaml.safe_load(a.warm_start) or {}
     for tokenizer in a.tokenizer:
