@@ -10,7 +10,8 @@ pre-tokenisation; training with anything else would change the ids after a reloa
 ``<think>``/``</think>``/``<answer>``/``</answer>`` are single, NON-special tokens so decoding with
 ``skip_special_tokens=True`` keeps them.
 
-Grid cells (``TinySpec.grid_cells``, the default): the symbols every grid env declares in its
+Grid cells (``TinySpec(grid_cells=True)``, an option; plain BPE stays the default until a measured rung of the
+capacity ladder reads the map, docs/learning.md): the symbols every grid env declares in its
 ``prompt_spec().symbols``, and the newline, are isolated while the BPE is trained, so no merge contains one of them
 and every grid cell is exactly one token with a newline token between rows. Plain BPE merged runs such as ``____``
 and ``#_O``, so a cell's position was not a token position and the 1.1M model never learned to read a map (issue 14;
@@ -62,7 +63,7 @@ CORPUS_ENV_IDS = (
     "ragen/RubiksCube-v0",
 )
 CACHE_ENV_VAR = "RAGEN_LIGHTNING_CACHE"
-_BUILD_VERSION = 2  # bump when the build recipe changes in a way the corpus hash does not see
+_BUILD_VERSION = 1  # bump when the build recipe changes in a way the corpus hash does not see
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ class TinySpec:
     vocab_size: int = 1024
     max_position_embeddings: int = 4096
     seed: int = 0
-    grid_cells: bool = True
+    grid_cells: bool = False
 
 
 # Named sizes of the capacity ladder (docs/learning.md): parameters, fp32 forward+backward tokens/s on one core there.
@@ -252,10 +253,18 @@ def build_model(spec: TinySpec, tokenizer):
     return model
 
 
+def _meta(spec: TinySpec, isolate: str) -> dict:
+    """What the cache key and ``ragen_tiny.json`` record. Without grid cells it is the record of the builds before
+    the option existed, so their cached folders (and the warm starts keyed on their names) stay valid."""
+    if not spec.grid_cells:
+        plain = {k: v for k, v in asdict(spec).items() if k != "grid_cells"}
+        return {"spec": plain, "version": _BUILD_VERSION}
+    return {"spec": asdict(spec), "version": _BUILD_VERSION, "isolate": isolate}
+
+
 def _key(spec: TinySpec, corpus: Sequence[str], isolate: str) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps({"spec": asdict(spec), "version": _BUILD_VERSION, "isolate": isolate},
-                        sort_keys=True).encode())
+    h.update(json.dumps(_meta(spec, isolate), sort_keys=True).encode())
     for text in corpus:
         h.update(text.encode("utf-8"))
         h.update(b"\x00")
@@ -283,9 +292,7 @@ def tiny_model_path(spec: TinySpec | None = None, *, cache_dir: str | Path | Non
         model = build_model(spec, tokenizer)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / "ragen_tiny.json").write_text(
-            json.dumps({"spec": asdict(spec), "version": _BUILD_VERSION, "isolate": isolate})
-        )
+        (tmp / "ragen_tiny.json").write_text(json.dumps(_meta(spec, isolate)))
         try:
             os.replace(tmp, final)
         except OSError:  # another process won the race: its folder is identical

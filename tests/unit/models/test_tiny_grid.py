@@ -32,7 +32,8 @@ def grid_folder(tmp_path_factory):
 
     # grid runs in the corpus: plain BPE would learn merges such as "____" and "#_" from them
     corpus = [*SMALL_CORPUS, *(obs for env_id in GRID_ENVS for obs in renderings(env_id))]
-    spec = TinySpec(hidden_size=16, num_layers=1, num_heads=1, num_kv_heads=1, intermediate_size=16, vocab_size=500)
+    spec = TinySpec(hidden_size=16, num_layers=1, num_heads=1, num_kv_heads=1, intermediate_size=16, vocab_size=500,
+                    grid_cells=True)
     return tiny_model_path(spec, cache_dir=tmp_path_factory.mktemp("tiny-grid"), corpus=corpus), corpus
 
 
@@ -96,3 +97,21 @@ def test_a_rare_multibyte_symbol_is_still_one_token():
     # a 3-byte symbol that never occurs is still merged (the build adds it), so it stays one token
     tok = build_tokenizer(["plain text only"], 300, "√\n")
     assert len(tok.encode("√", add_special_tokens=False)) == 1
+
+
+def test_the_plain_default_keeps_the_cache_key_of_builds_before_the_option(tmp_path):
+    """``grid_cells=False`` hashes exactly what version 1 hashed, so existing cached folders and warm starts stay."""
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    from ragen_lightning.models.tiny import TinySpec, _key
+
+    spec = TinySpec()
+    old = {k: v for k, v in asdict(spec).items() if k != "grid_cells"}
+    h = hashlib.sha256()
+    h.update(json.dumps({"spec": old, "version": 1}, sort_keys=True).encode())
+    h.update(b"text")
+    h.update(b"\x00")
+    assert _key(spec, ["text"], "") == h.hexdigest()[:16]
+    assert _key(TinySpec(grid_cells=True), ["text"], "\n#") != _key(spec, ["text"], "")

@@ -4,10 +4,10 @@ import torch
 
 
 def test_folder_reloads_with_identical_ids_and_tags_are_single_tokens(tiny_path, tiny_tokenizer):
-    from ragen_lightning.models.tiny import build_tokenizer, grid_symbols
+    from ragen_lightning.models.tiny import build_tokenizer
     from tests.conftest import SMALL_CORPUS
 
-    fresh = build_tokenizer(SMALL_CORPUS, 400, grid_symbols())
+    fresh = build_tokenizer(SMALL_CORPUS, 400)
     text = "<|im_start|>user\n######\n#_X_P#\n<|im_end|>\n<think>push</think><answer>Up || Left</answer><|im_end|>"
     # transformers re-loads a qwen2 folder with its own tokenizer class; ids must not change
     assert tiny_tokenizer.encode(text, add_special_tokens=False) == fresh.encode(text, add_special_tokens=False)
