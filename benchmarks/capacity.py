@@ -27,9 +27,9 @@ sys.path.insert(0, str(ROOT))
 def throughput(spec, seq_len: int = 512, batch: int = 4, reps: int = 3) -> float:
     """Tokens/s of one fp32 forward+backward (loss.backward, no optimizer) of a model built from ``spec``."""
     import torch
+    from transformers import AutoModelForCausalLM
 
     from ragen_lightning.models.tiny import tiny_model_path
-    from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path(spec)).train()
     ids = torch.randint(0, model.config.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(0))
@@ -44,10 +44,10 @@ def throughput(spec, seq_len: int = 512, batch: int = 4, reps: int = 3) -> float
 def random_baseline(task: str, n: int, seed: int, reps: int = 8) -> float:
     """Success of uniformly random actions (the config's action budget, no turns, no format) on the held-out seeds of
     ``n`` evaluation episodes: the floor a warm start must beat to be reading its observation."""
+    import importlib.util
+
     import gymnasium as gym
     import numpy as np
-
-    import importlib.util
 
     from ragen_lightning.sft.module import episode_seeds
 
@@ -89,8 +89,9 @@ def main(argv: list[str] | None = None) -> None:
     import yaml
 
     torch.set_num_threads(1)
-    import envs  # noqa: F401  (registers the env ids)
     import importlib.util
+
+    import envs  # noqa: F401  (registers the env ids)
 
     # benchmarks/envs.py would shadow the project's ``envs`` package, so learning.py is loaded by path
     spec_ = importlib.util.spec_from_file_location("learning", ROOT / "benchmarks" / "learning.py")
