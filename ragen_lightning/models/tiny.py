@@ -10,6 +10,15 @@ pre-tokenisation; training with anything else would change the ids after a reloa
 ``<think>``/``</think>``/``<answer>``/``</answer>`` are single, NON-special tokens so decoding with
 ``skip_special_tokens=True`` keeps them.
 
+Grid cells (``TinySpec(grid_cells=True)``, an option; plain BPE stays the default until a measured rung of the
+capacity ladder reads the map, docs/learning.md): the symbols every grid env declares in its
+``prompt_spec().symbols``, and the newline, are isolated while the BPE is trained, so no merge contains one of them
+and every grid cell is exactly one token with a newline token between rows. Plain BPE merged runs such as ``____``
+and ``#_O``, so a cell's position was not a token position and the 1.1M model never learned to read a map (issue 14;
+docs/learning.md, "Capacity ladder"). The isolation is a property of the merges, not of the pre-tokenizer: the saved
+pre-tokenizer is Qwen2's own, which is what transformers re-applies on reload, and with no merge spanning a grid
+symbol it cannot join cells whatever pre-token they land in.
+
 The cache key hashes the model spec and the training corpus, so a change to the env renderings or prompt text builds
 a new folder instead of silently reusing a tokenizer trained on other text.
 """
@@ -58,6 +67,8 @@ class TinySpec:
         vocab_size: BPE vocabulary target (the trained tokenizer may be smaller; the model uses its real size).
         max_position_embeddings: context length.
         seed: initialisation seed of the weights.
+        grid_cells: one token per grid cell: the grid envs' symbols and the newline never merge with anything
+            (False: plain byte-level BPE, which merges runs of grid symbols).
     """
 
     hidden_size: int = 128
@@ -68,6 +79,16 @@ class TinySpec:
     vocab_size: int = 1024
     max_position_embeddings: int = 4096
     seed: int = 0
+    grid_cells: bool = False
+
+
+# Named sizes of the capacity ladder (docs/learning.md): parameters, fp32 forward+backward tokens/s (batch 4 x 512,
+# one thread, idle 2-core machine). Combine with grid_cells: ``dataclasses.replace(PRESETS["small"], grid_cells=True)``.
+PRESETS: dict[str, TinySpec] = {
+    "tiny": TinySpec(),  # 1.03M parameters, 8.5k tokens/s
+    "small": TinySpec(hidden_size=192, num_layers=6, num_heads=6, num_kv_heads=2, intermediate_size=768),  # 3.32M, 2.7k
+    "wide": TinySpec(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=1024),  # 4.03M, 2.7k
+}
 
 
 def cache_root() -> Path:
@@ -145,8 +166,30 @@ def _env_texts(env_id: str, seeds: int, steps: int) -> list[str] | None:
     return texts
 
 
-def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024):
-    """Train the byte-level BPE tokenizer and wrap it as a transformers fast tokenizer with the chat template."""
+def grid_symbols(env_ids: Sequence[str] | None = None) -> str:
+    """The characters of every grid env's ``prompt_spec().symbols`` (sorted, deduplicated) plus the newline;
+    ``env_ids`` defaults to :func:`corpus_env_ids`."""
+    import gymnasium as gym
+
+    chars = {"\n"}
+    for env_id in corpus_env_ids() if env_ids is None else env_ids:
+        try:
+            env = gym.make(f"{CORPUS_MODULE}:{env_id}")
+        except (ImportError, ModuleNotFoundError, gym.error.Error, AttributeError):
+            continue
+        for symbol, _meaning in env.unwrapped.prompt_spec().symbols:
+            chars.update(symbol)
+        env.close()
+    return "".join(sorted(chars))
+
+
+def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024, isolate: str = ""):
+    """Train the byte-level BPE tokenizer and wrap it as a transformers fast tokenizer with the chat template.
+
+    ``isolate``: characters that never merge with anything (each is a one-character pre-token while training, so no
+    learned merge spans one; a multi-byte character still merges its own bytes into one token). Raises ValueError
+    when one of them does not end up as exactly one token.
+    """
     from tokenizers import (
         AddedToken,
         Regex,
@@ -162,12 +205,17 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024):
 
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
+    qwen2_split = [
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ]
+    if isolate:
+        char_class = "".join("\\" + c if c in "\\]^-[" else c for c in sorted(set(isolate)))
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(f"[{char_class}]"), behavior="isolated", invert=False), *qwen2_split]
+        )
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence(qwen2_split)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -175,7 +223,14 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(list(corpus), trainer=trainer)
+    # a rare multi-byte symbol (the box on target) would otherwise lose the race for the last merges
+    multibyte = [c * 1000 for c in sorted(set(isolate)) if len(c.encode()) > 1]
+    tok.train_from_iterator([*corpus, *multibyte], trainer=trainer)
+    # save exactly the pre-tokenizer transformers re-applies to a qwen2 folder, so ids survive a reload
+    tok.pre_tokenizer = pre_tokenizers.Sequence(qwen2_split)
+    split = [c for c in sorted(set(isolate)) if len(tok.encode(c + c + "a" + c).ids) != 4]
+    if split:
+        raise ValueError(f"grid symbols {split!r} are not one token each (too rare in the corpus?)")
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in prompting.TAG_TOKENS])
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -217,9 +272,18 @@ def build_model(spec: TinySpec, tokenizer):
     return model
 
 
-def _key(spec: TinySpec, corpus: Sequence[str]) -> str:
+def _meta(spec: TinySpec, isolate: str) -> dict:
+    """What the cache key and ``ragen_tiny.json`` record. Without grid cells it is the record of the builds before
+    the option existed, so their cached folders (and the warm starts keyed on their names) stay valid."""
+    if not spec.grid_cells:
+        plain = {k: v for k, v in asdict(spec).items() if k != "grid_cells"}
+        return {"spec": plain, "version": _BUILD_VERSION}
+    return {"spec": asdict(spec), "version": _BUILD_VERSION, "isolate": isolate}
+
+
+def _key(spec: TinySpec, corpus: Sequence[str], isolate: str) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps({"spec": asdict(spec), "version": _BUILD_VERSION}, sort_keys=True).encode())
+    h.update(json.dumps(_meta(spec, isolate), sort_keys=True).encode())
     for text in corpus:
         h.update(text.encode("utf-8"))
         h.update(b"\x00")
@@ -235,18 +299,19 @@ def tiny_model_path(spec: TinySpec | None = None, *, cache_dir: str | Path | Non
     """
     spec = spec or TinySpec()
     corpus = list(corpus) if corpus is not None else default_corpus()
+    isolate = grid_symbols() if spec.grid_cells else ""
     root = Path(cache_dir) if cache_dir is not None else cache_root()
-    final = root / f"tiny-{_key(spec, corpus)}"
+    final = root / f"tiny-{_key(spec, corpus, isolate)}"
     if (final / "config.json").is_file() and (final / "tokenizer.json").is_file():
         return final
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
     try:
-        tokenizer = build_tokenizer(corpus, spec.vocab_size)
+        tokenizer = build_tokenizer(corpus, spec.vocab_size, isolate)
         model = build_model(spec, tokenizer)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / "ragen_tiny.json").write_text(json.dumps({"spec": asdict(spec), "version": _BUILD_VERSION}))
+        (tmp / "ragen_tiny.json").write_text(json.dumps(_meta(spec, isolate)))
         try:
             os.replace(tmp, final)
         except OSError:  # another process won the race: its folder is identical

@@ -1,0 +1,141 @@
+"""Capacity ladder: can the embedded model represent a good policy? Warm-start only, no RL.
+
+    python benchmarks/capacity.py --task frozen_lake --preset tiny --tokenizer cells --steps 150 600
+    python benchmarks/capacity.py --task sokoban --preset small --tokenizer bpe --steps 300
+    python benchmarks/capacity.py --throughput          # tokens/s forward+backward of every preset, fp32, 1 thread
+
+For every (task, tokenizer, preset, steps) the tiny model with that spec is built (``tiny_model_path``), warm-started
+on the task config's solver demonstrations exactly like ``main.py fit`` would (``benchmarks/learning.py``'s
+``warm_model`` with the config's runner settings, ``model.warm_start`` replaced by ``{steps: N, ...}``) and evaluated
+on ``--eval-episodes`` held-out episodes at temperature 1 (the same seeds and evaluation as
+``benchmarks/learning.py --no-fit``). Rows are appended as JSON lines to ``<out>/capacity.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def throughput(spec, seq_len: int = 512, batch: int = 4, reps: int = 3) -> float:
+    """Tokens/s of one fp32 forward+backward (loss.backward, no optimizer) of a model built from ``spec``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ragen_lightning.models.tiny import tiny_model_path
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path(spec)).train()
+    ids = torch.randint(0, model.config.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(0))
+    model(input_ids=ids, labels=ids).loss.backward()  # warm-up
+    t = time.perf_counter()
+    for _ in range(reps):
+        model.zero_grad(set_to_none=True)
+        model(input_ids=ids, labels=ids).loss.backward()
+    return reps * batch * seq_len / (time.perf_counter() - t)
+
+
+def random_baseline(task: str, n: int, seed: int, reps: int = 8) -> float:
+    """Success of uniformly random actions (the config's action budget, no turns, no format) on the held-out seeds of
+    ``n`` evaluation episodes: the floor a warm start must beat to be reading its observation."""
+    import importlib.util
+
+    import gymnasium as gym
+    import numpy as np
+
+    from ragen_lightning.sft.module import episode_seeds
+
+    spec_ = importlib.util.spec_from_file_location("learning", ROOT / "benchmarks" / "learning.py")
+    learning = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(learning)
+    data = learning.load_config(task)["data"]
+    budget = data.get("max_actions_per_episode", 10)
+    seeds = episode_seeds(seed, n, "eval", exclude=episode_seeds(seed, 512, "train"))
+    env = gym.make(data["env_id"], **(data.get("env_kwargs") or {}))
+    rng, wins = np.random.default_rng(seed), 0
+    for s in seeds:
+        for _ in range(reps):
+            env.reset(seed=int(s))
+            info: dict = {}
+            for _ in range(budget):
+                _, _, terminated, truncated, info = env.step(int(rng.integers(env.action_space.n)))
+                if terminated or truncated:
+                    break
+            wins += bool(info.get("success", False))
+    return wins / (len(seeds) * reps)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--task", default="frozen_lake", help="configs/<task>.yaml or a path")
+    p.add_argument("--preset", nargs="+", default=["tiny"])
+    p.add_argument("--tokenizer", nargs="+", default=["cells"], choices=["cells", "bpe"])
+    p.add_argument("--steps", nargs="+", type=int, default=[150])
+    p.add_argument("--warm-start", default="{}", help="extra warm_start arguments (YAML mapping), e.g. '{lr: 1e-3}'")
+    p.add_argument("--eval-episodes", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="outputs/learning")
+    p.add_argument("--throughput", action="store_true", help="only measure tokens/s of each preset")
+    p.add_argument("--random-baseline", action="store_true", help="only measure uniformly random actions' success")
+    a = p.parse_args(argv)
+
+    import torch
+    import yaml
+
+    torch.set_num_threads(1)
+    import importlib.util
+
+    import envs  # noqa: F401  (registers the env ids)
+
+    # benchmarks/envs.py would shadow the project's ``envs`` package, so learning.py is loaded by path
+    spec_ = importlib.util.spec_from_file_location("learning", ROOT / "benchmarks" / "learning.py")
+    learning = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(learning)
+    evaluate, load_config, warm_model = learning.evaluate, learning.load_config, learning.warm_model
+
+    from ragen_lightning.models.tiny import PRESETS, tiny_model_path
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if a.throughput:
+        for name, spec in PRESETS.items():
+            n = sum(t.numel() for t in __import__("safetensors.torch", fromlist=["load_file"]).load_file(
+                tiny_model_path(spec) / "model.safetensors").values())
+            print(f"| {name} | {spec.hidden_size} x {spec.num_layers} | {n / 1e6:.2f}M | {throughput(spec):.0f} |",
+                  flush=True)
+        return
+    if a.random_baseline:
+        print(f"| {a.task} | uniform random actions | - | - | "
+              f"{random_baseline(a.task, a.eval_episodes, a.seed):.3f} | - | - | - |")
+        return
+    extra = yaml.safe_load(a.warm_start) or {}
+    for tokenizer in a.tokenizer:
+        for preset in a.preset:
+            spec = replace(PRESETS[preset], grid_cells=tokenizer == "cells")
+            base = str(tiny_model_path(spec))
+            for steps in a.steps:
+                cfg = load_config(a.task)
+                cfg = {**cfg, "model": {**cfg["model"], "model": base, "warm_start": {**extra, "steps": steps}}}
+                t = time.perf_counter()
+                warm, demo_seeds = warm_model(cfg)
+                meta = json.loads((Path(warm) / "warm_start.json").read_text())
+                res = evaluate(warm, cfg, a.eval_episodes, 1.0, a.seed, demo_seeds)
+                row = {"task": a.task, "tokenizer": tokenizer, "preset": preset, "spec": asdict(spec),
+                       "warm_start": cfg["model"]["warm_start"], "train_s": meta["wall_s"],
+                       "loss_last": sum(meta["losses"][-10:]) / len(meta["losses"][-10:]),
+                       "eval_episodes": a.eval_episodes, **res, "total_s": time.perf_counter() - t}
+                print(f"| {a.task} | {tokenizer} | {preset} | {steps} | {res['success_rate']:.3f} | "
+                      f"{res['format_valid_rate']:.2f} | {row['loss_last']:.3f} | {meta['wall_s'] / 60:.1f} |",
+                      flush=True)
+                with open(out / "capacity.jsonl", "a") as f:
+                    f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
