@@ -56,7 +56,8 @@ def test_bandit_fit_moves_arm_choice_beyond_noise(tmp_path, monkeypatch, capsys)
     episode = EpisodeSettings(**data["episode"])
     warm = warm_start("tiny", data["env_id"], data["env_kwargs"], **WARM_START, episode=episode)
     demo_seeds = episode_seeds(0, 512, "train")
-    evaluate = dict(num_episodes=EVAL_EPISODES, temperature=1.0, seed=0, exclude_seeds=demo_seeds, episode=episode)
+    evaluate = {"num_episodes": EVAL_EPISODES, "temperature": 1.0, "seed": 0, "exclude_seeds": demo_seeds,
+                "episode": episode}
     before = evaluate_policy(warm, data["env_id"], data["env_kwargs"], **evaluate)
 
     monkeypatch.chdir(tmp_path)
