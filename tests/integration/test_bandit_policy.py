@@ -11,7 +11,7 @@ pass the test; the bound is the lower end of the 95 % normal interval of the dif
 The fit is the config's (PPO with a critic, actor_lr 5e-4, 8 groups x 8) shortened to 8 iterations without
 validation, with mini-batches of 16 (4 optimizer steps per iteration instead of 2: more learning per rollout, the
 rollouts are the slow part). Measured (shared 2-core machine, load ~8, warm start cached): risky share 0.364
-(n=107 valid of 128) -> 0.633 (n=98), lower bound +0.136, 182 s. 12 iterations with mini-batches of 32 gave
+(n=107 valid of 128) -> 0.633 (n=98), lower bound +0.136, 182 s (85 s at load ~2; same numbers on rerun). 12 iterations with mini-batches of 32 gave
 0.364 -> 0.529 (lower bound +0.032) in 297 s; the 500-step warm start takes ~4 min to build the first time.
 """
 
