@@ -212,14 +212,15 @@ class BanditEnv(TextEnv):
         answered in format 0.64 vs 0.39 of the time after 300 steps.
 
         ``"balanced"``: the risky arm or the safe one on a fair coin drawn from the reset seed (independent of which
-        arm is listed first), with one reasoning sentence for both, so nothing in a demonstration tells the arms
-        apart. Measured on the tiny model (256 held-out episodes, temperature 1): 1000 warm-start steps give
-        format-valid 0.70 and success 0.18, i.e. the valid answers favour the safe arm (~3:1), whose names are
-        shorter to copy; the demonstrations themselves are 50/50."""
+        arm is listed first); the reasoning only names the arm it tries ("I try Pilot"), so nothing in a
+        demonstration tells the arms apart and the answer copies a name written just before it. The reasoning is
+        short on purpose: a whole response must fit the rollouts' 32 new tokens (``configs/bandit_policy.yaml``).
+        The first version ("I cannot tell which arm pays more, so I try one") took 30-36 tokens, so most
+        demonstrations were cut before ``</answer>``, the long (mostly risky) names most often: after 1000 warm-start
+        steps format-valid 0.70, success 0.18. "I try {arm}" takes 14-27 tokens; measured numbers in the config."""
         if self.expert_policy == "balanced":
-            return "I cannot tell which arm pays more, so I try one", (
-                self.hi_arm_name if self._expert_risky else self.lo_arm_name,
-            )
+            arm = self.hi_arm_name if self._expert_risky else self.lo_arm_name
+            return f"I try {arm}", (arm,)
         return "the riskier arm pays more on average", (self.hi_arm_name,)
 
     def _render_text(self) -> str:
