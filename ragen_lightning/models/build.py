@@ -68,7 +68,7 @@ def build_lora_models(path: str, critic_path: str | None, dtype: str, settings: 
     :class:`SharedBaseCritic` over it. The reference (KL only) is :class:`AdaptersDisabled` in both cases.
     """
     qconfig = settings.quantization_config(torch_dtype(dtype))
-    base = load_causal_lm(path, dtype, qconfig)
+    base = keep_4bit_trainable(load_causal_lm(path, dtype, qconfig))
     critic = None
     if settings.shared_base and with_critic:  # without a critic (GRPO family) there is nothing to share
         actor = add_shared_adapters(base, settings)
@@ -77,6 +77,18 @@ def build_lora_models(path: str, critic_path: str | None, dtype: str, settings: 
         actor = add_adapter(base, settings, "CAUSAL_LM")
         if with_critic:
             critic = load_critic(critic_path or path, dtype, qconfig,
-                                 adapt=lambda backbone: add_adapter(backbone, settings, task_type=None))
+                                 adapt=lambda backbone: add_adapter(keep_4bit_trainable(backbone), settings,
+                                                                    task_type=None))
     reference = AdaptersDisabled(actor) if with_reference else None
     return actor.train(), critic.train() if critic is not None else None, reference
+
+
+def keep_4bit_trainable(model: nn.Module) -> nn.Module:
+    """Stop bitsandbytes from repacking 4-bit weights for CPU inference. On CPUs with AVX512-BF16 (bitsandbytes
+    0.50) the first eval-mode, no-grad forward of a ``Linear4bit`` (our rollouts and scoring passes) converts its
+    weights to an inference-only layout for good, after which a training forward fails with "a view of a leaf
+    Variable that requires grad is being used in an in-place operation"; the flag below is the one it checks."""
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+    return model

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from ragen_lightning.errors import ConfigError
+from ragen_lightning.models.lora import is_quantized
 from ragen_lightning.parallel.ranks import full_tensor
 from ragen_lightning.rollout.engine import GenerationEngine, HFEngine
 from ragen_lightning.rollout.vllm_engine import vllm_installed
@@ -19,14 +20,15 @@ from ragen_lightning.rollout.vllm_engine import vllm_installed
 ENGINES = ("hf", "vllm", "auto")
 
 
-def resolve_engine(engine: str, *, sharded: bool) -> str:
+def resolve_engine(engine: str, *, sharded: bool, quantized: bool = False) -> str:
     """``hf`` or ``vllm`` for a ``--data.engine`` value: ``auto`` is ``vllm`` when vLLM is installed and the actor
-    is not FSDP2-sharded (vLLM under FSDP2 is not supported yet), else ``hf``."""
+    is neither FSDP2-sharded nor 4-bit (QLoRA) — vLLM takes neither yet — else ``hf``."""
     if engine not in ENGINES:
         raise ConfigError(f"--data.engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if engine == "auto":
-        return "vllm" if vllm_installed() and not sharded else "hf"
+        return "vllm" if vllm_installed() and not sharded and not quantized else "hf"
     return engine
+
 
 
 def build_engine(actor: torch.nn.Module, tokenizer, *, model_path: str, rollout_actor: torch.nn.Module | None = None,
@@ -36,7 +38,7 @@ def build_engine(actor: torch.nn.Module, tokenizer, *, model_path: str, rollout_
     ``rollout_actor`` synced to them); ``vllm`` is a colocated vLLM engine loaded from ``model_path`` and synced
     from the actor before every rollout (``VLLMConfig`` ``vllm``); ``auto`` is ``vllm`` when vLLM is installed and
     the actor is not sharded, else ``hf``."""
-    engine = resolve_engine(engine, sharded=rollout_actor is not None)
+    engine = resolve_engine(engine, sharded=rollout_actor is not None, quantized=actor is not None and is_quantized(actor))
     stop, pad = [tokenizer.eos_token_id], tokenizer.pad_token_id
     if engine == "hf":
         if rollout_actor is not None:

@@ -177,6 +177,7 @@ def test_auto_engine_is_vllm_when_installed_and_unsharded(monkeypatch):
     monkeypatch.setattr(engines, "vllm_installed", lambda: True)
     assert engines.resolve_engine("auto", sharded=False) == "vllm"
     assert engines.resolve_engine("auto", sharded=True) == "hf"  # FSDP2: the HF engine on a gathered copy
+    assert engines.resolve_engine("auto", sharded=False, quantized=True) == "hf"  # QLoRA: nf4 weights stay in HF
     assert engines.resolve_engine("hf", sharded=False) == "hf"
     monkeypatch.setattr(engines, "vllm_installed", lambda: False)
     assert engines.resolve_engine("auto", sharded=False) == "hf"
