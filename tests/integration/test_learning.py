@@ -45,8 +45,7 @@ def test_bandit_fit_improves_heldout_return(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     main(["fit", "--config", str(CONFIG), "--trainer.logger", "false", "--trainer.callbacks", "[]",
           "--trainer.enable_checkpointing", "false", "--trainer.limit_val_batches", "0",
-          "--data.num_iterations", str(ITERATIONS), "--model.export_dir", str(tmp_path / "actor"),
-          "--data.engine", "hf"])
+          "--data.num_iterations", str(ITERATIONS), "--model.export_dir", str(tmp_path / "actor")])
     after = evaluate_policy(tmp_path / "actor", data["env_id"], **evaluate)
     with capsys.disabled():
         print(f"\n[learning] bandit {ITERATIONS} iterations: before {before} after {after}")
