@@ -85,8 +85,11 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                **cache_kwargs) -> torch.Tensor:
+        """Values ``[B, T]``; ``cache_kwargs`` (``past_key_values``, ``use_cache``) go to the backbone."""
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
+                               **cache_kwargs).last_hidden_state  # [B, T, H]
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)  # [B, T]
 
 

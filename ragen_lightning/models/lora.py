@@ -158,12 +158,13 @@ class SharedBaseCritic(nn.Module):
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                **cache_kwargs) -> torch.Tensor:
         peft = self._peft[0]
         use_adapter(peft, CRITIC)  # stays active until the actor's next forward (its backward may recompute blocks)
         # the backbone inside the causal LM (LoRA layers injected): no LM-head logits are computed
         backbone = peft.get_base_model().base_model
-        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
+        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, **cache_kwargs).last_hidden_state
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)  # [B, T]
 
     def trainable_parameters(self) -> list[nn.Parameter]:

@@ -8,6 +8,12 @@ Rollout batches are right-padded, and the actor and critic are causal decoders: 
 earlier positions, which are all real, so the padding mask changes nothing on real tokens (positions count from 0
 either way). :func:`causal_only` then drops the mask, which lets attention take its causal fast path (SDPA
 ``is_causal``, no ``[B, 1, T, T]`` mask built per layer); outputs on padding differ and are never used.
+
+Rows of one micro-batch usually start with the same tokens: every conversation of an env opens with the same system
+prompt, and a group's members share their first observation too (a third to a half of a multi-turn row). With
+``share_prefix`` that common prefix runs once (batch 1) and its key/value cache is repeated across the rows, whose
+remaining tokens then run on top of it (:func:`shared_prefix`). This is the same function of the weights (values
+agree to float rounding; the prefix's gradient is the sum of every row's), at a fraction of the prefix's cost.
 """
 
 from __future__ import annotations
@@ -56,19 +62,57 @@ def first_target(loss_mask: torch.Tensor | None) -> int:
     return int(trained[0]) if len(trained) else max(loss_mask.shape[1] - 1, 0)
 
 
+MIN_SHARED = 16  # shorter common prefixes are not worth the extra (batch 1) forward call
+
+
+def shared_prefix(input_ids: torch.Tensor, attention_mask: torch.Tensor, limit: int) -> int:
+    """How many leading tokens every row of ``input_ids`` [b, t] has in common, capped at ``limit`` (the first
+    target column anything is read from, so no output is needed inside the prefix); 0 when that is under
+    :data:`MIN_SHARED`, for a single row, or for rows that are not right-padded (the prefix must be real tokens
+    in every row)."""
+    b = input_ids.shape[0]
+    if b < 2 or limit < MIN_SHARED or causal_only(attention_mask) is not None:
+        return 0
+    n = min(int(attention_mask.sum(-1).min()), limit)
+    if n < MIN_SHARED:
+        return 0
+    same = (input_ids[:, :n] == input_ids[:1, :n]).all(0)
+    length = n if bool(same.all()) else int((~same).nonzero()[0])
+    return length if length >= MIN_SHARED else 0
+
+
+def run_on_shared_prefix(forward, input_ids: torch.Tensor, prefix: int, **kwargs):
+    """``forward(input_ids=input_ids[:, prefix:], past_key_values=<cache>, **kwargs)`` where the cache holds the
+    keys and values of ``input_ids[0, :prefix]`` (common to every row), computed once and repeated per row. Gradients
+    flow through the cache into the prefix's single forward (summed over rows)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    forward(input_ids=input_ids[:1, :prefix], past_key_values=cache, use_cache=True,
+            **({"logits_to_keep": 1} if "logits_to_keep" in kwargs else {}))
+    cache.batch_repeat_interleave(input_ids.shape[0])
+    return forward(input_ids=input_ids[:, prefix:], past_key_values=cache, use_cache=True, **kwargs)
+
+
 def actor_outputs(actor: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
                   with_entropy: bool, temperature: float = 1.0, chunk_size: int | None = None,
-                  skip: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  skip: int = 0, share_prefix: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of ``input_ids[:, 1:]`` under ``actor``: ``[b, t - 1]`` each.
 
     The first ``skip`` target columns (a prompt no row trains, :func:`first_target`) read 0: the LM head, the
     log-softmax and the entropy run only on the other positions (``logits_to_keep``), which is exact and saves the
-    vocabulary-sized work on the prompt (half of a multi-turn row's tokens).
+    vocabulary-sized work on the prompt (half of a multi-turn row's tokens). With ``share_prefix`` the rows' common
+    leading tokens (up to ``skip``) run once (:func:`run_on_shared_prefix`).
     """
     length = input_ids.shape[1]
     skip = min(max(skip, 0), length - 1)
-    logits = actor(input_ids=input_ids, attention_mask=causal_only(attention_mask),
-                   logits_to_keep=length - skip if skip else 0).logits[:, :-1]
+    keep = length - skip if skip else 0
+    prefix = shared_prefix(input_ids, attention_mask, skip) if share_prefix else 0
+    if prefix:
+        logits = run_on_shared_prefix(actor, input_ids, prefix, attention_mask=None, logits_to_keep=keep).logits
+    else:
+        logits = actor(input_ids=input_ids, attention_mask=causal_only(attention_mask), logits_to_keep=keep).logits
+    logits = logits[:, :-1]
     if temperature != 1.0:
         logits = logits / temperature
     logprobs = logprobs_from_logits(logits, input_ids[:, skip + 1:], chunk_size=chunk_size)
@@ -79,9 +123,15 @@ def actor_outputs(actor: nn.Module, input_ids: torch.Tensor, attention_mask: tor
     return logprobs, entropy
 
 
-def critic_values(critic: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """``V`` after each prefix, on the target axis: ``[b, t - 1]``."""
-    return critic(input_ids, causal_only(attention_mask))[:, :-1].float()
+def critic_values(critic: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+                  skip: int = 0, share_prefix: bool = False) -> torch.Tensor:
+    """``V`` after each prefix, on the target axis: ``[b, t - 1]``. With ``share_prefix`` the rows' common leading
+    tokens (up to ``skip``, the first column a value is read from) run once and their columns read 0."""
+    prefix = shared_prefix(input_ids, attention_mask, skip) if share_prefix else 0
+    if prefix:
+        values = run_on_shared_prefix(critic, input_ids, prefix, attention_mask=None)
+        return torch.nn.functional.pad(values, (prefix, 0))[:, :-1].float()
+    return critic(input_ids=input_ids, attention_mask=causal_only(attention_mask))[:, :-1].float()
 
 
 @torch.no_grad()
@@ -90,7 +140,8 @@ def score_batch(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
                 loss_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run ``actor`` (``kind="actor"``: log-probs [+ entropy]) or ``critic`` (``kind="critic"``: values) over a
     whole batch in micro-batches, returning ``[B, T - 1]`` tensors padded with zeros. With ``loss_mask``
-    [B, T - 1] the actor's outputs are computed on trained columns onward only (:func:`actor_outputs` ``skip``)."""
+    [B, T - 1] outputs are computed on trained columns onward only (:func:`actor_outputs` ``skip``; the rows'
+    common prefix before them runs once, :func:`shared_prefix`) and read 0 before."""
     B, T = input_ids.shape
     first = torch.zeros((B, T - 1), device=input_ids.device)
     second = torch.zeros((B, T - 1), device=input_ids.device) if with_entropy else None
@@ -98,13 +149,13 @@ def score_batch(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
                              micro_batch_size):
         L = trimmed(attention_mask, rows)
         ids, att = input_ids[rows, :L], attention_mask[rows, :L]
+        skip = first_target(loss_mask[rows, : L - 1] if loss_mask is not None else None)
         if kind == "actor":
-            skip = first_target(loss_mask[rows, : L - 1] if loss_mask is not None else None)
             lp, ent = actor_outputs(model, ids, att, with_entropy=with_entropy, temperature=temperature,
-                                    chunk_size=chunk_size, skip=skip)
+                                    chunk_size=chunk_size, skip=skip, share_prefix=True)
             first[rows, : L - 1] = lp.float()
             if second is not None:
                 second[rows, : L - 1] = ent.float()
         else:
-            first[rows, : L - 1] = critic_values(model, ids, att)
+            first[rows, : L - 1] = critic_values(model, ids, att, skip=skip, share_prefix=True)
     return first, second

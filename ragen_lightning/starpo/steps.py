@@ -61,12 +61,16 @@ class PolicyLossSettings:
     temperature: float
     tis_cap: float | None
     logits_chunk_size: int | None
+    share_prefix: bool = True  # run the rows' common prefix once (scoring.shared_prefix); exact
 
     @classmethod
     def from_hparams(cls, hp) -> PolicyLossSettings:
-        """The module's hyperparameters of the same names (the KL term only with ``use_kl_loss``)."""
-        names = [f for f in cls.__dataclass_fields__ if f != "kl_coef"]
-        return cls(**{k: hp[k] for k in names}, kl_coef=hp["kl_coef"] if hp["use_kl_loss"] else 0.0)
+        """The module's hyperparameters of the same names (the KL term only with ``use_kl_loss``). The shared
+        prefix is off under activation checkpointing: recomputing a block in backward would append its keys to the
+        prefix cache a second time."""
+        names = [f for f in cls.__dataclass_fields__ if f not in ("kl_coef", "share_prefix")]
+        return cls(**{k: hp[k] for k in names}, kl_coef=hp["kl_coef"] if hp["use_kl_loss"] else 0.0,
+                   share_prefix=not hp["activation_checkpointing"])
 
 
 def actor_micro_loss(actor: nn.Module, batch: UpdateBatch, settings: PolicyLossSettings, *,
@@ -78,7 +82,8 @@ def actor_micro_loss(actor: nn.Module, batch: UpdateBatch, settings: PolicyLossS
     record = first_pass and batch.old_logprobs is None
     logprobs, entropy = actor_outputs(actor, batch.input_ids, batch.attention_mask,
                                       with_entropy=s.entropy_coeff != 0 or record, temperature=s.temperature,
-                                      chunk_size=s.logits_chunk_size, skip=first_target(batch.loss_mask))
+                                      chunk_size=s.logits_chunk_size, skip=first_target(batch.loss_mask),
+                                      share_prefix=s.share_prefix)
     old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
     is_w = tis_weights(old, batch.engine_logprobs, s.tis_cap) if s.tis_cap is not None else None
     loss, metrics = actor_loss(logprobs, old, batch.advantages, batch.loss_mask,
@@ -93,13 +98,15 @@ def actor_micro_loss(actor: nn.Module, batch: UpdateBatch, settings: PolicyLossS
 
 
 def critic_micro_loss(critic: nn.Module, batch: UpdateBatch, *, clip_range: float, normalizer: torch.Tensor,
-                      returns_of: Callable[[torch.Tensor], torch.Tensor] | None = None) -> MicroOutput:
+                      returns_of: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                      share_prefix: bool = False) -> MicroOutput:
     """Clipped value loss of one micro-batch; ``vf_loss`` and ``vpred_mean`` are shares of the mini-batch's
     token means (they add up over micro-batches), ``vf_clipfrac`` is this micro-batch's fraction.
 
     On-policy (``batch.values`` None) this forward's values are the rollout-time values: the targets come from
     ``returns_of(values)`` (per row, so a micro-batch needs only its own rows) and the values are returned."""
-    v = critic_values(critic, batch.input_ids, batch.attention_mask)
+    v = critic_values(critic, batch.input_ids, batch.attention_mask, skip=first_target(batch.loss_mask),
+                      share_prefix=share_prefix)
     values = batch.values if batch.values is not None else v.detach()
     returns = batch.returns if batch.values is not None else returns_of(values)
     loss, metrics = value_loss(v, values, returns, batch.loss_mask, clip_range=clip_range, agg="token-mean",
@@ -138,7 +145,7 @@ def ppo_update(data: UpdateBatch, actor: nn.Module, critic: nn.Module | None, *,
             if critic is not None:
                 norm = agg_normalizer(padded.loss_mask[mb], "token-mean")
                 result = step("critic", rows, lambda m, n=norm: critic_micro_loss(
-                    critic, padded.rows(m), clip_range=value_clip, normalizer=n,
+                    critic, padded.rows(m), clip_range=value_clip, normalizer=n, share_prefix=policy_loss.share_prefix,
                     returns_of=lambda v, m=m: advantages_of(_widen(v, width), torch.where(m < B, m, 0))[1][:, : v.shape[1]]))
                 _merge(logs, result, "critic")
                 if data.values is None:  # on-policy: the advantages need the values this step just computed

@@ -4,10 +4,12 @@ import pytest
 import torch
 
 from ragen_lightning.starpo.scoring import (
+    MIN_SHARED,
     actor_outputs,
     causal_only,
     critic_values,
     score_batch,
+    shared_prefix,
 )
 
 
@@ -120,3 +122,50 @@ def test_skipping_untrained_prompt_columns_is_exact(tiny_path):
     torch.testing.assert_close(ent[:, 7:], full_ent[:, 7:], atol=1e-5, rtol=0)
     torch.testing.assert_close(scored[mask], full_lp[mask], atol=1e-5, rtol=0)  # every trained column is right
     torch.testing.assert_close(scored_ent[mask], full_ent[mask], atol=1e-5, rtol=0)
+
+
+def sharing_rows(lengths, common, T=64):
+    """Right-padded rows whose first ``common`` tokens are the same."""
+    ids, att = right_padded(lengths, T=T)
+    ids[:, :common] = torch.arange(3, 3 + common)
+    return ids * att, att
+
+
+def test_shared_prefix_length():
+    ids, att = sharing_rows([40, 64, 50], common=20)
+    assert shared_prefix(ids, att, limit=63) == 20
+    assert shared_prefix(ids, att, limit=18) == 18  # never past the first column an output is read from
+    assert shared_prefix(ids, att, limit=MIN_SHARED - 1) == 0  # too short to pay for the extra call
+    assert shared_prefix(ids[:1], att[:1], limit=63) == 0  # one row: nothing to share
+    short, short_att = sharing_rows([10, 64], common=20)  # a row ends inside the common tokens
+    assert shared_prefix(short, short_att, limit=63) == 0
+    ids[1, 17] += 1  # rows differ at column 17
+    assert shared_prefix(ids, att, limit=63) == 17
+    assert shared_prefix(ids.flip(1), att.flip(1), limit=63) == 0  # left padding: the prefix is not real tokens
+
+
+def test_shared_prefix_gives_the_same_outputs_and_gradients(nets):
+    """Running the common prefix once and repeating its cache is the same function: identical log-probs, entropies
+    and values on every column read, and the same gradients (to float rounding)."""
+    actor, critic = nets
+    ids, att = sharing_rows([40, 64, 50, 33], common=24)
+    skip = 26
+    read = att[:, 1:].bool()
+    read[:, :skip] = False
+    results = []
+    for share in (False, True):
+        actor.zero_grad()
+        critic.zero_grad()
+        lp, ent = actor_outputs(actor, ids, att, with_entropy=True, skip=skip, share_prefix=share)
+        v = critic_values(critic, ids, att, skip=skip, share_prefix=share)
+        (lp[read].sum() + ent[read].sum() + v[read].sum()).backward()
+        grads = [p.grad.clone() for p in [*actor.parameters(), *critic.parameters()] if p.grad is not None]
+        results.append((lp[read], ent[read], v[read], grads))
+    (lp0, ent0, v0, g0), (lp1, ent1, v1, g1) = results
+    torch.testing.assert_close(lp1, lp0, atol=1e-6, rtol=0)
+    torch.testing.assert_close(ent1, ent0, atol=1e-6, rtol=0)
+    torch.testing.assert_close(v1, v0, atol=1e-5, rtol=1e-6)  # values ~10 (a random head)
+    assert len(g1) == len(g0) > 0
+    for a, b in zip(g1, g0, strict=True):  # summed in another order: equal up to float rounding of the whole tensor
+        assert float((a - b).norm()) <= 1e-5 * float(b.norm()) + 1e-9
+    assert g0[0].abs().sum() > 0  # the embedding's gradient reaches the shared tokens too
