@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 
 from ragen_lightning import models
 from ragen_lightning.errors import ConfigError
+from ragen_lightning.models import forward
 from ragen_lightning.rollout.runner import make_env
 from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
 
@@ -177,24 +178,36 @@ def _mask_logits_to_keep() -> bool:
     return hasattr(modeling_utils, "slice_logits_to_keep")
 
 
-def causal_lm_sft_loss(model: torch.nn.Module, batch: SFTBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def causal_lm_sft_loss(model: torch.nn.Module, batch: SFTBatch, *,
+                       share_prefix: bool = True) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Forward ``model`` on ``batch`` and return :func:`sft_loss`, computing logits only where they are trained.
 
     Position ``t-1`` predicts trained token ``t``: those positions are passed as a boolean ``logits_to_keep``
     ``[B, T]`` (transformers returns their logits flattened to ``[N, V]``). A model that ignores it and returns
-    ``[B, T, V]`` takes the full-logits path; both give the same loss.
+    ``[B, T, V]`` takes the full-logits path; both give the same loss. With ``share_prefix`` the rows' common
+    leading tokens before the first trained one (the system prompt every demonstration opens with) run once
+    (:func:`ragen_lightning.models.forward.run_on_shared_prefix`; same loss, gradients to float rounding). Turn it
+    off under activation checkpointing, whose recomputation would append to the prefix cache twice.
     """
     predicts = torch.zeros_like(batch.loss_mask, dtype=torch.bool)
     predicts[:, :-1] = batch.loss_mask[:, 1:].bool()
-    # Right padding under causal attention: a real token never attends to the pads after it, so the padding mask
-    # changes nothing that is trained, and without it SDPA takes its causal fast path (~30 % faster on CPU).
-    right_padded = bool((batch.attention_mask[:, 1:] <= batch.attention_mask[:, :-1]).all())
+    trained = batch.loss_mask.bool().any(0).nonzero()
+    # the last shared position must come before the first one that predicts a trained token
+    limit = int(trained[0]) - 1 if len(trained) else 0
+    prefix = forward.shared_prefix(batch.input_ids, batch.attention_mask, limit) if share_prefix else 0
+    ids, mask, predicts = batch.input_ids[:, prefix:], batch.loss_mask[:, prefix:], predicts[:, prefix:]
     keep = predicts if _mask_logits_to_keep() else 0  # 0 = all positions (the full-logits path below)
-    logits = model(input_ids=batch.input_ids, attention_mask=None if right_padded else batch.attention_mask,
-                   logits_to_keep=keep, use_cache=False).logits
+    if prefix:
+        logits = forward.run_on_shared_prefix(model, batch.input_ids, prefix, attention_mask=None,
+                                              logits_to_keep=keep).logits
+    else:
+        # Right padding under causal attention: a real token never attends to the pads after it, so the padding
+        # mask changes nothing that is trained, and without it SDPA takes its causal fast path (~30 % faster).
+        logits = model(input_ids=ids, attention_mask=forward.causal_only(batch.attention_mask),
+                       logits_to_keep=keep, use_cache=False).logits
     if logits.dim() == 3:
-        return sft_loss(logits, batch.input_ids, batch.loss_mask)
-    targets = batch.input_ids[:, 1:][batch.loss_mask[:, 1:].bool()]  # row-major, like the kept logits
+        return sft_loss(logits, ids, mask)
+    targets = ids[:, 1:][mask[:, 1:].bool()]  # row-major, like the kept logits
     return token_cross_entropy(logits, targets, torch.ones_like(targets))
 
 

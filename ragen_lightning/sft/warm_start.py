@@ -47,7 +47,9 @@ from ragen_lightning.sft.module import (
     save_model,
 )
 
-_WARM_VERSION = 1  # bump when the training recipe changes in a way the arguments do not show
+# Bump when the training recipe changes in a way the arguments do not show.
+# 2: the shared-prefix SFT forward (same loss; gradients equal to float rounding, so other bits).
+_WARM_VERSION = 2
 META_FILE = "warm_start.json"
 DEFAULT_STEPS = 150  # for an env that gives no ``warm_start_steps`` hint
 

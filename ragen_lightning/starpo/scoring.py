@@ -24,6 +24,10 @@ import torch
 from torch import nn
 
 from ragen_lightning.algos.logits import entropy_from_logits, logprobs_from_logits
+from ragen_lightning.models.forward import MIN_SHARED, causal_only, run_on_shared_prefix, shared_prefix
+
+__all__ = ["MIN_SHARED", "actor_outputs", "by_length", "causal_only", "critic_values", "first_target", "micro_slices",
+           "run_on_shared_prefix", "score_batch", "shared_prefix", "trimmed"]
 
 
 def micro_slices(rows: torch.Tensor, micro_batch_size: int) -> Iterator[torch.Tensor]:
@@ -43,16 +47,6 @@ def trimmed(attention_mask: torch.Tensor, rows: torch.Tensor) -> int:
     return max(int(attention_mask[rows].sum(-1).max()), 2)
 
 
-def causal_only(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """``None`` when every row of ``attention_mask`` [b, t] is right-padded (ones, then zeros), where causal
-    attention alone gives the same outputs on real tokens; otherwise the mask itself (e.g. left padding)."""
-    if attention_mask is None or attention_mask.shape[1] < 2:
-        return None
-    if bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
-        return None
-    return attention_mask
-
-
 def first_target(loss_mask: torch.Tensor | None) -> int:
     """The first target column any row of ``loss_mask`` [b, t - 1] trains (0 without a mask; the last column when
     no row trains anything)."""
@@ -60,38 +54,6 @@ def first_target(loss_mask: torch.Tensor | None) -> int:
         return 0
     trained = loss_mask.any(0).nonzero()
     return int(trained[0]) if len(trained) else max(loss_mask.shape[1] - 1, 0)
-
-
-MIN_SHARED = 16  # shorter common prefixes are not worth the extra (batch 1) forward call
-
-
-def shared_prefix(input_ids: torch.Tensor, attention_mask: torch.Tensor, limit: int) -> int:
-    """How many leading tokens every row of ``input_ids`` [b, t] has in common, capped at ``limit`` (the first
-    target column anything is read from, so no output is needed inside the prefix); 0 when that is under
-    :data:`MIN_SHARED`, for a single row, or for rows that are not right-padded (the prefix must be real tokens
-    in every row)."""
-    b = input_ids.shape[0]
-    if b < 2 or limit < MIN_SHARED or causal_only(attention_mask) is not None:
-        return 0
-    n = min(int(attention_mask.sum(-1).min()), limit)
-    if n < MIN_SHARED:
-        return 0
-    same = (input_ids[:, :n] == input_ids[:1, :n]).all(0)
-    length = n if bool(same.all()) else int((~same).nonzero()[0])
-    return length if length >= MIN_SHARED else 0
-
-
-def run_on_shared_prefix(forward, input_ids: torch.Tensor, prefix: int, **kwargs):
-    """``forward(input_ids=input_ids[:, prefix:], past_key_values=<cache>, **kwargs)`` where the cache holds the
-    keys and values of ``input_ids[0, :prefix]`` (common to every row), computed once and repeated per row. Gradients
-    flow through the cache into the prefix's single forward (summed over rows)."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    forward(input_ids=input_ids[:1, :prefix], past_key_values=cache, use_cache=True,
-            **({"logits_to_keep": 1} if "logits_to_keep" in kwargs else {}))
-    cache.batch_repeat_interleave(input_ids.shape[0])
-    return forward(input_ids=input_ids[:, prefix:], past_key_values=cache, use_cache=True, **kwargs)
 
 
 def actor_outputs(actor: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,

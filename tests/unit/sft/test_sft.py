@@ -106,6 +106,28 @@ def test_sparse_logits_path_equals_full_logits(tiny_path, tiny_tokenizer, demos)
     assert m1["sft/token_accuracy"].item() == pytest.approx(m2["sft/token_accuracy"].item())
 
 
+def test_shared_prefix_gives_the_same_loss_and_gradients(tiny_path, tiny_tokenizer, demos):
+    """Demonstrations open with the same system prompt: running it once gives the plain call's loss and gradients."""
+    from ragen_lightning.models import load_causal_lm
+    from ragen_lightning.models.forward import shared_prefix
+
+    model = load_causal_lm(str(tiny_path))
+    items, _ = demos
+    batch = collate(items[:4], tiny_tokenizer.pad_token_id)
+    first = int(batch.loss_mask.bool().any(0).nonzero()[0])
+    assert shared_prefix(batch.input_ids, batch.attention_mask, first - 1) > 100  # the system prompt at least
+    results = []
+    for share in (False, True):
+        model.zero_grad()
+        loss, metrics = causal_lm_sft_loss(model, batch, share_prefix=share)
+        loss.backward()
+        results.append((loss.item(), metrics["sft/token_accuracy"].item(), [p.grad.clone() for p in model.parameters()]))
+    (l0, a0, g0), (l1, a1, g1) = results
+    assert l1 == pytest.approx(l0, rel=1e-6) and a1 == a0
+    for x, y in zip(g1, g0, strict=True):
+        assert float((x - y).norm()) <= 1e-5 * float(y.norm()) + 1e-9
+
+
 def test_a_few_steps_reduce_the_loss(tiny_path, tiny_tokenizer, demos):
     from ragen_lightning.models import load_causal_lm
 
