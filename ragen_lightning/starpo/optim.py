@@ -85,7 +85,7 @@ class WeightSnapshot:
 
     @torch.no_grad()
     def restore(self) -> None:
-        for p, data, state in zip(self.params, self.data, self.state):
+        for p, data, state in zip(self.params, self.data, self.state, strict=True):
             _local(p.data).copy_(data)
             if state is None:
                 self.opt.state.pop(p, None)

@@ -76,7 +76,8 @@ def test_metamathqa_label_beyond_the_judged_range_is_refused_at_load(tmp_path, l
     path = tmp_path / "qa.jsonl"
     path.write_text(json.dumps({"question": "q1", "answer": "4"}) + "\n"
                     + json.dumps({"question": "q2", "answer": label}) + "\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"qa\.jsonl:2: answer '.*'(\.\.\.)? is a number beyond the judged range") as info:
+    refused = r"qa\.jsonl:2: answer '.*'(\.\.\.)? is a number beyond the judged range"
+    with pytest.raises(ValueError, match=refused) as info:
         MetaMathQAEnv(path=path)
     assert "\n" not in str(info.value)
 

@@ -127,8 +127,9 @@ def test_skip_guard_state_survives_a_checkpoint():
 def test_training_temperature_must_be_positive_and_finite(temperature):
     with pytest.raises(ConfigError) as info:
         StarPOModule(temperature=temperature)
-    assert str(info.value).startswith(f"--data.temperature must be a number > 0 for training rollouts, got {temperature}")
-    assert "--data.val_temperature 0" in str(info.value) and "\n" not in str(info.value)
+    message = str(info.value)
+    assert message.startswith(f"--data.temperature must be a number > 0 for training rollouts, got {temperature}")
+    assert "--data.val_temperature 0" in message and "\n" not in message
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, True])
