@@ -21,7 +21,7 @@ import torch
 from lightning.pytorch.cli import OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_warn
 
-from ragen_lightning import models
+from ragen_lightning import checkpointing, models
 from ragen_lightning.algos import advantages as A
 from ragen_lightning.algos.losses import AggMode, KLKind
 from ragen_lightning.algos.masked import masked_mean
@@ -181,6 +181,8 @@ class StarPOModule(L.LightningModule):
         return self._reference[0] if self._reference else None
 
     def setup(self, stage: str) -> None:
+        if self._trainer is not None:  # atomic writes, digest checked on load (before the trainer restores one)
+            checkpointing.install(self.trainer)
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         self.check_data(dm)
         self._model_path = warm_started_path(self.hparams.model, self.hparams.warm_start, dm)
@@ -288,8 +290,7 @@ class StarPOModule(L.LightningModule):
                              loss_mask=mask)
 
     def _optimizers(self):
-        opts = self.optimizers()
-        return opts if isinstance(opts, list) else [opts]
+        return opts if isinstance(opts := self.optimizers(), list) else [opts]
 
     def _step(self, network: str, rows: torch.Tensor, loss_fn) -> StepResult:
         """One optimizer step of ``network`` over ``rows`` (:func:`ragen_lightning.starpo.update.accumulate`)."""
@@ -332,11 +333,10 @@ class StarPOModule(L.LightningModule):
             checkpoint["state_dict"] = lora_mod.trainable_state(self, checkpoint["state_dict"])
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = checkpoint.get("starpo", {})
         if self._lora is not None and self.actor is not None:
             lora_mod.check_trainable_state(self, checkpoint["state_dict"])
-        self.skips.load_state_dict(state)
-        self.early_stops.load_state_dict(state)
+        for part in (self.skips, self.early_stops):  # their counters (skips in a row, collapse windows)
+            part.load_state_dict(checkpoint.get("starpo", {}))
 
     def export_actor(self, path: str | Path) -> Path:
         """Save the actor as a HF folder (:func:`.export.export_actor`; under FSDP2 every rank calls it)."""
