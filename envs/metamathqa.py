@@ -35,6 +35,18 @@ MAX_ANSWER_LENGTH = 1024
 # ----------------------------------------------------------------------------------------------------------------
 
 _THOUSANDS = re.compile(r"^[-+]?\d{1,3}(,\d{3})+(\.\d*)?$")
+# The syntax ``fractions.Fraction`` accepts (after whitespace removal): sign, digits with optional ``_`` groups, then
+# either ``/denominator`` or an optional decimal part and exponent. Digit runs are split by ``_``, ``/``, ``.`` or
+# ``e``, so the pattern is unambiguous and matching is linear in the length.
+_NUMERAL = re.compile(
+    r"[-+]?(?=\d|\.\d)\d*(?:_\d+)*"
+    r"(?:/\d+(?:_\d+)*|(?:\.\d*(?:_\d+)*)?(?:e(?P<exp>[-+]?\d+(?:_\d+)*))?)",
+    re.IGNORECASE,
+)
+# Bounds that keep judging a number cheap: ``Fraction("1e999999999")`` computes 10**999999999 (minutes, gigabytes).
+# A numeral beyond them is never equal to another number; it still matches an identical string.
+MAX_NUMERAL_LENGTH = 200
+MAX_EXPONENT = 1000
 
 
 def normalize_answer(text: str) -> str:
@@ -42,11 +54,32 @@ def normalize_answer(text: str) -> str:
     return "".join(text.split()).lower()
 
 
-def _as_number(text: str) -> Fraction | None:
+def _numeral(text: str) -> tuple[str, bool] | None:
+    """``(numeral without thousands separators, within bounds)``, or None when ``text`` is not a numeral."""
     if _THOUSANDS.match(text):
         text = text.replace(",", "")
+    m = _NUMERAL.fullmatch(text)
+    if m is None:
+        return None
+    exp = m.group("exp")
+    # the exponent's digits are bounded by the length check before int() reads them
+    ok = len(text) <= MAX_NUMERAL_LENGTH and (exp is None or abs(int(exp.replace("_", ""))) <= MAX_EXPONENT)
+    return text, ok
+
+
+def numeral_out_of_range(text: str) -> bool:
+    """True when ``text`` (whitespace removed) is a numeral beyond :data:`MAX_NUMERAL_LENGTH` characters or an
+    exponent of magnitude :data:`MAX_EXPONENT`: such a number is only ever matched as a string."""
+    parsed = _numeral(normalize_answer(text))
+    return parsed is not None and not parsed[1]
+
+
+def _as_number(text: str) -> Fraction | None:
+    parsed = _numeral(text)
+    if parsed is None or not parsed[1]:
+        return None
     try:
-        return Fraction(text)
+        return Fraction(parsed[0])
     except (ValueError, ZeroDivisionError, OverflowError):
         return None
 
@@ -55,7 +88,9 @@ def answers_match(answer: str, label: str) -> bool:
     """True when the normalised strings are equal, or both parse as the same exact number.
 
     Numbers: integers, decimals, fractions ``a/b``, scientific notation and thousands separators
-    (``"1,000"``); ``"12.0"``, ``"12"`` and ``"24/2"`` all match ``"12"``.
+    (``"1,000"``); ``"12.0"``, ``"12"`` and ``"24/2"`` all match ``"12"``. A numeral longer than
+    :data:`MAX_NUMERAL_LENGTH` characters or with an exponent beyond +-:data:`MAX_EXPONENT` is not judged as a number
+    (``"1e999999999"`` matches only itself), so every comparison runs in time linear in the inputs' length.
     """
     a, b = normalize_answer(answer), normalize_answer(label)
     if a == b:
@@ -96,6 +131,11 @@ def _record_to_item(record: Any, where: str) -> tuple[str, str]:
         raise ValueError(f"{where}: empty question")
     if not normalize_answer(label):
         raise ValueError(f"{where}: empty answer")
+    if numeral_out_of_range(label):
+        raise ValueError(
+            f"{where}: answer {label[:40]!r}{'...' if len(label) > 40 else ''} is a number beyond the judged range "
+            f"(at most {MAX_NUMERAL_LENGTH} characters and an exponent within +-{MAX_EXPONENT})"
+        )
     return query, label.strip()
 
 
@@ -333,8 +373,11 @@ class MetaMathQAEnv(TextEnv):
     ## Rewards
     A correct answer on attempt ``k`` (0-based) earns ``1 / 2**k`` (1.0 on the first try); an incorrect one 0.0.
     Correct means: equal after removing all whitespace and lower-casing (RAGEN's rule), or both sides parse as the
-    same exact number (``"12.0"`` == ``"12"``, ``"1/2"`` == ``"0.5"``, ``"1,000"`` == ``"1000"``). An empty or
-    non-string answer is invalid: 0.0, ``action_is_valid=False``, and it still uses up an attempt.
+    same exact number (``"12.0"`` == ``"12"``, ``"1/2"`` == ``"0.5"``, ``"1,000"`` == ``"1000"``). A numeral over
+    200 characters or with an exponent beyond +-1000 (``"1e999999999"``) is judged as text only, so judging takes
+    time linear in the answer's length (such an answer is simply incorrect); a file whose label is such a numeral is
+    refused at load, naming the file and line. An empty or non-string answer is invalid: 0.0,
+    ``action_is_valid=False``, and it still uses up an attempt.
 
     ## Episode End
     Terminated on a correct answer. Truncated after ``max_attempts`` answers without a correct one. Stepping after

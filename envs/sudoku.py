@@ -192,6 +192,10 @@ class _OutOfBudget(Exception):
 # would otherwise run for minutes.
 _CHECK_BUDGET = 2_000
 _FILL_BUDGET = 50_000
+# Default budget for checking a given puzzle (``reset(options={"puzzle": ...})``): generated hard 16x16 puzzles need
+# up to ~55k nodes; 200k nodes take about 3 s on one busy core of the build machine. A 16x16 grid with a hidden
+# contradiction (no cell without candidates, yet no solution) otherwise searches for minutes.
+PUZZLE_SEARCH_BUDGET = 200_000
 
 
 def _check_board(board: Any, n: int, name: str) -> np.ndarray:
@@ -303,11 +307,13 @@ class SudokuEnv(TextEnv):
       ``show_valid_numbers`` (True).
     - ``correct_placement_score`` (1.0), ``legal_placement_score`` (0.5), ``invalid_action_score`` (-0.1),
       ``completion_bonus`` (10.0).
+    - ``search_budget`` (200,000): search nodes allowed for checking a puzzle given in ``reset`` options.
     - ``render_mode``: ``None`` or ``"ansi"``.
 
     ## Options
     ``reset(options={"puzzle": grid})`` plays a given ``grid_size`` x ``grid_size`` puzzle (0 = empty); it must
-    have exactly one solution and at least one empty cell.
+    have exactly one solution and at least one empty cell. Checking it is bounded by ``search_budget`` search nodes
+    (about 3 s): a puzzle whose uniqueness is not settled by then is refused with a ``ValueError``.
     """
 
     def __init__(
@@ -322,6 +328,7 @@ class SudokuEnv(TextEnv):
         legal_placement_score: float = 0.5,
         invalid_action_score: float = -0.1,
         completion_bonus: float = 10.0,
+        search_budget: int = PUZZLE_SEARCH_BUDGET,
         render_mode: str | None = None,
     ):
         super().__init__(render_mode=render_mode)
@@ -333,6 +340,9 @@ class SudokuEnv(TextEnv):
             raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
         if render_format not in RENDER_FORMATS:
             raise ValueError(f"render_format must be one of {list(RENDER_FORMATS)}, got {render_format!r}")
+        if isinstance(search_budget, bool) or not isinstance(search_budget, int) or search_budget < 1:
+            raise ValueError(f"search_budget must be an int >= 1, got {search_budget!r}")
+        self.search_budget = search_budget
         self.grid_size = grid_size
         self.box_size = math.isqrt(grid_size)
         self.difficulty = difficulty
@@ -380,7 +390,13 @@ class SudokuEnv(TextEnv):
             puzzle = _check_board(options["puzzle"], self.grid_size, "options['puzzle']")
             if (puzzle != 0).all():
                 raise ValueError("options['puzzle'] has no empty cell")
-            count, first = _search([int(v) for v in puzzle.ravel()], self.grid_size, 2)
+            count, first = _search([int(v) for v in puzzle.ravel()], self.grid_size, 2, max_nodes=self.search_budget)
+            if count == -1:
+                raise ValueError(
+                    f"options['puzzle']: no unique solution found within search_budget={self.search_budget} search "
+                    "nodes (it may hide a contradiction, or have too few givens to check); give more numbers or raise "
+                    "search_budget"
+                )
             if count != 1:
                 found = "none" if count == 0 else "several"
                 raise ValueError(f"options['puzzle'] must have exactly one solution, it has {found}")

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Optional
 
 import torch
 from lightning.pytorch.cli import LightningCLI
 
-from ragen_lightning import models
+from ragen_lightning import checkpointing, models
 from ragen_lightning.data.datamodule import RolloutDataModule
-from ragen_lightning.errors import ConfigError
+from ragen_lightning.errors import ConfigError, TrainingStopped
 from ragen_lightning.parallel import check_strategy
 from ragen_lightning.starpo.module import StarPOModule
 
@@ -32,6 +33,9 @@ class StarPOCLI(LightningCLI):
                             help="print the estimated peak GPU memory of this configuration and exit")
         parser.add_argument("--gpu_memory_gb", type=float | None, default=None,
                             help="the GPU's memory in GiB: fit refuses to start when the memory plan's peak exceeds it")
+        parser.add_argument("--allow_changed_settings", type=bool, default=False,
+                            help="with --ckpt_path: continue with model settings that differ from the checkpoint's "
+                                 "(refused by default, naming them)")
 
     def _preflight(self) -> None:
         """Checks that need the tokenizer, before the trainer writes anything (config, logs, checkpoints)."""
@@ -42,8 +46,27 @@ class StarPOCLI(LightningCLI):
             require_expert(self.datamodule.hparams.env_id, self.datamodule.hparams.env_kwargs)
         self.datamodule.check_world_size(self.trainer.world_size)  # before the launcher starts the processes
         self.datamodule.check_prompt_budget(models.load_tokenizer(self.model.hparams.model))
+        self._check_resume()
 
     before_fit = before_validate = _preflight
+
+    # -- checkpoints (ragen_lightning.checkpointing): verified load, resumes keep the model settings ----------------
+    def _parse_ckpt_path(self) -> None:
+        """Replaces LightningCLI's, which ``torch.load``s the file unchecked (a bare ``EOFError`` for an empty one)
+        and silently puts the checkpoint's model settings over the given flags: here the file is verified (one line
+        naming it) and the settings are compared in :meth:`_check_resume` instead."""
+        self._ckpt_hparams = None
+        if not self.config.get("subcommand"):
+            return
+        path = self.config[self.config.subcommand].get("ckpt_path")
+        if path and (Path(path).exists() or Path(path).suffix == ".ckpt"):  # else "last", "best", a URL: Lightning's
+            ckpt = checkpointing.load_verified(path, map_location="cpu", weights_only=True)
+            self._ckpt_hparams = (path, ckpt.get("hyper_parameters", {}))
+
+    def _check_resume(self) -> None:
+        if self._ckpt_hparams is not None:
+            allow = self.config[self.subcommand].get("allow_changed_settings", False)
+            checkpointing.check_resume_settings(self.model.hparams, *self._ckpt_hparams, allow=bool(allow))
 
     def instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -83,6 +106,11 @@ def main(args: list[str] | None = None) -> StarPOCLI:
             raise
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    except TrainingStopped as e:  # the non-finite guard gave up (ragen_lightning.starpo.optim.SkipGuard)
+        if args is not None:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def _fit_validation_into_run(config) -> None:

@@ -25,8 +25,7 @@ ACTION_SEP = "||"
 FORMAT_PENALTY = -0.1
 INVALID_ACTION_WARNING = "No valid action provided previously. Environment state remains the same. Please try again.\n"
 
-_THINK_RE = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_ANSWER_AFTER_THINK = re.compile(r"\s*<answer>")
 # strings stripped from the parsed parts (tags and the chat markers a model may emit as text)
 _STRIP_STRINGS = (*TAG_TOKENS, "<|im_start|>", "<|im_end|>", "<|endoftext|>")
 
@@ -123,25 +122,58 @@ def _clean(text: str) -> str:
     return text.strip()
 
 
+def _match_think_answer(full: str) -> tuple[str, str] | None:
+    """The groups of ``re.search(r"<think>(.*?)</think>\\s*<answer>(.*?)</answer>", full, re.DOTALL)``, in linear time.
+
+    The regex backtracks from every ``<think>`` over every later ``</think>``: quadratic on repeated tags (100 KB of
+    ``<think></think>`` took > 20 s). Whether a ``</think>`` at ``j`` can close the match does not depend on where
+    the match starts (``\\s*<answer>`` must follow it, and some ``</answer>`` must follow that), so the leftmost
+    ``<think>`` with a usable ``</think>`` after it is the first ``<think>``, closed by the first usable
+    ``</think>``. The whitespace runs scanned after different ``</think>`` never overlap: one pass in all.
+    """
+    start = full.find(THINK_OPEN)
+    last_close = full.rfind(ANSWER_CLOSE)
+    if start < 0 or last_close < 0:
+        return None
+    j = full.find(THINK_CLOSE, start + len(THINK_OPEN))
+    while 0 <= j < last_close:
+        m = _ANSWER_AFTER_THINK.match(full, j + len(THINK_CLOSE))
+        if m is not None and m.end() <= last_close:
+            return full[start + len(THINK_OPEN) : j], full[m.end() : full.find(ANSWER_CLOSE, m.end())]
+        j = full.find(THINK_CLOSE, j + 1)
+    return None
+
+
+def _match_answer(full: str) -> str | None:
+    """The group of ``re.search(r"<answer>(.*?)</answer>", full, re.DOTALL)``, in linear time (the regex is
+    quadratic on many ``<answer>`` without a ``</answer>``)."""
+    start = full.find(ANSWER_OPEN)
+    if start < 0:
+        return None
+    end = full.find(ANSWER_CLOSE, start + len(ANSWER_OPEN))
+    return None if end < 0 else full[start + len(ANSWER_OPEN) : end]
+
+
 def parse_response(text: str, *, enable_think: bool = True, max_actions_per_turn: int = 2) -> ParsedResponse:
     """Parse the decoded assistant text (without the generation prefix) into actions.
 
     The generation prefix (``<think>`` or ``<answer>``) was given to the model, so it is prepended before matching.
-    The first match wins; anything after ``</answer>`` is ignored. No match gives no actions.
+    The first match wins; anything after ``</answer>`` is ignored. No match gives no actions. Runs in time linear
+    in ``len(text)`` (any model text is judged in bounded time).
     """
     if max_actions_per_turn < 1:
         raise ValueError(f"max_actions_per_turn must be >= 1, got {max_actions_per_turn}")
     full = generation_prefix(enable_think) + text
     if enable_think:
-        m = _THINK_RE.search(full)
-        if m is None:
+        groups = _match_think_answer(full)
+        if groups is None:
             return ParsedResponse("", "", (), False, 0)
-        think, answer = _clean(m.group(1)), _clean(m.group(2))
+        think, answer = _clean(groups[0]), _clean(groups[1])
     else:
-        m = _ANSWER_RE.search(full)
-        if m is None:
+        found = _match_answer(full)
+        if found is None:
             return ParsedResponse("", "", (), False, 0)
-        think, answer = "", _clean(m.group(1))
+        think, answer = "", _clean(found)
     proposed = [a.strip() for a in answer.split(ACTION_SEP) if a.strip()]
     return ParsedResponse(think, answer, tuple(proposed[:max_actions_per_turn]), True, len(proposed))
 

@@ -20,6 +20,13 @@ def check_module_settings(hp: Mapping[str, Any], lora) -> None:
         raise ConfigError("--model.turn_level_gae needs --model.adv_estimator gae")
     if (hp["soft_advantage_reweight"] or hp["length_weight"]) and estimator == "gae":
         raise ConfigError("--model.soft_advantage_reweight / --model.length_weight apply to GRPO-family estimators")
+    if not hp["temperature"] > 0 or hp["temperature"] == float("inf"):  # NaN fails the first test
+        raise ConfigError(f"--data.temperature must be a number > 0 for training rollouts, got {hp['temperature']}: "
+                          "the trained log-probs are those of logits / temperature (0 divides by zero); greedy "
+                          "decoding is for validation: --data.val_temperature 0")
+    skips = hp["max_consecutive_skips"]
+    if isinstance(skips, bool) or not isinstance(skips, int) or skips < 0:
+        raise ConfigError(f"--model.max_consecutive_skips must be an int >= 0 (0: never stop), got {skips!r}")
     if tis_cap is not None and (tis_cap <= 0 or hp["temperature"] != 1.0):
         raise ConfigError("--model.tis_cap must be > 0 and needs --data.temperature 1 (engine log-probs are the "
                           f"raw model's), got tis_cap={tis_cap}, temperature={hp['temperature']}")

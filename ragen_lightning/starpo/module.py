@@ -21,7 +21,7 @@ import torch
 from lightning.pytorch.cli import OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_warn
 
-from ragen_lightning import models
+from ragen_lightning import checkpointing, models
 from ragen_lightning.algos import advantages as A
 from ragen_lightning.algos.losses import AggMode, KLKind
 from ragen_lightning.algos.masked import masked_mean
@@ -34,7 +34,7 @@ from ragen_lightning.starpo.advantages import ADVANTAGE_SETTINGS, advantages_for
 from ragen_lightning.starpo.checks import check_data_settings, check_module_settings
 from ragen_lightning.starpo.early_stop import EarlyStops, EarlyStopSettings
 from ragen_lightning.starpo.export import export_actor
-from ragen_lightning.starpo.optim import build_optimizers, step_warmup
+from ragen_lightning.starpo.optim import SkipGuard, build_optimizers, step_warmup
 from ragen_lightning.starpo.steps import PolicyLossSettings, ppo_update
 from ragen_lightning.starpo.update import StepResult, accumulate, score_sharded
 from ragen_lightning.types import RolloutBatch, UpdateBatch
@@ -94,6 +94,8 @@ class StarPOModule(L.LightningModule):
             weights. Only adapters (and the critic's value head) train; the KL reference is the adapters-off actor.
         tis_cap: truncated importance sampling (off when null): each token's policy-gradient term is weighted by
             ``min(exp(old_logprobs - engine_logprobs), tis_cap)``; needs ``--data.temperature 1``.
+        max_consecutive_skips: stop the run when one network skips this many optimizer steps in a row (a step
+            whose loss, gradient norm, learning rate or updated weights are non-finite is not applied); 0 never stops.
     """
 
     def __init__(
@@ -140,6 +142,7 @@ class StarPOModule(L.LightningModule):
         tis_cap: float | None = None,
         activation_checkpointing: bool = False,
         lora: lora_mod.LoraSettings | None = None,
+        max_consecutive_skips: int = 5,
     ):
         super().__init__()
         self._lora = lora_mod.as_settings(lora)
@@ -158,7 +161,7 @@ class StarPOModule(L.LightningModule):
         self._reference: list[torch.nn.Module] = []  # kept out of state_dict: it is rebuilt from the model folder
         self._rollout_actor: list[torch.nn.Module] = []  # FSDP2: an unsharded copy the engine generates with
         self._pad_row = -1  # data parallel: index of the inert row that pads short per-rank shares
-        self.tokenizer, self.skipped_steps = None, 0
+        self.tokenizer, self.skips = None, SkipGuard(max_consecutive_skips)  # skipped optimizer steps
         self._force_scoring_pass = False  # tests: always run the separate old-log-prob and value passes
         self.early_stops = EarlyStops(stops)
         self.last_rollout: RolloutBatch | None = None  # the last trained iteration's batch (.trajectories included)
@@ -178,6 +181,8 @@ class StarPOModule(L.LightningModule):
         return self._reference[0] if self._reference else None
 
     def setup(self, stage: str) -> None:
+        if self._trainer is not None:  # atomic writes, digest checked on load (before the trainer restores one)
+            checkpointing.install(self.trainer)
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         self.check_data(dm)
         self._model_path = warm_started_path(self.hparams.model, self.hparams.warm_start, dm)
@@ -270,7 +275,7 @@ class StarPOModule(L.LightningModule):
             old_logprobs, entropy = seen
         logs["actor/entropy"] = float(masked_mean(entropy, mask))
         logs["rollout/engine_logprob_abs_diff"] = float(masked_mean((data.engine_logprobs - old_logprobs).abs(), mask))
-        logs["train/skipped_steps"] = float(self.skipped_steps)
+        logs["train/skipped_steps"] = float(self.skips.total)
         logs["timing_s/update"] = time.perf_counter() - t0
         if reason := self.early_stops.after_iteration(logs.get("rollout/in_group_reward_std", 0.0)):
             logs["early_stopped/reward_variance_collapse"] = 1.0
@@ -285,21 +290,17 @@ class StarPOModule(L.LightningModule):
                              loss_mask=mask)
 
     def _optimizers(self):
-        opts = self.optimizers()
-        return opts if isinstance(opts, list) else [opts]
+        return opts if isinstance(opts := self.optimizers(), list) else [opts]
 
     def _step(self, network: str, rows: torch.Tensor, loss_fn) -> StepResult:
         """One optimizer step of ``network`` over ``rows`` (:func:`ragen_lightning.starpo.update.accumulate`)."""
         opt = self._optimizers()[0 if network == "actor" else 1]
         hp = self.hparams
+        warmup = (lambda o: step_warmup(self.lr_schedulers(), o)) if hp.lr_warmup_steps > 0 else None
         result = accumulate(self, opt, rows, loss_fn, micro_batch_size=hp.micro_batch_size, max_norm=hp.grad_clip,
-                            pad_row=self._pad_row, on_step=self._step_scheduler)
-        self.skipped_steps += not result.stepped
+                            pad_row=self._pad_row, on_step=warmup)
+        self.skips.record(network, result.stepped, result.skip_reason)  # raises after too many in a row
         return result
-
-    def _step_scheduler(self, opt) -> None:
-        if self.hparams.lr_warmup_steps > 0:
-            step_warmup(self.lr_schedulers(), opt)
 
     def _log(self, logs: dict[str, float]) -> None:
         logs = {k: float(v) for k, v in logs.items() if v is not None and math.isfinite(float(v))}
@@ -326,17 +327,16 @@ class StarPOModule(L.LightningModule):
 
     # -- checkpoints and export -----------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["starpo"] = {"skipped_steps": self.skipped_steps, **self.early_stops.state_dict(),
+        checkpoint["starpo"] = {**self.skips.state_dict(), **self.early_stops.state_dict(),
                                 "model_path": str(getattr(self, "_model_path", self.hparams.model))}
         if self._lora is not None:
             checkpoint["state_dict"] = lora_mod.trainable_state(self, checkpoint["state_dict"])
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = checkpoint.get("starpo", {})
         if self._lora is not None and self.actor is not None:
             lora_mod.check_trainable_state(self, checkpoint["state_dict"])
-        self.skipped_steps = int(state.get("skipped_steps", 0))
-        self.early_stops.load_state_dict(state)
+        for part in (self.skips, self.early_stops):  # their counters (skips in a row, collapse windows)
+            part.load_state_dict(checkpoint.get("starpo", {}))
 
     def export_actor(self, path: str | Path) -> Path:
         """Save the actor as a HF folder (:func:`.export.export_actor`; under FSDP2 every rank calls it)."""

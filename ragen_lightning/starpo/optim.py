@@ -1,14 +1,29 @@
-"""The two optimizers of a StarPO run (actor, critic) and their optional linear learning-rate warm-up.
+"""The two optimizers of a StarPO run (actor, critic), their optional linear learning-rate warm-up, and the guard
+that keeps non-finite values out of the weights.
 
 With manual optimisation Lightning does not step schedulers: :func:`step_warmup` advances the schedule of the
 network whose optimizer just stepped.
+
+Non-finite guard (:func:`guarded_step`): a step is not applied when its inputs are non-finite (loss, gradient norm:
+checked by :func:`~ragen_lightning.starpo.update.accumulate`; learning rate: checked here before the step) or when
+the weights it produces are (an absurd finite learning rate overflows): the trainable weights and the optimizer
+state are copied to host memory before the step and put back when any weight comes out non-finite, so a skipped
+step leaves the network and its optimizer exactly as they were. The copy lives in host memory (GPU memory, which the
+memory plan budgets, is unchanged) and costs one device-to-host copy of the trainable weights and optimizer state
+per optimizer step. :class:`SkipGuard` counts skipped steps and stops the run after ``max_consecutive`` skips of one
+network in a row.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
+
+from ragen_lightning.errors import TrainingStopped
+from ragen_lightning.parallel import all_reduce_, world
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 
@@ -36,3 +51,109 @@ def step_warmup(schedulers, opt) -> None:
     for sched in schedulers if isinstance(schedulers, list) else [schedulers]:
         if sched.optimizer is inner:
             sched.step()
+
+
+def _inner(opt) -> torch.optim.Optimizer:
+    return getattr(opt, "optimizer", opt)  # a LightningOptimizer wraps the torch optimizer
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (FSDP2), else the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def learning_rate_problem(opt) -> str | None:
+    """``"non-finite learning rate (inf)"`` when a parameter group's ``lr`` is not a finite number, else None."""
+    for group in _inner(opt).param_groups:
+        lr = float(group["lr"])
+        if not math.isfinite(lr):
+            return f"non-finite learning rate ({lr})"
+    return None
+
+
+class WeightSnapshot:
+    """Host-memory copies of everything ``opt.step()`` may change: each parameter's data and its optimizer state
+    (a parameter without state yet gets none back, so the optimizer initialises it again on its next step)."""
+
+    def __init__(self, opt):
+        self.opt = _inner(opt)
+        self.params = [p for g in self.opt.param_groups for p in g["params"]]
+        self.data = [_local(p.detach()).to("cpu", copy=True) for p in self.params]
+        self.state = [None if p not in self.opt.state else
+                      {k: _local(v.detach()).to("cpu", copy=True) if torch.is_tensor(v) else v
+                       for k, v in self.opt.state[p].items()} for p in self.params]
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        for p, data, state in zip(self.params, self.data, self.state, strict=True):
+            _local(p.data).copy_(data)
+            if state is None:
+                self.opt.state.pop(p, None)
+                continue
+            current = self.opt.state[p]
+            for k, v in state.items():
+                if torch.is_tensor(v) and torch.is_tensor(current.get(k)):
+                    _local(current[k]).copy_(v)
+                else:
+                    current[k] = v
+
+
+def weights_finite(params) -> bool:
+    """Every element of every parameter is finite, agreed by all ranks (shards differ under FSDP)."""
+    local = [_local(p.detach()) for p in params]
+    finite = all(bool(torch.isfinite(t).all()) for t in local)
+    if world()[1] > 1:
+        device = local[0].device if local else "cpu"
+        finite = bool(all_reduce_(torch.tensor(float(finite), device=device), "min"))
+    return finite
+
+
+def guarded_step(opt, params) -> str | None:
+    """``opt.step()`` unless it would put a non-finite value into the weights: None when applied, else the reason
+    (nothing changed). Every rank calls it (the finite check is a collective)."""
+    if reason := learning_rate_problem(opt):
+        return reason
+    snapshot = WeightSnapshot(opt)
+    try:
+        opt.step()
+    except RuntimeError as exc:  # torch refuses an lr * grad that overflows a float ("... without overflow")
+        if "overflow" not in str(exc):
+            raise
+        snapshot.restore()  # a multi-tensor step may have updated some parameters already
+        return f"optimizer step overflowed ({exc})"
+    if weights_finite(params):
+        return None
+    snapshot.restore()
+    return "non-finite weights after the step (restored)"
+
+
+@dataclass
+class SkipGuard:
+    """Counts skipped optimizer steps (``total``, logged as ``train/skipped_steps``) and each network's skips in a
+    row; raises :class:`~ragen_lightning.errors.TrainingStopped` once one network's reach ``max_consecutive``
+    (0: never)."""
+
+    max_consecutive: int = 5
+    total: int = 0
+    in_a_row: dict[str, int] = field(default_factory=dict)
+
+    def state_dict(self) -> dict:
+        return {"skipped_steps": self.total, "skips_in_a_row": dict(self.in_a_row)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.total = int(state.get("skipped_steps", 0))
+        self.in_a_row = dict(state.get("skips_in_a_row", {}))
+
+    def record(self, network: str, stepped: bool, reason: str = "") -> None:
+        """Count one step of ``network``; raises when it has now skipped ``max_consecutive`` in a row."""
+        if stepped:
+            self.in_a_row[network] = 0
+            return
+        self.total += 1
+        self.in_a_row[network] = self.in_a_row.get(network, 0) + 1
+        if self.max_consecutive and self.in_a_row[network] >= self.max_consecutive:
+            raise TrainingStopped(
+                f"{self.in_a_row[network]} {network} optimizer steps in a row were skipped ({reason}); nothing "
+                f"non-finite reached the weights. Check --model.{network}_lr (or --model.{network}_optimizer), "
+                "--model.grad_clip and --data.temperature; --model.max_consecutive_skips sets this limit"
+            )

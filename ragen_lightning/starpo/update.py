@@ -8,7 +8,8 @@ for both and what data parallelism changes:
   so every rank runs the same micro-batches;
 * :func:`score_sharded`: a no-grad scoring pass where each rank scores its share and the shares are summed;
 * :func:`accumulate`: ``zero_grad`` -> backward over micro-batches -> clip -> step, skipped (and counted) when a
-  loss or the gradient norm is non-finite. A loss function returns a :class:`MicroOutput`: its loss terms add up
+  loss, the gradient norm, the learning rate or the updated weights are non-finite (the last restored:
+  :func:`~ragen_lightning.starpo.optim.guarded_step`). A loss function returns a :class:`MicroOutput`: its loss terms add up
   over micro-batches (each is already divided by the mini-batch's normaliser), its statistics are averaged, and
   the log-probs/entropy of its forward pass come back to the caller in the :class:`StepResult`;
 * :func:`clip_grad_norm`: by the global norm of the optimizer's own parameters, or FSDP1's own clip.
@@ -32,6 +33,7 @@ from ragen_lightning.parallel import (
     rank_rows,
     world,
 )
+from ragen_lightning.starpo.optim import guarded_step
 from ragen_lightning.starpo.scoring import micro_slices, score_batch
 
 
@@ -59,13 +61,15 @@ class StepResult:
 
     Attributes:
         metrics: loss terms (summed over micro-batches and ranks), statistics (averaged) and ``grad_norm``.
-        stepped: False when the step was skipped (non-finite loss or gradient norm).
+        stepped: False when the step was skipped (nothing changed: weights and optimizer state as before).
         outputs: ``(rows, MicroOutput.outputs)`` of every micro-batch whose loss function returned outputs.
+        skip_reason: why the step was skipped (``non-finite loss``, ``non-finite gradient norm``, ...), else ''.
     """
 
     metrics: dict[str, float]
     stepped: bool
     outputs: list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = field(default_factory=list)
+    skip_reason: str = ""
 
 
 LossFn = Callable[[torch.Tensor], MicroOutput]
@@ -134,7 +138,9 @@ def accumulate(module, opt, rows: torch.Tensor, loss_fn: LossFn, *, micro_batch_
                pad_row: int = -1, on_step: Callable[[object], None] | None = None) -> StepResult:
     """zero_grad -> backward over micro-batches of ``rows`` -> clip -> step.
 
-    The step is skipped when a loss or the gradient norm is non-finite. With several ranks every rank runs all its
+    The step is skipped when a loss, the gradient norm, the learning rate or the updated weights are non-finite
+    (:func:`~ragen_lightning.starpo.optim.guarded_step`: the weights and optimizer state stay as they were). With
+    several ranks every rank runs all its
     micro-batches whatever their losses (a rank leaving the loop early would hang the gradient collectives), the
     loss is scaled by the world size (DDP/FSDP average gradients, the normaliser is already global), the finite flag
     is agreed by all ranks and metrics are combined across them (micro-batches of ``pad_row`` only log nothing).
@@ -166,16 +172,16 @@ def accumulate(module, opt, rows: torch.Tensor, loss_fn: LossFn, *, micro_batch_
         norm = clip_grad_norm(module, params, max_norm, every_param=True)  # collective: every rank, finite or not
     else:
         norm = clip_grad_norm(module, params, max_norm) if finite else float("nan")
-    stepped = finite and math.isfinite(norm)
-    if stepped:
-        opt.step()
-        if on_step is not None:
-            on_step(opt)
+    reason = "non-finite loss" if not finite else "" if math.isfinite(norm) else "non-finite gradient norm"
+    reason = reason or guarded_step(opt, params) or ""  # collectives inside: ranks agree on the flags above
+    stepped = not reason
+    if stepped and on_step is not None:
+        on_step(opt)
     opt.zero_grad()  # FSDP1 clips every gradient of the wrapped root: leave none behind for the other network
     metrics = {k: total for k, (total, _) in _across_ranks(terms).items()}
     metrics.update({k: total / count for k, (total, count) in _across_ranks(stats).items()})
     metrics["grad_norm"] = norm
-    return StepResult(metrics, stepped, outputs)
+    return StepResult(metrics, stepped, outputs, reason)
 
 
 def _across_ranks(values: dict[str, list[float]]) -> dict[str, tuple[float, int]]:

@@ -57,4 +57,4 @@ def test_one_starpo_iteration_on_cuda(tmp_path, tiny_path, precision, dtype):
     assert next(module.actor.parameters()).device.type == "cuda"
     assert trainer.global_step == 2  # one actor and one critic step
     assert any(not torch.equal(before[k], v.cpu().to(before[k].dtype)) for k, v in module.actor.named_parameters())
-    assert module.skipped_steps == 0
+    assert module.skips.total == 0

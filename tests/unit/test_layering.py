@@ -25,7 +25,7 @@ LAYERS = {
     "types": 0, "errors": 0,
     "algos": 1,
     "parallel": 2, "metrics": 2, "rollout": 2, "models": 2,
-    "data": 3, "sft": 3,
+    "data": 3, "sft": 3, "checkpointing": 3,
     "starpo": 4,
     "cli": 5,
 }

@@ -1,0 +1,240 @@
+"""Safe checkpoints: atomic writes, a digest checked on load, one-line errors, and resumes that keep the settings.
+
+* **Atomic**: :func:`save_atomic` writes ``.<name>.<pid>.tmp`` in the checkpoint's folder, fsyncs it, then renames it
+  over the real name (and fsyncs the folder), so a crash or a full disk never leaves a truncated file under a
+  ``.ckpt`` name: the previous file of that name, if any, stays whole.
+* **Digest**: the file is the ordinary ``torch.save`` zip archive (``torch.load`` and Lightning read it unchanged)
+  whose zip comment holds ``ragen-sha256:<hex>``, the SHA-256 of the archive as ``torch.save`` wrote it (comment
+  empty). :func:`verify` recomputes it; a file whose bytes changed after saving is refused, naming the file. A
+  checkpoint without a digest (written by plain Lightning) loads unverified.
+* **One line**: an empty, truncated or foreign file is a :class:`CheckpointError` naming the file, not a bare
+  ``EOFError`` / ``UnpicklingError``.
+* **Same settings**: :func:`changed_settings` lists the model settings a resume would change;
+  the command line refuses them unless ``--allow_changed_settings true`` (LightningCLI's default instead loads the
+  checkpoint's hyperparameters over the given flags, silently).
+
+:class:`SafeCheckpointIO` puts the first three under Lightning's ``ModelCheckpoint`` and ``--ckpt_path`` loading;
+:func:`install` makes it a trainer's checkpoint IO (the StarPO module does so in ``setup``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.cloud_io import _load as pl_load
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_warn
+
+from ragen_lightning.errors import ConfigError
+
+DIGEST_PREFIX = b"ragen-sha256:"
+_EOCD = b"PK\x05\x06"  # the zip "end of central directory" record: 22 bytes, then the comment
+_EOCD_SIZE = 22
+_DIGEST_RE = re.compile(rb"ragen-sha256:([0-9a-f]{64})")
+_CHUNK = 1 << 20
+# module settings that only steer the run around the training (changing them on resume changes no math)
+RUN_CONTROL_SETTINGS = ("export_dir", "max_consecutive_skips", "early_stop", "lora.export_merged")
+# settings linked from another flag (the message names the flag the user sets)
+_FLAG_OF = {"temperature": "--data.temperature"}
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint file that cannot be used (empty, truncated, corrupted, foreign); the message names the file."""
+
+
+class _HashingWriter:
+    """A write-only file wrapper that hashes what ``torch.save`` writes and keeps the last bytes (the zip end)."""
+
+    def __init__(self, f):
+        self.f, self.sha, self.tail = f, hashlib.sha256(), b""
+
+    def write(self, data) -> int:
+        data = bytes(data)
+        self.sha.update(data)
+        self.tail = (self.tail + data)[-_EOCD_SIZE:]
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def save_atomic(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> None:
+    """``torch.save(checkpoint)`` to ``path`` with its digest, atomically (temporary file, fsync, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            writer = _HashingWriter(f)
+            torch.save(checkpoint, writer)
+            if not (writer.tail.startswith(_EOCD) and writer.tail[-2:] == b"\0\0"):
+                raise RuntimeError(f"torch.save did not write a zip archive with an empty comment to {tmp}")
+            comment = DIGEST_PREFIX + writer.sha.hexdigest().encode()
+            f.seek(-2, os.SEEK_END)  # the comment length, the archive's last field
+            f.write(len(comment).to_bytes(2, "little") + comment)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        disk = exc if isinstance(exc, OSError) else exc.__context__  # torch's zip writer replaces the OSError
+        if isinstance(disk, OSError) and disk.errno is not None:
+            raise OSError(disk.errno, f"{disk.strerror}: checkpoint {path} not written (a previous file of that "
+                                      "name is unchanged)") from exc
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # some platforms cannot open a folder; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def verify(path: str | os.PathLike) -> bool:
+    """Check ``path``'s digest: True when it matches, False when the file has none (a plain Lightning checkpoint).
+
+    Raises :class:`CheckpointError` naming the file when it is missing, empty, not a zip archive (truncated or
+    another kind of file) or its bytes differ from what was saved.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"--ckpt_path {path}: no such file")
+    size = path.stat().st_size
+    if size == 0:
+        raise CheckpointError(f"--ckpt_path {path}: the file is empty, not a checkpoint")
+    with open(path, "rb") as f:
+        f.seek(max(0, size - _EOCD_SIZE - 0xFFFF))
+        tail = f.read()
+        end = tail.rfind(_EOCD)
+        if end < 0 or len(tail) - end < _EOCD_SIZE:
+            raise CheckpointError(f"--ckpt_path {path}: not a checkpoint (no zip archive end: truncated, or another "
+                                  "kind of file)")
+        comment = tail[end + _EOCD_SIZE:]
+        if int.from_bytes(tail[end + 20 : end + 22], "little") != len(comment):
+            raise CheckpointError(f"--ckpt_path {path}: not a checkpoint (the zip archive end is damaged)")
+        if not comment:
+            return False
+        match = _DIGEST_RE.fullmatch(comment)
+        if match is None:
+            raise CheckpointError(f"--ckpt_path {path}: corrupted checkpoint (its digest record is damaged)")
+        sha, remaining = hashlib.sha256(), size - len(comment) - 2
+        f.seek(0)
+        while remaining > 0:
+            chunk = f.read(min(_CHUNK, remaining))
+            if not chunk:
+                break
+            sha.update(chunk)
+            remaining -= len(chunk)
+    sha.update(b"\0\0")  # the comment length as torch.save wrote it
+    if sha.hexdigest() != match.group(1).decode():
+        raise CheckpointError(f"--ckpt_path {path}: corrupted checkpoint (its SHA-256 differs from the digest saved "
+                              "with it: the file changed after it was written); use another checkpoint")
+    return True
+
+
+def load_verified(path: str | os.PathLike, map_location: Any = None, weights_only: bool | None = None) -> Any:
+    """:func:`verify`, then load; an unreadable file is a :class:`CheckpointError` naming it (one line)."""
+    if not verify(path):
+        rank_zero_warn(f"{path} has no integrity digest (not written by ragen_lightning); loading it unverified")
+    try:
+        return pl_load(path, map_location=map_location, weights_only=weights_only)
+    except (CheckpointError, FileNotFoundError, MemoryError):
+        raise
+    except Exception as exc:  # EOFError, UnpicklingError, zip and unpickling RuntimeErrors: a damaged file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        kind = type(exc).__name__
+        raise CheckpointError(f"--ckpt_path {path}: not a readable checkpoint ({kind}: {first})") from None
+
+
+class SafeCheckpointIO(TorchCheckpointIO):
+    """Lightning's ``TorchCheckpointIO`` with atomic, digested writes and verified loads (local paths; a URL such
+    as ``s3://...`` goes through Lightning's own code unchanged)."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        if storage_options is not None or "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        save_atomic(checkpoint, path)
+        return None
+
+    def load_checkpoint(self, path, map_location: Any = lambda storage, loc: storage,
+                        weights_only: bool | None = None) -> dict[str, Any]:
+        if "://" in str(path):
+            return super().load_checkpoint(path, map_location, weights_only)
+        return load_verified(path, map_location=map_location, weights_only=weights_only)
+
+
+def install(trainer) -> None:
+    """Make :class:`SafeCheckpointIO` the trainer's checkpoint IO unless another than Lightning's default is set
+    (a user plugin, or a sharded strategy's own)."""
+    strategy = trainer.strategy
+    if type(strategy.checkpoint_io) is TorchCheckpointIO:
+        strategy.checkpoint_io = SafeCheckpointIO()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Settings on resume
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if hasattr(value, "as_dict"):  # a jsonargparse Namespace
+        value = value.as_dict()
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def changed_settings(current: Mapping[str, Any], saved: Mapping[str, Any],
+                     ignore: tuple[str, ...] = RUN_CONTROL_SETTINGS) -> list[str]:
+    """``"--model.adv_estimator (checkpoint 'gae', now 'grpo')"`` for every model setting present in both the
+    checkpoint's hyperparameters ``saved`` and the module's ``current`` ones whose values differ (settings that only
+    steer the run, :data:`RUN_CONTROL_SETTINGS`, are not compared)."""
+    out = []
+    for key in sorted(set(current) & set(saved)):
+        if key.startswith("_") or key in ignore:
+            continue
+        old, new = _plain(saved[key]), _plain(current[key])
+        for value in (old, new):  # nested run-control fields ("lora.export_merged")
+            for name in ignore:
+                if name.startswith(f"{key}.") and isinstance(value, dict):
+                    value.pop(name.split(".", 1)[1], None)
+        if not _same(old, new):
+            out.append(f"{_FLAG_OF.get(key, '--model.' + key)} (checkpoint {old!r}, now {new!r})")
+    return out
+
+
+def check_resume_settings(current: Mapping[str, Any], checkpoint_path: str | os.PathLike, saved: Mapping[str, Any],
+                          allow: bool) -> None:
+    """Refuse (:class:`~ragen_lightning.errors.ConfigError`, one line) a resume whose model settings differ from
+    the checkpoint's, naming them, unless ``allow``."""
+    changed = changed_settings(current, saved)
+    if changed and not allow:
+        raise ConfigError(f"--ckpt_path {checkpoint_path} was trained with other model settings: {'; '.join(changed)}. "
+                          "Resume with the run's settings, or pass --allow_changed_settings true to continue with "
+                          "the new ones")

@@ -1,0 +1,298 @@
+"""Model text is judged in bounded time: numbers with huge exponents, repeated tags, contradictory puzzles, and a fuzz
+of adversarial outputs through the runner's parsing path for every registered env.
+
+The hang cases run in a killed-at-the-limit subprocess (``bounded.run_bounded``): before the fixes each of them ran
+for minutes, so the test failed on its limit instead of blocking the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import envs  # noqa: F401  (registers the ids)
+from envs.metamathqa import MAX_EXPONENT, MAX_NUMERAL_LENGTH, MetaMathQAEnv, answers_match
+from envs.sudoku import PUZZLE_SEARCH_BUDGET, SudokuEnv
+from ragen_lightning.rollout import prompting
+from ragen_lightning.rollout.engine import Generation, SamplingParams
+from ragen_lightning.rollout.runner import RolloutRunner
+from ragen_lightning.rollout.settings import EpisodeSettings
+from ragen_lightning.rollout.tokens import ChatTokens
+from tests.unit.reliability.bounded import run_bounded
+
+HUGE_NUMERALS = ("1e999999999", "1e-999999999", "1e10000000")
+
+
+# ------------------------------------------------------------------------------------------------ MetaMathQA
+
+
+def test_metamathqa_huge_exponents_are_judged_in_under_a_second():
+    # Before: Fraction(text) computed 10**exp, > 20 s for each (the first two ran for minutes).
+    seconds = run_bounded(f"""
+        import json, time
+        from envs.metamathqa import MetaMathQAEnv, answers_match
+        out = {{}}
+        env = MetaMathQAEnv()
+        for text in {HUGE_NUMERALS!r}:
+            t = time.perf_counter()
+            env.reset(options={{"index": 0}})  # label "117"
+            step = env.step(text)
+            out[text] = [time.perf_counter() - t, step[1], answers_match("117", text), answers_match(text, text)]
+        print(json.dumps(out))
+    """)
+    for text in HUGE_NUMERALS:
+        elapsed, reward, wrong_vs_huge_label, itself = seconds[text]
+        assert elapsed < 1.0, (text, elapsed)
+        assert reward == 0.0 and wrong_vs_huge_label is False and itself is True  # matches only its own string
+
+
+@pytest.mark.parametrize(
+    "answer, label, match",
+    [
+        ("1e1000", "10e999", True),  # exponent at the bound: judged as numbers (10**1000 both)
+        ("1e-1000", "0.1e-999", True),
+        ("1e1001", "10e1000", False),  # beyond the bound: text only, and the texts differ
+        ("1e1001", "1E1001", True),  # ... equal after lower-casing
+        ("1" * MAX_NUMERAL_LENGTH, "1" * MAX_NUMERAL_LENGTH + ".0", False),  # 201 characters: text only
+        ("1" * (MAX_NUMERAL_LENGTH - 2) + ".0", "1" * (MAX_NUMERAL_LENGTH - 2), True),  # 200 characters: a number
+        ("1_000", "1000", True),  # Fraction's digit groups still parse
+        ("1,000e2", "100000", False),  # thousands separators only without an exponent (unchanged)
+    ],
+)
+def test_numeral_bounds(answer, label, match):
+    assert MAX_EXPONENT == 1000 and MAX_NUMERAL_LENGTH == 200
+    assert answers_match(answer, label) is match
+
+
+@pytest.mark.parametrize("label", ["1e999999999", "-2.5E+1001", "3" * 201])
+def test_metamathqa_label_beyond_the_judged_range_is_refused_at_load(tmp_path, label):
+    path = tmp_path / "qa.jsonl"
+    path.write_text(json.dumps({"question": "q1", "answer": "4"}) + "\n"
+                    + json.dumps({"question": "q2", "answer": label}) + "\n", encoding="utf-8")
+    refused = r"qa\.jsonl:2: answer '.*'(\.\.\.)? is a number beyond the judged range"
+    with pytest.raises(ValueError, match=refused) as info:
+        MetaMathQAEnv(path=path)
+    assert "\n" not in str(info.value)
+
+
+def test_metamathqa_label_at_the_bounds_loads(tmp_path):
+    path = tmp_path / "qa.jsonl"
+    path.write_text(json.dumps({"question": "q", "answer": "1e1000"}) + "\n", encoding="utf-8")
+    env = MetaMathQAEnv(path=path)
+    env.reset(options={"index": 0})
+    assert env.step("10e999")[1] == 1.0
+
+
+# ------------------------------------------------------------------------------------------------ parse_response
+
+REPEATED = {  # (unit, repeats, enable_think): 100 KB inputs; the old regexes backtracked from every opening tag to
+    # the end of the text (> 20 s for the first)
+    "think_close_pairs": ("<think></think>", 6667, True),
+    "think_opens": ("<think>", 14286, True),
+    "pairs_then_answer_open": ("<think></think><answer>", 4348, True),
+    "answer_opens": ("<answer>", 12500, False),
+}
+
+
+def test_parse_response_on_100kb_of_repeated_tags_is_under_a_second():
+    seconds = run_bounded(f"""
+        import json, time
+        from ragen_lightning.rollout.prompting import parse_response
+        out = {{}}
+        for name, (unit, repeats, think) in {REPEATED!r}.items():
+            text = unit * repeats
+            t = time.perf_counter()
+            r = parse_response(text, enable_think=think)
+            out[name] = [time.perf_counter() - t, r.format_ok, len(text)]
+        print(json.dumps(out))
+    """)
+    for name in REPEATED:
+        elapsed, format_ok, size = seconds[name]
+        assert size >= 100_000 and format_ok is False
+        assert elapsed < 1.0, (name, elapsed)
+
+
+# (text after the generation prefix, enable_think) -> (think, answer, actions), worked out by hand from the regexes
+# r"<think>(.*?)</think>\s*<answer>(.*?)</answer>" / r"<answer>(.*?)</answer>" (DOTALL) on prefix + text.
+TRICKY = [
+    # a </think> not followed by <answer> does not close: the think part runs to the next usable </think>
+    (("a</think>b</think> <answer>X</answer>", True), ("ab", "X", ("X",))),
+    # the first usable </think> wins even though a later well-formed pair exists; the answer runs to the first
+    # </answer> after it
+    (("a</think><answer>X</think>\n<answer>Y</answer>", True), ("a", "X\nY", ("X\nY",))),
+    # an inner <think> belongs to the think text (the match starts at the prefix)
+    (("<think>a</think><answer>B</answer>", True), ("a", "B", ("B",))),
+    # any whitespace between </think> and <answer>, Unicode's included (\s)
+    (("a</think> \n\t\u2003<answer> Up || Left </answer>", True), ("a", "Up || Left", ("Up", "Left"))),
+    (("a</think>x<answer>Up</answer>", True), None),  # text between the tags
+    (("a</think><answer>Up", True), None),  # no </answer>
+    (("a</answer></think><answer>Up</answer>", True), ("a", "Up", ("Up",))),  # </answer> before is irrelevant
+    (("a</think><answer>Up</answer></think><answer>Down</answer>", True), ("a", "Up", ("Up",))),
+    (("</think></think><answer></answer>", True), ("", "", ())),  # empty parts: format ok, no actions
+    (("Up</answer><answer>Down</answer>", False), ("", "Up", ("Up",))),
+    (("<answer>Up</answer>", False), ("", "Up", ("Up",))),  # nested opening tag is stripped
+    (("Up", False), None),
+    (("<|im_end|>Up||Down||Left</answer>", False), ("", "Up||Down||Left", ("Up", "Down"))),
+]
+
+
+@pytest.mark.parametrize("case, expected", TRICKY)
+def test_parse_response_tricky_inputs(case, expected):
+    text, think = case
+    r = prompting.parse_response(text, enable_think=think, max_actions_per_turn=2)
+    if expected is None:
+        assert (r.format_ok, r.actions, r.answer, r.think) == (False, (), "", "")
+    else:
+        assert r.format_ok and (r.think, r.answer, r.actions) == expected
+
+
+_OLD_THINK = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
+_OLD_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_PIECES = ["<think>", "</think>", "<answer>", "</answer>", " ", "\n", "a", "||", "<", ">", "/", "think", "answer"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=14), st.booleans())
+def test_linear_matching_equals_the_regex_it_replaced(pieces, think):
+    full = prompting.generation_prefix(think) + "".join(pieces)
+    if think:
+        m = _OLD_THINK.search(full)
+        assert prompting._match_think_answer(full) == (None if m is None else m.groups())
+    else:
+        m = _OLD_ANSWER.search(full)
+        assert prompting._match_answer(full) == (None if m is None else m.group(1))
+
+
+# ------------------------------------------------------------------------------------------------ Sudoku
+
+
+def _contradictory_16x16() -> list[list[int]]:
+    """No cell is without candidates, yet box 0 has no place for a 1: rows 1-3 hold a 1 in boxes 1-3, columns 0-2
+    hold a 1 further down, and (0, 3) holds a 2."""
+    grid = np.zeros((16, 16), dtype=int)
+    for r, c in [(1, 4), (2, 8), (3, 12), (4, 0), (8, 1), (12, 2)]:
+        grid[r, c] = 1
+    grid[0, 3] = 2
+    return grid.tolist()
+
+
+def test_sudoku_hidden_contradiction_is_refused_within_the_budget():
+    # Before: the search had no budget (> 25 s; minutes).
+    out = run_bounded(f"""
+        import json, time
+        import numpy as np
+        from envs.sudoku import SudokuEnv
+        out = {{}}
+        for budget in (None, 10_000):
+            env = SudokuEnv(grid_size=16) if budget is None else SudokuEnv(grid_size=16, search_budget=budget)
+            t = time.perf_counter()
+            try:
+                env.reset(options={{"puzzle": np.array({_contradictory_16x16()!r})}})
+                message = None
+            except ValueError as exc:
+                message = str(exc)
+            out[str(budget)] = [time.perf_counter() - t, message]
+        print(json.dumps(out))
+    """, limit_s=90)
+    small_s, small_msg = out["10000"]
+    assert small_msg == (
+        "options['puzzle']: no unique solution found within search_budget=10000 search nodes (it may hide a "
+        "contradiction, or have too few givens to check); give more numbers or raise search_budget"
+    )
+    assert small_s < 1.0
+    default_s, default_msg = out["None"]
+    assert f"search_budget={PUZZLE_SEARCH_BUDGET} " in default_msg and PUZZLE_SEARCH_BUDGET == 200_000
+    assert default_s < 20.0  # ~3 s on one busy core of the 2-core build machine
+
+
+def test_sudoku_search_budget_is_validated_and_normal_puzzles_still_load():
+    with pytest.raises(ValueError, match="search_budget must be an int >= 1, got 0"):
+        SudokuEnv(search_budget=0)
+    env = SudokuEnv(grid_size=4, search_budget=50)
+    puzzle = [[1, 2, 3, 4], [3, 4, 1, 2], [2, 1, 4, 3], [4, 3, 2, 0]]
+    obs, info = env.reset(options={"puzzle": puzzle})
+    assert info["empty_cells"] == 1 and env.solution[3, 3] == 1
+
+
+# ------------------------------------------------------------------------------------------------ fuzz
+
+
+ADVERSARIAL = [
+    "",
+    "no tags at all",
+    "<think></think>" * 1334,  # 20 KB each: long enough that a quadratic path shows
+    "<think>" * 2858,
+    "<answer>" * 2500,
+    "</think><answer>" * 1250,
+    "x</think><answer>" + "||" * 10_000 + "</answer>",
+    "x</think><answer>" + "Up || " * 3_334 + "</answer>",
+    "x</think><answer>1e999999999</answer>",
+    "x</think><answer>1e-999999999 || 1e10000000</answer>",
+    "x</think><answer>" + "9" * 20_000 + "</answer>",
+    "x</think><answer>" + "(" * 5_000 + "1" + ")" * 5_000 + "</answer>",
+    "x</think><answer>" + "1+" * 10_000 + "1</answer>",
+    "x</think><answer>9**9**9**9 || 10**100000</answer>",
+    "x</think><answer>__import__('os').system('echo pwned')</answer>",
+    "x</think><answer>" + "1," * 10_000 + "</answer>",
+    "x</think><answer>place 9999999999 at row 99999999 col 1 || (1,1,1)</answer>",
+    "x</think><answer>" + " " * 20_000 + "</answer>",
+    "x</think><answer>\x00\x01\x7f\ufffd\u202e✓ Up</answer>",
+    "x</think><answer><|im_end|>Up<|endoftext|></answer>",
+    "x</think><answer>up || DOWN || lEfT || right || U' || b</answer>",
+    "x</think><answer>" + "Ü" * 10_000 + "</answer>",
+    "x</think><answer>nan || inf || -0 || 0x1F || 1/0 || 1_000_000</answer>",
+]
+
+
+class _ListEngine:
+    """Answers the i-th prompt of a call with ``texts[i]`` (token ids of the text, no EOS cut)."""
+
+    def __init__(self, tokenizer, texts):
+        self.ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+
+    def generate(self, prompts, params, seeds=None, **kw):
+        return [Generation(self.ids[i], [-1.0] * len(self.ids[i]), "length") for i in range(len(prompts))]
+
+    def sync_weights(self):
+        pass
+
+
+@pytest.mark.timeout(300)
+def test_fuzz_adversarial_outputs_through_the_runner_for_every_env(tiny_tokenizer, monkeypatch):
+    env_ids = sorted(k for k in gym.registry if k.startswith("ragen/"))
+    assert len(env_ids) == 14
+    parse_seconds: list[float] = []
+    parse = prompting.parse_response
+
+    def timed_parse(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return parse(*args, **kwargs)
+        finally:
+            parse_seconds.append(time.perf_counter() - t)
+
+    monkeypatch.setattr(prompting, "parse_response", timed_parse)  # the runner calls it through the module
+    engine = _ListEngine(tiny_tokenizer, ADVERSARIAL)
+    longest = max(len(ids) for ids in engine.ids)
+    episode = EpisodeSettings(max_turns=1, max_actions_per_turn=20, max_actions_per_episode=20,
+                              max_new_tokens=longest, max_model_len=longest + 4096)
+    for env_id in env_ids:
+        runner = RolloutRunner(env_id, None, ChatTokens(tiny_tokenizer), engine, episode)
+        trajs = runner.run(list(range(len(ADVERSARIAL))), group_size=1, params=SamplingParams(max_new_tokens=longest))
+        assert len(trajs) == len(ADVERSARIAL) and all(t.num_turns == 1 for t in trajs)
+        assert all(np.isfinite(t.score) for t in trajs)
+        # the output without tags and the empty one are format errors in every env
+        assert trajs[0].num_format_errors == trajs[1].num_format_errors == 1
+        # env resets and the steps that judge the parsed actions (a few ms an output here)
+        assert runner.timing["env"] < 2.0, (env_id, runner.timing)
+        runner.close()
+    assert len(parse_seconds) == 14 * len(ADVERSARIAL)
+    # ~2 ms an output at most here; the quadratic parser took 0.2-0.6 s on the 20 KB tag repeats
+    assert max(parse_seconds) < 0.1, max(parse_seconds)
