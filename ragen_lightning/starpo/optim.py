@@ -6,11 +6,11 @@ network whose optimizer just stepped.
 
 Non-finite guard (:func:`guarded_step`): a step is not applied when its inputs are non-finite (loss, gradient norm:
 checked by :func:`~ragen_lightning.starpo.update.accumulate`; learning rate: checked here before the step) or when
-the weights it produces are (an absurd finite learning rate overflows): the trainable weights and the optimizer
-state are copied to host memory before the step and put back when any weight comes out non-finite, so a skipped
-step leaves the network and its optimizer exactly as they were. The copy lives in host memory (GPU memory, which the
-memory plan budgets, is unchanged) and costs one device-to-host copy of the trainable weights and optimizer state
-per optimizer step. :class:`SkipGuard` counts skipped steps and stops the run after ``max_consecutive`` skips of one
+the weights it produces are (an absurd finite learning rate overflows): up to :data:`SNAPSHOT_LIMIT` trainable
+elements per rank the trainable weights and the optimizer state are copied to host memory before the step and put
+back when any weight comes out non-finite, so a skipped step leaves the network and its optimizer exactly as they
+were (GPU memory, which the memory plan budgets, is unchanged). Above the limit that copy would cost three times the
+shard per step, so only the checks before the step protect the weights and a non-finite result stops the run. :class:`SkipGuard` counts skipped steps and stops the run after ``max_consecutive`` skips of one
 network in a row.
 """
 
@@ -108,21 +108,43 @@ def weights_finite(params) -> bool:
     return finite
 
 
-def guarded_step(opt, params) -> str | None:
+SNAPSHOT_LIMIT = 64 * 2**20  # trainable elements per rank up to which a step is undoable (~0.77 GiB of host copy)
+
+
+def local_numel(opt) -> int:
+    """Trainable elements of ``opt`` on this rank (its shards under FSDP2)."""
+    return sum(_local(p.detach()).numel() for g in _inner(opt).param_groups for p in g["params"])
+
+
+def guarded_step(opt, params, snapshot_limit: int = SNAPSHOT_LIMIT) -> str | None:
     """``opt.step()`` unless it would put a non-finite value into the weights: None when applied, else the reason
-    (nothing changed). Every rank calls it (the finite check is a collective)."""
+    (nothing changed). Every rank calls it (the finite check is a collective).
+
+    Up to ``snapshot_limit`` trainable elements per rank (the tiny model, LoRA adapters, a sharded small model) the
+    step is undoable: weights and optimizer state are copied to host memory first and put back when the step
+    produced a non-finite weight. Above it (a full fine-tune of a large model, where that copy would cost three
+    times the shard in host memory and time every step) only the finite checks before the step run (learning
+    rate here, loss and gradient norm in :func:`~ragen_lightning.starpo.update.accumulate`); a step that still
+    produces a non-finite weight (a finite but absurd learning rate) stops the run before anything is saved."""
     if reason := learning_rate_problem(opt):
         return reason
-    snapshot = WeightSnapshot(opt)
+    snapshot = WeightSnapshot(opt) if local_numel(opt) <= snapshot_limit else None
     try:
         opt.step()
     except RuntimeError as exc:  # torch refuses an lr * grad that overflows a float ("... without overflow")
         if "overflow" not in str(exc):
             raise
+        if snapshot is None:
+            raise TrainingStopped(f"an optimizer step overflowed ({exc}); stopped before anything was saved. Lower "
+                                  "the learning rate or --model.grad_clip") from exc
         snapshot.restore()  # a multi-tensor step may have updated some parameters already
         return f"optimizer step overflowed ({exc})"
     if weights_finite(params):
         return None
+    if snapshot is None:
+        raise TrainingStopped("an optimizer step produced non-finite weights (the learning rate is finite but too "
+                              "large for these gradients); stopped before anything was saved. Lower the learning "
+                              "rate or --model.grad_clip")
     snapshot.restore()
     return "non-finite weights after the step (restored)"
 

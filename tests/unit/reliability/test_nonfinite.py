@@ -12,7 +12,7 @@ import torch
 
 from ragen_lightning.errors import ConfigError, TrainingStopped
 from ragen_lightning.starpo.module import StarPOModule
-from ragen_lightning.starpo.optim import SkipGuard, guarded_step, learning_rate_problem
+from ragen_lightning.starpo.optim import SkipGuard, guarded_step, learning_rate_problem, local_numel
 from ragen_lightning.starpo.update import MicroOutput, accumulate
 
 X = torch.tensor([[1.0, 1.0]])
@@ -89,6 +89,21 @@ def test_guarded_step_applies_a_finite_step():
     assert learning_rate_problem(opt) is None
     assert guarded_step(opt, list(net.parameters())) is None
     assert net.weight.tolist() == [[0.75, 1.75]]
+
+
+def test_above_the_snapshot_limit_a_non_finite_result_stops_the_run():
+    """No host copy for a large network: the checks before the step still skip an inf learning rate, and a finite
+    but absurd one that overflows the weights stops the run instead of being undone."""
+    net = _linear()
+    opt = torch.optim.SGD(net.parameters(), lr=math.inf)
+    net(X).sum().backward()  # gradient [1, 1]
+    assert guarded_step(opt, list(net.parameters()), snapshot_limit=0) == "non-finite learning rate (inf)"
+    assert net.weight.tolist() == [[1.0, 2.0]]
+    opt.param_groups[0]["lr"] = 3e38
+    net.weight.data.fill_(-3e38)  # -3e38 - 3e38 * 1 is -inf in float32
+    with pytest.raises(TrainingStopped, match="^an optimizer step produced non-finite weights"):
+        guarded_step(opt, list(net.parameters()), snapshot_limit=0)
+    assert local_numel(opt) == 2  # the weight [1, 2]
 
 
 def test_skip_guard_counts_and_stops_after_n_in_a_row_per_network():
