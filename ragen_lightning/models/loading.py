@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ragen_lightning.models.tiny import tiny_model_path
+from ragen_lightning.models.tiny import spec_from_name, tiny_model_path
 
 TINY = "tiny"
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -22,10 +22,16 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """``"tiny"`` -> the cached tiny model folder; anything else unchanged."""
-    if name_or_path == TINY:
-        return str(tiny_model_path())
+    """``"tiny"`` or a named variant such as ``"tiny:cells"`` (:func:`~ragen_lightning.models.tiny.spec_from_name`)
+    -> the cached tiny model folder; anything else unchanged."""
+    if is_tiny(name_or_path):
+        return str(tiny_model_path(spec_from_name(name_or_path)))
     return name_or_path
+
+
+def is_tiny(name_or_path: str) -> bool:
+    """Whether ``name_or_path`` names the embedded model (``"tiny"`` or ``"tiny:<options>"``)."""
+    return name_or_path == TINY or name_or_path.startswith(TINY + ":")
 
 
 def torch_dtype(name: str) -> torch.dtype:

@@ -30,7 +30,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -89,6 +89,22 @@ PRESETS: dict[str, TinySpec] = {
     "small": TinySpec(hidden_size=192, num_layers=6, num_heads=6, num_kv_heads=2, intermediate_size=768),  # 3.32M, 2.7k
     "wide": TinySpec(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=1024),  # 4.03M, 2.7k
 }
+
+
+def spec_from_name(name: str) -> TinySpec:
+    """The spec a model name selects: ``"tiny"`` (the default preset, BPE), ``"tiny:cells"`` (one token per grid
+    cell), ``"tiny:small"``, ``"tiny:small+cells"``, ... (``tiny:`` then ``+``-joined options: at most one preset
+    of :data:`PRESETS` and ``cells``). Raises ``ValueError`` naming the allowed options."""
+    if name == "tiny":
+        return PRESETS["tiny"]
+    head, _, options = name.partition(":")
+    parts = options.split("+") if options else []
+    presets = [p for p in parts if p in PRESETS]
+    unknown = [p for p in parts if p not in PRESETS and p != "cells"]
+    if head != "tiny" or not parts or unknown or len(presets) > 1 or len(parts) != len(set(parts)):
+        raise ValueError(f"model {name!r}: the embedded model is 'tiny' or 'tiny:' followed by '+'-joined options, at "
+                         f"most one preset of {sorted(PRESETS)} and 'cells' (e.g. 'tiny:cells', 'tiny:small+cells')")
+    return replace(PRESETS[presets[0] if presets else "tiny"], grid_cells="cells" in parts)
 
 
 def cache_root() -> Path:

@@ -1,5 +1,8 @@
 """The tiny tokenizer reads a grid one cell per token, rows separated by a newline token, after save/reload."""
 
+import dataclasses
+import re
+
 import gymnasium as gym
 import pytest
 
@@ -115,3 +118,18 @@ def test_the_plain_default_keeps_the_cache_key_of_builds_before_the_option(tmp_p
     h.update(b"\x00")
     assert _key(spec, ["text"], "") == h.hexdigest()[:16]
     assert _key(TinySpec(grid_cells=True), ["text"], "\n#") != _key(spec, ["text"], "")
+
+
+def test_model_names_select_tiny_variants():
+    from ragen_lightning.models.loading import is_tiny
+    from ragen_lightning.models.tiny import PRESETS, spec_from_name
+
+    assert spec_from_name("tiny") == PRESETS["tiny"] and not PRESETS["tiny"].grid_cells
+    assert spec_from_name("tiny:cells") == dataclasses.replace(PRESETS["tiny"], grid_cells=True)
+    small = spec_from_name("tiny:small+cells")
+    assert (small.hidden_size, small.num_layers, small.grid_cells) == (192, 6, True)
+    assert spec_from_name("tiny:cells+wide") == dataclasses.replace(PRESETS["wide"], grid_cells=True)
+    for bad in ("tiny:", "tiny:big", "tiny:cells+cells", "tiny:small+wide", "tinyx:cells"):
+        with pytest.raises(ValueError, match=rf"^model '{re.escape(bad)}': the embedded model is 'tiny' or"):
+            spec_from_name(bad)
+    assert is_tiny("tiny") and is_tiny("tiny:cells") and not is_tiny("tinyllama/x") and not is_tiny("./tiny")
