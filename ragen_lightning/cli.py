@@ -6,18 +6,22 @@ are declared once and linked (the rollout temperature is what the trainer's log-
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Optional
 
 import torch
+from jsonargparse import ArgumentError
 from lightning.pytorch.cli import LightningCLI
 
-from ragen_lightning import models
+from ragen_lightning import models, preflight
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.errors import ConfigError
-from ragen_lightning.parallel import check_strategy
 from ragen_lightning.starpo.module import StarPOModule
+
+
+_SEED_LOG = logging.getLogger("lightning.fabric.utilities.seed")
 
 
 class StarPOCLI(LightningCLI):
@@ -42,22 +46,40 @@ class StarPOCLI(LightningCLI):
             require_expert(self.datamodule.hparams.env_id, self.datamodule.hparams.env_kwargs)
         self.datamodule.check_world_size(self.trainer.world_size)  # before the launcher starts the processes
         self.datamodule.check_prompt_budget(models.load_tokenizer(self.model.hparams.model))
+        if (seed := self.config.get(f"{self.subcommand}.seed_everything")) not in (None, False):
+            _SEED_LOG.info(f"Seed set to {seed}")  # deferred from _set_seed: a refused setting prints one line
+
+    def _set_seed(self) -> None:
+        level = _SEED_LOG.level
+        _SEED_LOG.setLevel(logging.WARNING)
+        try:
+            super()._set_seed()
+        finally:
+            _SEED_LOG.setLevel(level)
 
     before_fit = before_validate = _preflight
 
-    def instantiate_classes(self) -> None:
-        config = self.config[self.subcommand] if self.subcommand else self.config
-        trainer = config.get("trainer") or {}
-        check_strategy(trainer.get("strategy"), trainer.get("accelerator"))  # before Lightning's generic error
-        super().instantiate_classes()
+    def parse_arguments(self, parser, args) -> None:
+        """Parse, then check every setting (:mod:`ragen_lightning.preflight`) before the seed is set, any class is
+        built or anything is written. A parse error is one line naming the flag, not jsonargparse's usage dump."""
+        for p in _parsers(parser):
+            p.exit_on_error = False
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as e:
+            raise ConfigError(preflight.parse_error_line(str(e))) from None
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
+        preflight.check_settings(config)
+        preflight.check_output_dirs(config)
+        if warning := preflight.wandb_offline_fallback(config):
+            preflight.warn(warning)
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         _fit_validation_into_run(config)
         threads = config.get("torch_threads")
         if threads is not None:
-            if threads < 1:
-                raise ConfigError(f"--torch_threads must be >= 1, got {threads}")
             torch.set_num_threads(threads)
         if config.get("memory_plan") or config.get("gpu_memory_gb") is not None:
             from ragen_lightning.models.memory import check_memory
@@ -78,11 +100,30 @@ def main(args: list[str] | None = None) -> StarPOCLI:
             save_config_kwargs={"overwrite": True},
             trainer_defaults={"max_epochs": 1, "num_sanity_val_steps": 0},
         )
-    except ConfigError as e:
-        if args is not None:
+    except Exception as e:
+        error = _config_error(e)
+        if error is None or args is not None:
             raise
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _config_error(e: BaseException) -> ConfigError | None:
+    """``e`` or the ConfigError that caused it (jsonargparse wraps errors raised while it builds nested settings)."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, ConfigError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _parsers(parser) -> list:
+    """``parser`` and its subcommands' parsers."""
+    action = getattr(parser, "_subcommands_action", None)
+    subs = list(action._name_parser_map.values()) if action is not None else []
+    return [parser, *(q for sub in subs for q in _parsers(sub))]
 
 
 def _fit_validation_into_run(config) -> None:
