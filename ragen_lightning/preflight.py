@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from ragen_lightning.data.datamodule import check_rollout_settings
+from ragen_lightning.data.datamodule import check_rollout_settings, check_world_size
 from ragen_lightning.data.sampler import FilterConfig
 from ragen_lightning.errors import ConfigError, Domain
 from ragen_lightning.models import lora as lora_mod
@@ -67,6 +67,23 @@ def check_settings(config: Any) -> None:
         lora = lora_mod.as_settings(model.get("lora"))
         check_module_settings({"temperature": data.get("temperature", 1.0), **model}, lora)
         check_data_settings(model, data or None)
+    if data and (size := world_size(trainer)) is not None:
+        check_world_size(data, size)
+
+
+def world_size(trainer: dict[str, Any]) -> int | None:
+    """The number of processes ``--trainer.devices`` x ``--trainer.num_nodes`` start, when the config says it
+    (None for ``auto`` / ``-1``, which Lightning resolves from the hardware; the data module checks again then)."""
+    devices, nodes = trainer.get("devices", "auto"), trainer.get("num_nodes", 1)
+    if isinstance(devices, str) and devices.strip().isdigit():
+        devices = int(devices)
+    elif isinstance(devices, str) and "," in devices:
+        devices = [d for d in devices.split(",") if d.strip()]
+    if isinstance(devices, (list, tuple)):
+        devices = len(devices)
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1 or not isinstance(nodes, int):
+        return None
+    return devices * max(nodes, 1)
 
 
 # -- output folders -----------------------------------------------------------------------------------------------

@@ -72,6 +72,14 @@ def check_rollout_settings(hp: dict[str, Any]) -> None:
         require_vllm()
 
 
+def check_world_size(hp: dict[str, Any], size: int) -> None:
+    """``--data.num_groups`` and ``--data.val_num_groups`` must divide by the number of processes ``size``."""
+    group_share(hp["num_groups"], size, 0)
+    if hp["val_num_groups"] % size:
+        raise ConfigError(f"--data.val_num_groups ({hp['val_num_groups']}) must be divisible by the number of "
+                          f"processes ({size})")
+
+
 class _Stream(IterableDataset):
     """Yields ``produce()`` until ``remaining()`` is 0. Its length is the run's total number of batches, fixed when
     the loader is built: Lightning reads it to count the epoch, and a run resumed mid-epoch counts the batches done
@@ -117,7 +125,7 @@ class RolloutDataModule(L.LightningDataModule):
         max_batch_size: generation requests decoded together at most.
         engine: rollout engine: ``hf`` (transformers, samples with the actor itself), ``vllm`` (an in-process vLLM
             engine whose weights are pushed from the actor before every rollout and checked by the sync probe;
-            needs ``pip install -e ".[vllm]"``) or ``auto`` (``vllm`` when installed and the actor is not
+            needs vLLM, README: vLLM engine) or ``auto`` (``vllm`` when installed and the actor is not
             FSDP2-sharded, else ``hf``; the task configs' choice: vLLM's prefix cache makes multi-turn rollouts
             several times faster).
         vllm: vLLM engine settings (``VLLMConfig``: memory, sleep level, dtype, probe threshold, ...).
@@ -169,11 +177,8 @@ class RolloutDataModule(L.LightningDataModule):
 
     def check_world_size(self, size: int) -> None:
         """Every rank runs whole env groups: ``num_groups`` and ``val_num_groups`` must divide by the process count
-        (the CLI checks it before launching processes; ``setup`` again on every rank)."""
-        group_share(self.hparams.num_groups, size, 0)
-        if self.hparams.val_num_groups % size:
-            raise ConfigError(f"--data.val_num_groups ({self.hparams.val_num_groups}) must be divisible by the "
-                              f"number of processes ({size})")
+        (the CLI's preflight checks it before anything starts; ``setup`` again on every rank)."""
+        check_world_size(self.hparams, size)
 
     def _ensure_runners(self) -> None:
         if self._runner is not None:

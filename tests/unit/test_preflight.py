@@ -137,6 +137,10 @@ BAD = [  # (changes, the whole message)
     ({"model__early_stop": {"rv_collapse_ratio": 2.0}},
      "--model.early_stop.rv_collapse_ratio must be a finite number in [0, 1], got 2.0"),
     ({"data__group_size": 1}, "--data.group_size must be >= 2 for --model.adv_estimator grpo"),
+    ({"trainer__devices": 3, "data__num_groups": 4},
+     "--data.num_groups (4) must be divisible by the number of processes (3): every rank runs whole env groups"),
+    ({"trainer__devices": "2", "trainer__num_nodes": 2, "data__num_groups": 8, "data__val_num_groups": 6},
+     "--data.val_num_groups (6) must be divisible by the number of processes (4)"),
     ({"torch_threads": 0}, "--torch_threads must be null or an integer >= 1, got 0"),
     ({"gpu_memory_gb": -1.0}, "--gpu_memory_gb must be null or a finite number > 0, got -1.0"),
     ({"trainer__strategy": "fsdp"}, "--trainer.strategy fsdp (FSDP1, configs/fsdp1.yaml) needs CUDA GPUs"),
@@ -162,6 +166,12 @@ def test_the_good_config_and_edge_values_pass(config):
              "model__dual_clip": None, "model__gamma": 0.0, "model__clip_low": 0.0, "data__train_seed": 0,
              "model__warm_start": {"steps": 3, "lr": 1e-3}, "data__filter": {"strategy": "top_k_abs", "value": 2.0}}
     preflight.check_settings(changed(config, **edges))
+
+
+def test_world_size_from_the_trainer_flags():
+    assert [preflight.world_size(t) for t in ({"devices": 2}, {"devices": "3", "num_nodes": 2}, {"devices": [0, 1]},
+                                              {"devices": "0,1,"}, {"devices": "auto"}, {"devices": -1}, {})] == \
+        [2, 6, 2, 2, None, None, None]
 
 
 def test_domain_membership_and_wording():
@@ -224,8 +234,9 @@ def test_unreachable_bounds_a_hanging_connection(monkeypatch):
     import socket
     import time
 
-    def hang(*args, **kwargs):
-        time.sleep(5)
+    def hang(*args, **kwargs):  # a connection attempt that answers long after the timeout
+        time.sleep(2)
+        raise OSError("too late")
 
     monkeypatch.setattr(socket, "create_connection", hang)
     start = time.perf_counter()
