@@ -18,11 +18,11 @@ from lightning.pytorch.cli import LightningCLI
 from ragen_lightning import models, preflight
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.errors import ConfigError
+from ragen_lightning.harmless import filter_harmless_warnings
 from ragen_lightning.starpo.module import StarPOModule
 
 
 _SEED_LOG = logging.getLogger("lightning.fabric.utilities.seed")
-
 
 class StarPOCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
@@ -91,6 +91,7 @@ def main(args: list[str] | None = None) -> StarPOCLI:
     """Run the CLI. From the shell (``args`` None) a configuration error prints one line and exits with 2; called
     from Python it raises :class:`~ragen_lightning.errors.ConfigError`."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tiny model is local; hub models must be cached already
+    filter_harmless_warnings()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         return StarPOCLI(
