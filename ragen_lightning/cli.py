@@ -70,7 +70,13 @@ class StarPOCLI(LightningCLI):
             raise ConfigError(preflight.parse_error_line(str(e))) from None
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
-        preflight.check_settings(config)
+        preflight.check_settings(config, run=subcommand is not None)
+        if config.get("memory_plan") or config.get("gpu_memory_gb") is not None:  # needs no download
+            from ragen_lightning.models.memory import check_memory
+
+            check_memory(config, print_plan=bool(config.get("memory_plan")), refuse=subcommand in (None, "fit"))
+        if subcommand is not None:
+            preflight.check_models_loadable(config)
         preflight.check_output_dirs(config)
         if warning := preflight.wandb_offline_fallback(config):
             preflight.warn(warning)
@@ -81,10 +87,6 @@ class StarPOCLI(LightningCLI):
         threads = config.get("torch_threads")
         if threads is not None:
             torch.set_num_threads(threads)
-        if config.get("memory_plan") or config.get("gpu_memory_gb") is not None:
-            from ragen_lightning.models.memory import check_memory
-
-            check_memory(config, print_plan=bool(config.get("memory_plan")), refuse=self.subcommand in (None, "fit"))
 
 
 def main(args: list[str] | None = None) -> StarPOCLI:

@@ -42,16 +42,17 @@ def _plain(value: Any) -> Any:
     return value.as_dict() if hasattr(value, "as_dict") else value
 
 
-def check_settings(config: Any) -> None:
+def check_settings(config: Any, run: bool = True) -> None:
     """Every ``--model.*``, ``--data.*`` and top-level setting of a parsed configuration (a jsonargparse Namespace or
     a dict with ``model`` / ``data`` / ``trainer`` groups) against its domain and the combinations that cannot work;
-    raises :class:`ConfigError` naming the first bad flag."""
+    raises :class:`ConfigError` naming the first bad flag. ``run=False`` (only parsing) skips what depends on this
+    machine's hardware (FSDP1 needs CUDA)."""
     get = config.get
     Domain(low=1, integer=True, none=True).check("--torch_threads", get("torch_threads"))
     Domain(low=0, low_open=True, none=True).check("--gpu_memory_gb", get("gpu_memory_gb"))
     model, data, trainer = _plain(get("model")) or {}, _plain(get("data")) or {}, _plain(get("trainer")) or {}
     check_strategy(trainer.get("strategy"), trainer.get("accelerator"), lora=model.get("lora"),
-                   engine=data.get("engine", "hf"))
+                   engine=data.get("engine", "hf"), hardware=run)
     if data:
         check_rollout_settings(data)
         as_episode(data.get("episode"))
@@ -84,6 +85,14 @@ def world_size(trainer: dict[str, Any]) -> int | None:
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1 or not isinstance(nodes, int):
         return None
     return devices * max(nodes, 1)
+
+
+def check_models_loadable(config: Any) -> None:
+    """Before a run (not a parse or a memory plan): hub ids must be in the Hugging Face cache when offline."""
+    model = _plain(config.get("model")) or {}
+    for flag in ("model", "critic_model"):
+        if model.get(flag) is not None:
+            check_model_name(f"--model.{flag}", model[flag], cached=True)
 
 
 # -- output folders -----------------------------------------------------------------------------------------------

@@ -39,10 +39,11 @@ def torch_dtype(name: str) -> torch.dtype:
 DTYPES = tuple(_DTYPES)
 
 
-def check_model_name(flag: str, name: str) -> None:
+def check_model_name(flag: str, name: str, *, cached: bool = False) -> None:
     """Raise :class:`ConfigError` naming ``flag`` unless ``name`` can be loaded without a surprise: ``"tiny"``, a
-    folder holding a ``config.json``, or a hub id ``org/name``, which with ``HF_HUB_OFFLINE=1`` (the CLI's default)
-    must already be in the Hugging Face cache."""
+    folder holding a ``config.json``, or a hub id ``org/name``, which with ``cached`` and ``HF_HUB_OFFLINE=1`` (the
+    CLI's default) must already be in the Hugging Face cache (parsing a config or planning memory needs no download;
+    a run does)."""
     import os
 
     if name == TINY:
@@ -54,7 +55,7 @@ def check_model_name(flag: str, name: str) -> None:
         return
     if name.count("/") != 1 or name.startswith((".", "/", "~")):
         raise ConfigError(f"{flag} {name!r}: no such folder, and not 'tiny' or a hub id 'org/name'")
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+    if cached and os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
         from huggingface_hub import try_to_load_from_cache
 
         if not isinstance(try_to_load_from_cache(name, "config.json"), str):

@@ -82,7 +82,8 @@ def strategy_name(strategy: Any) -> str:
     return str(name).split(".")[-1]
 
 
-def check_strategy(strategy: Any, accelerator: Any, *, lora: Any = None, engine: str = "hf") -> None:
+def check_strategy(strategy: Any, accelerator: Any, *, lora: Any = None, engine: str = "hf",
+                   hardware: bool = True) -> None:
     """Refuse what a strategy cannot run, naming the flag, before any process starts (Lightning would fail later with
     a generic error, or the module after the run's config and logs were written): FSDP1 without CUDA, and LoRA or
     the vLLM engine under FSDP2.
@@ -92,10 +93,11 @@ def check_strategy(strategy: Any, accelerator: Any, *, lora: Any = None, engine:
         accelerator: the ``--trainer.accelerator`` value.
         lora: the ``--model.lora`` value (None: full fine-tuning).
         engine: the ``--data.engine`` value.
+        hardware: also check what this machine lacks (CUDA); False when only parsing a config.
     """
     name = strategy_name(strategy)
     is_fsdp1 = name in ("fsdp", "FSDPStrategy", "FSDP1Strategy") or name.startswith("fsdp_")
-    if is_fsdp1 and (str(accelerator) == "cpu" or not torch.cuda.is_available()):
+    if hardware and is_fsdp1 and (str(accelerator) == "cpu" or not torch.cuda.is_available()):
         raise ConfigError(f"--trainer.strategy {name} (FSDP1, configs/fsdp1.yaml) needs CUDA GPUs "
                           f"(--trainer.accelerator is {accelerator!r}, CUDA available: {torch.cuda.is_available()}); "
                           "on CPU use configs/fsdp.yaml (FSDP2) or configs/ddp.yaml")

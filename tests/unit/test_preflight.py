@@ -100,9 +100,6 @@ BAD = [  # (changes, the whole message)
      "--data.vllm.gpu_memory_utilization must be a finite number in (0, 1], got 2.0"),
     ({"model__model": "/nonexistent"}, "--model.model '/nonexistent': no such folder, and not 'tiny' or a hub id 'org/name'"),
     ({"model__model": "nonexistent"}, "--model.model 'nonexistent': no such folder, and not 'tiny' or a hub id 'org/name'"),
-    ({"model__model": "no-such-org/no-such-model"},
-     "--model.model 'no-such-org/no-such-model' is not in the Hugging Face cache and HF_HUB_OFFLINE=1: download it first "
-     "(hf download no-such-org/no-such-model) or run with HF_HUB_OFFLINE=0"),
     ({"model__critic_model": "/nonexistent"},
      "--model.critic_model '/nonexistent': no such folder, and not 'tiny' or a hub id 'org/name'"),
     ({"model__dtype": "float33"},
@@ -158,6 +155,18 @@ def test_every_bad_setting_is_one_line_naming_the_flag(config, changes, message)
     with pytest.raises(ConfigError) as err:
         preflight.check_settings(changed(config, **changes))
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_a_run_needs_hub_models_in_the_cache_when_offline(config, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = changed(config, model__model="no-such-org/no-such-model")
+    preflight.check_settings(cfg)  # parsing a config or planning memory needs no download
+    with pytest.raises(ConfigError) as err:
+        preflight.check_models_loadable(cfg)
+    assert str(err.value) == ("--model.model 'no-such-org/no-such-model' is not in the Hugging Face cache and "
+                              "HF_HUB_OFFLINE=1: download it first (hf download no-such-org/no-such-model) or run with "
+                              "HF_HUB_OFFLINE=0")
+    preflight.check_models_loadable(config)  # tiny
 
 
 def test_the_good_config_and_edge_values_pass(config):
