@@ -15,7 +15,7 @@ import torch
 from jsonargparse import ArgumentError
 from lightning.pytorch.cli import LightningCLI
 
-from ragen_lightning import models, preflight
+from ragen_lightning import preflight
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.harmless import filter_harmless_warnings
@@ -37,17 +37,12 @@ class StarPOCLI(LightningCLI):
         parser.add_argument("--gpu_memory_gb", type=float | None, default=None,
                             help="the GPU's memory in GiB: fit refuses to start when the memory plan's peak exceeds it")
 
-    def _preflight(self) -> None:
-        """Checks that need the tokenizer, before the trainer writes anything (config, logs, checkpoints)."""
-        self.model.check_data(self.datamodule)
-        if self.model.hparams.get("warm_start"):  # an env without an expert fails here, not after the tiny build
-            from ragen_lightning.sft.experts import require_expert
-
-            require_expert(self.datamodule.hparams.env_id, self.datamodule.hparams.env_kwargs)
-        self.datamodule.check_world_size(self.trainer.world_size)  # before the launcher starts the processes
-        self.datamodule.check_prompt_budget(models.load_tokenizer(self.model.hparams.model))
+    def _before_run(self) -> None:
+        self.datamodule.check_world_size(self.trainer.world_size)  # Lightning resolved "auto" devices by now
         if (seed := self.config.get(f"{self.subcommand}.seed_everything")) not in (None, False):
             _SEED_LOG.info(f"Seed set to {seed}")  # deferred from _set_seed: a refused setting prints one line
+
+    before_fit = before_validate = _before_run
 
     def _set_seed(self) -> None:
         level = _SEED_LOG.level
@@ -56,8 +51,6 @@ class StarPOCLI(LightningCLI):
             super()._set_seed()
         finally:
             _SEED_LOG.setLevel(level)
-
-    before_fit = before_validate = _preflight
 
     def parse_arguments(self, parser, args) -> None:
         """Parse, then check every setting (:mod:`ragen_lightning.preflight`) before the seed is set, any class is
@@ -76,7 +69,7 @@ class StarPOCLI(LightningCLI):
 
             check_memory(config, print_plan=bool(config.get("memory_plan")), refuse=subcommand in (None, "fit"))
         if subcommand is not None:
-            preflight.check_models_loadable(config)
+            preflight.check_run(config)
         preflight.check_output_dirs(config)
         if warning := preflight.wandb_offline_fallback(config):
             preflight.warn(warning)

@@ -22,14 +22,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from ragen_lightning.data.datamodule import check_rollout_settings, check_world_size
+from ragen_lightning.data.datamodule import RolloutDataModule, check_rollout_settings, check_world_size
 from ragen_lightning.data.sampler import FilterConfig
 from ragen_lightning.errors import ConfigError, Domain
 from ragen_lightning.models import lora as lora_mod
-from ragen_lightning.models.loading import check_dtype, check_model_name
+from ragen_lightning.models.loading import check_dtype, check_model_name, load_tokenizer
 from ragen_lightning.parallel import check_strategy
 from ragen_lightning.rollout.settings import as_episode
 from ragen_lightning.rollout.vllm_engine import VLLMConfig
+from ragen_lightning.sft.experts import require_expert
 from ragen_lightning.sft.warm_start import check_warm_start_setting
 from ragen_lightning.starpo.checks import check_data_settings, check_module_settings
 from ragen_lightning.starpo.early_stop import EarlyStopSettings
@@ -93,6 +94,20 @@ def check_models_loadable(config: Any) -> None:
     for flag in ("model", "critic_model"):
         if model.get(flag) is not None:
             check_model_name(f"--model.{flag}", model[flag], cached=True)
+
+
+def check_run(config: Any) -> None:
+    """What a run needs beyond valid settings, checked with the tokenizer before anything is built: loadable models,
+    an expert for the warm start's env, and a first prompt (plus a full response) that fits ``max_model_len``."""
+    check_models_loadable(config)
+    model, data = _plain(config.get("model")) or {}, _plain(config.get("data")) or {}
+    if not (model and data):
+        return
+    if model.get("warm_start"):  # an env without an expert fails here, not after the tiny model is built
+        require_expert(data["env_id"], data.get("env_kwargs"))
+    dm = RolloutDataModule(**{**data, "filter": FilterConfig(**(data.get("filter") or {})),
+                              "vllm": VLLMConfig(**(data.get("vllm") or {}))})
+    dm.check_prompt_budget(load_tokenizer(model["model"]))
 
 
 # -- output folders -----------------------------------------------------------------------------------------------
