@@ -5,7 +5,7 @@
     python benchmarks/rollout.py --model /path/to/hf/folder --prompt-len 64 --new-tokens 128
     python benchmarks/rollout.py --multi-turn configs/sokoban.yaml     # a task config's default rollout
 
-Needs the ``vllm`` extra (``pip install -e ".[vllm]"``). Models: ``tiny`` (the embedded ~1M-parameter Qwen2),
+Needs vLLM (the README install). Models: ``tiny`` (the embedded ~1M-parameter Qwen2),
 ``small`` (~4M: hidden 256, 4 layers), ``medium`` (~47M: hidden 512, 12 layers) and ``large`` (Qwen2.5-0.5B's 24
 blocks with the tiny vocabulary, ~360M), Qwen2 with random weights and the tiny tokenizer, built and cached on first
 use; or any local HF folder.

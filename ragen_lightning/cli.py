@@ -6,20 +6,24 @@ are declared once and linked (the rollout temperature is what the trainer's log-
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
 from typing import Optional
 
 import torch
+from jsonargparse import ArgumentError
 from lightning.pytorch.cli import LightningCLI
 
-from ragen_lightning import checkpointing, models
+from ragen_lightning import checkpointing, preflight
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.errors import ConfigError, TrainingStopped
-from ragen_lightning.parallel import check_strategy
+from ragen_lightning.harmless import filter_harmless_warnings
 from ragen_lightning.starpo.module import StarPOModule
 
+
+_SEED_LOG = logging.getLogger("lightning.fabric.utilities.seed")
 
 class StarPOCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
@@ -37,18 +41,21 @@ class StarPOCLI(LightningCLI):
                             help="with --ckpt_path: continue with model settings that differ from the checkpoint's "
                                  "(refused by default, naming them)")
 
-    def _preflight(self) -> None:
-        """Checks that need the tokenizer, before the trainer writes anything (config, logs, checkpoints)."""
-        self.model.check_data(self.datamodule)
-        if self.model.hparams.get("warm_start"):  # an env without an expert fails here, not after the tiny build
-            from ragen_lightning.sft.experts import require_expert
-
-            require_expert(self.datamodule.hparams.env_id, self.datamodule.hparams.env_kwargs)
-        self.datamodule.check_world_size(self.trainer.world_size)  # before the launcher starts the processes
-        self.datamodule.check_prompt_budget(models.load_tokenizer(self.model.hparams.model))
+    def _before_run(self) -> None:
+        self.datamodule.check_world_size(self.trainer.world_size)  # Lightning resolved "auto" devices by now
+        if (seed := self.config.get(f"{self.subcommand}.seed_everything")) not in (None, False):
+            _SEED_LOG.info(f"Seed set to {seed}")  # deferred from _set_seed: a refused setting prints one line
         self._check_resume()
 
-    before_fit = before_validate = _preflight
+    before_fit = before_validate = _before_run
+
+    def _set_seed(self) -> None:
+        level = _SEED_LOG.level
+        _SEED_LOG.setLevel(logging.WARNING)
+        try:
+            super()._set_seed()
+        finally:
+            _SEED_LOG.setLevel(level)
 
     # -- checkpoints (ragen_lightning.checkpointing): verified load, resumes keep the model settings ----------------
     def _parse_ckpt_path(self) -> None:
@@ -68,30 +75,41 @@ class StarPOCLI(LightningCLI):
             allow = self.config[self.subcommand].get("allow_changed_settings", False)
             checkpointing.check_resume_settings(self.model.hparams, *self._ckpt_hparams, allow=bool(allow))
 
-    def instantiate_classes(self) -> None:
-        config = self.config[self.subcommand] if self.subcommand else self.config
-        trainer = config.get("trainer") or {}
-        check_strategy(trainer.get("strategy"), trainer.get("accelerator"))  # before Lightning's generic error
-        super().instantiate_classes()
+    def parse_arguments(self, parser, args) -> None:
+        """Parse, then check every setting (:mod:`ragen_lightning.preflight`) before the seed is set, any class is
+        built or anything is written. A parse error is one line naming the flag, not jsonargparse's usage dump."""
+        for p in _parsers(parser):
+            p.exit_on_error = False
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as e:
+            raise ConfigError(preflight.parse_error_line(str(e))) from None
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
+        preflight.check_settings(config, run=subcommand is not None)
+        if config.get("memory_plan") or config.get("gpu_memory_gb") is not None:  # needs no download
+            from ragen_lightning.models.memory import check_memory
+
+            check_memory(config, print_plan=bool(config.get("memory_plan")), refuse=subcommand in (None, "fit"))
+        if subcommand is not None:
+            preflight.check_run(config)
+        preflight.check_output_dirs(config)
+        if warning := preflight.wandb_offline_fallback(config):
+            preflight.warn(warning)
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         _fit_validation_into_run(config)
         threads = config.get("torch_threads")
         if threads is not None:
-            if threads < 1:
-                raise ConfigError(f"--torch_threads must be >= 1, got {threads}")
             torch.set_num_threads(threads)
-        if config.get("memory_plan") or config.get("gpu_memory_gb") is not None:
-            from ragen_lightning.models.memory import check_memory
-
-            check_memory(config, print_plan=bool(config.get("memory_plan")), refuse=self.subcommand in (None, "fit"))
 
 
 def main(args: list[str] | None = None) -> StarPOCLI:
     """Run the CLI. From the shell (``args`` None) a configuration error prints one line and exits with 2; called
     from Python it raises :class:`~ragen_lightning.errors.ConfigError`."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tiny model is local; hub models must be cached already
+    filter_harmless_warnings()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         return StarPOCLI(
@@ -101,16 +119,35 @@ def main(args: list[str] | None = None) -> StarPOCLI:
             save_config_kwargs={"overwrite": True},
             trainer_defaults={"max_epochs": 1, "num_sanity_val_steps": 0},
         )
-    except ConfigError as e:
-        if args is not None:
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
     except TrainingStopped as e:  # the non-finite guard gave up (ragen_lightning.starpo.optim.SkipGuard)
         if args is not None:
             raise
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
+    except Exception as e:
+        error = _config_error(e)
+        if error is None or args is not None:
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _config_error(e: BaseException) -> ConfigError | None:
+    """``e`` or the ConfigError that caused it (jsonargparse wraps errors raised while it builds nested settings)."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, ConfigError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _parsers(parser) -> list:
+    """``parser`` and its subcommands' parsers."""
+    action = getattr(parser, "_subcommands_action", None)
+    subs = list(action._name_parser_map.values()) if action is not None else []
+    return [parser, *(q for sub in subs for q in _parsers(sub))]
 
 
 def _fit_validation_into_run(config) -> None:

@@ -37,6 +37,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
+def pytest_configure(config):
+    """The third-party warnings the command line filters as harmless (ragen_lightning/harmless.py, each with its
+    reason) are filtered in the tests too."""
+    from ragen_lightning.harmless import HARMLESS_WARNINGS
+
+    for message, category, _why in HARMLESS_WARNINGS:
+        config.addinivalue_line("filterwarnings", f"ignore:{message}:{category.__name__}")
+
+
 def pytest_collection_modifyitems(config, items):
     """Deselect ``gpu`` tests unless the ``-m`` expression names them (``-m gpu``). Done here rather than with
     ``-m 'not gpu'`` in addopts so that another ``-m`` on the command line (``-m "not slow"``) does not bring them

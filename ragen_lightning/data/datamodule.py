@@ -28,7 +28,7 @@ from ragen_lightning.data.batching import (
     rollout_metrics,
 )
 from ragen_lightning.data.sampler import FilterConfig, filter_groups
-from ragen_lightning.errors import ConfigError
+from ragen_lightning.errors import ConfigError, Domain, check_domains
 from ragen_lightning.parallel import concat_ranks, gather_objects, group_share, world
 from ragen_lightning.rollout.engine import SamplingParams
 from ragen_lightning.rollout.engines import ENGINES
@@ -37,6 +37,47 @@ from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
 from ragen_lightning.rollout.tokens import ChatTokens
 from ragen_lightning.rollout.vllm_engine import VLLMConfig, require_vllm
 from ragen_lightning.types import RolloutBatch
+
+
+_COUNT = Domain(low=1, integer=True)
+_SEED = Domain(low=0, integer=True)  # numpy and gymnasium take non-negative seeds only
+# The allowed values of every numeric ``--data.*`` setting (the nested groups check their own fields).
+DATA_DOMAINS: dict[str, Domain] = {
+    "num_groups": _COUNT, "group_size": _COUNT, "num_iterations": _COUNT, "val_num_groups": _COUNT,
+    "val_group_size": _COUNT, "max_batch_size": _COUNT,
+    "temperature": Domain(low=0), "val_temperature": Domain(low=0),  # 0 = greedy
+    "top_p": Domain(0, 1, low_open=True), "top_k": Domain(low=1, integer=True, special=(-1,)),
+    "empty_stop_steps": Domain(low=0, integer=True), "train_seed": _SEED, "val_seed": _SEED,
+}
+
+
+def check_rollout_settings(hp: dict[str, Any]) -> None:
+    """Raise :class:`ConfigError` naming the flag for the first ``--data.*`` value outside its domain
+    (:data:`DATA_DOMAINS`), impossible combination, unknown env id, env that its kwargs cannot build (a missing data
+    file included) or engine that is not installed. ``hp``: the data module's arguments (the nested groups
+    ``episode``, ``filter`` and ``vllm`` check themselves when built)."""
+    check_domains("--data.", hp, DATA_DOMAINS)
+    if hp.get("reward_placement") == "turn" and hp.get("norm_method", "identity") != "identity":
+        raise ConfigError("--data.norm_method must be 'identity' with --data.reward_placement turn")
+    env_id, env_kwargs, engine = hp["env_id"], hp.get("env_kwargs"), hp.get("engine", "hf")
+    try:  # an unknown id or bad env kwargs fail here, naming the flag, not in the first rollout
+        make_env(env_id, env_kwargs).close()
+    except UnknownEnvError as e:
+        raise ConfigError(f"--data.env_id: {e}") from None
+    except (TypeError, ValueError, OSError, ImportError) as e:  # OSError: a data file named there is missing
+        raise ConfigError(f"--data.env_kwargs for {env_id}: {e}") from None
+    if engine not in ENGINES:
+        raise ConfigError(f"--data.engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine == "vllm":
+        require_vllm()
+
+
+def check_world_size(hp: dict[str, Any], size: int) -> None:
+    """``--data.num_groups`` and ``--data.val_num_groups`` must divide by the number of processes ``size``."""
+    group_share(hp["num_groups"], size, 0)
+    if hp["val_num_groups"] % size:
+        raise ConfigError(f"--data.val_num_groups ({hp['val_num_groups']}) must be divisible by the number of "
+                          f"processes ({size})")
 
 
 class _Stream(IterableDataset):
@@ -84,7 +125,7 @@ class RolloutDataModule(L.LightningDataModule):
         max_batch_size: generation requests decoded together at most.
         engine: rollout engine: ``hf`` (transformers, samples with the actor itself), ``vllm`` (an in-process vLLM
             engine whose weights are pushed from the actor before every rollout and checked by the sync probe;
-            needs ``pip install -e ".[vllm]"``) or ``auto`` (``vllm`` when installed and the actor is not
+            needs vLLM, README: vLLM engine) or ``auto`` (``vllm`` when installed and the actor is not
             FSDP2-sharded, else ``hf``; the task configs' choice: vLLM's prefix cache makes multi-turn rollouts
             several times faster).
         vllm: vLLM engine settings (``VLLMConfig``: memory, sleep level, dtype, probe threshold, ...).
@@ -116,21 +157,7 @@ class RolloutDataModule(L.LightningDataModule):
         vllm: VLLMConfig | None = None,
     ):
         super().__init__()
-        for name in ("num_groups", "group_size", "num_iterations", "val_num_groups", "val_group_size"):
-            if locals()[name] < 1:
-                raise ConfigError(f"--data.{name} must be >= 1, got {locals()[name]}")
-        if reward_placement == "turn" and norm_method != "identity":
-            raise ConfigError("--data.norm_method must be 'identity' with --data.reward_placement turn")
-        try:  # an unknown id or bad env kwargs fail here, naming the flag, not in the first rollout
-            make_env(env_id, env_kwargs).close()
-        except UnknownEnvError as e:
-            raise ConfigError(f"--data.env_id: {e}") from None
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"--data.env_kwargs for {env_id}: {e}") from None
-        if engine not in ENGINES:
-            raise ConfigError(f"--data.engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-        if engine == "vllm":
-            require_vllm()
+        check_rollout_settings(locals())
         self.save_hyperparameters(ignore=["filter", "vllm", "episode"])
         self.episode = as_episode(episode)
         self.vllm = vllm if vllm is not None else VLLMConfig()
@@ -150,11 +177,8 @@ class RolloutDataModule(L.LightningDataModule):
 
     def check_world_size(self, size: int) -> None:
         """Every rank runs whole env groups: ``num_groups`` and ``val_num_groups`` must divide by the process count
-        (the CLI checks it before launching processes; ``setup`` again on every rank)."""
-        group_share(self.hparams.num_groups, size, 0)
-        if self.hparams.val_num_groups % size:
-            raise ConfigError(f"--data.val_num_groups ({self.hparams.val_num_groups}) must be divisible by the "
-                              f"number of processes ({size})")
+        (the CLI's preflight checks it before anything starts; ``setup`` again on every rank)."""
+        check_world_size(self.hparams, size)
 
     def _ensure_runners(self) -> None:
         if self._runner is not None:

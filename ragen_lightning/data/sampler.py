@@ -19,10 +19,13 @@ import torch
 
 from ragen_lightning.algos.filtering import filter_metrics, group_scores, select_groups
 from ragen_lightning.data.batching import sampled_entropy, trajectory_matrix
-from ragen_lightning.errors import ConfigError
+from ragen_lightning.errors import ConfigError, Domain
 from ragen_lightning.types import Trajectory
 
 _METRIC_ALIASES = {"reward_std": "reward_variance", "entropy_std": "entropy_variance"}
+# top_p: score mass (>= 1 keeps all); top_k: fraction of the groups; top_k_abs: a count; min_p: ratio to the best score
+_VALUE_DOMAINS = {"top_p": Domain(low=0), "top_k": Domain(0, 1, low_open=True), "top_k_abs": Domain(low=1),
+                  "min_p": Domain(0, 1)}
 _METRIC_SOURCE = {"reward_variance": "reward", "reward": "reward", "reward_sum": "reward",
                   "entropy": "entropy", "entropy_variance": "entropy", "length": "length"}
 
@@ -57,8 +60,10 @@ class FilterConfig:
             raise ConfigError(f"--data.filter.metric must be one of {sorted(_METRIC_SOURCE)}, got {self.metric!r}")
         if self.strategy not in ("top_p", "top_k", "top_k_abs", "min_p"):
             raise ConfigError(f"--data.filter.strategy must be top_p|top_k|top_k_abs|min_p, got {self.strategy!r}")
-        if self.value < 0:
-            raise ConfigError(f"--data.filter.value must be >= 0, got {self.value}")
+        _VALUE_DOMAINS[self.strategy].check("--data.filter.value", self.value, f"--data.filter.strategy {self.strategy}")
+        if self.strategy == "top_k_abs" and self.value != int(self.value):
+            raise ConfigError(f"--data.filter.value must be a whole number of groups for top_k_abs, got {self.value}")
+        Domain(low=0).check("--data.filter.eps", self.eps)
 
     @property
     def keeps_everything(self) -> bool:

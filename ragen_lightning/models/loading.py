@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ragen_lightning.errors import ConfigError
 from ragen_lightning.models.tiny import spec_from_name, tiny_model_path
 
 TINY = "tiny"
@@ -39,6 +40,38 @@ def torch_dtype(name: str) -> torch.dtype:
         return _DTYPES[name]
     except KeyError:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {name!r}") from None
+
+
+DTYPES = tuple(_DTYPES)
+
+
+def check_model_name(flag: str, name: str, *, cached: bool = False) -> None:
+    """Raise :class:`ConfigError` naming ``flag`` unless ``name`` can be loaded without a surprise: ``"tiny"``, a
+    folder holding a ``config.json``, or a hub id ``org/name``, which with ``cached`` and ``HF_HUB_OFFLINE=1`` (the
+    CLI's default) must already be in the Hugging Face cache (parsing a config or planning memory needs no download;
+    a run does)."""
+    import os
+
+    if name == TINY:
+        return
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{flag} {name!r}: no config.json there (not a Hugging Face model folder)")
+        return
+    if name.count("/") != 1 or name.startswith((".", "/", "~")):
+        raise ConfigError(f"{flag} {name!r}: no such folder, and not 'tiny' or a hub id 'org/name'")
+    if cached and os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(name, "config.json"), str):
+            raise ConfigError(f"{flag} {name!r} is not in the Hugging Face cache and HF_HUB_OFFLINE=1: download it "
+                              f"first (hf download {name}) or run with HF_HUB_OFFLINE=0")
+
+
+def check_dtype(flag: str, name: str) -> None:
+    if name not in _DTYPES:
+        raise ConfigError(f"{flag} must be one of {', '.join(_DTYPES)}, got {name!r}")
 
 
 def _check_exists(path: str) -> None:

@@ -24,7 +24,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from ragen_lightning.errors import ConfigError
+from ragen_lightning.errors import ConfigError, Domain
 
 ACTOR, CRITIC = "actor", "critic"
 DEFAULT_ADAPTER = "default"  # peft's name; saved at the top of the export folder (other names go to subfolders)
@@ -62,12 +62,9 @@ class LoraSettings:
 
     def check(self) -> None:
         """Raise :class:`ConfigError` naming the flag of the first bad value."""
-        if self.rank < 1:
-            raise ConfigError(f"--model.lora.rank must be >= 1, got {self.rank}")
-        if self.alpha <= 0:
-            raise ConfigError(f"--model.lora.alpha must be > 0, got {self.alpha}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"--model.lora.dropout must be in [0, 1), got {self.dropout}")
+        Domain(low=1, integer=True).check("--model.lora.rank", self.rank)
+        Domain(low=0, low_open=True).check("--model.lora.alpha", self.alpha)
+        Domain(0, 1, high_open=True).check("--model.lora.dropout", self.dropout)
         if isinstance(self.target_modules, str) and self.target_modules != "all-linear":
             raise ConfigError("--model.lora.target_modules must be 'all-linear' or a list of module names, "
                               f"got {self.target_modules!r}")

@@ -64,24 +64,48 @@ class FSDP1Strategy(FSDPStrategy):
         super().setup(trainer)
 
 
-def check_strategy(strategy: Any, accelerator: Any) -> None:
-    """Refuse FSDP1 without CUDA, naming the flag (Lightning would fail later with a generic error).
+_LORA_UNDER_FSDP2 = ("--model.lora is not supported with FSDP2 (configs/fsdp.yaml) yet: use DDP (configs/ddp.yaml); "
+                     "adapters are small enough to replicate")
+VLLM_UNDER_FSDP2 = ("--data.engine vllm is not supported with FSDP2 (configs/fsdp.yaml) yet: use DDP (configs/ddp.yaml) "
+                    "or --data.engine hf")
 
-    Args:
-        strategy: the ``--trainer.strategy`` value (a name, a class_path dict or a Strategy).
-        accelerator: the ``--trainer.accelerator`` value.
-    """
+
+def strategy_name(strategy: Any) -> str:
+    """The class or registry name of a ``--trainer.strategy`` value (a name, a class_path dict or Namespace, or a
+    Strategy instance), without its module path."""
     if isinstance(strategy, str):
         name = strategy
     elif isinstance(strategy, dict):
         name = strategy.get("class_path", "")
     else:  # a jsonargparse Namespace with class_path, or a Strategy instance
         name = getattr(strategy, "class_path", None) or type(strategy).__name__
-    is_fsdp1 = str(name).split(".")[-1] in ("fsdp", "FSDPStrategy", "FSDP1Strategy") or str(name).startswith("fsdp_")
-    if is_fsdp1 and (str(accelerator) == "cpu" or not torch.cuda.is_available()):
+    return str(name).split(".")[-1]
+
+
+def check_strategy(strategy: Any, accelerator: Any, *, lora: Any = None, engine: str = "hf",
+                   hardware: bool = True) -> None:
+    """Refuse what a strategy cannot run, naming the flag, before any process starts (Lightning would fail later with
+    a generic error, or the module after the run's config and logs were written): FSDP1 without CUDA, and LoRA or
+    the vLLM engine under FSDP2.
+
+    Args:
+        strategy: the ``--trainer.strategy`` value (a name, a class_path dict or Namespace, or a Strategy).
+        accelerator: the ``--trainer.accelerator`` value.
+        lora: the ``--model.lora`` value (None: full fine-tuning).
+        engine: the ``--data.engine`` value.
+        hardware: also check what this machine lacks (CUDA); False when only parsing a config.
+    """
+    name = strategy_name(strategy)
+    is_fsdp1 = name in ("fsdp", "FSDPStrategy", "FSDP1Strategy") or name.startswith("fsdp_")
+    if hardware and is_fsdp1 and (str(accelerator) == "cpu" or not torch.cuda.is_available()):
         raise ConfigError(f"--trainer.strategy {name} (FSDP1, configs/fsdp1.yaml) needs CUDA GPUs "
                           f"(--trainer.accelerator is {accelerator!r}, CUDA available: {torch.cuda.is_available()}); "
                           "on CPU use configs/fsdp.yaml (FSDP2) or configs/ddp.yaml")
+    if name in ("FSDP2Strategy", "ModelParallelStrategy"):
+        if lora is not None:
+            raise ConfigError(_LORA_UNDER_FSDP2)
+        if engine == "vllm":
+            raise ConfigError(VLLM_UNDER_FSDP2)
 
 
 def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -113,9 +137,8 @@ def shard_model(model: torch.nn.Module, mesh, *, mixed_precision: bool) -> torch
 def shard_networks(nets: list[torch.nn.Module | None], device_mesh, *, cuda: bool, lora: bool) -> torch.nn.Module:
     """FSDP2: shard every network of ``nets`` per transformer block over the mesh's data-parallel dimension (bf16
     compute on CUDA) and return an unsharded, frozen copy of ``nets[0]`` (the actor) for the rollout engine."""
-    if lora:
-        raise ConfigError("--model.lora is not supported with FSDP2 (configs/fsdp.yaml) yet: use DDP "
-                          "(configs/ddp.yaml); adapters are small enough to replicate")
+    if lora:  # the CLI refuses it before launch (check_strategy); this guards direct library use
+        raise ConfigError(_LORA_UNDER_FSDP2)
     rollout_copy = copy.deepcopy(nets[0]).eval().requires_grad_(False)
     for net in nets:
         if net is not None:

@@ -14,6 +14,7 @@ import torch
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.models.lora import is_quantized
 from ragen_lightning.parallel.ranks import full_tensor
+from ragen_lightning.parallel.strategies import VLLM_UNDER_FSDP2
 from ragen_lightning.rollout.engine import GenerationEngine, HFEngine
 from ragen_lightning.rollout.vllm_engine import vllm_installed
 
@@ -45,8 +46,7 @@ def build_engine(actor: torch.nn.Module, tokenizer, *, model_path: str, rollout_
             return GatheredWeightsEngine(actor, rollout_actor, stop, pad, max_batch_size)
         return HFEngine(actor, stop, pad, max_batch_size)
     if rollout_actor is not None:
-        raise ConfigError("--data.engine vllm is not supported with FSDP2 (configs/fsdp.yaml) yet: use DDP "
-                          "(configs/ddp.yaml) or --data.engine hf")
+        raise ConfigError(VLLM_UNDER_FSDP2)  # the CLI refuses it before launch; this guards direct library use
     from ragen_lightning.rollout.vllm_engine import VLLMEngine
 
     return VLLMEngine(actor, model_path, stop, pad, vllm, max_model_len=max_model_len, max_batch_size=max_batch_size,

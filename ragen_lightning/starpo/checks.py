@@ -5,15 +5,36 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ragen_lightning.errors import ConfigError
+from ragen_lightning.errors import ConfigError, Domain, check_domains
+
+_UNIT = Domain(0, 1)
+_POSITIVE = Domain(low=0, low_open=True)
+_NON_NEGATIVE = Domain(low=0)
+_COUNT = Domain(low=1, integer=True)
+# The allowed values of every numeric ``--model.*`` setting (the choices of the Literal ones are jsonargparse's).
+MODULE_DOMAINS: dict[str, Domain] = {
+    "gamma": _UNIT, "lam": _UNIT, "high_level_gamma": _UNIT,
+    "ppo_epochs": _COUNT, "mini_batch_size": _COUNT, "micro_batch_size": _COUNT,
+    "clip_low": Domain(0, 1, high_open=True),  # the ratio floor 1 - clip_low must stay > 0
+    "clip_high": _NON_NEGATIVE,
+    "dual_clip": Domain(low=1, low_open=True, none=True),  # the dual-clip bound c * A (A < 0) needs c > 1
+    "value_clip": _POSITIVE,
+    "entropy_coeff": _NON_NEGATIVE, "kl_coef": _NON_NEGATIVE, "kl_in_reward_coef": _NON_NEGATIVE,
+    "actor_lr": _POSITIVE, "critic_lr": _POSITIVE, "weight_decay": _NON_NEGATIVE,
+    "grad_clip": _NON_NEGATIVE,  # 0 turns clipping off
+    "lr_warmup_steps": Domain(low=0, integer=True),
+    "logprob_micro_batch_size": Domain(low=1, integer=True, none=True),
+    "logits_chunk_size": Domain(low=1, integer=True, none=True),
+    "tis_cap": Domain(low=0, low_open=True, none=True),
+}
 
 
 def check_module_settings(hp: Mapping[str, Any], lora) -> None:
-    """Raise :class:`ConfigError` naming the flag for the first impossible combination of the module's
-    hyperparameters ``hp`` (``lora``: the parsed :class:`~ragen_lightning.models.lora.LoraSettings` or None)."""
+    """Raise :class:`ConfigError` naming the flag for the first value outside its domain (:data:`MODULE_DOMAINS`)
+    or impossible combination of the module's hyperparameters ``hp`` (``lora``: the parsed
+    :class:`~ragen_lightning.models.lora.LoraSettings` or None)."""
+    check_domains("--model.", hp, MODULE_DOMAINS)
     micro, mini, estimator, tis_cap = hp["micro_batch_size"], hp["mini_batch_size"], hp["adv_estimator"], hp["tis_cap"]
-    if micro < 1 or mini < 1 or hp["ppo_epochs"] < 1:
-        raise ConfigError("--model.micro_batch_size, --model.mini_batch_size and --model.ppo_epochs must be >= 1")
     if micro > mini:
         raise ConfigError(f"--model.micro_batch_size ({micro}) must be <= --model.mini_batch_size ({mini})")
     if hp["turn_level_gae"] and estimator != "gae":
@@ -27,11 +48,9 @@ def check_module_settings(hp: Mapping[str, Any], lora) -> None:
     skips = hp["max_consecutive_skips"]
     if isinstance(skips, bool) or not isinstance(skips, int) or skips < 0:
         raise ConfigError(f"--model.max_consecutive_skips must be an int >= 0 (0: never stop), got {skips!r}")
-    if tis_cap is not None and (tis_cap <= 0 or hp["temperature"] != 1.0):
-        raise ConfigError("--model.tis_cap must be > 0 and needs --data.temperature 1 (engine log-probs are the "
-                          f"raw model's), got tis_cap={tis_cap}, temperature={hp['temperature']}")
-    if hp["lr_warmup_steps"] < 0:
-        raise ConfigError(f"--model.lr_warmup_steps must be >= 0, got {hp['lr_warmup_steps']}")
+    if tis_cap is not None and hp["temperature"] != 1.0:
+        raise ConfigError("--model.tis_cap needs --data.temperature 1 (engine log-probs are the raw model's), "
+                          f"got temperature={hp['temperature']}")
     if hp["use_kl_loss"] and hp["kl_coef"] == 0:
         raise ConfigError("--model.use_kl_loss needs --model.kl_coef > 0")
     if lora is not None and lora.shared_base and hp["critic_model"] is not None:

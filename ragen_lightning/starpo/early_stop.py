@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from ragen_lightning.errors import ConfigError
+from ragen_lightning.errors import Domain, check_domains
 
 
 @dataclass(frozen=True)
@@ -38,11 +38,10 @@ class EarlyStopSettings:
     low_val_success_threshold: float = 0.01
 
     def __post_init__(self):
-        for name in ("rv_collapse_window", "low_val_success_patience"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"--model.early_stop.{name} must be >= 0, got {getattr(self, name)}")
-        if not 0 <= self.rv_collapse_ratio <= 1:
-            raise ConfigError(f"--model.early_stop.rv_collapse_ratio must be in [0, 1], got {self.rv_collapse_ratio}")
+        windows, fractions = Domain(low=0, integer=True), Domain(0, 1)
+        check_domains("--model.early_stop.", self, {"rv_collapse_window": windows, "low_val_success_patience": windows,
+                                                    "rv_collapse_ratio": fractions,
+                                                    "low_val_success_threshold": fractions})
 
 
 class RewardVarianceCollapse:

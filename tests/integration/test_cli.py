@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,9 @@ from ragen_lightning.cli import main
 
 pytestmark = pytest.mark.slow
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+SMALL_RUN = ["--data.num_groups", "2", "--data.group_size", "4", "--data.episode.max_new_tokens", "12",
+             "--data.val_num_groups", "2", "--model.mini_batch_size", "8", "--model.micro_batch_size", "4",
+             "--data.num_iterations", "1"]
 
 
 def test_fit_validate_and_export(tmp_path, monkeypatch):
@@ -44,17 +48,26 @@ def test_fit_validate_and_export(tmp_path, monkeypatch):
     assert float(results["val/num_turns"]) == 1.0  # bandit is single-turn
 
 
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        (["--model.adv_estimator", "grpo", "--data.group_size", "1"], "error: --data.group_size must be >= 2"),
-        (["--data.episode.max_model_len", "64"], "error: --data.episode.max_model_len=64 is too small for the first prompt"),
-        (["--data.env_id", "ragen/Nope-v0"], "error: --data.env_id: unknown env id 'ragen/Nope-v0'"),
-        (["--model.micro_batch_size", "64"], "error: --model.micro_batch_size (64) must be <="),
-        (["--trainer.devices", "3", "--data.num_groups", "4"],  # checked before any process is launched
-         "error: --data.num_groups (4) must be divisible by the number of processes (3)"),
-    ],
-)
+BAD_END_TO_END = [
+    (["--model.adv_estimator", "grpo", "--data.group_size", "1"], "error: --data.group_size must be >= 2"),
+    (["--data.episode.max_model_len", "64"], "error: --data.episode.max_model_len=64 is too small for the first prompt"),
+    (["--data.env_id", "ragen/Nope-v0"], "error: --data.env_id: unknown env id 'ragen/Nope-v0'"),
+    (["--model.micro_batch_size", "64"], "error: --model.micro_batch_size (64) must be <="),
+    (["--trainer.devices", "3", "--data.num_groups", "4"],  # checked before any process is launched
+     "error: --data.num_groups (4) must be divisible by the number of processes (3)"),
+    # each of these was a traceback, a crash after training started or a usage dump (issue 15)
+    (["--data.episode.max_turns", "0"], "error: --data.episode.max_turns must be an integer >= 1, got 0"),
+    (["--data.max_batch_size", "0"], "error: --data.max_batch_size must be an integer >= 1, got 0"),
+    (["--model.model", "/nonexistent"], "error: --model.model '/nonexistent': no such folder"),
+    (["--data.num_groups", "many"], "error: --data.num_groups: expected int, got many"),
+    (["--model.bogus_flag", "1"], "error: unrecognized arguments: --model.bogus_flag 1"),
+    (["--config", str(CONFIGS / "fsdp.yaml"), "--trainer.devices", "2", "--model.lora", "{rank: 8}"],
+     "error: --model.lora is not supported with FSDP2"),
+    (["--trainer.default_root_dir", "/proc/nope"], "error: --trainer.default_root_dir '/proc/nope': cannot write in /proc"),
+]
+
+
+@pytest.mark.parametrize("flags, message", BAD_END_TO_END)
 def test_bad_config_is_one_line_and_writes_nothing(tmp_path, flags, message):
     import subprocess
     import sys
@@ -64,6 +77,34 @@ def test_bad_config_is_one_line_and_writes_nothing(tmp_path, flags, message):
                            "--model.warm_start", "false", *flags], cwd=tmp_path, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines()[-1].startswith(message)
-    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr[-2000:]  # exactly one line
+    assert proc.stderr.startswith(message)
     assert list(tmp_path.iterdir()) == []  # no config, logs or checkpoints written
+
+
+def test_unreachable_wandb_server_logs_offline_within_seconds(tmp_path):
+    """An online WandbLogger with no server to reach: one warning line, the run goes on offline (wandb itself blocked
+    for ~100 s and then failed the run)."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as s:  # a loopback port that was free a moment ago: connections are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "WANDB_BASE_URL": f"http://127.0.0.1:{port}", "WANDB_API_KEY": "x" * 40}
+    env.pop("WANDB_MODE", None)
+    online = tmp_path / "online.yaml"
+    online.write_text("trainer:\n  logger:\n    - class_path: lightning.pytorch.loggers.WandbLogger\n"
+                      "      init_args: {project: ragen_lightning, save_dir: outputs/bandit, offline: false}\n")
+    main_py = Path(__file__).resolve().parents[2] / "main.py"
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(main_py), "fit", "--config", str(CONFIGS / "bandit.yaml"),
+                           "--config", str(online), "--model.warm_start", "false", "--data.engine", "hf", *SMALL_RUN],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warning = f"warning: wandb server http://127.0.0.1:{port} unreachable (Connection refused): logging offline"
+    assert proc.stderr.startswith(warning), proc.stderr[:2000]
+    assert list((tmp_path / "outputs" / "bandit" / "wandb").glob("offline-run-*"))
+    assert time.perf_counter() - start < 300

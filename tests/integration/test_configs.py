@@ -47,7 +47,9 @@ def test_every_config_parses(capsys):
 
 
 def test_bad_value_names_the_flag():
-    with pytest.raises(SystemExit):  # jsonargparse rejects a wrong type before anything runs
+    from ragen_lightning.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--data.num_groups: expected int, got many$"):  # one line, before anything
         parse(CONFIGS / "sokoban.yaml", Path(__file__).with_name("bad_config.yaml"))
 
 

@@ -18,7 +18,7 @@ import pytest
 from ragen_lightning.rollout.vllm_engine import vllm_installed
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not vllm_installed(), reason='needs vLLM: pip install -e ".[vllm]"')]
+              pytest.mark.skipif(not vllm_installed(), reason="needs vLLM (README install)")]
 
 SCRIPT = Path(__file__).with_name("vllm_fit_script.py")
 

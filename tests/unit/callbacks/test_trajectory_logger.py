@@ -83,7 +83,7 @@ def test_pick_spreads_over_groups_and_board_image():
 @pytest.mark.slow
 def test_html_renders_in_headless_chromium_with_the_loss_mask(trajectories, tiny_tokenizer, tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert chromium, "chromium is not installed: apt-get install -y chromium chromium-driver (.ci/run does it)"
+    assert chromium, "chromium is not installed: the README's install line installs it (apt-get install chromium)"
     TrajectoryLogger().write(trajectories, tiny_tokenizer, 3, tmp_path)
     page = tmp_path / "iteration_3.html"
     proc = subprocess.run(

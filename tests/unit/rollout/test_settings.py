@@ -71,14 +71,14 @@ def test_episode_settings_are_declared_in_one_signature():
 @pytest.mark.parametrize("field,value", [("max_turns", 0), ("window_turns", 0), ("max_new_tokens", -1),
                                          ("max_model_len", 0), ("max_actions_per_turn", 0)])
 def test_validation_names_the_flag(field, value):
-    with pytest.raises(ConfigError, match=rf"^--data\.episode\.{field} must be >= 1, got {value}$"):
+    with pytest.raises(ConfigError, match=rf"^--data\.episode\.{field} must be an integer >= 1, got {value}$"):
         EpisodeSettings(**{field: value})
 
 
 def test_context_window_and_penalty_are_checked():
     with pytest.raises(ConfigError, match="--data.episode.context_window must be"):
         EpisodeSettings(context_window="sliding")  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="--data.episode.format_penalty must be <= 0"):
+    with pytest.raises(ConfigError, match=r"^--data.episode.format_penalty must be a finite number <= 0, got 0.5$"):
         EpisodeSettings(format_penalty=0.5)
 
 

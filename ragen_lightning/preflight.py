@@ -1,0 +1,242 @@
+"""The command line's preflight: every setting checked right after parsing, before anything is written or launched.
+
+A bad value fails here with one line naming the flag and its allowed values (:class:`~ragen_lightning.errors.
+ConfigError`; the CLI prints it and exits with 2), never after the run's folders, logs or ``config.yaml`` exist or
+its processes started. The checks are the owners' own (each setting's domain is declared where the setting is:
+:data:`~ragen_lightning.starpo.checks.MODULE_DOMAINS`, :data:`~ragen_lightning.data.datamodule.DATA_DOMAINS`, the
+settings dataclasses' ``__post_init__``); this module only runs them on the parsed configuration, plus what only the
+command line knows: model and data paths, strategy refusals, writable output folders, a reachable wandb server.
+
+Checks that need the tokenizer (the first prompt must fit ``max_model_len``) run in the CLI's ``before_fit``, still
+before anything is written.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from ragen_lightning.data.datamodule import RolloutDataModule, check_rollout_settings, check_world_size
+from ragen_lightning.data.sampler import FilterConfig
+from ragen_lightning.errors import ConfigError, Domain
+from ragen_lightning.models import lora as lora_mod
+from ragen_lightning.models.loading import check_dtype, check_model_name, load_tokenizer
+from ragen_lightning.parallel import check_strategy
+from ragen_lightning.rollout.settings import as_episode
+from ragen_lightning.rollout.vllm_engine import VLLMConfig
+from ragen_lightning.sft.experts import require_expert
+from ragen_lightning.sft.warm_start import check_warm_start_setting
+from ragen_lightning.starpo.checks import check_data_settings, check_module_settings
+from ragen_lightning.starpo.early_stop import EarlyStopSettings
+
+WANDB_TIMEOUT_S = 3.0  # how long the wandb server may take to accept a connection before the run logs offline
+
+
+def _plain(value: Any) -> Any:
+    """A jsonargparse Namespace (or anything with ``as_dict``) as nested plain dicts."""
+    return value.as_dict() if hasattr(value, "as_dict") else value
+
+
+def check_settings(config: Any, run: bool = True) -> None:
+    """Every ``--model.*``, ``--data.*`` and top-level setting of a parsed configuration (a jsonargparse Namespace or
+    a dict with ``model`` / ``data`` / ``trainer`` groups) against its domain and the combinations that cannot work;
+    raises :class:`ConfigError` naming the first bad flag. ``run=False`` (only parsing) skips what depends on this
+    machine's hardware (FSDP1 needs CUDA)."""
+    get = config.get
+    Domain(low=1, integer=True, none=True).check("--torch_threads", get("torch_threads"))
+    Domain(low=0, low_open=True, none=True).check("--gpu_memory_gb", get("gpu_memory_gb"))
+    model, data, trainer = _plain(get("model")) or {}, _plain(get("data")) or {}, _plain(get("trainer")) or {}
+    check_strategy(trainer.get("strategy"), trainer.get("accelerator"), lora=model.get("lora"),
+                   engine=data.get("engine", "hf"), hardware=run)
+    if data:
+        check_rollout_settings(data)
+        as_episode(data.get("episode"))
+        FilterConfig(**(data.get("filter") or {}))
+        VLLMConfig(**(data.get("vllm") or {}))
+    if model:
+        check_model_name("--model.model", model["model"])
+        if model.get("critic_model") is not None:
+            check_model_name("--model.critic_model", model["critic_model"])
+        check_dtype("--model.dtype", model["dtype"])
+        check_warm_start_setting(model.get("warm_start"))
+        EarlyStopSettings(**(model.get("early_stop") or {}))
+        lora = lora_mod.as_settings(model.get("lora"))
+        check_module_settings({"temperature": data.get("temperature", 1.0), **model}, lora)
+        check_data_settings(model, data or None)
+    if data and (size := world_size(trainer)) is not None:
+        check_world_size(data, size)
+
+
+def world_size(trainer: dict[str, Any]) -> int | None:
+    """The number of processes ``--trainer.devices`` x ``--trainer.num_nodes`` start, when the config says it
+    (None for ``auto`` / ``-1``, which Lightning resolves from the hardware; the data module checks again then)."""
+    devices, nodes = trainer.get("devices", "auto"), trainer.get("num_nodes", 1)
+    if isinstance(devices, str) and devices.strip().isdigit():
+        devices = int(devices)
+    elif isinstance(devices, str) and "," in devices:
+        devices = [d for d in devices.split(",") if d.strip()]
+    if isinstance(devices, (list, tuple)):
+        devices = len(devices)
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1 or not isinstance(nodes, int):
+        return None
+    return devices * max(nodes, 1)
+
+
+def check_models_loadable(config: Any) -> None:
+    """Before a run (not a parse or a memory plan): hub ids must be in the Hugging Face cache when offline."""
+    model = _plain(config.get("model")) or {}
+    for flag in ("model", "critic_model"):
+        if model.get(flag) is not None:
+            check_model_name(f"--model.{flag}", model[flag], cached=True)
+
+
+def check_run(config: Any) -> None:
+    """What a run needs beyond valid settings, checked with the tokenizer before anything is built: loadable models,
+    an expert for the warm start's env, and a first prompt (plus a full response) that fits ``max_model_len``."""
+    check_models_loadable(config)
+    model, data = _plain(config.get("model")) or {}, _plain(config.get("data")) or {}
+    if not (model and data):
+        return
+    if model.get("warm_start"):  # an env without an expert fails here, not after the tiny model is built
+        require_expert(data["env_id"], data.get("env_kwargs"))
+    dm = RolloutDataModule(**{**data, "filter": FilterConfig(**(data.get("filter") or {})),
+                              "vllm": VLLMConfig(**(data.get("vllm") or {}))})
+    dm.check_prompt_budget(load_tokenizer(model["model"]))
+
+
+# -- output folders -----------------------------------------------------------------------------------------------
+def output_dirs(config: Any) -> dict[str, str]:
+    """Folders the run will write to, by the flag that sets each: the trainer's root, every logger's ``save_dir``,
+    every callback's ``dirpath`` and ``--model.export_dir``."""
+    trainer = _plain(config.get("trainer")) or {}
+    dirs = {"--trainer.default_root_dir": trainer.get("default_root_dir") or os.getcwd()}
+    for group in ("logger", "callbacks"):
+        entries = trainer.get(group)
+        for i, entry in enumerate(entries if isinstance(entries, list) else [entries]):
+            if not isinstance(entry, dict):
+                continue
+            args = entry.get("init_args") or {}
+            name = str(entry.get("class_path", "")).split(".")[-1]
+            for key in ("save_dir", "dirpath", "root_dir"):
+                if args.get(key):
+                    dirs[f"--trainer.{group}[{i}] ({name}) {key}"] = str(args[key])
+    export = (_plain(config.get("model")) or {}).get("export_dir")
+    if export:
+        dirs["--model.export_dir"] = str(export)
+    return dirs
+
+
+def check_writable(flag: str, path: str | os.PathLike) -> None:
+    """Raise :class:`ConfigError` unless ``path`` is a folder this process can create files in, or can be created:
+    a temporary folder is made and removed in its nearest existing ancestor, so nothing is left behind."""
+    target = Path(path).expanduser().absolute()
+    existing = target
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r}: {existing} is a file, not a folder")
+    try:
+        tempfile.TemporaryDirectory(dir=existing).cleanup()
+    except OSError as e:
+        raise ConfigError(f"{flag} {str(path)!r}: cannot write in {existing} ({e.strerror or e})") from None
+
+
+def check_output_dirs(config: Any) -> None:
+    for flag, path in output_dirs(config).items():
+        check_writable(flag, path)
+
+
+# -- wandb --------------------------------------------------------------------------------------------------------
+def unreachable(url: str, timeout: float = WANDB_TIMEOUT_S) -> str | None:
+    """Why a TCP connection to ``url``'s host and port cannot be opened within ``timeout`` seconds (None: it can).
+    Name resolution runs in a helper thread, so a hanging DNS lookup also counts as a timeout."""
+    import socket
+
+    parsed = urlparse(url)
+    host, port = parsed.hostname or "", parsed.port or (443 if parsed.scheme == "https" else 80)
+    outcome: list[str | None] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            outcome.append(None)
+        except OSError as e:
+            outcome.append(e.strerror or str(e) or type(e).__name__)
+
+    worker = threading.Thread(target=connect, daemon=True)
+    worker.start()
+    worker.join(timeout + 0.5)
+    return outcome[0] if outcome else f"no answer within {timeout:g} s"
+
+
+def _online_wandb_loggers(config: Any) -> list[Any]:
+    """The WandbLogger entries of ``--trainer.logger`` that would log online (as the config's own objects)."""
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun") or \
+            os.environ.get("WANDB_DISABLED", "").lower() in ("1", "true"):
+        return []
+    trainer = config.get("trainer")
+    loggers = trainer.get("logger") if trainer is not None else None
+    found = []
+    for entry in loggers if isinstance(loggers, list) else [loggers]:
+        if str(_get(entry, "class_path") or "").split(".")[-1] != "WandbLogger":
+            continue
+        args = _get(entry, "init_args")
+        if not (_get(args, "offline") or _get(args, "mode") in ("offline", "disabled")):
+            found.append(args)
+    return found
+
+
+def _get(obj: Any, key: str) -> Any:
+    if obj is None:
+        return None
+    return obj.get(key) if hasattr(obj, "get") else getattr(obj, key, None)
+
+
+def wandb_offline_fallback(config: Any, timeout: float = WANDB_TIMEOUT_S) -> str | None:
+    """An online WandbLogger whose server cannot be reached within ``timeout`` seconds is switched to offline mode
+    in ``config`` (wandb would otherwise block for minutes and then fail the run); returns the one-line warning to
+    print, or None when nothing changed."""
+    loggers = _online_wandb_loggers(config)
+    if not loggers:
+        return None
+    url = os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai"
+    reason = unreachable(url, timeout)
+    if reason is None:
+        return None
+    for args in loggers:
+        args["offline"] = True
+    return (f"warning: wandb server {url} unreachable ({reason}): logging offline instead; upload later with "
+            "`wandb sync <save_dir>/wandb/offline-run-*`")
+
+
+# -- the command line's parse errors ------------------------------------------------------------------------------
+def parse_error_line(message: str) -> str:
+    """jsonargparse's multi-line parse error as one line naming the flag: ``Parser key "data.num_groups":
+    Expected a <class 'int'>. Got value: many`` -> ``--data.num_groups: expected int, got 'many'``."""
+    text = re.sub(r"<class '(?:[\w]+\.)*(\w+)'>", r"\1", message)
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    flag = ""
+    if lines and (m := re.match(r'^Parser key "([^"]+)":\s*(.*)$', lines[0])):
+        flag, lines = f"--{m.group(1)}", ([m.group(2)] if m.group(2) else []) + lines[1:]
+    noise = ("Does not validate against any of the Union subtypes", "Subtypes:", "Errors:", "Given value type:",
+             "- Expected a NoneType", "Expected a NoneType")
+    given = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Given value:")), None)
+    reasons = [line.lstrip("- ").strip() for line in lines
+               if not line.startswith(noise) and not line.startswith("Given value:")]
+    reasons = [r for r in reasons if r and not r.startswith("Problem with given class_path")] or reasons
+    detail = "; ".join(dict.fromkeys(reasons)) or "invalid value"
+    detail = re.sub(r"Expected a (\w+)\. Got value: (.*)", r"expected \1, got \2", detail)
+    if given is not None and "got" not in detail:
+        detail += f" (got {given})"
+    line = f"{flag}: {detail}" if flag else detail
+    return line[0].lower() + line[1:] if line[:1].isupper() and not flag else line
+
+
+def warn(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

@@ -1,0 +1,253 @@
+"""The command line's preflight: every bad setting is one :class:`ConfigError` naming the flag and its allowed values,
+raised before anything is built or written (end-to-end cases in tests/integration/test_cli.py).
+
+The configuration is parsed once from configs/bandit.yaml; each case changes a few keys and runs the preflight on it
+(a few ms). The messages are written out in full: the flag, the domain, the value.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from pathlib import Path
+
+import pytest
+from jsonargparse import Namespace
+
+import envs  # noqa: F401  (registers ragen/* ids)
+from ragen_lightning import preflight
+from ragen_lightning.errors import ConfigError, Domain
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+class _Parsed(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    """configs/bandit.yaml parsed by the real CLI parser (which runs the preflight on it: a good config passes)."""
+    from ragen_lightning.cli import StarPOCLI
+    from ragen_lightning.data.datamodule import RolloutDataModule
+    from ragen_lightning.starpo.module import StarPOModule
+
+    class Parse(StarPOCLI):
+        def before_instantiate_classes(self):
+            raise _Parsed(self.config)
+
+    cwd = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))  # the output-folder check probes the (relative) outputs/ folder here
+    try:
+        Parse(StarPOModule, RolloutDataModule, args=["fit", "--config", str(CONFIGS / "bandit.yaml")])
+    except _Parsed as parsed:
+        return parsed.args[0].fit
+    finally:
+        os.chdir(cwd)
+    raise AssertionError("the CLI did not reach instantiation")
+
+
+def changed(config, **changes) -> Namespace:
+    cfg = copy.deepcopy(config)
+    for key, value in changes.items():
+        cfg[key.replace("__", ".")] = value
+    return cfg
+
+
+INF, NAN = math.inf, math.nan
+ALLOWED_WARM_START = ("batch_size, cache_dir, dtype, episode, lr, lr_schedule, num_episodes, only_successful, seed, "
+                      "steps, torch_threads, verbose, warmup_steps, weight_decay")
+BAD = [  # (changes, the whole message)
+    ({"data__episode__max_model_len": -1}, "--data.episode.max_model_len must be an integer >= 1, got -1"),
+    ({"data__episode__max_turns": 0}, "--data.episode.max_turns must be an integer >= 1, got 0"),
+    ({"data__episode__max_new_tokens": 0}, "--data.episode.max_new_tokens must be an integer >= 1, got 0"),
+    ({"data__episode__max_actions_per_turn": 0},
+     "--data.episode.max_actions_per_turn must be an integer >= 1, got 0"),
+    ({"data__episode__window_turns": 0}, "--data.episode.window_turns must be an integer >= 1, got 0"),
+    ({"data__episode__format_penalty": 1.0}, "--data.episode.format_penalty must be a finite number <= 0, got 1.0"),
+    ({"data__episode__context_window": "sliding"},
+     "--data.episode.context_window must be 'full', 'limited' or 'single_turn', got 'sliding'"),
+    ({"data__top_p": 0.0}, "--data.top_p must be a finite number in (0, 1], got 0.0"),
+    ({"data__top_p": 1.5}, "--data.top_p must be a finite number in (0, 1], got 1.5"),
+    ({"data__top_k": 0}, "--data.top_k must be -1 or an integer >= 1, got 0"),
+    ({"data__temperature": -1.0}, "--data.temperature must be a finite number >= 0, got -1.0"),
+    ({"data__temperature": NAN}, "--data.temperature must be a finite number >= 0, got nan"),
+    ({"data__val_temperature": -0.5}, "--data.val_temperature must be a finite number >= 0, got -0.5"),
+    ({"data__max_batch_size": 0}, "--data.max_batch_size must be an integer >= 1, got 0"),
+    ({"data__num_groups": 0}, "--data.num_groups must be an integer >= 1, got 0"),
+    ({"data__group_size": 0}, "--data.group_size must be an integer >= 1, got 0"),
+    ({"data__num_iterations": 0}, "--data.num_iterations must be an integer >= 1, got 0"),
+    ({"data__val_num_groups": 0}, "--data.val_num_groups must be an integer >= 1, got 0"),
+    ({"data__val_group_size": 0}, "--data.val_group_size must be an integer >= 1, got 0"),
+    ({"data__empty_stop_steps": -1}, "--data.empty_stop_steps must be an integer >= 0, got -1"),
+    ({"data__train_seed": -1}, "--data.train_seed must be an integer >= 0, got -1"),
+    ({"data__val_seed": -5}, "--data.val_seed must be an integer >= 0, got -5"),
+    ({"data__reward_placement": "turn", "data__norm_method": "mean_std"},
+     "--data.norm_method must be 'identity' with --data.reward_placement turn"),
+    ({"data__env_id": "ragen/Nope-v0"}, "--data.env_id: unknown env id 'ragen/Nope-v0'"),
+    ({"data__env_kwargs": {"bogus": 1}},
+     "--data.env_kwargs for ragen/Bandit-v0: BanditEnv.__init__() got an unexpected keyword argument 'bogus'"),
+    ({"data__env_id": "ragen/MetaMathQA-v0", "data__env_kwargs": {"path": "/nonexistent/qa.jsonl"}},
+     "--data.env_kwargs for ragen/MetaMathQA-v0: no such QA file: /nonexistent/qa.jsonl"),
+    ({"data__filter": {"value": -1.0}},
+     "--data.filter.value must be a finite number >= 0, got -1.0 (--data.filter.strategy top_p)"),
+    ({"data__filter": {"strategy": "top_k", "value": 1.5}},
+     "--data.filter.value must be a finite number in (0, 1], got 1.5 (--data.filter.strategy top_k)"),
+    ({"data__filter": {"strategy": "top_k_abs", "value": 1.5}},
+     "--data.filter.value must be a whole number of groups for top_k_abs, got 1.5"),
+    ({"data__vllm": {"gpu_memory_utilization": 2.0}},
+     "--data.vllm.gpu_memory_utilization must be a finite number in (0, 1], got 2.0"),
+    ({"model__model": "/nonexistent"}, "--model.model '/nonexistent': no such folder, and not 'tiny' or a hub id 'org/name'"),
+    ({"model__model": "nonexistent"}, "--model.model 'nonexistent': no such folder, and not 'tiny' or a hub id 'org/name'"),
+    ({"model__critic_model": "/nonexistent"},
+     "--model.critic_model '/nonexistent': no such folder, and not 'tiny' or a hub id 'org/name'"),
+    ({"model__dtype": "float33"},
+     "--model.dtype must be one of float32, fp32, bfloat16, bf16, float16, fp16, got 'float33'"),
+    ({"model__warm_start": {"stepz": 3}}, f"--model.warm_start: unknown key 'stepz' (allowed: {ALLOWED_WARM_START})"),
+    ({"model__warm_start": {"steps": -1}}, "--model.warm_start.steps must be null or an integer >= 1, got -1"),
+    ({"model__warm_start": {"lr_schedule": "linear"}},
+     "--model.warm_start.lr_schedule must be 'constant' or 'cosine', got 'linear'"),
+    ({"model__grad_clip": -1.0}, "--model.grad_clip must be a finite number >= 0, got -1.0"),
+    ({"model__actor_lr": -1e-3}, "--model.actor_lr must be a finite number > 0, got -0.001"),
+    ({"model__actor_lr": 0.0}, "--model.actor_lr must be a finite number > 0, got 0.0"),
+    ({"model__critic_lr": INF}, "--model.critic_lr must be a finite number > 0, got inf"),
+    ({"model__weight_decay": -1.0}, "--model.weight_decay must be a finite number >= 0, got -1.0"),
+    ({"model__gamma": 1.5}, "--model.gamma must be a finite number in [0, 1], got 1.5"),
+    ({"model__lam": -0.1}, "--model.lam must be a finite number in [0, 1], got -0.1"),
+    ({"model__high_level_gamma": 2.0}, "--model.high_level_gamma must be a finite number in [0, 1], got 2.0"),
+    ({"model__clip_low": 1.0}, "--model.clip_low must be a finite number in [0, 1), got 1.0"),
+    ({"model__clip_high": -1.0}, "--model.clip_high must be a finite number >= 0, got -1.0"),
+    ({"model__dual_clip": 0.5}, "--model.dual_clip must be null or a finite number > 1, got 0.5"),
+    ({"model__value_clip": 0.0}, "--model.value_clip must be a finite number > 0, got 0.0"),
+    ({"model__entropy_coeff": -1.0}, "--model.entropy_coeff must be a finite number >= 0, got -1.0"),
+    ({"model__kl_coef": -1.0}, "--model.kl_coef must be a finite number >= 0, got -1.0"),
+    ({"model__kl_in_reward_coef": -0.5}, "--model.kl_in_reward_coef must be a finite number >= 0, got -0.5"),
+    ({"model__micro_batch_size": 0}, "--model.micro_batch_size must be an integer >= 1, got 0"),
+    ({"model__ppo_epochs": 0}, "--model.ppo_epochs must be an integer >= 1, got 0"),
+    ({"model__lr_warmup_steps": -1}, "--model.lr_warmup_steps must be an integer >= 0, got -1"),
+    ({"model__logprob_micro_batch_size": 0}, "--model.logprob_micro_batch_size must be null or an integer >= 1, got 0"),
+    ({"model__logits_chunk_size": 0}, "--model.logits_chunk_size must be null or an integer >= 1, got 0"),
+    ({"model__tis_cap": -1.0}, "--model.tis_cap must be null or a finite number > 0, got -1.0"),
+    ({"model__micro_batch_size": 64}, "--model.micro_batch_size (64) must be <= --model.mini_batch_size (32)"),
+    ({"model__lora": {"rank": 0}}, "--model.lora.rank must be an integer >= 1, got 0"),
+    ({"model__early_stop": {"rv_collapse_ratio": 2.0}},
+     "--model.early_stop.rv_collapse_ratio must be a finite number in [0, 1], got 2.0"),
+    ({"data__group_size": 1}, "--data.group_size must be >= 2 for --model.adv_estimator grpo"),
+    ({"trainer__devices": 3, "data__num_groups": 4},
+     "--data.num_groups (4) must be divisible by the number of processes (3): every rank runs whole env groups"),
+    ({"trainer__devices": "2", "trainer__num_nodes": 2, "data__num_groups": 8, "data__val_num_groups": 6},
+     "--data.val_num_groups (6) must be divisible by the number of processes (4)"),
+    ({"torch_threads": 0}, "--torch_threads must be null or an integer >= 1, got 0"),
+    ({"gpu_memory_gb": -1.0}, "--gpu_memory_gb must be null or a finite number > 0, got -1.0"),
+    ({"trainer__strategy": "fsdp"}, "--trainer.strategy fsdp (FSDP1, configs/fsdp1.yaml) needs CUDA GPUs"),
+    ({"trainer__strategy": {"class_path": "ragen_lightning.parallel.FSDP2Strategy"}, "model__lora": {"rank": 8}},
+     "--model.lora is not supported with FSDP2 (configs/fsdp.yaml) yet: use DDP (configs/ddp.yaml); adapters are "
+     "small enough to replicate"),
+    ({"trainer__strategy": {"class_path": "ragen_lightning.parallel.FSDP2Strategy"}, "data__engine": "vllm"},
+     "--data.engine vllm is not supported with FSDP2 (configs/fsdp.yaml) yet: use DDP (configs/ddp.yaml) or "
+     "--data.engine hf"),
+]
+
+
+@pytest.mark.parametrize("changes, message", BAD, ids=[",".join(c) for c, _ in BAD])
+def test_every_bad_setting_is_one_line_naming_the_flag(config, changes, message):
+    with pytest.raises(ConfigError) as err:
+        preflight.check_settings(changed(config, **changes))
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_a_run_needs_hub_models_in_the_cache_when_offline(config, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = changed(config, model__model="no-such-org/no-such-model")
+    preflight.check_settings(cfg)  # parsing a config or planning memory needs no download
+    with pytest.raises(ConfigError) as err:
+        preflight.check_models_loadable(cfg)
+    assert str(err.value) == ("--model.model 'no-such-org/no-such-model' is not in the Hugging Face cache and "
+                              "HF_HUB_OFFLINE=1: download it first (hf download no-such-org/no-such-model) or run with "
+                              "HF_HUB_OFFLINE=0")
+    preflight.check_models_loadable(config)  # tiny
+
+
+def test_the_good_config_and_edge_values_pass(config):
+    preflight.check_settings(config)
+    edges = {"data__top_p": 1.0, "data__top_k": -1, "data__val_temperature": 0.0, "model__grad_clip": 0.0,
+             "model__dual_clip": None, "model__gamma": 0.0, "model__clip_low": 0.0, "data__train_seed": 0,
+             "model__warm_start": {"steps": 3, "lr": 1e-3}, "data__filter": {"strategy": "top_k_abs", "value": 2.0}}
+    preflight.check_settings(changed(config, **edges))
+
+
+def test_world_size_from_the_trainer_flags():
+    assert [preflight.world_size(t) for t in ({"devices": 2}, {"devices": "3", "num_nodes": 2}, {"devices": [0, 1]},
+                                              {"devices": "0,1,"}, {"devices": "auto"}, {"devices": -1}, {})] == \
+        [2, 6, 2, 2, None, None, None]
+
+
+def test_domain_membership_and_wording():
+    unit, count = Domain(0, 1, low_open=True), Domain(low=1, integer=True, special=(-1,))
+    assert [v in unit for v in (0.0, 1e-9, 1.0, 1.5, INF, NAN, None, True, "0.5")] == \
+        [False, True, True, False, False, False, False, False, False]
+    assert [v in count for v in (-1, 0, 1, 7, 2.0)] == [True, False, True, True, False]
+    assert unit.describe() == "a finite number in (0, 1]"
+    assert count.describe() == "-1 or an integer >= 1"
+    assert Domain(high=0, none=True).describe() == "null or a finite number <= 0"
+
+
+def test_output_folders_must_be_writable(config, tmp_path):
+    dirs = preflight.output_dirs(changed(config, trainer__default_root_dir=str(tmp_path / "run")))
+    assert dirs == {"--trainer.default_root_dir": str(tmp_path / "run"),
+                    "--trainer.logger[0] (WandbLogger) save_dir": "outputs/bandit",
+                    "--trainer.logger[1] (CSVLogger) save_dir": "outputs/bandit",
+                    "--trainer.callbacks[0] (ModelCheckpoint) dirpath": "outputs/bandit/checkpoints"}
+    preflight.check_writable("--x", tmp_path / "a" / "b")  # creatable: fine, and nothing is left behind
+    assert list(tmp_path.iterdir()) == []
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match=rf"^--x '{blocker}/sub': {blocker} is a file, not a folder$"):
+        preflight.check_writable("--x", blocker / "sub")
+    with pytest.raises(ConfigError, match=r"^--trainer.default_root_dir '/proc/nope': cannot write in /proc \("):
+        preflight.check_output_dirs(changed(config, trainer__default_root_dir="/proc/nope"))
+
+
+@pytest.mark.parametrize("message, line", [
+    ("Parser key \"data.num_groups\":\n  Expected a <class 'int'>. Got value: many",
+     "--data.num_groups: expected int, got many"),
+    ("unrecognized arguments: --model.bogus 1", "unrecognized arguments: --model.bogus 1"),
+    ("Parser key \"model.e\":\n  Does not validate against any of the Union subtypes\n  Subtypes: [<class "
+     "'pkg.E'>, <class 'NoneType'>]\n  Errors:\n    - Problem with given class_path 'pkg.E':\n        Option 'b' "
+     "is not accepted\n    - Expected a <class 'NoneType'>\n  Given value type: <class 'dict'>\n  Given value: "
+     "{'b': 1}", "--model.e: Option 'b' is not accepted (got {'b': 1})"),
+])
+def test_parse_errors_become_one_line(message, line):
+    assert preflight.parse_error_line(message) == line
+
+
+def test_wandb_unreachable_switches_to_offline(config, monkeypatch):
+    import socket
+
+    with socket.socket() as s:  # a loopback port that was free a moment ago: connecting is refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    cfg = changed(config)
+    cfg.trainer.logger[0].init_args.offline = False
+    assert preflight.wandb_offline_fallback(cfg) == (
+        f"warning: wandb server http://127.0.0.1:{port} unreachable (Connection refused): logging offline instead; "
+        "upload later with `wandb sync <save_dir>/wandb/offline-run-*`")
+    assert cfg.trainer.logger[0].init_args.offline is True
+    assert preflight.wandb_offline_fallback(cfg) is None  # offline loggers need no server
+
+
+def test_unreachable_bounds_a_hanging_connection(monkeypatch):
+    import socket
+    import time
+
+    def hang(*args, **kwargs):  # a connection attempt that answers long after the timeout
+        time.sleep(2)
+        raise OSError("too late")
+
+    monkeypatch.setattr(socket, "create_connection", hang)
+    start = time.perf_counter()
+    assert preflight.unreachable("https://example.invalid", timeout=0.2) == "no answer within 0.2 s"
+    assert time.perf_counter() - start < 1.0
