@@ -22,7 +22,7 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
            "float16": torch.float16, "fp16": torch.float16}
 
 
-def resolve_model_path(name_or_path: str) -> str:
+def resolve_model_path(name_or_path: str | Path) -> str:
     """``"tiny"`` or a named variant such as ``"tiny:cells"`` (:func:`~ragen_lightning.models.tiny.spec_from_name`)
     -> the cached tiny model folder; anything else unchanged."""
     if is_tiny(name_or_path):
@@ -30,9 +30,9 @@ def resolve_model_path(name_or_path: str) -> str:
     return name_or_path
 
 
-def is_tiny(name_or_path: str) -> bool:
+def is_tiny(name_or_path: str | Path) -> bool:
     """Whether ``name_or_path`` names the embedded model (``"tiny"`` or ``"tiny:<options>"``)."""
-    return name_or_path == TINY or name_or_path.startswith(TINY + ":")
+    return isinstance(name_or_path, str) and (name_or_path == TINY or name_or_path.startswith(TINY + ":"))
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -46,13 +46,18 @@ DTYPES = tuple(_DTYPES)
 
 
 def check_model_name(flag: str, name: str, *, cached: bool = False) -> None:
-    """Raise :class:`ConfigError` naming ``flag`` unless ``name`` can be loaded without a surprise: ``"tiny"``, a
+    """Raise :class:`ConfigError` naming ``flag`` unless ``name`` can be loaded without a surprise: ``"tiny"`` (or a
+    valid variant such as ``"tiny:cells"``), a
     folder holding a ``config.json``, or a hub id ``org/name``, which with ``cached`` and ``HF_HUB_OFFLINE=1`` (the
     CLI's default) must already be in the Hugging Face cache (parsing a config or planning memory needs no download;
     a run does)."""
     import os
 
-    if name == TINY:
+    if is_tiny(name):
+        try:
+            spec_from_name(name)
+        except ValueError as e:
+            raise ConfigError(f"{flag}: {e}") from None
         return
     path = Path(name).expanduser()
     if path.exists():

@@ -102,6 +102,9 @@ BAD = [  # (changes, the whole message)
     ({"model__model": "nonexistent"}, "--model.model 'nonexistent': no such folder, and not 'tiny' or a hub id 'org/name'"),
     ({"model__critic_model": "/nonexistent"},
      "--model.critic_model '/nonexistent': no such folder, and not 'tiny' or a hub id 'org/name'"),
+    ({"model__model": "tiny:big"}, "--model.model: model 'tiny:big': the embedded model is 'tiny' or 'tiny:' followed by "
+     "'+'-joined options, at most one preset of ['small', 'tiny', 'wide'] and 'cells' (e.g. 'tiny:cells', "
+     "'tiny:small+cells')"),
     ({"model__dtype": "float33"},
      "--model.dtype must be one of float32, fp32, bfloat16, bf16, float16, fp16, got 'float33'"),
     ({"model__warm_start": {"stepz": 3}}, f"--model.warm_start: unknown key 'stepz' (allowed: {ALLOWED_WARM_START})"),
