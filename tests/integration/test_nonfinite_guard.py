@@ -15,12 +15,18 @@ from tests.integration.test_module import Recorder, ScriptedStarPO, data, params
 pytestmark = pytest.mark.slow
 
 
-def _module(tiny_path, **kw):
-    return ScriptedStarPO(model=str(tiny_path), mini_batch_size=8, micro_batch_size=8, actor_lr=1e-3, **kw)
+def _module(tiny_path, critic_lr: float, **kw):
+    """The settings refuse a non-finite learning rate (one line, before anything runs); the guard is for one that
+    becomes non-finite at run time, simulated by changing the hyperparameter after the checks."""
+    module = ScriptedStarPO(model=str(tiny_path), mini_batch_size=8, micro_batch_size=8, actor_lr=1e-3,
+                            critic_lr=1e-3, **kw)
+    module.hparams.critic_lr = critic_lr  # read by configure_optimizers
+    return module
 
 
 def test_inf_critic_lr_leaves_finite_unchanged_critic_and_counts_skips(tmp_path, tiny_path):
-    # Before: --model.critic_lr .inf finished with rc 0 and a last.ckpt holding NaN/inf critic tensors.
+    # Before: --model.critic_lr .inf finished with rc 0 and a last.ckpt holding NaN/inf critic tensors (the flag is
+    # now refused by the settings check; an infinite rate reaching the optimizer is what the guard must stop).
     module = _module(tiny_path, critic_lr=math.inf, max_consecutive_skips=0)
     rec = Recorder()
     t = trainer(tmp_path, [rec])
