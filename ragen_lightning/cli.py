@@ -46,6 +46,12 @@ class StarPOCLI(LightningCLI):
         if (seed := self.config.get(f"{self.subcommand}.seed_everything")) not in (None, False):
             _SEED_LOG.info(f"Seed set to {seed}")  # deferred from _set_seed: a refused setting prints one line
         self._check_resume()
+        for logger in self.trainer.loggers:  # before the lazy wandb.init of the first log
+            init = getattr(logger, "_wandb_init", None)
+            if isinstance(init, dict) and init.get("anonymous") is None:
+                # Lightning's WandbLogger always passes anonymous=None, which wandb answers with a deprecation
+                # WARNING ("The anonymous setting has no effect") on every run; leaving the key out changes nothing
+                init.pop("anonymous", None)
 
     before_fit = before_validate = _before_run
 
@@ -111,6 +117,10 @@ def main(args: list[str] | None = None) -> StarPOCLI:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tiny model is local; hub models must be cached already
     filter_harmless_warnings()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # vLLM logs ~15 WARNING lines per engine start on CPU, every one about a choice this project makes on purpose
+    # (eager mode, no chunked prefill, in-process engine, no sleep mode on CPU, no tcmalloc preload) or about
+    # weightless rotary buffers during a weight push; errors still print. VLLM_LOGGING_LEVEL=INFO shows them.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     try:
         return StarPOCLI(
             StarPOModule,
