@@ -52,6 +52,8 @@ class StarPOCLI(LightningCLI):
                 # Lightning's WandbLogger always passes anonymous=None, which wandb answers with a deprecation
                 # WARNING ("The anonymous setting has no effect") on every run; leaving the key out changes nothing
                 init.pop("anonymous", None)
+            if isinstance(init, dict) and init.get("dir"):  # else wandb warns "git root <dir> does not exist"
+                Path(init["dir"]).mkdir(parents=True, exist_ok=True)
 
     before_fit = before_validate = _before_run
 
