@@ -29,6 +29,16 @@ def causal_only(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
 MIN_SHARED = 16  # shorter common prefixes are not worth the extra (batch 1) forward call
 
 
+def can_share(model: torch.nn.Module) -> bool:
+    """Whether ``model`` may run a prefix and then the rest as two calls before one backward: not when it (or a
+    part of it) is FSDP-sharded, whose per-forward unshard/reshard bookkeeping expects one forward per backward
+    (FSDP2 frees the prefix call's gathered weights, and its backward then reads empty storage). Checked on every
+    call (a walk over the modules, microseconds per layer): sharding is applied in place after the networks are
+    built."""
+    sharded = ("FSDPModule", "FullyShardedDataParallel")
+    return not any(c.__name__ in sharded for m in model.modules() for c in type(m).__mro__)
+
+
 def shared_prefix(input_ids: torch.Tensor, attention_mask: torch.Tensor, limit: int) -> int:
     """How many leading tokens every row of ``input_ids`` [b, t] has in common, capped at ``limit`` (the first
     target column anything is read from, so no output is needed inside the prefix); 0 when that is under

@@ -169,3 +169,15 @@ def test_shared_prefix_gives_the_same_outputs_and_gradients(nets):
     for a, b in zip(g1, g0, strict=True):  # summed in another order: equal up to float rounding of the whole tensor
         assert float((a - b).norm()) <= 1e-5 * float(b.norm()) + 1e-9
     assert g0[0].abs().sum() > 0  # the embedding's gradient reaches the shared tokens too
+
+
+def test_sharded_networks_do_not_share_a_prefix(nets):
+    """FSDP expects one forward per backward: a network with a sharded part runs every row in full."""
+    from ragen_lightning.models.forward import can_share
+
+    actor, _ = nets
+    assert can_share(actor)
+    fsdp2_like = type("FSDPModule", (torch.nn.Module,), {})  # fully_shard swaps in a subclass of this name
+    wrapped = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(fsdp2_like()))
+    assert not can_share(wrapped)
+    assert not can_share(type("FullyShardedDataParallel", (torch.nn.Module,), {})())
