@@ -50,6 +50,11 @@ VARIANTS: dict[str, list[str]] = {
     "ppo_nofilter": ["--model.adv_estimator", "gae", "--data.filter", "{strategy: top_p, value: 1.0}"],
     "grpo_filter": ["--model.adv_estimator", "grpo", "--data.filter",
                     "{strategy: top_p, value: 0.9, include_zero: false}"],
+    # StarPO vs StarPO-S (docs/starpo_s.md), both GRPO without KL: no filter and clip 0.2/0.2, against the
+    # reward-variance filter and clip-higher 0.2/0.28
+    "starpo": ["--model.adv_estimator", "grpo", "--model.clip_high", "0.2"],
+    "starpo_s": ["--model.adv_estimator", "grpo", "--model.clip_high", "0.28", "--data.filter",
+                 "{strategy: top_p, value: 0.9, include_zero: false}"],
 }
 
 
