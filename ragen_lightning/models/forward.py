@@ -39,13 +39,16 @@ def can_share(model: torch.nn.Module) -> bool:
     return not any(c.__name__ in sharded for m in model.modules() for c in type(m).__mro__)
 
 
-def shared_prefix(input_ids: torch.Tensor, attention_mask: torch.Tensor, limit: int) -> int:
+def shared_prefix(input_ids: torch.Tensor, attention_mask: torch.Tensor, limit: int,
+                  model: torch.nn.Module | None = None) -> int:
     """How many leading tokens every row of ``input_ids`` [b, t] has in common, capped at ``limit`` (the first
     target column anything is read from, so no output is needed inside the prefix); 0 when that is under
-    :data:`MIN_SHARED`, for a single row, or for rows that are not right-padded (the prefix must be real tokens
-    in every row)."""
+    :data:`MIN_SHARED`, for a single row, for rows that are not right-padded (the prefix must be real tokens
+    in every row), or when ``model`` is given and may not run it separately (:func:`can_share`)."""
     b = input_ids.shape[0]
     if b < 2 or limit < MIN_SHARED or causal_only(attention_mask) is not None:
+        return 0
+    if model is not None and not can_share(model):
         return 0
     n = min(int(attention_mask.sum(-1).min()), limit)
     if n < MIN_SHARED:

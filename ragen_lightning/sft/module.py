@@ -194,8 +194,7 @@ def causal_lm_sft_loss(model: torch.nn.Module, batch: SFTBatch, *,
     trained = batch.loss_mask.bool().any(0).nonzero()
     # the last shared position must come before the first one that predicts a trained token
     limit = int(trained[0]) - 1 if len(trained) else 0
-    share_prefix = share_prefix and forward.can_share(model)
-    prefix = forward.shared_prefix(batch.input_ids, batch.attention_mask, limit) if share_prefix else 0
+    prefix = forward.shared_prefix(batch.input_ids, batch.attention_mask, limit, model) if share_prefix else 0
     ids, mask, predicts = batch.input_ids[:, prefix:], batch.loss_mask[:, prefix:], predicts[:, prefix:]
     keep = predicts if _mask_logits_to_keep() else 0  # 0 = all positions (the full-logits path below)
     if prefix:

@@ -24,10 +24,7 @@ import torch
 from torch import nn
 
 from ragen_lightning.algos.logits import entropy_from_logits, logprobs_from_logits
-from ragen_lightning.models.forward import MIN_SHARED, can_share, causal_only, run_on_shared_prefix, shared_prefix
-
-__all__ = ["MIN_SHARED", "actor_outputs", "by_length", "causal_only", "critic_values", "first_target", "micro_slices",
-           "run_on_shared_prefix", "score_batch", "shared_prefix", "trimmed", "can_share"]
+from ragen_lightning.models.forward import causal_only, run_on_shared_prefix, shared_prefix
 
 
 def micro_slices(rows: torch.Tensor, micro_batch_size: int) -> Iterator[torch.Tensor]:
@@ -69,7 +66,7 @@ def actor_outputs(actor: nn.Module, input_ids: torch.Tensor, attention_mask: tor
     length = input_ids.shape[1]
     skip = min(max(skip, 0), length - 1)
     keep = length - skip if skip else 0
-    prefix = shared_prefix(input_ids, attention_mask, skip) if share_prefix and can_share(actor) else 0
+    prefix = shared_prefix(input_ids, attention_mask, skip, actor) if share_prefix else 0
     if prefix:
         logits = run_on_shared_prefix(actor, input_ids, prefix, attention_mask=None, logits_to_keep=keep).logits
     else:
@@ -89,7 +86,7 @@ def critic_values(critic: nn.Module, input_ids: torch.Tensor, attention_mask: to
                   skip: int = 0, share_prefix: bool = False) -> torch.Tensor:
     """``V`` after each prefix, on the target axis: ``[b, t - 1]``. With ``share_prefix`` the rows' common leading
     tokens (up to ``skip``, the first column a value is read from) run once and their columns read 0."""
-    prefix = shared_prefix(input_ids, attention_mask, skip) if share_prefix and can_share(critic) else 0
+    prefix = shared_prefix(input_ids, attention_mask, skip, critic) if share_prefix else 0
     if prefix:
         values = run_on_shared_prefix(critic, input_ids, prefix, attention_mask=None)
         return torch.nn.functional.pad(values, (prefix, 0))[:, :-1].float()

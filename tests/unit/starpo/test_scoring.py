@@ -3,14 +3,8 @@
 import pytest
 import torch
 
-from ragen_lightning.starpo.scoring import (
-    MIN_SHARED,
-    actor_outputs,
-    causal_only,
-    critic_values,
-    score_batch,
-    shared_prefix,
-)
+from ragen_lightning.models.forward import MIN_SHARED, causal_only, shared_prefix
+from ragen_lightning.starpo.scoring import actor_outputs, critic_values, score_batch
 
 
 @pytest.fixture(scope="module")
@@ -181,3 +175,6 @@ def test_sharded_networks_do_not_share_a_prefix(nets):
     wrapped = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(fsdp2_like()))
     assert not can_share(wrapped)
     assert not can_share(type("FullyShardedDataParallel", (torch.nn.Module,), {})())
+    ids, att = sharing_rows([40, 64], common=20)
+    assert shared_prefix(ids, att, limit=63, model=actor) == 20
+    assert shared_prefix(ids, att, limit=63, model=wrapped) == 0
