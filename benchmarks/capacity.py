@@ -24,6 +24,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+def _learning():
+    """``benchmarks/learning.py``, loaded once by path (benchmarks/envs.py would shadow the project's ``envs``
+    package if benchmarks/ were on the path)."""
+    import importlib.util
+
+    if "_bench_learning" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("_bench_learning", ROOT / "benchmarks" / "learning.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["_bench_learning"] = module
+    return sys.modules["_bench_learning"]
+
+
 def throughput(spec, seq_len: int = 512, batch: int = 4, reps: int = 3) -> float:
     """Tokens/s of one fp32 forward+backward (loss.backward, no optimizer) of a model built from ``spec``."""
     import torch
@@ -44,17 +57,12 @@ def throughput(spec, seq_len: int = 512, batch: int = 4, reps: int = 3) -> float
 def random_baseline(task: str, n: int, seed: int, reps: int = 8) -> float:
     """Success of uniformly random actions (the config's action budget, no turns, no format) on the held-out seeds of
     ``n`` evaluation episodes: the floor a warm start must beat to be reading its observation."""
-    import importlib.util
-
     import gymnasium as gym
     import numpy as np
 
     from ragen_lightning.sft.module import episode_seeds
 
-    spec_ = importlib.util.spec_from_file_location("learning", ROOT / "benchmarks" / "learning.py")
-    learning = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(learning)
-    data = learning.load_config(task)["data"]
+    data = _learning().load_config(task)["data"]
     budget = data.get("max_actions_per_episode", 10)
     seeds = episode_seeds(seed, n, "eval", exclude=episode_seeds(seed, 512, "train"))
     env = gym.make(data["env_id"], **(data.get("env_kwargs") or {}))
@@ -71,6 +79,50 @@ def random_baseline(task: str, n: int, seed: int, reps: int = 8) -> float:
     return wins / (len(seeds) * reps)
 
 
+def teacher_forced_reading(path: str, cfg: dict, n: int, seed: int, exclude: list[int]) -> dict[str, float]:
+    """Does the warm start read the observation? Teacher-forced argmax on the expert's turns of ``n`` held-out
+    expert episodes (the config's episode settings): the share of turns whose reasoning clause up to the first
+    ``;`` (FrozenLake ``goal is below and right of me;``, Sokoban ``box is left of target;``: what the grid says)
+    is predicted token for token, and the share whose whole response is."""
+    import torch
+
+    from ragen_lightning import models
+    from ragen_lightning.sft.module import build_demonstrations, episode_seeds
+
+    data = cfg["data"]
+    tok = models.load_tokenizer(path)
+    net = models.load_causal_lm(path).eval()
+    episode = _learning().episode_of(data)
+    demos, _ = build_demonstrations(data["env_id"], tok, episode_seeds(seed, n, "eval", exclude=exclude),
+                                    env_kwargs=data.get("env_kwargs"), episode=episode)
+    clause = response = turns = first = first_clause = 0
+    with torch.no_grad():
+        for d in demos:
+            ids = torch.tensor([d.input_ids])
+            opening = tok.decode(d.input_ids).count("State:") == 1  # the episode's first turn: one grid in context
+            pred = net(input_ids=ids).logits[0, :-1].argmax(-1).tolist()
+            mask, target = d.loss_mask[1:], d.input_ids[1:]
+            k = 0
+            while k < len(mask):  # each run of loss-mask 1 is one expert turn
+                if not mask[k]:
+                    k += 1
+                    continue
+                end = k
+                while end < len(mask) and mask[end]:
+                    end += 1
+                right = [pred[j] == target[j] for j in range(k, end)]
+                cut = next((j - k + 1 for j in range(k, end) if ";" in tok.decode(target[k:j + 1])), end - k)
+                turns += 1
+                clause += all(right[:cut])
+                if opening and turns and k == d.loss_mask.index(1) - 1:
+                    first += 1
+                    first_clause += all(right[:cut])
+                response += all(right)
+                k = end
+    return {"reading_exact": clause / max(turns, 1), "first_turn_reading_exact": first_clause / max(first, 1),
+            "response_exact": response / max(turns, 1), "turns": turns, "first_turns": first}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--task", default="frozen_lake", help="configs/<task>.yaml or a path")
@@ -82,6 +134,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="outputs/learning")
     p.add_argument("--throughput", action="store_true", help="only measure tokens/s of each preset")
+    p.add_argument("--reading", metavar="FOLDER", help="only measure the reading of a built model folder (a warm "
+                   "start or an exported actor) on the task's held-out expert turns")
     p.add_argument("--random-baseline", action="store_true", help="only measure uniformly random actions' success")
     a = p.parse_args(argv)
 
@@ -89,17 +143,13 @@ def main(argv: list[str] | None = None) -> None:
     import yaml
 
     torch.set_num_threads(1)
-    import importlib.util
-
     import envs  # noqa: F401  (registers the env ids)
 
-    # benchmarks/envs.py would shadow the project's ``envs`` package, so learning.py is loaded by path
-    spec_ = importlib.util.spec_from_file_location("learning", ROOT / "benchmarks" / "learning.py")
-    learning = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(learning)
+    learning = _learning()
     evaluate, load_config, warm_model = learning.evaluate, learning.load_config, learning.warm_model
 
     from ragen_lightning.models.tiny import PRESETS, tiny_model_path
+    from ragen_lightning.sft.module import episode_seeds
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -115,6 +165,13 @@ def main(argv: list[str] | None = None) -> None:
               f"{random_baseline(a.task, a.eval_episodes, a.seed):.3f} | - | - | - |")
         return
     extra = yaml.safe_load(a.warm_start) or {}
+    if a.reading:
+        cfg = load_config(a.task)
+        meta_file = Path(a.reading) / "warm_start.json"
+        num = json.loads(meta_file.read_text())["args"]["num_episodes"] if meta_file.is_file() else 512
+        demo_seeds = episode_seeds(extra.get("seed", 0), num, "train")
+        print(a.reading, teacher_forced_reading(a.reading, cfg, 200, a.seed, demo_seeds), flush=True)
+        return
     for tokenizer in a.tokenizer:
         for preset in a.preset:
             spec = replace(PRESETS[preset], grid_cells=tokenizer == "cells")
@@ -126,12 +183,14 @@ def main(argv: list[str] | None = None) -> None:
                 warm, demo_seeds = warm_model(cfg)
                 meta = json.loads((Path(warm) / "warm_start.json").read_text())
                 res = evaluate(warm, cfg, a.eval_episodes, 1.0, a.seed, demo_seeds)
+                res.update(teacher_forced_reading(warm, cfg, 200, a.seed, demo_seeds))
                 row = {"task": a.task, "tokenizer": tokenizer, "preset": preset, "spec": asdict(spec),
                        "warm_start": cfg["model"]["warm_start"], "train_s": meta["wall_s"],
                        "loss_last": sum(meta["losses"][-10:]) / len(meta["losses"][-10:]),
                        "eval_episodes": a.eval_episodes, **res, "total_s": time.perf_counter() - t}
                 print(f"| {a.task} | {tokenizer} | {preset} | {steps} | {res['success_rate']:.3f} | "
-                      f"{res['format_valid_rate']:.2f} | {row['loss_last']:.3f} | {meta['wall_s'] / 60:.1f} |",
+                      f"{res['format_valid_rate']:.2f} | {row['loss_last']:.3f} | {res['reading_exact']:.2f} | "
+                      f"{meta['wall_s'] / 60:.1f} |",
                       flush=True)
                 with open(out / "capacity.jsonl", "a") as f:
                     f.write(json.dumps(row) + "\n")

@@ -27,6 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+SUFFIX = ("You have 10 actions left. Always output: <think> [Your thoughts] </think> <answer> [your answer] </answer> "
+          "with no extra text. Strictly follow this format. ")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny:cells", help="an embedded model name (tiny, tiny:cells, tiny:small+cells)")
@@ -35,6 +39,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--eval-every", type=int, default=250)
     p.add_argument("--prefix", type=int, default=0, help="repetitions of a 34-token sentence before the grid")
+    p.add_argument("--suffix", type=int, default=0, help="repetitions of the chat format's instruction sentence "
+                   "(~45 tokens) between the grid and the answer, as in the real prompt")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
@@ -56,10 +62,12 @@ def main() -> None:
     env = gym.make("ragen/FrozenLake-v0", success_rate=1.0)
     filler = tok("You're a helpful assistant. You are solving the FrozenLake puzzle. " * args.prefix)["input_ids"]
 
+    after = tok(SUFFIX * args.suffix)["input_ids"]
+
     def example(seed: int) -> tuple[list[int], list[int]]:
         obs, _ = env.reset(seed=seed)
         lake = env.unwrapped
-        context = filler + tok("State:\n" + obs + "\n")["input_ids"]
+        context = filler + tok("State:\n" + obs + "\n")["input_ids"] + after
         target = tok("goal is " + relation(lake._goal, lake.player_position) + " me.")["input_ids"]
         return context, target
 

@@ -167,7 +167,8 @@ def _env_texts(env_id: str, seeds: int, steps: int) -> list[str] | None:
         env.action_space.seed(seed)
         names = tuple(getattr(core, "action_names", ()) or ())
         for turn in range(1, steps + 1):
-            texts.append(prompting.turn_block(turn, obs, 10 - turn, max_response_tokens=100))
+            instruction = prompting.instruction_line(10 - turn, max_response_tokens=100)
+            texts.append(prompting.turn_block(turn, obs, instruction))
             action = env.action_space.sample()
             if names:
                 word = names[int(action) % len(names)]

@@ -68,22 +68,23 @@ def system_prompt(spec: PromptSpecLike, max_actions_per_episode: int | None = No
     return text
 
 
-def turn_block(
-    turn: int,
-    state: str,
-    actions_left: int,
-    *,
-    max_response_tokens: int,
-    enable_think: bool = True,
-    warn_invalid: bool = False,
-) -> str:
-    """The per-turn user block (``turn`` is 1-based)."""
-    warning = INVALID_ACTION_WARNING if warn_invalid else ""
+def instruction_line(actions_left: int, *, max_response_tokens: int, enable_think: bool = True,
+                     warn_invalid: bool = False) -> str:
+    """The per-turn instruction: the invalid-action warning (when due), actions left, answer format, length."""
     return (
-        f"\nTurn {turn}:\nState:\n{state}\n{warning}You have {actions_left} actions left. "
+        f"{INVALID_ACTION_WARNING if warn_invalid else ''}You have {actions_left} actions left. "
         f"Always output: {format_prompt(enable_think)} with no extra text. Strictly follow this format. "
         f"Max response length: {max_response_tokens} words (tokens).\n"
     )
+
+
+def turn_block(turn: int, state: str, instruction: str, *, observation_last: bool = False) -> str:
+    """The per-turn user block (``turn`` is 1-based; ``instruction`` from :func:`instruction_line`): RAGEN's order
+    (state, then the instruction), or with ``observation_last`` the instruction first, so the state is what the
+    response follows."""
+    if observation_last:
+        return f"\nTurn {turn}:\n{instruction}State:\n{state}\n"
+    return f"\nTurn {turn}:\nState:\n{state}\n{instruction}"
 
 
 def reward_text(reward: float) -> str:

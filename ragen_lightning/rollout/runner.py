@@ -211,8 +211,9 @@ class RolloutRunner:
                         actions_left=self.episode.max_actions_per_episode)
 
     def _turn_block(self, ep: _Episode, turn: int, announce: int) -> str:
-        return prompting.turn_block(turn, ep.obs, ep.actions_left, max_response_tokens=announce,
-                                    enable_think=self.episode.enable_think, warn_invalid=ep.warn_invalid)
+        instruction = prompting.instruction_line(ep.actions_left, max_response_tokens=announce,
+                                                 enable_think=self.episode.enable_think, warn_invalid=ep.warn_invalid)
+        return prompting.turn_block(turn, ep.obs, instruction, observation_last=self.episode.observation_last)
 
     def _user_message(self, ep: _Episode, turn: int, announce: int) -> str:
         block = self._turn_block(ep, turn, announce)

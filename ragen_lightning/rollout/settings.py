@@ -34,6 +34,11 @@ class EpisodeSettings:
         window_turns: turns kept in the prompt in the ``limited`` / ``single_turn`` modes, the current one included.
         max_model_len: hard limit on prompt + response tokens; an episode whose next turn would not fit ends early.
         enable_think: ask for (and parse) ``<think>...</think>`` reasoning before the answer.
+        observation_last: put each turn's instruction line (actions left, answer format, length) before
+            ``State:`` instead of after it (RAGEN's order), so the observation directly precedes the response. The
+            embedded 4-layer model learns to read a grid behind a ~240-token system prompt only this way
+            (``benchmarks/grid_reading.py``: 0.79 exact after 500 steps with the state last, 0.29 with RAGEN's
+            ~45-token instruction line between the grid and the answer; docs/learning.md).
         format_penalty: score added for every turn with an invalid or missing action.
     """
 
@@ -45,6 +50,7 @@ class EpisodeSettings:
     window_turns: int = 2
     max_model_len: int = 4096
     enable_think: bool = True
+    observation_last: bool = False
     format_penalty: float = -0.1
 
     def __post_init__(self) -> None:
@@ -58,6 +64,8 @@ class EpisodeSettings:
         the RL score); the warm start's cache key hashes exactly these."""
         fields = asdict(self)
         fields.pop("format_penalty")
+        if not fields["observation_last"]:  # RAGEN's order: the keys of warm starts built before the option
+            fields.pop("observation_last")
         return fields
 
 

@@ -28,11 +28,16 @@ __all__ = [
     "collect_demonstrations",
     "expert_actions",
     "expert_turn",
+    "reading_clause_end",
+    "reading_clauses",
     "render_response",
     "require_expert",
 ]
 
 EXPERT_METHOD = "expert_turn"
+# The grid envs' experts reason "<what the observation shows>; <what I do>" ("goal is below and right of me; I go
+# Down, Right"): the clause up to this character is the reading of the observation.
+READING_END = ";"
 
 
 @dataclass(frozen=True)
@@ -162,3 +167,42 @@ def collect_demonstrations(
         return runner.run(list(seeds), 1, SamplingParams(temperature=0.0, max_new_tokens=episode.max_new_tokens))
     finally:
         runner.close()
+
+
+def reading_clause_end(ids: Sequence[int], start: int, end: int, tokenizer: Any) -> int:
+    """End (exclusive) of the reading clause of the expert response ``ids[start:end]``: just after the first token
+    holding :data:`READING_END`; ``end`` when there is none (the whole response is then the clause)."""
+    for j in range(start, end):
+        if READING_END in tokenizer.decode([ids[j]]):
+            return j + 1
+    return end
+
+
+def reading_clauses(demos: Sequence[Any], tokenizer: Any) -> list[Any]:
+    """``demos`` with the loss mask of every expert turn cut to its reading clause (:func:`reading_clause_end`)
+    and each sequence ending after its last trained token: the targets of a warm start's reading phase.
+
+    Why: behind a chat prompt of a few hundred tokens the embedded 4-layer model learns to name where the goal lies
+    (FrozenLake) when trained on that clause alone (0.78 exact on held-out maps after 500 steps of 32) but not
+    when the same steps train the whole response (0.18, the prior), whose moves and answer follow from the clause
+    under teacher forcing (docs/learning.md, "Reading first").
+    """
+    from ragen_lightning.sft.module import Demonstration
+
+    out = []
+    for d in demos:
+        ids, mask = d.input_ids, list(d.loss_mask)
+        j = 0
+        while j < len(mask):
+            if not mask[j]:
+                j += 1
+                continue
+            end = j
+            while end < len(mask) and mask[end]:
+                end += 1
+            cut = reading_clause_end(ids, j, end, tokenizer)
+            mask[cut:end] = [0] * (end - cut)
+            j = end
+        last = max(i for i, m in enumerate(mask) if m) + 1
+        out.append(Demonstration(tuple(ids[:last]), tuple(mask[:last])))
+    return out

@@ -35,7 +35,7 @@ import torch
 from ragen_lightning import models
 from ragen_lightning.errors import ConfigError, Domain, check_domains
 from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
-from ragen_lightning.sft.experts import require_expert
+from ragen_lightning.sft.experts import reading_clauses, require_expert
 from ragen_lightning.sft.module import (
     Demonstration,
     LRSchedule,
@@ -111,10 +111,11 @@ def length_grouped_batches(lengths: Sequence[int], batch_size: int, generator: t
 
 def train_sft(model: torch.nn.Module, demos: Sequence[Demonstration], pad_token_id: int, *, steps: int, lr: float,
               batch_size: int, weight_decay: float = 0.0, warmup_steps: int = 10, lr_schedule: LRSchedule = "cosine",
-              max_grad_norm: float = 1.0, seed: int = 0, log_every: int = 0) -> list[float]:
-    """``steps`` AdamW steps of the SFT loss on ``demos`` (length-grouped batches, seeded order); returns the loss
-    of every step."""
-    if not demos:
+              max_grad_norm: float = 1.0, seed: int = 0, log_every: int = 0,
+              reading_demos: Sequence[Demonstration] = (), reading_steps: int = 0) -> list[float]:
+    """``steps`` AdamW steps of the SFT loss (length-grouped batches, seeded order): the first ``reading_steps`` on
+    ``reading_demos``, the rest on ``demos``, under one learning-rate schedule; returns the loss of every step."""
+    if not demos or (reading_steps and not reading_demos):
         raise ValueError("no demonstrations to train on")
     generator = torch.Generator().manual_seed(seed)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -122,15 +123,15 @@ def train_sft(model: torch.nn.Module, demos: Sequence[Demonstration], pad_token_
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, warmup_steps, steps, lr_schedule)
     )
-    lengths = [len(d.input_ids) for d in demos]
     queue: list[list[int]] = []
     losses: list[float] = []
     model.train()
     start = time.perf_counter()
     for step in range(steps):
-        if not queue:
-            queue = length_grouped_batches(lengths, batch_size, generator)
-        batch = collate([demos[i] for i in queue.pop()], pad_token_id)
+        source = reading_demos if step < reading_steps else demos
+        if not queue or step == reading_steps:
+            queue = length_grouped_batches([len(d.input_ids) for d in source], batch_size, generator)
+        batch = collate([source[i] for i in queue.pop()], pad_token_id)
         loss, metrics = causal_lm_sft_loss(model, batch)
         loss.backward()
         if max_grad_norm > 0:
@@ -159,6 +160,7 @@ def warm_start(
     warmup_steps: int = 10,
     lr_schedule: LRSchedule = "cosine",
     seed: int = 0,
+    reading_steps: int = 0,
     episode: EpisodeSettings | dict[str, Any] | None = None,
     only_successful: bool = False,
     dtype: str = "float32",
@@ -181,6 +183,10 @@ def warm_start(
         warmup_steps: linear warm-up steps.
         lr_schedule: ``constant`` or ``cosine`` (to 10 % of ``lr``).
         seed: seeds the demonstration seeds, the batch order and torch's RNG during training.
+        reading_steps: the first ``reading_steps`` of the ``steps`` train only the reasoning's reading clause of
+            every expert turn (:func:`~ragen_lightning.sft.experts.reading_clauses`: up to its first ``;``, e.g.
+            ``goal is below and right of me;``), the rest the whole response. The embedded model learns to read a
+            grid this way and not from whole responses (docs/learning.md, "Reading first"); 0 (default) is off.
         episode: episode settings of the demonstrations (use the RL run's ``--data.episode`` so the formats match;
             the expert proposes ``max_actions_per_turn`` actions per turn). A mapping overrides single defaults.
             Every field but ``format_penalty`` (which does not change a demonstration) is part of the cache key.
@@ -204,11 +210,15 @@ def warm_start(
         steps = default_steps(env_id, env_kwargs)
     if steps < 1 or num_episodes < 1 or batch_size < 1:
         raise ValueError(f"steps, num_episodes and batch_size must be >= 1, got {steps}, {num_episodes}, {batch_size}")
+    if not 0 <= reading_steps < steps:
+        raise ConfigError(f"--model.warm_start.reading_steps must be >= 0 and below steps ({steps}), got {reading_steps}")
     # the key hashes the same flat names as before EpisodeSettings existed, so existing caches keep their keys
     args = dict(env_id=env_id, steps=steps, num_episodes=num_episodes, lr=lr, batch_size=batch_size,
                 weight_decay=weight_decay, warmup_steps=warmup_steps, lr_schedule=lr_schedule, seed=seed,
                 only_successful=only_successful, dtype=dtype, env_kwargs=dict(env_kwargs or {}),
                 **episode.demonstration_fields())
+    if reading_steps:  # only when on: warm starts built before the option keep their keys
+        args["reading_steps"] = reading_steps
     base = models.resolve_model_path(model)
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     final = root / f"warm-{warm_start_key(model, base, args, code_fingerprint(env_id, env_kwargs))}"
@@ -240,10 +250,12 @@ def _build(final: Path, root: Path, base: str, args: dict[str, Any], episode: Ep
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         net = models.load_causal_lm(base, dtype)
+        reading_steps = args.get("reading_steps", 0)
         losses = train_sft(net, demos, tokenizer.pad_token_id, steps=args["steps"], lr=args["lr"],
                            batch_size=args["batch_size"], weight_decay=args["weight_decay"],
                            warmup_steps=args["warmup_steps"], lr_schedule=args["lr_schedule"], seed=seed,
-                           log_every=25 if verbose else 0)
+                           log_every=25 if verbose else 0, reading_steps=reading_steps,
+                           reading_demos=reading_clauses(demos, tokenizer) if reading_steps else ())
 
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".warm-", dir=root))
@@ -268,6 +280,7 @@ _SETTING_DOMAINS = {
     "steps": Domain(low=1, integer=True, none=True), "num_episodes": Domain(low=1, integer=True),
     "lr": Domain(low=0, low_open=True), "batch_size": Domain(low=1, integer=True), "weight_decay": Domain(low=0),
     "warmup_steps": Domain(low=0, integer=True), "seed": Domain(low=0, integer=True),
+    "reading_steps": Domain(low=0, integer=True),
     "torch_threads": Domain(low=1, integer=True, none=True),
 }
 _SETTING_OTHERS = {"lr_schedule", "episode", "only_successful", "dtype", "cache_dir", "verbose"}
@@ -287,6 +300,9 @@ def check_warm_start_setting(setting: Any) -> None:
         raise ConfigError(f"--model.warm_start.lr_schedule must be 'constant' or 'cosine', got {setting['lr_schedule']!r}")
     if isinstance(setting.get("episode"), dict):
         as_episode(setting["episode"])
+    steps, reading = setting.get("steps"), setting.get("reading_steps", 0)
+    if isinstance(steps, int) and isinstance(reading, int) and reading >= steps:
+        raise ConfigError(f"--model.warm_start.reading_steps must be below steps ({steps}), got {reading}")
 
 
 def warm_started_path(model: str, setting: bool | dict[str, Any], datamodule) -> str:

@@ -27,14 +27,23 @@ def test_system_prompt_free_text_env_has_no_action_list():
 
 
 def test_turn_block_matches_ragen_format_and_warning():
-    block = P.turn_block(2, "S", 8, max_response_tokens=100, warn_invalid=True)
+    block = P.turn_block(2, "S", P.instruction_line(8, max_response_tokens=100, warn_invalid=True))
     assert block == (
         "\nTurn 2:\nState:\nS\nNo valid action provided previously. Environment state remains the same. "
         "Please try again.\nYou have 8 actions left. Always output: <think> [Your thoughts] </think> "
         "<answer> [your answer] </answer> with no extra text. Strictly follow this format. "
         "Max response length: 100 words (tokens).\n"
     )
-    assert "<think>" not in P.turn_block(1, "S", 1, max_response_tokens=5, enable_think=False)
+    assert "<think>" not in P.instruction_line(1, max_response_tokens=5, enable_think=False)
+
+
+def test_turn_block_observation_last_moves_only_the_state():
+    instruction = P.instruction_line(4, max_response_tokens=48, warn_invalid=True)
+    ragen = P.turn_block(3, "#P_\n_G_", instruction)
+    last = P.turn_block(3, "#P_\n_G_", instruction, observation_last=True)
+    state = "State:\n#P_\n_G_\n"
+    assert last == ragen.replace(state, "") + state  # same lines, the state moved behind the instruction line
+    assert last.startswith("\nTurn 3:\nNo valid action provided previously.") and last.endswith("\n_G_\n")
 
 
 @pytest.mark.parametrize("reward, text", [(-0.1 * 3, "Reward:\n-0.3\n"), (0, "Reward:\n0\n"), (10.0, "Reward:\n10\n")])

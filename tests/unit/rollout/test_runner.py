@@ -139,7 +139,7 @@ def test_max_model_len_ends_episode_without_corrupting(tiny_tokenizer):
     runner, engine = make(tiny_tokenizer, lambda p: "x</think><answer>Left</answer>", max_turns=5)
     first = len(engine.prompts) or len(runner.chat.start(
         prompting.system_prompt(prompting_spec(), 10),
-        prompting.turn_block(1, "pos: 0", 10, max_response_tokens=40)))
+        prompting.turn_block(1, "pos: 0", prompting.instruction_line(10, max_response_tokens=40))))
     runner.episode = replace(runner.episode, max_model_len=first + 40 + 5)  # room for turn 1 only
     (t,) = runner.run([0], 1, PARAMS)
     assert t.context_truncated and t.truncated and t.num_turns == 1

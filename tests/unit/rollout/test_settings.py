@@ -19,9 +19,10 @@ HOME = "rollout/settings.py:EpisodeSettings"
 # by the consumers of EpisodeSettings with that field). A consumer of several settings takes the EpisodeSettings object.
 PRIMITIVES = {
     "enable_think": {"rollout/prompting.py:format_prompt", "rollout/prompting.py:generation_prefix",
-                     "rollout/prompting.py:turn_block", "rollout/prompting.py:parse_response",
+                     "rollout/prompting.py:instruction_line", "rollout/prompting.py:parse_response",
                      "rollout/tokens.py:ChatTokens.__init__", "sft/experts.py:render_response"},
     "max_actions_per_turn": {"rollout/prompting.py:parse_response"},
+    "observation_last": {"rollout/prompting.py:turn_block"},
     "max_actions_per_episode": {"rollout/prompting.py:system_prompt"},
     "max_new_tokens": {"rollout/engine.py:SamplingParams"},  # the sampling cap handed to an engine
     # engines and the memory plan size themselves by the context length; VLLMConfig's is an override (None = data's)
@@ -87,5 +88,7 @@ def test_as_episode_and_demonstration_fields():
     assert as_episode({"max_turns": 2}) == EpisodeSettings(max_turns=2)
     ep = EpisodeSettings(format_penalty=-0.5)
     assert as_episode(ep) is ep
-    # the warm-start key hashes these: every field but the RL-only format penalty
-    assert set(ep.demonstration_fields()) == set(NAMES) - {"format_penalty"}
+    # the warm-start key hashes these: every field but the RL-only format penalty, and observation_last only when
+    # set (warm starts built before the option keep their keys)
+    assert set(ep.demonstration_fields()) == set(NAMES) - {"format_penalty", "observation_last"}
+    assert EpisodeSettings(observation_last=True).demonstration_fields()["observation_last"] is True

@@ -211,3 +211,53 @@ def test_lora_trains_adapters_only_and_exports_merged(tiny_path, tmp_path, tiny_
     with torch.no_grad():
         assert torch.allclose(merged(input_ids=ids).logits, module.model(input_ids=ids).logits, atol=1e-5)
     assert (out / "tokenizer.json").is_file()
+
+
+class _CharTokenizer:
+    """One character per id (id = code point): decode joins them."""
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+def test_reading_clauses_cut_every_turn_after_its_first_semicolon():
+    from ragen_lightning.sft.experts import reading_clauses
+
+    text = "Pab;cd#ef;g"  # prompt "P", turn "ab;cd", user "#", turn "ef;g"
+    mask = (0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1)
+    (cut,) = reading_clauses([Demonstration(tuple(map(ord, text)), mask)], _CharTokenizer())
+    # each turn keeps "<clause>;"; the context between turns stays; the sequence ends after the last trained token
+    assert "".join(map(chr, cut.input_ids)) == "Pab;cd#ef;"
+    assert cut.loss_mask == (0, 1, 1, 1, 0, 0, 0, 1, 1, 1)
+    # a turn without the separator is its own clause
+    (whole,) = reading_clauses([Demonstration(tuple(map(ord, "Pxy")), (0, 1, 1))], _CharTokenizer())
+    assert whole.loss_mask == (0, 1, 1) and len(whole.input_ids) == 3
+
+
+def test_reading_phase_trains_only_the_clause_then_the_whole_response(tiny_path, tiny_tokenizer, demos):
+    """Steps inside the reading phase leave the loss on the moves after ';' untouched by design: a phase of
+    reading steps lowers the clause's loss more than the same steps on whole responses do, and the later steps
+    use the whole responses."""
+    from ragen_lightning.models import load_causal_lm
+    from ragen_lightning.sft.experts import reading_clauses
+
+    items, _ = demos
+    clauses = reading_clauses(items, tiny_tokenizer)
+    assert all(sum(c.loss_mask) < sum(d.loss_mask) for c, d in zip(clauses, items))
+    probe = collate(clauses[:8], tiny_tokenizer.pad_token_id)
+
+    def clause_loss_after(reading_steps):
+        torch.manual_seed(0)
+        model = load_causal_lm(str(tiny_path))
+        losses = train_sft(model, items, tiny_tokenizer.pad_token_id, steps=9, lr=1e-2, batch_size=4,
+                           warmup_steps=2, reading_steps=reading_steps, reading_demos=clauses)
+        with torch.no_grad():
+            return causal_lm_sft_loss(model, probe)[0].item(), losses
+
+    whole, whole_losses = clause_loss_after(0)
+    reading, reading_losses = clause_loss_after(8)
+    assert reading < whole
+    assert reading_losses[:8] != whole_losses[:8]  # other targets from the first step on
+    with pytest.raises(ValueError, match="no demonstrations"):
+        train_sft(load_causal_lm(str(tiny_path)), items, tiny_tokenizer.pad_token_id, steps=2, lr=1e-3,
+                  batch_size=4, reading_steps=1)
