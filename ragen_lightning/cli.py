@@ -37,6 +37,9 @@ class StarPOCLI(LightningCLI):
                             help="print the estimated peak GPU memory of this configuration and exit")
         parser.add_argument("--gpu_memory_gb", type=float | None, default=None,
                             help="the GPU's memory in GiB: fit refuses to start when the memory plan's peak exceeds it")
+        parser.add_argument("--validate_first", type=bool, default=False,
+                            help="fit: validate the starting model before the first update, so the run's validation "
+                                 "curve starts at iteration 0 (not with a resumed --ckpt_path)")
         parser.add_argument("--allow_changed_settings", type=bool, default=False,
                             help="with --ckpt_path: continue with model settings that differ from the checkpoint's "
                                  "(refused by default, naming them)")
@@ -55,7 +58,18 @@ class StarPOCLI(LightningCLI):
             if isinstance(init, dict) and init.get("dir"):  # else wandb warns "git root <dir> does not exist"
                 Path(init["dir"]).mkdir(parents=True, exist_ok=True)
 
-    before_fit = before_validate = _before_run
+    before_validate = _before_run
+
+    def before_fit(self) -> None:
+        self._before_run()
+        config = self.config[self.subcommand]
+        if config.get("validate_first") and not config.get("ckpt_path"):
+            loop = self.trainer.validate_loop
+            previous, loop.inference_mode = loop.inference_mode, False  # a vLLM engine built under inference
+            try:  # mode holds inference tensors, which the first weight sync of the fit may not update in place
+                self.trainer.validate(self.model, datamodule=self.datamodule, verbose=False)
+            finally:
+                loop.inference_mode = previous
 
     def _set_seed(self) -> None:
         level = _SEED_LOG.level

@@ -49,7 +49,8 @@ from ragen_lightning.sft.module import (
 
 # Bump when the training recipe changes in a way the arguments do not show.
 # 2: the shared-prefix SFT forward (same loss; gradients equal to float rounding, so other bits).
-_WARM_VERSION = 2
+# 3: shuffled batches instead of length-grouped ones (see shuffled_batches).
+_WARM_VERSION = 3
 META_FILE = "warm_start.json"
 DEFAULT_STEPS = 150  # for an env that gives no ``warm_start_steps`` hint
 
@@ -95,25 +96,23 @@ def warm_start_key(model: str, base_path: str | Path, args: dict[str, Any], code
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def length_grouped_batches(lengths: Sequence[int], batch_size: int, generator: torch.Generator,
-                           group: int = 16) -> list[list[int]]:
-    """One epoch of batches: shuffle, sort each run of ``group * batch_size`` indices by length and cut it into
-    batches, then shuffle the batches. Similar lengths share a batch, so little compute goes to padding."""
-    order = torch.randperm(len(lengths), generator=generator).tolist()
-    batches: list[list[int]] = []
-    chunk = group * batch_size
-    for start in range(0, len(order), chunk):
-        run = sorted(order[start:start + chunk], key=lambda i: lengths[i])
-        batches.extend(run[k:k + batch_size] for k in range(0, len(run), batch_size))
-    perm = torch.randperm(len(batches), generator=generator).tolist()
-    return [batches[i] for i in perm]
+def shuffled_batches(count: int, batch_size: int, generator: torch.Generator) -> list[list[int]]:
+    """One epoch of batches of a seeded random permutation of ``range(count)``.
+
+    Not grouped by length: a demonstration's length follows its target (a FrozenLake reading clause ``goal is
+    above of me;`` is shorter than ``goal is below and right of me;``, a bandit answer's length is its arm's name), so
+    length-grouped batches each hold one target, and the model learned that batch's answer instead of the map (a
+    reading clause stayed at the prior, 0.12 exact, after 500 grouped steps; docs/learning.md, "Reading first").
+    """
+    order = torch.randperm(count, generator=generator).tolist()
+    return [order[k:k + batch_size] for k in range(0, count, batch_size)]
 
 
 def train_sft(model: torch.nn.Module, demos: Sequence[Demonstration], pad_token_id: int, *, steps: int, lr: float,
               batch_size: int, weight_decay: float = 0.0, warmup_steps: int = 10, lr_schedule: LRSchedule = "cosine",
               max_grad_norm: float = 1.0, seed: int = 0, log_every: int = 0,
               reading_demos: Sequence[Demonstration] = (), reading_steps: int = 0) -> list[float]:
-    """``steps`` AdamW steps of the SFT loss (length-grouped batches, seeded order): the first ``reading_steps`` on
+    """``steps`` AdamW steps of the SFT loss (:func:`shuffled_batches`, seeded order): the first ``reading_steps`` on
     ``reading_demos``, the rest on ``demos``, under one learning-rate schedule; returns the loss of every step."""
     if not demos or (reading_steps and not reading_demos):
         raise ValueError("no demonstrations to train on")
@@ -130,7 +129,7 @@ def train_sft(model: torch.nn.Module, demos: Sequence[Demonstration], pad_token_
     for step in range(steps):
         source = reading_demos if step < reading_steps else demos
         if not queue or step == reading_steps:
-            queue = length_grouped_batches([len(d.input_ids) for d in source], batch_size, generator)
+            queue = shuffled_batches(len(source), batch_size, generator)[::-1]  # pop() takes them in order
         batch = collate([source[i] for i in queue.pop()], pad_token_id)
         loss, metrics = causal_lm_sft_loss(model, batch)
         loss.backward()

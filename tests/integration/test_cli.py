@@ -26,13 +26,16 @@ def test_fit_validate_and_export(tmp_path, monkeypatch):
               "--data.num_groups", "2", "--data.group_size", "4", "--data.episode.max_new_tokens", "12",
               "--data.val_num_groups", "4", "--model.mini_batch_size", "8", "--model.micro_batch_size", "4"]
     main(["fit", *common, "--data.num_iterations", "2", "--trainer.val_check_interval", "2",
-          "--model.export_dir", "exported"])
+          "--model.export_dir", "exported", "--validate_first", "true"])
     ckpt = tmp_path / "outputs" / "bandit" / "checkpoints" / "last.ckpt"
     assert ckpt.is_file()
     rows = list(csv.DictReader(open(next((tmp_path / "logs").rglob("metrics.csv")))))
     trained = [r for r in rows if r.get("train/batch_size")]
     assert len(trained) == 2 and all(float(r["train/batch_size"]) == 8.0 for r in trained)
-    assert any(r.get("val/success") for r in rows)
+    # --validate_first: the starting model at step 0, then the interval's validation after the updates (the rollout
+    # engine built by the first validation still takes the fit's weight syncs)
+    validated = [int(r["step"]) for r in rows if r.get("val/success")]
+    assert validated[0] == 0 and len(validated) == 2 and validated[1] > 0
 
     # the exported folder loads without this package and holds the trained actor
     from transformers import AutoModelForCausalLM

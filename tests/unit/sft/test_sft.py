@@ -22,7 +22,7 @@ from ragen_lightning.sft.module import (
     sft_loss,
     token_cross_entropy,
 )
-from ragen_lightning.sft.warm_start import length_grouped_batches, train_sft
+from ragen_lightning.sft.warm_start import shuffled_batches, train_sft
 
 
 def test_sft_loss_by_hand_masks_targets_only():
@@ -79,11 +79,15 @@ def test_lr_factor_warmup_then_cosine():
     assert lr_factor(60, 10, 110, "constant") == 1.0
 
 
-def test_length_grouped_batches_cover_every_index_once():
-    lengths = [5, 100, 7, 98, 6, 99, 8, 97]
-    batches = length_grouped_batches(lengths, 2, torch.Generator().manual_seed(0), group=4)
-    assert sorted(i for b in batches for i in b) == list(range(8))
-    assert all(abs(lengths[b[0]] - lengths[b[1]]) <= 3 for b in batches)  # grouped: short with short
+def test_shuffled_batches_cover_every_index_once_and_mix_lengths():
+    batches = shuffled_batches(10, 4, torch.Generator().manual_seed(0))
+    assert [len(b) for b in batches] == [4, 4, 2] and sorted(i for b in batches for i in b) == list(range(10))
+    assert batches == shuffled_batches(10, 4, torch.Generator().manual_seed(0))  # seeded
+    # the regression: batches grouped by length held one target each (length follows the target); 50 short and 50
+    # long items in batches of 10: some batch must mix them (all-pure has probability ~1e-13 under a shuffle)
+    long = set(range(50, 100))
+    mixed = [b for b in shuffled_batches(100, 10, torch.Generator().manual_seed(1)) if 0 < len(long & set(b)) < 10]
+    assert len(mixed) >= 5
 
 
 @pytest.fixture(scope="module")
