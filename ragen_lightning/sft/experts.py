@@ -187,8 +187,6 @@ def reading_clauses(demos: Sequence[Any], tokenizer: Any) -> list[Any]:
     when the same steps train the whole response (0.18, the prior), whose moves and answer follow from the clause
     under teacher forcing (docs/learning.md, "Reading first").
     """
-    from ragen_lightning.sft.module import Demonstration
-
     out = []
     for d in demos:
         ids, mask = d.input_ids, list(d.loss_mask)
@@ -204,5 +202,5 @@ def reading_clauses(demos: Sequence[Any], tokenizer: Any) -> list[Any]:
             mask[cut:end] = [0] * (end - cut)
             j = end
         last = max(i for i, m in enumerate(mask) if m) + 1
-        out.append(Demonstration(tuple(ids[:last]), tuple(mask[:last])))
+        out.append(type(d)(tuple(ids[:last]), tuple(mask[:last])))  # a Demonstration (sft.module)
     return out
