@@ -87,6 +87,7 @@ def teacher_forced_reading(path: str, cfg: dict, n: int, seed: int, exclude: lis
     import torch
 
     from ragen_lightning import models
+    from ragen_lightning.sft.experts import reading_clause_end, turn_spans
     from ragen_lightning.sft.module import build_demonstrations, episode_seeds
 
     data = cfg["data"]
@@ -102,23 +103,15 @@ def teacher_forced_reading(path: str, cfg: dict, n: int, seed: int, exclude: lis
             opening = tok.decode(d.input_ids).count("State:") == 1  # the episode's first turn: one grid in context
             pred = net(input_ids=ids).logits[0, :-1].argmax(-1).tolist()
             mask, target = d.loss_mask[1:], d.input_ids[1:]
-            k = 0
-            while k < len(mask):  # each run of loss-mask 1 is one expert turn
-                if not mask[k]:
-                    k += 1
-                    continue
-                end = k
-                while end < len(mask) and mask[end]:
-                    end += 1
+            for k, end in turn_spans(mask):  # each run of loss-mask 1 is one expert turn
                 right = [pred[j] == target[j] for j in range(k, end)]
-                cut = next((j - k + 1 for j in range(k, end) if ";" in tok.decode(target[k:j + 1])), end - k)
+                cut = reading_clause_end(target, k, end, tok) - k
                 turns += 1
                 clause += all(right[:cut])
                 if opening and turns and k == d.loss_mask.index(1) - 1:
                     first += 1
                     first_clause += all(right[:cut])
                 response += all(right)
-                k = end
     return {"reading_exact": clause / max(turns, 1), "first_turn_reading_exact": first_clause / max(first, 1),
             "response_exact": response / max(turns, 1), "turns": turns, "first_turns": first}
 

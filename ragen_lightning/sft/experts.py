@@ -30,6 +30,7 @@ __all__ = [
     "expert_turn",
     "reading_clause_end",
     "reading_clauses",
+    "turn_spans",
     "render_response",
     "require_expert",
 ]
@@ -169,6 +170,21 @@ def collect_demonstrations(
         runner.close()
 
 
+def turn_spans(mask: Sequence[int]) -> list[tuple[int, int]]:
+    """``(start, end)`` of every run of 1s in a loss mask: one expert turn each."""
+    spans, j = [], 0
+    while j < len(mask):
+        if mask[j]:
+            end = j
+            while end < len(mask) and mask[end]:
+                end += 1
+            spans.append((j, end))
+            j = end
+        else:
+            j += 1
+    return spans
+
+
 def reading_clause_end(ids: Sequence[int], start: int, end: int, tokenizer: Any) -> int:
     """End (exclusive) of the reading clause of the expert response ``ids[start:end]``: just after the first token
     holding :data:`READING_END`; ``end`` when there is none (the whole response is then the clause)."""
@@ -190,17 +206,9 @@ def reading_clauses(demos: Sequence[Any], tokenizer: Any) -> list[Any]:
     out = []
     for d in demos:
         ids, mask = d.input_ids, list(d.loss_mask)
-        j = 0
-        while j < len(mask):
-            if not mask[j]:
-                j += 1
-                continue
-            end = j
-            while end < len(mask) and mask[end]:
-                end += 1
-            cut = reading_clause_end(ids, j, end, tokenizer)
+        for start, end in turn_spans(mask):
+            cut = reading_clause_end(ids, start, end, tokenizer)
             mask[cut:end] = [0] * (end - cut)
-            j = end
         last = max(i for i, m in enumerate(mask) if m) + 1
         out.append(type(d)(tuple(ids[:last]), tuple(mask[:last])))  # a Demonstration (sft.module)
     return out
