@@ -30,9 +30,9 @@ __all__ = [
     "expert_turn",
     "reading_clause_end",
     "reading_clauses",
-    "turn_spans",
     "render_response",
     "require_expert",
+    "turn_spans",
 ]
 
 EXPERT_METHOD = "expert_turn"
