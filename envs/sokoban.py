@@ -473,8 +473,11 @@ class SokobanEnv(TextEnv):
         """The warm start's expert: the first ``max_actions`` steps of a shortest solution (:meth:`solve`) from the
         current state.
 
-        Reasoning: where the first box that is off a target lies relative to the nearest free target, then the
-        moves, e.g. ``"box is above and left of target; I go Down, Right"``.
+        Reasoning: where the first box that is off a target lies relative to the nearest free target and relative to
+        the player, then the moves, e.g. ``"box is above and left of target, below me; I go Down, Right"``. The
+        second relation says which way the player must walk to get behind the box; without it the clause names the
+        push but not the first moves (the warm start read the clause on 0.77 of held-out turns yet solved 0.17,
+        docs/learning.md).
         """
         plan = self.solve()
         names = tuple(self.action_names)
@@ -487,7 +490,8 @@ class SokobanEnv(TextEnv):
         if boxes and targets:
             box = boxes[0]
             target = min(targets, key=lambda t: (abs(t[0] - box[0]) + abs(t[1] - box[1]), t))
-            return f"box is {relation(box, target)} target; {going(actions)}", actions
+            me = tuple(self.player_position)
+            return f"box is {relation(box, target)} target, {relation(box, me)} me; {going(actions)}", actions
         return going(actions), actions
 
     def _render_text(self) -> str:

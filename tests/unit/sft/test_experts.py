@@ -44,12 +44,13 @@ def test_sokoban_expert_solves_and_uses_the_shortest_plan(tiny_tokenizer):
 
 def test_sokoban_reasoning_describes_box_and_target():
     env = gym.make("ragen/SimpleSokoban-v0")
-    # box at (3, 3), target at (4, 2): the box is above and right of the target; shortest plan from (2, 1) ...
+    # box at (3, 3), target at (4, 2), player at (2, 1): the box is above and right of the target and below and
+    # right of the player
     env.reset(options={"board": "######\n#____#\n#P___#\n#__X_#\n#_O__#\n######"})
     plan = env.unwrapped.solve()
     turn = expert_turn(env, 2)
     assert turn.actions == tuple(("Up", "Down", "Left", "Right")[a] for a in plan[:2])
-    assert turn.reasoning == f"box is above and right of target; I go {', '.join(turn.actions)}"
+    assert turn.reasoning == f"box is above and right of target, below and right of me; I go {', '.join(turn.actions)}"
     assert relation((1, 1), (2, 2)) == "above and left of"
     assert relation((3, 2), (1, 2)) == "below"
     assert relation((1, 0), (1, 2)) == "left of"
