@@ -35,7 +35,8 @@ def test_every_config_parses(capsys):
     checked = 0
     for task in TASKS:
         cfg = parse(task)
-        assert cfg.data.env_id.startswith("ragen/") and cfg.model.model == "tiny", task.name
+        # the embedded model or a named variant of it (tiny:cells): no task config downloads weights
+        assert cfg.data.env_id.startswith("ragen/") and cfg.model.model.split(":")[0] == "tiny", task.name
         checked += 1
     for overlay in OVERLAYS:
         cfg = parse(CONFIGS / "sokoban.yaml", overlay)
