@@ -11,6 +11,7 @@ import torch
 
 import envs  # noqa: F401
 from ragen_lightning.cli import StarPOCLI, main
+from ragen_lightning.models.loading import is_tiny
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # a task config names its env; everything else (configs/models/*, diagnostics, lora, ddp, ...) is an overlay
@@ -36,7 +37,7 @@ def test_every_config_parses(capsys):
     for task in TASKS:
         cfg = parse(task)
         # the embedded model or a named variant of it (tiny:cells): no task config downloads weights
-        assert cfg.data.env_id.startswith("ragen/") and cfg.model.model.split(":")[0] == "tiny", task.name
+        assert cfg.data.env_id.startswith("ragen/") and is_tiny(cfg.model.model), task.name
         checked += 1
     for overlay in OVERLAYS:
         cfg = parse(CONFIGS / "sokoban.yaml", overlay)
