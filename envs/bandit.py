@@ -99,7 +99,7 @@ class BanditEnv(TextEnv):
       risky arm (a warm start then teaches the answer, success equals the format-valid rate); ``"balanced"`` pulls
       each arm about half the time (a coin drawn from the seed, independent of the arm order) with reasoning that
       does not say which arm is risky, so a warm-started model is format-valid but chooses the higher-mean arm about
-      half the time and RL has a choice to learn (``configs/bandit_policy.yaml``).
+      half the time and RL has a choice to learn (``configs/bandit.yaml``).
     - ``render_mode``: ``None`` or ``"ansi"``.
 
     ## Randomness
@@ -214,7 +214,7 @@ class BanditEnv(TextEnv):
         ``"balanced"``: the risky arm or the safe one on a fair coin drawn from the reset seed (independent of which
         arm is listed first); the reasoning only names the arm it tries ("I try Pilot"), so nothing in a
         demonstration tells the arms apart and the answer copies a name written just before it. The reasoning is
-        short on purpose: a whole response must fit the rollouts' 32 new tokens (``configs/bandit_policy.yaml``).
+        short on purpose: a whole response must fit the rollouts' 32 new tokens (``configs/bandit.yaml``).
         The first version ("I cannot tell which arm pays more, so I try one") took 30-36 tokens, so most
         demonstrations were cut before ``</answer>``, the long (mostly risky) names most often: after 1000 warm-start
         steps format-valid 0.70, success 0.18. "I try {arm}" takes 14-27 tokens; measured numbers in the config."""

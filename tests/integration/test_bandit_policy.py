@@ -1,5 +1,5 @@
 """Evidence that StarPO learns a POLICY, not only the answer format: from the balanced warm start
-(``configs/bandit_policy.yaml``: demonstrations pull each arm half the time), a shortened fit raises the rate at which
+(``configs/bandit.yaml``: demonstrations pull each arm half the time), a shortened fit raises the rate at which
 valid answers name the risky, higher-mean arm beyond sampling noise (fixed seeds, CPU, slow).
 
 The warm start is smaller than the config's (``WARM_START`` below) and built once in the model cache
@@ -27,7 +27,7 @@ import envs  # noqa: F401  (registers the ragen/* ids)
 from ragen_lightning.cli import main
 from ragen_lightning.rollout.settings import EpisodeSettings
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "bandit_policy.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "bandit.yaml"
 WARM_START = {"steps": 500}
 EVAL_EPISODES = 128
 FIT_FLAGS = ["--data.num_iterations", "8", "--model.mini_batch_size", "16"]
@@ -63,7 +63,7 @@ def test_bandit_fit_moves_arm_choice_beyond_noise(tmp_path, monkeypatch, capsys)
     monkeypatch.chdir(tmp_path)
     main(["fit", "--config", str(CONFIG), "--trainer.logger", "false", "--trainer.callbacks", "[]",
           "--trainer.enable_checkpointing", "false", "--trainer.limit_val_batches", "0",
-          "--model.model", str(warm), "--model.warm_start", "false", *FIT_FLAGS,
+          "--model.model", str(warm), "--model.warm_start", "false", "--validate_first", "false", *FIT_FLAGS,
           "--model.export_dir", str(tmp_path / "actor")])
     after = evaluate_policy(tmp_path / "actor", data["env_id"], data["env_kwargs"], **evaluate)
     (p1, n1), (p2, n2) = risky_share(before, EVAL_EPISODES), risky_share(after, EVAL_EPISODES)

@@ -31,10 +31,10 @@ def test_resume_refuses_other_model_settings_and_damaged_files(tmp_path, monkeyp
 
     # Before: LightningCLI put the checkpoint's model settings over these flags and trained on, silently.
     with pytest.raises(ConfigError) as info:
-        main([*resume, "--model.adv_estimator", "gae", "--model.gamma", "0.9"])
+        main([*resume, "--model.adv_estimator", "grpo", "--model.gamma", "0.9"])
     assert str(info.value).startswith(
-        f"--ckpt_path {ckpt} was trained with other model settings: --model.adv_estimator (checkpoint 'grpo', now "
-        "'gae'); --model.gamma (checkpoint 1.0, now 0.9). Resume with the run's settings")
+        f"--ckpt_path {ckpt} was trained with other model settings: --model.adv_estimator (checkpoint 'gae', now "
+        "'grpo'); --model.gamma (checkpoint 1.0, now 0.9). Resume with the run's settings")
     with pytest.raises(ConfigError, match=r"--model\.lora \(checkpoint None, now \{"):
         main([*resume, "--config", str(CONFIGS / "lora.yaml")])
 

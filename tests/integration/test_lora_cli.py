@@ -106,7 +106,7 @@ def test_qlora_shared_base_fit_on_the_embedded_tiny_model(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     common = ["--config", str(CONFIGS / "bandit.yaml"), "--config", str(CONFIGS / "qlora.yaml"), *SHORT,
               "--model.lora.shared_base", "true", "--model.lora.rank", "8", "--model.lora.alpha", "16",
-              "--model.adv_estimator", "gae"]  # bandit.yaml trains with GRPO; this test needs the critic
+              "--model.adv_estimator", "gae"]  # this test needs the critic, whatever bandit.yaml trains with
     cli = main(["fit", *common])
     module = cli.model
     assert isinstance(module.critic, lora.SharedBaseCritic)

@@ -138,7 +138,7 @@ BAD = [  # (changes, the whole message)
     ({"model__lora": {"rank": 0}}, "--model.lora.rank must be an integer >= 1, got 0"),
     ({"model__early_stop": {"rv_collapse_ratio": 2.0}},
      "--model.early_stop.rv_collapse_ratio must be a finite number in [0, 1], got 2.0"),
-    ({"data__group_size": 1}, "--data.group_size must be >= 2 for --model.adv_estimator grpo"),
+    ({"data__group_size": 1, "model__adv_estimator": "grpo"}, "--data.group_size must be >= 2 for --model.adv_estimator grpo"),
     ({"trainer__devices": 3, "data__num_groups": 4},
      "--data.num_groups (4) must be divisible by the number of processes (3): every rank runs whole env groups"),
     ({"trainer__devices": "2", "trainer__num_nodes": 2, "data__num_groups": 8, "data__val_num_groups": 6},
