@@ -121,6 +121,8 @@ class RolloutBatch:
         scores: the episode score of each sample (after reward normalisation).  # [B]
         group_index: group id of each sample.  # [B]
         episode_index: episode (trajectory) id of each sample; several samples share it in turn-level modes.  # [B]
+        per_turn_rewards: ``rewards`` hold each turn's own reward (``reward_placement: turn``), not the episode score;
+            GAE then runs over an episode's samples as one sequence (:attr:`chains_turns`).
         metrics: rollout and filter statistics to log (floats).
         trajectories: the trajectories the samples came from (for viewers and diagnostics; not moved to devices).
     """
@@ -134,6 +136,7 @@ class RolloutBatch:
     scores: torch.Tensor
     group_index: torch.Tensor
     episode_index: torch.Tensor
+    per_turn_rewards: bool = False
     metrics: dict[str, float] = field(default_factory=dict)
     trajectories: list[Trajectory] = field(default_factory=list)
 
@@ -143,14 +146,22 @@ class RolloutBatch:
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
+    @property
+    def chains_turns(self) -> bool:
+        """Per-turn rewards on several samples of one episode (windowed context modes): an earlier turn's return
+        must include the later turns' rewards, so GAE chains the episode's samples in turn order."""
+        return self.per_turn_rewards and int(self.episode_index.unique().numel()) < len(self)
+
     def to(self, device: torch.device | str) -> "RolloutBatch":
         moved = {k: getattr(self, k).to(device) for k in self._TENSORS}
-        return RolloutBatch(**moved, metrics=self.metrics, trajectories=self.trajectories)
+        return RolloutBatch(**moved, per_turn_rewards=self.per_turn_rewards, metrics=self.metrics,
+                            trajectories=self.trajectories)
 
     def select(self, index: torch.Tensor | slice) -> "RolloutBatch":
         """Rows ``index`` of every tensor (metrics and trajectories are shared)."""
         rows = {k: getattr(self, k)[index] for k in self._TENSORS}
-        return RolloutBatch(**rows, metrics=self.metrics, trajectories=self.trajectories)
+        return RolloutBatch(**rows, per_turn_rewards=self.per_turn_rewards, metrics=self.metrics,
+                            trajectories=self.trajectories)
 
 
 @dataclass

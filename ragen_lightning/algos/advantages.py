@@ -9,6 +9,10 @@ Equations
   ``A_t = lg``, ``returns = A + V``. Positions with mask 0 are bridged: the value and the running advantage of the
   next trained token carry across them, so a multi-turn trajectory is one MDP over its trained tokens. A reward
   placed on a mask-0 position is dropped (its δ is never accumulated): put rewards on trained positions.
+- Chained rows (:func:`chain_rows`): the trained positions of several rows (the turn samples of one episode in the
+  windowed context modes) packed into one row in order, so either GAE runs over the whole episode; a turn's last
+  token then bootstraps from the value of the next turn's first trained token. RAGEN has no equivalent: its
+  turn-level modes give every turn sample the episode score.
 - Turn-level ("bi-level") GAE, SPEC §4.4: a high-level GAE over turn ends with ``high_level_gamma`` produces a
   per-turn target ``R̃ = Â + V`` at each turn end, then a token-level GAE inside each turn bootstraps to it.
 - GRPO (Shao et al. 2024) ``A_i = (s_i − μ_g)/(σ_g + eps)`` with unbiased σ; Dr.GRPO (Liu et al. 2025) ``s_i − μ_g``;
@@ -43,6 +47,7 @@ __all__ = [
     "arpo",
     "broadcast_to_tokens",
     "brpo",
+    "chain_rows",
     "drgrpo",
     "filter_loss_scaling",
     "gae",
@@ -116,6 +121,45 @@ def _backward_gae(
         last_adv = m[:, t] * adv_t + (1 - m[:, t]) * last_adv
         advantages[:, t] = last_adv
     return advantages, advantages + v
+
+
+def chain_rows(chain: torch.Tensor, mask: torch.Tensor, *tensors: torch.Tensor
+               ) -> tuple[torch.Tensor, list[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]:
+    """Pack the trained positions of the rows sharing a ``chain`` id into one row per chain.
+
+    Args:
+        chain: ``[B]`` chain id of each row (an episode id); a chain's rows are taken in row order.
+        mask: ``[B, T]`` loss mask; only its trained positions are packed (in row order, then column order).
+        tensors: ``[B, T]`` tensors to pack alike (rewards, values, turn ends...).
+
+    Returns ``(packed_mask [E, L], packed tensors [E, L], unpack)``: E chains in order of first appearance, L the
+    longest chain's trained positions; ``unpack(x [E, L])`` puts a packed result back at the trained positions of a
+    ``[B, T]`` tensor (0 elsewhere).
+    """
+    m = as_bool_mask(mask)
+    if chain.shape != m.shape[:1]:
+        raise ValueError(f"chain must have one id per row ({m.shape[0]}), got shape {tuple(chain.shape)}")
+    slots: dict[int, int] = {}
+    slot_of_row = torch.tensor([slots.setdefault(int(c), len(slots)) for c in chain.tolist()], dtype=torch.long,
+                               device=m.device)
+    rows, cols = m.nonzero(as_tuple=True)  # row-major: a row's positions are contiguous, in column order
+    key, order = torch.sort(slot_of_row[rows], stable=True)  # chains in order; inside one, rows in row order
+    rows, cols = rows[order], cols[order]
+    counts = torch.bincount(key, minlength=len(slots))
+    within = torch.arange(len(key), device=m.device) - (torch.cumsum(counts, 0) - counts)[key]
+    shape = (len(slots), int(counts.max()) if len(key) else 1)
+
+    def pack(x: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(shape, dtype=x.dtype, device=x.device)
+        out[key, within] = x[rows, cols]
+        return out
+
+    def unpack(y: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(m.shape, dtype=y.dtype, device=y.device)
+        out[rows, cols] = y[key, within]
+        return out
+
+    return pack(m), [pack(t) for t in tensors], unpack
 
 
 def turn_ends_from_mask(mask: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,9 @@ Reward placement (RAGEN's ``use_turn_scores``):
   last sampled token; every other token reward is 0.
 * ``turn``: each trained turn's own reward (env reward of the turn + its format penalty) sits on that turn's last
   sampled token. Unlike RAGEN this keeps the format penalty; score normalisation is not defined per turn, so it must
-  be ``identity`` in this mode.
+  be ``identity`` in this mode. In the windowed context modes (one sample per turn) GAE then runs over an episode's
+  samples as one sequence, so a turn's return holds its own and every later turn's reward, as in ``full`` mode
+  (RAGEN's turn-level modes put the whole episode score on every turn sample: ``last``).
 
 Score normalisation (RAGEN's ``reward_normalization``, SPEC 2.7) by group (``state``: samples of one group; ``batch``:
 all samples) with ``identity`` | ``mean`` | ``mean_std`` | ``asym_clip``; applied only when some group has more than
@@ -96,7 +98,7 @@ def build_batch(trajectories: Sequence[Trajectory], *, pad_token_id: int, reward
     return RolloutBatch(
         input_ids=input_ids, attention_mask=attention, loss_mask=loss_mask, rewards=rewards, turn_ends=turn_ends,
         engine_logprobs=engine_logprobs, scores=scores, group_index=group_index, episode_index=episode_index,
-        metrics=dict(metrics or {}), trajectories=list(trajectories),
+        per_turn_rewards=reward_placement == "turn", metrics=dict(metrics or {}), trajectories=list(trajectories),
     )
 
 

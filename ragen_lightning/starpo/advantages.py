@@ -47,11 +47,15 @@ def starpo_advantages(
         rewards, kl_logs = A.apply_kl_in_reward(rewards, old_logprobs, ref_logprobs, mask, kl_in_reward_coef, kl_kind)
         logs["actor/reward_kl"] = float(kl_logs["kl"])
     if adv_estimator == "gae":
+        r, v, ends, m = rewards, values, batch.turn_ends[:, 1:] & mask, mask
+        if batch.chains_turns:  # per-turn rewards on per-turn samples: GAE over each episode's samples in turn order
+            m, (r, v, ends), unpack = A.chain_rows(batch.episode_index, mask, r, v, ends)
         if turn_level_gae:
-            ends = batch.turn_ends[:, 1:] & mask
-            adv, returns = A.turn_level_gae(rewards, values, mask, ends, gamma, lam, high_level_gamma)
+            adv, returns = A.turn_level_gae(r, v, m, ends, gamma, lam, high_level_gamma)
         else:
-            adv, returns = A.gae(rewards, values, mask, gamma, lam)
+            adv, returns = A.gae(r, v, m, gamma, lam)
+        if batch.chains_turns:
+            adv, returns = unpack(adv), unpack(returns)
         adv = masked_whiten(adv, mask)
     else:
         # one score per episode (turn-level context modes repeat an episode over several samples)
@@ -83,12 +87,16 @@ def starpo_advantages(
 def advantages_for(batch: RolloutBatch, mask: torch.Tensor, old_logprobs: torch.Tensor | None,
                    ref_logprobs: torch.Tensor | None, settings: dict):
     """``of(values, rows)``: :func:`starpo_advantages` of the whole batch (``rows`` None) or of rows ``rows`` only
-    (their returns are exact: GAE targets are per row; whitening and group statistics then cover those rows only)."""
+    (their returns are exact: GAE targets are per row; whitening and group statistics then cover those rows only).
+    Not for rows of a batch whose GAE chains an episode's samples (``batch.chains_turns``): a row's returns then
+    depend on the later turns' rows."""
 
     def of(values: torch.Tensor | None, rows: torch.Tensor | None):
         if rows is None:
             return starpo_advantages(batch, mask, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs,
                                      values=values, **settings)
+        if batch.chains_turns:
+            raise ValueError("per-row returns are undefined when GAE chains an episode's turn samples")
         pick = lambda t: None if t is None else t[rows]  # noqa: E731
         return starpo_advantages(batch.select(rows), mask[rows], old_logprobs=pick(old_logprobs),
                                  ref_logprobs=pick(ref_logprobs), values=values, **settings)

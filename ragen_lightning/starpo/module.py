@@ -249,7 +249,7 @@ class StarPOModule(L.LightningModule):
         # 2. scoring passes (no grad). With one epoch over one mini-batch the update's own forward pass runs on the
         #    rollout weights, so it supplies old_logprobs (ratio 1) and the separate actor pass is skipped.
         on_policy = (hp.ppo_epochs == 1 and len(batch) <= hp.mini_batch_size and hp.kl_in_reward_coef == 0
-                     and not self._force_scoring_pass)
+                     and not self._force_scoring_pass and not batch.chains_turns)  # chained GAE: returns need all rows
         old_logprobs = entropy = ref_logprobs = values = None
         if not on_policy:
             old_logprobs, entropy = self._score(self.actor, ids, att, mask, with_entropy=True)

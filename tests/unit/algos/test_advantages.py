@@ -13,6 +13,7 @@ from ragen_lightning.algos.advantages import (
     arpo,
     broadcast_to_tokens,
     brpo,
+    chain_rows,
     drgrpo,
     filter_loss_scaling,
     gae,
@@ -142,6 +143,40 @@ def test_gae_bf16_inputs_compute_in_float32():
 
 
 # ------------------------------------------------------------------------------------------------ turn-level GAE
+
+
+def test_chain_rows_packs_trained_positions_of_each_chain_in_row_order():
+    # rows 0 and 2 are one chain (an episode's two turn samples), row 1 another;
+    # chains are numbered by first appearance, a chain's rows taken in row order, then column order
+    mask = T([[0, 1, 1, 0], [1, 0, 0, 0], [0, 0, 1, 1]])
+    x = T([[9.0, 1.0, 2.0, 9.0], [5.0, 9.0, 9.0, 9.0], [9.0, 9.0, 3.0, 4.0]])
+    packed_mask, (px,), unpack = chain_rows(T([7, 3, 7]), mask, x)
+    assert packed_mask.tolist() == [[True, True, True, True], [True, False, False, False]]
+    assert px.tolist() == [[1.0, 2.0, 3.0, 4.0], [5.0, 0.0, 0.0, 0.0]]
+    # unpack puts a packed result back on the trained positions, 0 elsewhere
+    assert unpack(px * 10).tolist() == [[0, 10, 20, 0], [50, 0, 0, 0], [0, 0, 30, 40]]
+    with pytest.raises(ValueError, match="one id per row"):
+        chain_rows(T([0, 1]), mask, x)
+
+
+def test_gae_over_chained_turn_samples_equals_gae_over_the_whole_episode():
+    # One episode of two turns as one row (full context) and as two turn samples (windowed context): chained,
+    # the samples get the advantages and returns of the full row, so turn 1's return holds turn 2's reward.
+    # gamma = lam = 1: turn 1 (V = .5, .5, reward -0.1), turn 2 (V = 2, 3, reward 10):
+    # A = R_to_go - V: [9.9 - .5, 9.9 - .5, 10 - 2, 10 - 3]
+    full_r, full_v = T([[0.0, -0.1, 0.0, 0.0, 10.0]]), T([[0.5, 0.5, 7.0, 2.0, 3.0]])
+    full_m = T([[1, 1, 0, 1, 1]])
+    adv_full, ret_full = gae(full_r, full_v, full_m, 1.0, 1.0)
+    rows_r, rows_v = T([[0.0, 0.0, -0.1], [0.0, 0.0, 10.0]]), T([[9.0, 0.5, 0.5], [9.0, 2.0, 3.0]])
+    rows_m = T([[0, 1, 1], [0, 1, 1]])
+    packed_mask, (r, v), unpack = chain_rows(T([0, 0]), rows_m, rows_r, rows_v)
+    adv, ret = (unpack(t) for t in gae(r, v, packed_mask, 1.0, 1.0))
+    close(adv, [[0.0, 9.4, 9.4], [0.0, 8.0, 7.0]])
+    close(adv[rows_m.bool()], adv_full[full_m.bool()])
+    close(ret[rows_m.bool()], ret_full[full_m.bool()])
+    # unchained, turn 1 sees only its own -0.1: the later reward never reaches it
+    adv_rows, _ = gae(rows_r, rows_v, rows_m, 1.0, 1.0)
+    close(adv_rows[0, 1:], [-0.6, -0.6])
 
 
 def test_turn_ends_from_mask():

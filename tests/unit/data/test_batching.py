@@ -85,6 +85,18 @@ def test_turn_level_samples_share_episode_score_and_normalise_once():
     assert b.scores.tolist() == pytest.approx([0.5, 0.5, -0.5])
 
 
+def test_turn_placement_on_turn_samples_chains_the_episode_for_gae():
+    a = traj(0, 0, [0.5])
+    a.samples.append(Sample(conv([(9, False), (3, True)]), [1.0]))  # a second turn sample of episode 0
+    rows = [a, traj(0, 1, [0.0])]
+    assert build_batch(rows, pad_token_id=0, reward_placement="turn").chains_turns
+    assert not build_batch(rows, pad_token_id=0).chains_turns  # episode score on every sample: never chained
+    assert not build_batch([traj(0, 0, [0.5]), traj(0, 1, [0.0])], pad_token_id=0,
+                           reward_placement="turn").chains_turns  # one sample per episode: nothing to chain
+    b = build_batch(rows, pad_token_id=0, reward_placement="turn")
+    assert b.select(torch.tensor([0, 1])).chains_turns and b.to("cpu").per_turn_rewards
+
+
 def test_empty_batch():
     b = build_batch([], pad_token_id=0)
     assert len(b) == 0 and b.input_ids.shape == (0, 1)
