@@ -7,7 +7,7 @@ Token tensors of a :class:`RolloutBatch` are right-padded ``[B, T]``. Per-token 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import torch
@@ -153,15 +153,11 @@ class RolloutBatch:
         return self.per_turn_rewards and int(self.episode_index.unique().numel()) < len(self)
 
     def to(self, device: torch.device | str) -> "RolloutBatch":
-        moved = {k: getattr(self, k).to(device) for k in self._TENSORS}
-        return RolloutBatch(**moved, per_turn_rewards=self.per_turn_rewards, metrics=self.metrics,
-                            trajectories=self.trajectories)
+        return replace(self, **{k: getattr(self, k).to(device) for k in self._TENSORS})
 
     def select(self, index: torch.Tensor | slice) -> "RolloutBatch":
         """Rows ``index`` of every tensor (metrics and trajectories are shared)."""
-        rows = {k: getattr(self, k)[index] for k in self._TENSORS}
-        return RolloutBatch(**rows, per_turn_rewards=self.per_turn_rewards, metrics=self.metrics,
-                            trajectories=self.trajectories)
+        return replace(self, **{k: getattr(self, k)[index] for k in self._TENSORS})
 
 
 @dataclass

@@ -48,13 +48,14 @@ def starpo_advantages(
         logs["actor/reward_kl"] = float(kl_logs["kl"])
     if adv_estimator == "gae":
         r, v, ends, m = rewards, values, batch.turn_ends[:, 1:] & mask, mask
-        if batch.chains_turns:  # per-turn rewards on per-turn samples: GAE over each episode's samples in turn order
+        chained = batch.chains_turns
+        if chained:  # per-turn rewards on per-turn samples: GAE over each episode's samples in turn order
             m, (r, v, ends), unpack = A.chain_rows(batch.episode_index, mask, r, v, ends)
         if turn_level_gae:
             adv, returns = A.turn_level_gae(r, v, m, ends, gamma, lam, high_level_gamma)
         else:
             adv, returns = A.gae(r, v, m, gamma, lam)
-        if batch.chains_turns:
+        if chained:
             adv, returns = unpack(adv), unpack(returns)
         adv = masked_whiten(adv, mask)
     else:
