@@ -12,7 +12,7 @@ import torch
 
 from ragen_lightning.algos import advantages as A
 from ragen_lightning.algos.losses import KLKind
-from ragen_lightning.algos.masked import masked_mean, masked_whiten
+from ragen_lightning.algos.masked import masked_mean, masked_var, masked_whiten
 from ragen_lightning.types import RolloutBatch
 
 # the keyword settings of starpo_advantages: the module passes its hyperparameters of the same names
@@ -82,7 +82,18 @@ def starpo_advantages(
     logs["train/return_mean"] = float(masked_mean(returns, mask))
     if values is not None:
         logs["critic/values_mean"] = float(masked_mean(values, mask))
+        logs["critic/explained_variance"] = explained_variance(values, returns, mask)
     return adv, returns, logs
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """``1 - Var(returns - values) / Var(returns)`` over the trained tokens: 1 for a critic that predicts every
+    return, 0 for one no better than the batch's mean return, negative for a worse one; NaN (not logged) when the
+    returns do not vary. Read before the critic's update, so it measures the values the advantages used."""
+    total = masked_var(returns, mask)
+    if float(total) <= 0.0:
+        return float("nan")
+    return float(1.0 - masked_var(returns - values, mask) / total)
 
 
 def advantages_for(batch: RolloutBatch, mask: torch.Tensor, old_logprobs: torch.Tensor | None,

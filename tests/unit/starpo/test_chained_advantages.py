@@ -37,3 +37,30 @@ def test_turn_samples_get_the_returns_of_the_whole_episode_and_rows_alone_are_re
     last = build_batch([t], pad_token_id=0)
     _, returns_last, _ = advantages_for(last, mask, None, None, SETTINGS)(values, None)
     torch.testing.assert_close(returns_last, torch.full((2, 2), 9.9))
+
+
+def test_explained_variance_by_hand():
+    from ragen_lightning.starpo.advantages import explained_variance
+
+    returns = torch.tensor([[0.0, 2.0, 4.0, 99.0]])
+    mask = torch.tensor([[True, True, True, False]])  # the last position is not trained: never read
+    # a constant prediction is no better than the mean: residuals (-1, 1, 3) vary as much as the returns (var 4)
+    assert explained_variance(torch.tensor([[1.0, 1.0, 1.0, -50.0]]), returns, mask) == pytest.approx(0.0)
+    # residuals (0, 0, 1): variance 1/3, so 1 - (1/3) / 4
+    assert explained_variance(torch.tensor([[0.0, 2.0, 3.0, 0.0]]), returns, mask) == pytest.approx(11 / 12)
+    # an offset is not an error of the critic's ranking, but a reversed one is: residuals (-4, 0, 4), var 16
+    assert explained_variance(returns + 5.0, returns, mask) == pytest.approx(1.0)
+    assert explained_variance(torch.tensor([[4.0, 2.0, 0.0, 0.0]]), returns, mask) == pytest.approx(-3.0)
+    # returns that do not vary: undefined (NaN is dropped by the module's logger)
+    assert explained_variance(returns, torch.ones(1, 4), mask) != explained_variance(returns, torch.ones(1, 4), mask)
+
+
+def test_the_gae_logs_name_how_well_the_critic_predicted_the_returns():
+    t = Trajectory(env_index=0, group_id=0, seed=0, turn_rewards=[-0.1, 10.0], penalty=0.0, success=True,
+                   num_turns=2, response_tokens=4)
+    t.samples = [turn_sample(-0.1), turn_sample(10.0)]
+    batch = build_batch([t], pad_token_id=0, reward_placement="turn")
+    mask = batch.loss_mask[:, 1:].bool()
+    perfect = torch.tensor([[9.9, 9.9], [10.0, 10.0]])  # the returns themselves (first test)
+    _, _, logs = advantages_for(batch, mask, None, None, SETTINGS)(perfect, None)
+    assert logs["critic/explained_variance"] == pytest.approx(1.0)
