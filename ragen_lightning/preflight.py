@@ -22,7 +22,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from ragen_lightning.data.datamodule import RolloutDataModule, check_rollout_settings, check_world_size
+from ragen_lightning.data.datamodule import (
+    RolloutDataModule,
+    check_rollout_settings,
+    check_world_size,
+)
 from ragen_lightning.data.sampler import FilterConfig
 from ragen_lightning.errors import ConfigError, Domain
 from ragen_lightning.models import lora as lora_mod
@@ -32,7 +36,11 @@ from ragen_lightning.rollout.settings import as_episode
 from ragen_lightning.rollout.vllm_engine import VLLMConfig
 from ragen_lightning.sft.experts import require_expert
 from ragen_lightning.sft.warm_start import check_warm_start_setting
-from ragen_lightning.starpo.checks import check_data_settings, check_module_settings
+from ragen_lightning.starpo.checks import (
+    check_data_settings,
+    check_module_settings,
+    check_threads_precision,
+)
 from ragen_lightning.starpo.early_stop import EarlyStopSettings
 
 WANDB_TIMEOUT_S = 3.0  # how long the wandb server may take to accept a connection before the run logs offline
@@ -68,6 +76,7 @@ def check_settings(config: Any, run: bool = True) -> None:
         EarlyStopSettings(**(model.get("early_stop") or {}))
         lora = lora_mod.as_settings(model.get("lora"))
         check_module_settings({"temperature": data.get("temperature", 1.0), **model}, lora)
+        check_threads_precision(model.get("micro_batch_threads", 1), trainer.get("precision"))
         check_data_settings(model, data or None)
     if data and (size := world_size(trainer)) is not None:
         check_world_size(data, size)

@@ -15,8 +15,9 @@ from ragen_lightning.parallel.strategies import (
     FSDP2Strategy,
     check_strategy,
     shard_model,
+    shard_networks,
     transformer_blocks,
 )
 
 __all__ = ["FSDP1Strategy", "FSDP2Strategy", "all_reduce_", "check_strategy", "concat_ranks", "full_tensor",
-           "gather_objects", "group_share", "rank_rows", "shard_model", "transformer_blocks", "world"]
+           "gather_objects", "group_share", "rank_rows", "shard_model", "shard_networks", "transformer_blocks", "world"]

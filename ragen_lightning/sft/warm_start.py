@@ -34,6 +34,7 @@ import torch
 
 from ragen_lightning import models
 from ragen_lightning.errors import ConfigError, Domain, check_domains
+from ragen_lightning.parallel.threads import map_threads
 from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
 from ragen_lightning.sft.experts import reading_clauses, require_expert
 from ragen_lightning.sft.module import (
@@ -108,12 +109,42 @@ def shuffled_batches(count: int, batch_size: int, generator: torch.Generator) ->
     return [order[k:k + batch_size] for k in range(0, count, batch_size)]
 
 
+def sft_backward(model: torch.nn.Module, examples: Sequence[Demonstration], pad_token_id: int,
+                 threads: int = 1) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Backward of the batch's token-mean SFT loss; returns ``(loss, metrics)`` detached.
+
+    With ``threads`` > 1 the examples (longest first, dealt in turn so the parts are about equally long) form that
+    many parts, each collated, run and backpropagated on its own thread
+    (:func:`~ragen_lightning.parallel.threads.map_threads`) with its loss weighted by its share of the trained
+    tokens: the summed gradient is the whole batch's, to float rounding."""
+    if threads <= 1 or len(examples) < 2:
+        loss, metrics = causal_lm_sft_loss(model, collate(examples, pad_token_id))
+        loss.backward()
+        return loss.detach(), metrics
+    ordered = sorted(examples, key=lambda e: -len(e.input_ids))
+    parts = [ordered[k::threads] for k in range(min(threads, len(ordered)))]
+    counts = [sum(sum(e.loss_mask[1:]) for e in part) for part in parts]
+    total = max(sum(counts), 1)
+
+    def run(k: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        loss, metrics = causal_lm_sft_loss(model, collate(parts[k], pad_token_id))
+        share = counts[k] / total
+        (loss * share).backward()
+        return loss.detach() * share, {name: v * share for name, v in metrics.items() if name != "sft/num_tokens"}
+
+    done = map_threads(run, range(len(parts)), threads)
+    metrics = {name: sum(m[name] for _, m in done) for name in done[0][1]}
+    metrics["sft/num_tokens"] = torch.tensor(float(sum(counts)))
+    return sum(loss for loss, _ in done), metrics
+
+
 def train_sft(model: torch.nn.Module, demos: Sequence[Demonstration], pad_token_id: int, *, steps: int, lr: float,
               batch_size: int, weight_decay: float = 0.0, warmup_steps: int = 10, lr_schedule: LRSchedule = "cosine",
               max_grad_norm: float = 1.0, seed: int = 0, log_every: int = 0,
-              reading_demos: Sequence[Demonstration] = (), reading_steps: int = 0) -> list[float]:
+              reading_demos: Sequence[Demonstration] = (), reading_steps: int = 0, threads: int = 1) -> list[float]:
     """``steps`` AdamW steps of the SFT loss (:func:`shuffled_batches`, seeded order): the first ``reading_steps`` on
-    ``reading_demos``, the rest on ``demos``, under one learning-rate schedule; returns the loss of every step."""
+    ``reading_demos``, the rest on ``demos``, under one learning-rate schedule; returns the loss of every step.
+    ``threads`` > 1 splits each batch into that many parts computed at once on CPU threads (:func:`sft_backward`)."""
     if not demos or (reading_steps and not reading_demos):
         raise ValueError("no demonstrations to train on")
     generator = torch.Generator().manual_seed(seed)
@@ -130,9 +161,7 @@ def train_sft(model: torch.nn.Module, demos: Sequence[Demonstration], pad_token_
         source = reading_demos if step < reading_steps else demos
         if not queue or step == reading_steps:
             queue = shuffled_batches(len(source), batch_size, generator)[::-1]  # pop() takes them in order
-        batch = collate([source[i] for i in queue.pop()], pad_token_id)
-        loss, metrics = causal_lm_sft_loss(model, batch)
-        loss.backward()
+        loss, metrics = sft_backward(model, [source[i] for i in queue.pop()], pad_token_id, threads)
         if max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         optimizer.step()
@@ -165,6 +194,7 @@ def warm_start(
     dtype: str = "float32",
     cache_dir: str | Path | None = None,
     torch_threads: int | None = 1,
+    threads: int = 1,
     verbose: bool = False,
 ) -> Path:
     """The folder of ``model`` fine-tuned on expert demonstrations of ``env_id`` (built once, then cached).
@@ -195,6 +225,8 @@ def warm_start(
         torch_threads: CPU threads while building (restored afterwards; None keeps torch's setting). The tiny
             model trains fastest with 1: per-op threading overhead dominates it, and two threads stall badly when
             another process holds a core (measured 1.25 s vs 3.2-5.9 s per step). Not part of the cache key.
+        threads: parts of each batch trained at once on CPU threads, one op thread each (:func:`sft_backward`;
+            2 on a 2-core machine). The gradient is the same to float rounding: not part of the cache key.
         verbose: print the loss every 25 steps.
 
     Returns:
@@ -230,13 +262,13 @@ def warm_start(
             raise ValueError(f"torch_threads must be >= 1, got {torch_threads}")
         torch.set_num_threads(torch_threads)
     try:
-        return _build(final, root, base, args, episode, verbose)
+        return _build(final, root, base, args, episode, verbose, threads)
     finally:
         torch.set_num_threads(previous_threads)
 
 
 def _build(final: Path, root: Path, base: str, args: dict[str, Any], episode: EpisodeSettings,
-           verbose: bool) -> Path:
+           verbose: bool, threads: int = 1) -> Path:
     started = time.perf_counter()
     env_id, seed, only_successful = args["env_id"], args["seed"], args["only_successful"]
     num_episodes, dtype = args["num_episodes"], args["dtype"]
@@ -253,7 +285,7 @@ def _build(final: Path, root: Path, base: str, args: dict[str, Any], episode: Ep
         losses = train_sft(net, demos, tokenizer.pad_token_id, steps=args["steps"], lr=args["lr"],
                            batch_size=args["batch_size"], weight_decay=args["weight_decay"],
                            warmup_steps=args["warmup_steps"], lr_schedule=args["lr_schedule"], seed=seed,
-                           log_every=25 if verbose else 0, reading_steps=reading_steps,
+                           log_every=25 if verbose else 0, reading_steps=reading_steps, threads=threads,
                            reading_demos=reading_clauses(demos, tokenizer) if reading_steps else ())
 
     root.mkdir(parents=True, exist_ok=True)
@@ -280,7 +312,7 @@ _SETTING_DOMAINS = {
     "lr": Domain(low=0, low_open=True), "batch_size": Domain(low=1, integer=True), "weight_decay": Domain(low=0),
     "warmup_steps": Domain(low=0, integer=True), "seed": Domain(low=0, integer=True),
     "reading_steps": Domain(low=0, integer=True),
-    "torch_threads": Domain(low=1, integer=True, none=True),
+    "torch_threads": Domain(low=1, integer=True, none=True), "threads": Domain(low=1, integer=True),
 }
 _SETTING_OTHERS = {"lr_schedule", "episode", "only_successful", "dtype", "cache_dir", "verbose"}
 
@@ -396,6 +428,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--no-base", action="store_true", help="skip evaluating the base model")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--torch-threads", type=int, default=1, help="CPU threads (1 is fastest for the tiny model)")
+    parser.add_argument("--threads", type=int, default=1, help="parts of a batch trained at once (one per core)")
     parser.add_argument("--import", dest="modules", action="append", default=None,
                         help="module registering the env ids (default: envs)")
     a = parser.parse_args(argv)
@@ -418,7 +451,7 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"({time.perf_counter() - t:.1f}s)", flush=True)
     t = time.perf_counter()
     path = warm_start(a.model, a.env, env_kwargs, seed=a.seed, cache_dir=a.cache_dir, verbose=True, episode=episode,
-                      **overrides)
+                      threads=a.threads, **overrides)
     meta = json.loads((path / META_FILE).read_text())
     print(f"warm start: {path} ({time.perf_counter() - t:.1f}s; trained in {meta['wall_s']:.1f}s, "
           f"loss {meta['losses'][0]:.3f} -> {meta['losses'][-1]:.3f}; demos {meta['demo_stats']})", flush=True)

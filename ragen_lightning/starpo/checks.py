@@ -14,7 +14,7 @@ _COUNT = Domain(low=1, integer=True)
 # The allowed values of every numeric ``--model.*`` setting (the choices of the Literal ones are jsonargparse's).
 MODULE_DOMAINS: dict[str, Domain] = {
     "gamma": _UNIT, "lam": _UNIT, "high_level_gamma": _UNIT,
-    "ppo_epochs": _COUNT, "mini_batch_size": _COUNT, "micro_batch_size": _COUNT,
+    "ppo_epochs": _COUNT, "mini_batch_size": _COUNT, "micro_batch_size": _COUNT, "micro_batch_threads": _COUNT,
     "clip_low": Domain(0, 1, high_open=True),  # the ratio floor 1 - clip_low must stay > 0
     "clip_high": _NON_NEGATIVE,
     "dual_clip": Domain(low=1, low_open=True, none=True),  # the dual-clip bound c * A (A < 0) needs c > 1
@@ -61,3 +61,13 @@ def check_data_settings(hp: Mapping[str, Any], data_hp: Mapping[str, Any] | None
     """Combinations of the module's and the data module's settings that cannot work."""
     if data_hp is not None and hp["adv_estimator"] in ("grpo", "drgrpo") and data_hp["group_size"] < 2:
         raise ConfigError(f"--data.group_size must be >= 2 for --model.adv_estimator {hp['adv_estimator']}")
+
+
+def check_threads_precision(threads: int, precision: Any) -> None:
+    """``--model.micro_batch_threads > 1`` calls autograd directly from worker threads, outside Lightning's precision
+    plugin: a mixed precision (autocast is thread-local, and 16-bit needs loss scaling) would silently train in fp32
+    without scaling there, so it is refused."""
+    name = str(precision if precision is not None else "32-true")
+    if threads > 1 and ("mixed" in name or name in ("16", "bf16")):
+        raise ConfigError(f"--model.micro_batch_threads {threads} runs backward outside Lightning's precision plugin, "
+                          f"which --trainer.precision {name} needs: use a '*-true' precision or micro_batch_threads 1")

@@ -11,6 +11,7 @@ global batch and the update splits rows across ranks (:mod:`ragen_lightning.para
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from pathlib import Path
@@ -27,16 +28,17 @@ from ragen_lightning.algos.losses import AggMode, KLKind
 from ragen_lightning.algos.masked import masked_mean
 from ragen_lightning.models import lora as lora_mod
 from ragen_lightning.models.build import build_networks
-from ragen_lightning.parallel.strategies import shard_networks
+from ragen_lightning.parallel import shard_networks
 from ragen_lightning.rollout.engines import build_engine
 from ragen_lightning.sft.warm_start import warm_started_path
 from ragen_lightning.starpo.advantages import ADVANTAGE_SETTINGS, advantages_for
+from ragen_lightning.starpo.background import BackgroundSteps
 from ragen_lightning.starpo.checks import check_data_settings, check_module_settings
 from ragen_lightning.starpo.early_stop import EarlyStops, EarlyStopSettings
 from ragen_lightning.starpo.export import export_actor
-from ragen_lightning.starpo.optim import SkipGuard, build_optimizers, step_warmup
+from ragen_lightning.starpo.optim import SkipGuard, build_optimizers
 from ragen_lightning.starpo.steps import PolicyLossSettings, ppo_update
-from ragen_lightning.starpo.update import StepResult, accumulate, score_sharded
+from ragen_lightning.starpo.update import network_step, score_sharded
 from ragen_lightning.types import RolloutBatch, UpdateBatch
 
 AdvEstimator = Literal["gae", "grpo", "drgrpo", "brpo", "arpo"]
@@ -59,6 +61,9 @@ class StarPOModule(L.LightningModule):
         ppo_epochs: passes over each rollout batch.
         mini_batch_size: samples per optimizer step.
         micro_batch_size: samples per forward/backward (gradient accumulation inside a mini-batch).
+        micro_batch_threads: micro-batches run at once on CPU threads (one process, ``*-true`` precision; ``parallel.threads``).
+        critic_in_background: the critic's steps of an iteration run on a worker thread during the next rollout (one
+            process; same math; critic metrics logged one iteration late; :mod:`.background`).
         shuffle: shuffle samples before splitting into mini-batches (seeded by the iteration).
         clip_low: PPO ratio floor ``1 - clip_low``.
         clip_high: PPO ratio ceiling ``1 + clip_high`` (clip-higher: 0.28 > 0.2).
@@ -112,6 +117,8 @@ class StarPOModule(L.LightningModule):
         ppo_epochs: int = 1,
         mini_batch_size: int = 32,
         micro_batch_size: int = 4,
+        micro_batch_threads: int = 1,
+        critic_in_background: bool = False,
         shuffle: bool = False,
         clip_low: float = 0.2,
         clip_high: float = 0.28,
@@ -161,7 +168,7 @@ class StarPOModule(L.LightningModule):
         self._reference: list[torch.nn.Module] = []  # kept out of state_dict: it is rebuilt from the model folder
         self._rollout_actor: list[torch.nn.Module] = []  # FSDP2: an unsharded copy the engine generates with
         self._pad_row = -1  # data parallel: index of the inert row that pads short per-rank shares
-        self.tokenizer, self.skips = None, SkipGuard(max_consecutive_skips)  # skipped optimizer steps
+        self.tokenizer, self.skips, self._background = None, SkipGuard(max_consecutive_skips), BackgroundSteps(self)
         self._force_scoring_pass = False  # tests: always run the separate old-log-prob and value passes
         self.early_stops = EarlyStops(stops)
         self.last_rollout: RolloutBatch | None = None  # the last trained iteration's batch (.trajectories included)
@@ -184,12 +191,8 @@ class StarPOModule(L.LightningModule):
         if self._trainer is not None:  # atomic writes, digest checked on load (before the trainer restores one)
             checkpointing.install(self.trainer)
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        self.check_data(dm)
+        check_data_settings(self.hparams, getattr(dm, "hparams", None))  # the CLI checked them before anything ran
         self._model_path = warm_started_path(self.hparams.model, self.hparams.warm_start, dm)
-
-    def check_data(self, dm) -> None:
-        """Module x data settings that cannot work (the CLI checks them before anything runs)."""
-        check_data_settings(self.hparams, getattr(dm, "hparams", None))
 
     def _actor_path(self) -> str:
         """The actor's folder: the warm-started one once ``setup`` ran, else ``--model.model`` resolved."""
@@ -240,7 +243,7 @@ class StarPOModule(L.LightningModule):
     def training_step(self, dataloader_iter) -> None:
         # 1. the rollout batch, generated with the current weights (pulled here, never pre-fetched)
         batch, _, _ = next(dataloader_iter)
-        logs = dict(batch.metrics)
+        logs = {**self._background.join(), **batch.metrics}  # the critic's steps of the last iteration (in background)
         self.last_rollout, self.last_logs = batch, logs  # for callbacks; logs fills up below
         if len(batch) == 0:
             return self._log(logs)
@@ -251,11 +254,12 @@ class StarPOModule(L.LightningModule):
         on_policy = (hp.ppo_epochs == 1 and len(batch) <= hp.mini_batch_size and hp.kl_in_reward_coef == 0
                      and not self._force_scoring_pass and not batch.chains_turns)  # chained GAE: returns need all rows
         old_logprobs = entropy = ref_logprobs = values = None
+        background = self._background.active()  # None: the critic steps in sequence (several processes, ...)
         if not on_policy:
             old_logprobs, entropy = self._score(self.actor, ids, att, mask, with_entropy=True)
         if self.reference is not None:
             ref_logprobs, _ = self._score(self.reference, ids, att, mask)
-        if self.critic is not None and not on_policy:  # on-policy the critic step's own forward gives the values
+        if self.critic is not None and (not on_policy or background):  # else from the critic step's own forward
             values, _ = self._score(self.critic, ids, att, mask, kind="critic")
         # 3. advantages (on-policy with a critic: inside step 4, from the values of the critic step)
         adv_of = advantages_for(batch, mask, old_logprobs, ref_logprobs, {k: hp[k] for k in ADVANTAGE_SETTINGS})
@@ -268,8 +272,9 @@ class StarPOModule(L.LightningModule):
         self._pad_row = len(batch)  # data parallel: the inert row that pads short per-rank shares
         step_logs, seen = ppo_update(data, self.actor, self.critic, policy_loss=self._policy_loss,
                                      value_clip=hp.value_clip, ppo_epochs=hp.ppo_epochs,
-                                     mini_batch_size=hp.mini_batch_size, shuffle=hp.shuffle, step=self._step,
-                                     iteration=batch.metrics.get("iteration", self.global_step), advantages_of=adv_of)
+                                     mini_batch_size=hp.mini_batch_size, shuffle=hp.shuffle, background=background,
+                                     step=functools.partial(network_step, self), advantages_of=adv_of,
+                                     iteration=batch.metrics.get("iteration", self.global_step))
         logs.update(step_logs)
         if old_logprobs is None:  # entropy and log-probs came from the update's forward pass (each rank: its rows)
             old_logprobs, entropy = seen
@@ -287,20 +292,10 @@ class StarPOModule(L.LightningModule):
         hp = self.hparams  # (a critic pass ignores temperature, chunking and the mask)
         return score_sharded(net, ids, att, hp.logprob_micro_batch_size or hp.micro_batch_size, kind=kind,
                              with_entropy=with_entropy, temperature=hp.temperature, chunk_size=hp.logits_chunk_size,
-                             loss_mask=mask)
+                             loss_mask=mask, threads=hp.micro_batch_threads)
 
     def _optimizers(self):
         return opts if isinstance(opts := self.optimizers(), list) else [opts]
-
-    def _step(self, network: str, rows: torch.Tensor, loss_fn) -> StepResult:
-        """One optimizer step of ``network`` over ``rows`` (:func:`ragen_lightning.starpo.update.accumulate`)."""
-        opt = self._optimizers()[0 if network == "actor" else 1]
-        hp = self.hparams
-        warmup = (lambda o: step_warmup(self.lr_schedulers(), o)) if hp.lr_warmup_steps > 0 else None
-        result = accumulate(self, opt, rows, loss_fn, micro_batch_size=hp.micro_batch_size, max_norm=hp.grad_clip,
-                            pad_row=self._pad_row, on_step=warmup)
-        self.skips.record(network, result.stepped, result.skip_reason)  # raises after too many in a row
-        return result
 
     def _log(self, logs: dict[str, float]) -> None:
         logs = {k: float(v) for k, v in logs.items() if v is not None and math.isfinite(float(v))}
@@ -326,6 +321,10 @@ class StarPOModule(L.LightningModule):
         self.trainer.should_stop = True
 
     # -- checkpoints and export -----------------------------------------------------------------------------------
+    def state_dict(self, *args, **kwargs):
+        self._background.wait()  # a checkpoint holds the critic after the steps it is taking in the background
+        return super().state_dict(*args, **kwargs)
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["starpo"] = {**self.skips.state_dict(), **self.early_stops.state_dict(),
                                 "model_path": str(getattr(self, "_model_path", self.hparams.model))}
@@ -345,6 +344,7 @@ class StarPOModule(L.LightningModule):
                             rollout_actor=self._rollout_actor[0] if self._rollout_actor else None)
 
     def on_fit_end(self) -> None:
+        self._background.close()
         if self.hparams.export_dir and (self.trainer.is_global_zero or self._rollout_actor):
             self.export_actor(self.hparams.export_dir)
 

@@ -24,7 +24,12 @@ import torch
 from torch import nn
 
 from ragen_lightning.algos.logits import entropy_from_logits, logprobs_from_logits
-from ragen_lightning.models.forward import causal_only, run_on_shared_prefix, shared_prefix
+from ragen_lightning.models.forward import (
+    causal_only,
+    run_on_shared_prefix,
+    shared_prefix,
+)
+from ragen_lightning.parallel.threads import map_threads
 
 
 def micro_slices(rows: torch.Tensor, micro_batch_size: int) -> Iterator[torch.Tensor]:
@@ -96,25 +101,29 @@ def critic_values(critic: nn.Module, input_ids: torch.Tensor, attention_mask: to
 @torch.no_grad()
 def score_batch(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro_batch_size: int, *,
                 kind: str, with_entropy: bool = False, temperature: float = 1.0, chunk_size: int | None = None,
-                loss_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                loss_mask: torch.Tensor | None = None, threads: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run ``actor`` (``kind="actor"``: log-probs [+ entropy]) or ``critic`` (``kind="critic"``: values) over a
     whole batch in micro-batches, returning ``[B, T - 1]`` tensors padded with zeros. With ``loss_mask``
     [B, T - 1] outputs are computed on trained columns onward only (:func:`actor_outputs` ``skip``; the rows'
-    common prefix before them runs once, :func:`shared_prefix`) and read 0 before."""
+    common prefix before them runs once, :func:`shared_prefix`) and read 0 before. ``threads`` > 1 scores that
+    many micro-batches at a time on CPU threads (:func:`~ragen_lightning.parallel.threads.map_threads`)."""
     B, T = input_ids.shape
     first = torch.zeros((B, T - 1), device=input_ids.device)
     second = torch.zeros((B, T - 1), device=input_ids.device) if with_entropy else None
-    for rows in micro_slices(by_length(torch.arange(B, device=input_ids.device), attention_mask.sum(-1)),
-                             micro_batch_size):
+
+    def score(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         L = trimmed(attention_mask, rows)
         ids, att = input_ids[rows, :L], attention_mask[rows, :L]
         skip = first_target(loss_mask[rows, : L - 1] if loss_mask is not None else None)
         if kind == "actor":
-            lp, ent = actor_outputs(model, ids, att, with_entropy=with_entropy, temperature=temperature,
-                                    chunk_size=chunk_size, skip=skip, share_prefix=True)
-            first[rows, : L - 1] = lp.float()
-            if second is not None:
-                second[rows, : L - 1] = ent.float()
-        else:
-            first[rows, : L - 1] = critic_values(model, ids, att, skip=skip, share_prefix=True)
+            return actor_outputs(model, ids, att, with_entropy=with_entropy, temperature=temperature,
+                                 chunk_size=chunk_size, skip=skip, share_prefix=True)
+        return critic_values(model, ids, att, skip=skip, share_prefix=True), None
+
+    micros = list(micro_slices(by_length(torch.arange(B, device=input_ids.device), attention_mask.sum(-1)),
+                               micro_batch_size))
+    for rows, (a, b) in zip(micros, map_threads(score, micros, threads)):
+        first[rows, : a.shape[1]] = a.float()
+        if second is not None and b is not None:
+            second[rows, : b.shape[1]] = b.float()
     return first, second

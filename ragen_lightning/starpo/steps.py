@@ -33,7 +33,6 @@ from ragen_lightning.starpo.scoring import (
     first_target,
 )
 from ragen_lightning.starpo.update import (
-    LossFn,
     MicroOutput,
     StepResult,
     mini_batches,
@@ -115,10 +114,11 @@ def critic_micro_loss(critic: nn.Module, batch: UpdateBatch, *, clip_range: floa
     return MicroOutput(loss, terms, {"vf_clipfrac": metrics["vf_clipfrac"]}, () if batch.values is not None else (values,))
 
 
-def ppo_update(data: UpdateBatch, actor: nn.Module, critic: nn.Module | None, *, policy_loss: PolicyLossSettings,
+def ppo_update(data: UpdateBatch, actor: nn.Module | None, critic: nn.Module | None, *, policy_loss: PolicyLossSettings,
                value_clip: float, ppo_epochs: int, mini_batch_size: int, shuffle: bool, iteration: int,
-               step: Callable[[str, torch.Tensor, LossFn], StepResult], advantages_of: AdvantagesOf | None = None):
-    """``ppo_epochs`` x mini-batches of a critic step (when there is a critic) then an actor step.
+               step: Callable[..., StepResult], advantages_of: AdvantagesOf | None = None, background=None):
+    """``ppo_epochs`` x mini-batches of a critic step (when there is a critic) then an actor step (when there is an
+    actor: ``actor=None`` runs the critic's steps alone, e.g. on a worker thread, :mod:`.background`).
 
     ``step(network, rows, loss_fn)`` runs one optimizer step of ``"actor"`` or ``"critic"`` over this rank's
     ``rows`` (:func:`~.update.accumulate`). With a critic and ``data.values`` None (on-policy: one epoch over one
@@ -126,10 +126,24 @@ def ppo_update(data: UpdateBatch, actor: nn.Module, critic: nn.Module | None, *,
     from ``advantages_of(values, rows)`` per micro-batch, then ``advantages_of(values, None)`` gives the batch's
     advantages and returns for the actor (their logs are returned with the step metrics).
 
+    With ``background`` (a :class:`~ragen_lightning.starpo.background.BackgroundSteps`) the critic's steps are
+    submitted to its worker thread after the actor's (``step(..., background=background)`` there; ``data.values``
+    must be given) and their metrics come from ``background.join()`` later.
+
     Returns the step metrics averaged over steps (``actor/<name>``, ``critic/<name>``) and, for an on-policy update
     (``data.old_logprobs is None``), the first pass's ``(logprobs, entropy)`` of every row ``[B, T - 1]`` (summed
     over ranks: each rank fills its rows); else None.
     """
+    if background is not None and critic is not None:
+        if data.values is None:
+            raise ValueError("critic steps in the background need the values of a separate value pass")
+        settings = {"policy_loss": policy_loss, "value_clip": value_clip, "ppo_epochs": ppo_epochs, "shuffle": shuffle,
+                    "mini_batch_size": mini_batch_size, "iteration": iteration, "advantages_of": advantages_of}
+        result = ppo_update(data, actor, None, step=step, **settings)
+        steps = ppo_epochs * len(range(0, len(data), mini_batch_size))
+        background.submit(lambda: ppo_update(data, None, critic, **settings, step=lambda *a: step(
+            *a, background=background))[0], steps=steps)
+        return result
     B, width = len(data), data.loss_mask.shape[1]
     if critic is not None and data.values is None and (ppo_epochs > 1 or B > mini_batch_size or advantages_of is None):
         raise ValueError("values from the critic step's own forward need one epoch over one mini-batch and advantages_of")
@@ -153,13 +167,15 @@ def ppo_update(data: UpdateBatch, actor: nn.Module, critic: nn.Module | None, *,
                     advantages, returns, adv_logs = advantages_of(values, None)
                     data = dataclasses.replace(data, values=values, advantages=advantages, returns=returns)
                     padded = data.with_inert_row() if world()[1] > 1 else data
+            if actor is None:
+                continue
             norm = agg_normalizer(padded.loss_mask[mb], policy_loss.loss_agg_mode, horizon=width)
             result = step("actor", rows, lambda m, n=norm, first=epoch == 0: actor_micro_loss(
                 actor, padded.rows(m), policy_loss, normalizer=n, horizon=width, first_pass=first))
             _merge(logs, result, "actor")
             seen += result.outputs
     means = {k: sum(v) / len(v) for k, v in logs.items()} | adv_logs
-    if data.old_logprobs is not None:
+    if data.old_logprobs is not None or actor is None:
         return means, None
     return means, scatter_outputs(seen, 2, padded.loss_mask, B)
 

@@ -33,7 +33,9 @@ from ragen_lightning.parallel import (
     rank_rows,
     world,
 )
-from ragen_lightning.starpo.optim import guarded_step
+from ragen_lightning.parallel.threads import map_threads
+from ragen_lightning.starpo.checks import check_threads_precision
+from ragen_lightning.starpo.optim import guarded_step, step_warmup
 from ragen_lightning.starpo.scoring import micro_slices, score_batch
 
 
@@ -135,7 +137,7 @@ def clip_grad_norm(module: L.LightningModule, params, max_norm: float, every_par
 
 
 def accumulate(module, opt, rows: torch.Tensor, loss_fn: LossFn, *, micro_batch_size: int, max_norm: float,
-               pad_row: int = -1, on_step: Callable[[object], None] | None = None) -> StepResult:
+               pad_row: int = -1, on_step: Callable[[object], None] | None = None, threads: int = 1) -> StepResult:
     """zero_grad -> backward over micro-batches of ``rows`` -> clip -> step.
 
     The step is skipped when a loss, the gradient norm, the learning rate or the updated weights are non-finite
@@ -145,6 +147,11 @@ def accumulate(module, opt, rows: torch.Tensor, loss_fn: LossFn, *, micro_batch_
     loss is scaled by the world size (DDP/FSDP average gradients, the normaliser is already global), the finite flag
     is agreed by all ranks and metrics are combined across them (micro-batches of ``pad_row`` only log nothing).
     ``on_step(opt)`` runs after a successful step (the learning-rate schedule).
+
+    ``threads > 1`` (one process only; ignored with several ranks) runs the micro-batches' forward and backward
+    on that many CPU threads (:func:`~ragen_lightning.parallel.threads.map_threads`). Their backward calls autograd
+    directly: Lightning's ``manual_backward`` keeps per-module hook state that concurrent calls would corrupt, and
+    its precision plugin is plain under the ``*-true`` precisions this needs (checked with the settings).
     """
     size = world()[1]
     opt.zero_grad()
@@ -152,15 +159,28 @@ def accumulate(module, opt, rows: torch.Tensor, loss_fn: LossFn, *, micro_batch_
     stats: dict[str, list[float]] = {}
     outputs = []
     finite = True
-    for micro in micro_slices(rows, micro_batch_size):
-        out = loss_fn(micro)
+    micros = list(micro_slices(rows, micro_batch_size))
+    if size == 1 and threads > 1 and len(micros) > 1:
+        check_threads_precision(threads, module._trainer.precision if module._trainer is not None else None)
+        def forward_backward(micro: torch.Tensor) -> MicroOutput:
+            out = loss_fn(micro)
+            if torch.isfinite(out.loss):  # a non-finite loss skips the step: its gradient would only be discarded
+                out.loss.backward()
+            return out
+
+        done = map_threads(forward_backward, micros, threads)
+    else:
+        done = None
+    for i, micro in enumerate(micros):
+        out = loss_fn(micro) if done is None else done[i]
         if out.outputs:
             outputs.append((micro, out.outputs))
         if not torch.isfinite(out.loss):
             finite = False
             if size == 1:
                 break
-        module.manual_backward(out.loss * size if size > 1 else out.loss)
+        if done is None:
+            module.manual_backward(out.loss * size if size > 1 else out.loss)
         if size > 1 and bool((micro == pad_row).all()):
             continue  # a micro-batch of padding only: no metrics
         for acc, values in ((terms, out.terms), (stats, out.stats)):
@@ -182,6 +202,23 @@ def accumulate(module, opt, rows: torch.Tensor, loss_fn: LossFn, *, micro_batch_
     metrics.update({k: total / count for k, (total, count) in _across_ranks(stats).items()})
     metrics["grad_norm"] = norm
     return StepResult(metrics, stepped, outputs, reason)
+
+
+def network_step(module, network: str, rows: torch.Tensor, loss_fn: LossFn, *, background=None) -> StepResult:
+    """One optimizer step of the StarPO ``module``'s ``network`` (``"actor"`` | ``"critic"``) over ``rows``:
+    :func:`accumulate` with the module's micro-batch size, threads, gradient clip and warm-up schedule; the step is
+    recorded with ``module.skips`` (which raises after too many skips in a row). With ``background`` (a
+    :class:`~ragen_lightning.starpo.background.BackgroundSteps`, called on its worker thread) the step backpropagates
+    directly and steps the raw optimizer, on one thread (the other core runs the rollout)."""
+    hp = module.hparams
+    opt = module._optimizers()[0 if network == "actor" else 1]
+    warmup = (lambda o: step_warmup(module.lr_schedulers(), o)) if hp.lr_warmup_steps > 0 else None
+    target, opt = (module, opt) if background is None else background.worker_view(module, opt)
+    result = accumulate(target, opt, rows, loss_fn, micro_batch_size=hp.micro_batch_size, max_norm=hp.grad_clip,
+                        pad_row=module._pad_row, on_step=warmup,
+                        threads=hp.micro_batch_threads if background is None else 1)
+    module.skips.record(network, result.stepped, result.skip_reason)  # raises after too many in a row
+    return result
 
 
 def _across_ranks(values: dict[str, list[float]]) -> dict[str, tuple[float, int]]:

@@ -167,22 +167,33 @@ def test_max_model_len_too_small_fails_before_training(tmp_path, tiny_path):
 
 def test_single_pass_shortcut_equals_separate_old_logprob_pass(tmp_path, tiny_path):
     """One epoch over one mini-batch takes old log-probs and (GAE) values from the update's own forward passes:
-    same result, two passes less."""
+    same result, two passes less. Micro-batches on two threads (``micro_batch_threads``) give it too, with and
+    without the separate passes (which then score on two threads as well)."""
     results = []
-    for force in (False, True):
+    variants = ((False, 1, False), (True, 1, False), (False, 2, False), (True, 2, False), (False, 2, True))
+    for force, threads, background in variants:
         module = ScriptedStarPO(model=str(tiny_path), mini_batch_size=8, micro_batch_size=4, actor_lr=1e-2,
-                                critic_lr=1e-3, entropy_coeff=0.01)
+                                critic_lr=1e-3, entropy_coeff=0.01, micro_batch_threads=threads,
+                                critic_in_background=background)
         module._force_scoring_pass = force
         rec = Recorder()
-        fit(tmp_path, module, data(), [rec])
+        fit(tmp_path, module, data(num_iterations=3), [rec])
         assert module.critic is not None  # GAE: the critic's values come from its step when not forced
-        results.append(({**params(module.actor), **params(module.critic)}, rec.rows[-1]))
-    (a, ma), (b, mb) = results
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0, msg=k)
-    for key in ("actor/pg_loss", "actor/entropy", "actor/ppo_kl", "rollout/engine_logprob_abs_diff", "critic/vf_loss",
-                "critic/values_mean", "critic/vpred_mean", "train/advantage_mean", "train/return_mean"):
-        assert ma[key] == pytest.approx(mb[key], abs=1e-6), key
+        results.append(({**params(module.actor), **params(module.critic)}, rec.rows, module.global_step))
+    a, rows_a, steps_a = results[0]
+    assert steps_a == 6  # 3 iterations x (critic + actor) optimizer steps
+    for (b, rows_b, steps_b), (*_, background) in zip(results[1:], variants[1:]):
+        assert steps_b == steps_a  # steps taken on the worker thread are counted too
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0, msg=k)
+        for key in ("actor/pg_loss", "actor/entropy", "actor/ppo_kl", "rollout/engine_logprob_abs_diff",
+                    "critic/values_mean", "train/advantage_mean", "train/return_mean", "critic/explained_variance"):
+            assert rows_a[-1][key] == pytest.approx(rows_b[-1][key], abs=1e-6), key
+        for key in ("critic/vf_loss", "critic/vpred_mean"):  # in the background: logged with the next iteration
+            late = [r[key] for r in rows_b if key in r]
+            expected = [r[key] for r in rows_a][: len(late)] if background else [r[key] for r in rows_a]
+            assert late == pytest.approx(expected, abs=1e-6), key
+            assert len(late) == (2 if background else 3)
 
 
 def test_reward_variance_collapse_stops_the_run(tmp_path, tiny_path):

@@ -57,7 +57,7 @@ def changed(config, **changes) -> Namespace:
 
 INF, NAN = math.inf, math.nan
 ALLOWED_WARM_START = ("batch_size, cache_dir, dtype, episode, lr, lr_schedule, num_episodes, only_successful, reading_steps, "
-                      "seed, steps, torch_threads, verbose, warmup_steps, weight_decay")
+                      "seed, steps, threads, torch_threads, verbose, warmup_steps, weight_decay")
 BAD = [  # (changes, the whole message)
     ({"data__episode__max_model_len": -1}, "--data.episode.max_model_len must be an integer >= 1, got -1"),
     ({"data__episode__max_turns": 0}, "--data.episode.max_turns must be an integer >= 1, got 0"),
@@ -129,6 +129,10 @@ BAD = [  # (changes, the whole message)
     ({"model__kl_coef": -1.0}, "--model.kl_coef must be a finite number >= 0, got -1.0"),
     ({"model__kl_in_reward_coef": -0.5}, "--model.kl_in_reward_coef must be a finite number >= 0, got -0.5"),
     ({"model__micro_batch_size": 0}, "--model.micro_batch_size must be an integer >= 1, got 0"),
+    ({"model__micro_batch_threads": 0}, "--model.micro_batch_threads must be an integer >= 1, got 0"),
+    ({"model__micro_batch_threads": 2, "trainer__precision": "bf16-mixed"},
+     "--model.micro_batch_threads 2 runs backward outside Lightning's precision plugin, which --trainer.precision "
+     "bf16-mixed needs: use a '*-true' precision or micro_batch_threads 1"),
     ({"model__ppo_epochs": 0}, "--model.ppo_epochs must be an integer >= 1, got 0"),
     ({"model__lr_warmup_steps": -1}, "--model.lr_warmup_steps must be an integer >= 0, got -1"),
     ({"model__logprob_micro_batch_size": 0}, "--model.logprob_micro_batch_size must be null or an integer >= 1, got 0"),

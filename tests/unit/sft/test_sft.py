@@ -265,3 +265,32 @@ def test_reading_phase_trains_only_the_clause_then_the_whole_response(tiny_path,
     with pytest.raises(ValueError, match="no demonstrations"):
         train_sft(load_causal_lm(str(tiny_path)), items, tiny_tokenizer.pad_token_id, steps=2, lr=1e-3,
                   batch_size=4, reading_steps=1)
+
+
+def test_threaded_sft_backward_gives_the_whole_batchs_gradient_and_metrics(tiny_path):
+    from transformers import AutoModelForCausalLM
+
+    from ragen_lightning.sft.module import Demonstration
+    from ragen_lightning.sft.warm_start import sft_backward
+
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(3, 300, (20,), generator=g).tolist()  # a shared prefix, as the system prompt is
+    demos = []
+    for n, trained in ((9, 4), (3, 3), (14, 2), (6, 6), (11, 5)):  # unequal lengths and trained-token counts
+        tail = torch.randint(3, 300, (n,), generator=g).tolist()
+        demos.append(Demonstration(tuple(prompt + tail), tuple([0] * (20 + n - trained) + [1] * trained)))
+    results = []
+    for threads in (1, 2, 3):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(tiny_path)
+        loss, metrics = sft_backward(model, demos, 0, threads)
+        results.append((loss, metrics, {k: p.grad.clone() for k, p in model.named_parameters()}))
+    (loss, metrics, grads) = results[0]
+    assert metrics["sft/num_tokens"].item() == 4 + 3 + 2 + 6 + 5
+    for other_loss, other_metrics, other_grads in results[1:]:
+        # parts weighted by their share of the 20 trained tokens: the token mean of the whole batch
+        torch.testing.assert_close(other_loss, loss, atol=1e-6, rtol=1e-5)
+        for name in ("sft/loss", "sft/token_accuracy", "sft/num_tokens"):
+            torch.testing.assert_close(other_metrics[name].float(), metrics[name].float(), atol=1e-6, rtol=1e-5)
+        for k in grads:
+            torch.testing.assert_close(other_grads[k], grads[k], atol=1e-6, rtol=1e-4, msg=k)

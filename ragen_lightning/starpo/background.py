@@ -1,0 +1,118 @@
+"""The critic's optimizer steps on a worker thread, overlapping the next iteration's rollout
+(``--model.critic_in_background``).
+
+The rollout of iteration k + 1 needs the actor's new weights, not the critic's, and on CPU it keeps one core busy
+(vLLM and the HF engine run one torch thread) while the other idles. Here the critic's steps of iteration k (every
+epoch and mini-batch) run on a worker thread, and iteration k + 1 joins them before anything reads the critic.
+
+The math is the sequential update's. The actor's steps never read the critic's weights: its advantages come from
+values computed before either network steps (a separate no-grad value pass, which here replaces taking them from
+the critic step's own forward). The critic takes the same steps on the same data in the same order, only later in
+wall-clock time.
+
+The worker calls none of Lightning's machinery, whose hooks keep per-module state that concurrent calls would
+corrupt: it backpropagates with autograd directly and steps the raw optimizer. Its steps are counted into
+Lightning's progress when the job is submitted (from the main thread, inside ``training_step``), so
+``trainer.global_step`` counts both networks' steps as in the sequential update (a step skipped for a non-finite
+learning rate, which the sequential update does not count, is counted here). The module's ``state_dict`` waits for
+the job, so a checkpoint holds the critic after its steps. The critic's metrics of iteration k are logged with
+iteration k + 1 (those of the last iteration are not logged).
+
+:meth:`BackgroundSteps.active` falls back to the sequential update with several processes (a worker's collectives
+would interleave with the rollout's) and under LoRA with one shared base (``lora.shared_base``: the critic's forward
+switches the base's active adapter, which the actor's rollout and weight push read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+
+class _DirectBackward:
+    """The module as :func:`~ragen_lightning.starpo.update.accumulate` sees it on the worker: autograd's backward
+    in place of Lightning's ``manual_backward``."""
+
+    def __init__(self, module: Any):
+        self._wrapped = module
+
+    @staticmethod
+    def manual_backward(loss) -> None:
+        loss.backward()
+
+    def __getattr__(self, name: str):
+        return getattr(self._wrapped, name)
+
+
+def count_optimizer_steps(trainer: Any, steps: int) -> None:
+    """Add ``steps`` manual-optimisation steps to Lightning's progress (``trainer.global_step``), as
+    ``LightningOptimizer.step`` does around each step it runs."""
+    progress = trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
+    for _ in range(steps):
+        progress.increment_ready()
+        progress.increment_completed()
+
+
+class BackgroundSteps:
+    """One job at a time on one worker thread: :meth:`submit` a function returning logs, :meth:`join` them.
+    ``module``: the LightningModule whose trainer counts the jobs' optimizer steps (None: not counted)."""
+
+    def __init__(self, module: Any = None) -> None:
+        self._module = module
+        self._pool: ThreadPoolExecutor | None = None
+        self._future: Future | None = None
+        self._logs: dict[str, float] = {}  # of a job waited for but not joined yet
+
+    def active(self) -> BackgroundSteps | None:
+        """This object when the module's critic steps may run here (``critic_in_background`` on, a critic, one
+        process, no shared LoRA base), else None: the sequential update."""
+        from ragen_lightning.parallel import world
+
+        m = self._module
+        lora = getattr(m, "_lora", None)
+        on = bool(m.hparams.get("critic_in_background")) and getattr(m, "critic", None) is not None
+        return self if on and world()[1] == 1 and not (lora is not None and lora.shared_base) else None
+
+    @property
+    def pending(self) -> bool:
+        return self._future is not None
+
+    def submit(self, job: Callable[[], dict[str, float]], steps: int = 0) -> None:
+        """Run ``job`` (returning logs) on the worker; ``steps``: the optimizer steps it takes."""
+        if self._future is not None:
+            raise RuntimeError("the previous background job was not joined")
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="critic-steps")
+        trainer = getattr(self._module, "_trainer", None)
+        if trainer is not None and steps:
+            count_optimizer_steps(trainer, steps)
+        self._future = self._pool.submit(job)
+
+    def join(self) -> dict[str, float]:
+        """:meth:`wait`, then the logs of the jobs finished since the last join ({} when none)."""
+        self.wait()
+        logs, self._logs = self._logs, {}
+        return logs
+
+    def wait(self) -> None:
+        """Wait for the pending job (if any); its exception (e.g. :class:`~ragen_lightning.errors.TrainingStopped`
+        after too many skipped steps) is raised here."""
+        if self._future is None:
+            return
+        future, self._future = self._future, None
+        self._logs.update(future.result())
+
+    @staticmethod
+    def worker_view(module: Any, opt: Any) -> tuple[Any, Any]:
+        """``(module, optimizer)`` for a step on the worker: direct backward, the raw torch optimizer."""
+        return _DirectBackward(module), getattr(opt, "optimizer", opt)
+
+    def close(self) -> None:
+        """Wait, then stop the worker thread."""
+        try:
+            self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None

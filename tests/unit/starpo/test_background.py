@@ -1,0 +1,91 @@
+"""The critic's steps on a worker thread (``--model.critic_in_background``): joining, counting, errors."""
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ragen_lightning.errors import TrainingStopped
+from ragen_lightning.starpo.background import BackgroundSteps
+
+
+class Progress:
+    def __init__(self):
+        self.ready = self.completed = 0
+
+    def increment_ready(self):
+        self.ready += 1
+
+    def increment_completed(self):
+        self.completed += 1
+
+
+def fake_module():
+    progress = Progress()
+    loop = SimpleNamespace(manual_optimization=SimpleNamespace(optim_step_progress=progress))
+    return SimpleNamespace(_trainer=SimpleNamespace(fit_loop=SimpleNamespace(epoch_loop=loop))), progress
+
+
+def test_a_job_runs_on_the_worker_while_the_caller_goes_on_and_join_returns_its_logs_once():
+    module, progress = fake_module()
+    bg = BackgroundSteps(module)
+    started, release = threading.Event(), threading.Event()
+
+    def job():
+        started.set()
+        assert release.wait(10)  # only returns once the caller, still running, releases it
+        return {"critic/vf_loss": 1.5, "thread": threading.current_thread().name}
+
+    assert bg.join() == {}  # nothing submitted yet
+    bg.submit(job, steps=3)
+    assert started.wait(10) and bg.pending
+    assert (progress.ready, progress.completed) == (3, 3)  # counted at submission, from the caller's thread
+    with pytest.raises(RuntimeError, match="not joined"):
+        bg.submit(job)
+    release.set()
+    bg.wait()  # a checkpoint waits without taking the logs
+    logs = bg.join()
+    assert logs["critic/vf_loss"] == 1.5 and logs["thread"].startswith("critic-steps")
+    assert bg.join() == {} and not bg.pending
+    bg.close()
+
+
+def test_the_jobs_error_is_raised_by_the_join_and_the_next_job_runs():
+    bg = BackgroundSteps()
+
+    def stop():
+        raise TrainingStopped("critic skipped 5 steps in a row")
+
+    bg.submit(stop, steps=2)  # no trainer: nothing to count
+    with pytest.raises(TrainingStopped, match="5 steps"):
+        bg.join()
+    bg.submit(lambda: {"ok": 1.0})
+    assert bg.join() == {"ok": 1.0}
+    bg.close()
+
+
+def test_the_worker_backpropagates_directly_and_steps_the_raw_optimizer():
+    net = torch.nn.Linear(2, 1, bias=False)
+    raw = torch.optim.SGD(net.parameters(), lr=1.0)
+    wrapped = SimpleNamespace(optimizer=raw)  # what a LightningOptimizer holds
+    module = SimpleNamespace(manual_backward=lambda loss: pytest.fail("Lightning's backward on the worker"),
+                             _pad_row=-1)
+    view, opt = BackgroundSteps.worker_view(module, wrapped)
+    assert opt is raw and view._pad_row == -1  # everything else is the module's
+    loss = net(torch.ones(1, 2)).sum()
+    view.manual_backward(loss)
+    assert net.weight.grad.tolist() == [[1.0, 1.0]]
+
+
+def test_active_only_with_the_flag_a_critic_one_process_and_no_shared_lora_base():
+    def module(flag=True, critic=True, lora=None):
+        return SimpleNamespace(hparams={"critic_in_background": flag}, critic=object() if critic else None,
+                               _lora=lora)
+
+    bg = BackgroundSteps(module())
+    assert bg.active() is bg
+    assert BackgroundSteps(module(flag=False)).active() is None
+    assert BackgroundSteps(module(critic=False)).active() is None  # GRPO family: nothing to move
+    assert BackgroundSteps(module(lora=SimpleNamespace(shared_base=True))).active() is None
+    assert BackgroundSteps(module(lora=SimpleNamespace(shared_base=False))).active() is not None
