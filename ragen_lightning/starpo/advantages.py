@@ -18,7 +18,7 @@ from ragen_lightning.types import RolloutBatch
 # the keyword settings of starpo_advantages: the module passes its hyperparameters of the same names
 ADVANTAGE_SETTINGS = ("adv_estimator", "gamma", "lam", "turn_level_gae", "high_level_gamma", "kl_in_reward_coef",
                       "kl_kind", "soft_advantage_reweight", "filter_loss_scaling", "length_weight",
-                      "zero_task_advantage")
+                      "zero_task_advantage", "advantage_floor")
 
 
 def starpo_advantages(
@@ -39,6 +39,7 @@ def starpo_advantages(
     filter_loss_scaling: A.FilterLossScaling,
     length_weight: bool,
     zero_task_advantage: bool,
+    advantage_floor: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """``(advantages, returns, logs)`` for a rollout batch; ``mask`` is the loss mask on the target axis."""
     logs: dict[str, float] = {}
@@ -73,6 +74,8 @@ def starpo_advantages(
             logs.update({f"train/{k}": float(v) for k, v in sw.items()})
         adv = A.broadcast_to_tokens(per_sample, mask)
         returns = adv
+    if advantage_floor is not None:  # e.g. 0: learn from the better-than-baseline samples only
+        adv = adv.clamp(min=advantage_floor)
     adv = A.filter_loss_scaling(adv, batch.metrics.get("rollout/filter_kept_ratio", 1.0), filter_loss_scaling)
     if length_weight:
         adv = A.length_weight(adv, mask)

@@ -79,6 +79,7 @@ class StarPOModule(L.LightningModule):
         filter_loss_scaling: scale advantages by the filter's kept ratio: ``none`` | ``linear`` | ``sqrt``.
         length_weight: divide GRPO advantages by relative response length.
         zero_task_advantage: zero the task advantage (entropy/KL-only ablation).
+        advantage_floor: clamp advantages from below after normalisation (null: off; 0: learn from successes only).
         actor_lr: actor learning rate (AdamW) when ``actor_optimizer`` is not given.
         critic_lr: critic learning rate (AdamW) when ``critic_optimizer`` is not given.
         weight_decay: AdamW weight decay.
@@ -134,6 +135,7 @@ class StarPOModule(L.LightningModule):
         filter_loss_scaling: A.FilterLossScaling = "none",
         length_weight: bool = False,
         zero_task_advantage: bool = False,
+        advantage_floor: float | None = None,
         actor_lr: float = 1e-6,
         critic_lr: float = 1e-5,
         weight_decay: float = 0.01,
@@ -310,8 +312,7 @@ class StarPOModule(L.LightningModule):
         # computed from the trajectories of every rank, so identical on all; sync_dist only averages equal values
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=1, sync_dist=True)
         if "val/success" in metrics:
-            self.log("val_success", metrics["val/success"], prog_bar=True, on_epoch=True, batch_size=1,
-                     sync_dist=True)
+            self.log("val_success", metrics["val/success"], prog_bar=True, on_epoch=True, batch_size=1, sync_dist=True)
             if not self.trainer.sanity_checking and self.trainer.state.fn == "fit" and \
                     (reason := self.early_stops.after_validation(metrics["val/success"])):
                 self._stop(reason)
@@ -340,8 +341,7 @@ class StarPOModule(L.LightningModule):
     def export_actor(self, path: str | Path) -> Path:
         """Save the actor as a HF folder (:func:`.export.export_actor`; under FSDP2 every rank calls it)."""
         return export_actor(self.actor, self.tokenizer, path, lora=self._lora, dtype=self.hparams.dtype,
-                            base_path=self._actor_path(),
-                            rollout_actor=self._rollout_actor[0] if self._rollout_actor else None)
+                            base_path=self._actor_path(), rollout_actor=(self._rollout_actor or [None])[0])
 
     def on_fit_end(self) -> None:
         self._background.close()
