@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +27,7 @@ MODULE_DOMAINS: dict[str, Domain] = {
     "logprob_micro_batch_size": Domain(low=1, integer=True, none=True),
     "logits_chunk_size": Domain(low=1, integer=True, none=True),
     "tis_cap": Domain(low=0, low_open=True, none=True),
+    "advantage_floor": Domain(high=0, none=True),  # a floor above 0 would reward every sample
 }
 
 
@@ -53,6 +55,10 @@ def check_module_settings(hp: Mapping[str, Any], lora) -> None:
                           f"got temperature={hp['temperature']}")
     if hp["use_kl_loss"] and hp["kl_coef"] == 0:
         raise ConfigError("--model.use_kl_loss needs --model.kl_coef > 0")
+    if hp["use_kl_loss"] and hp["kl_kind"] in ("k1", "kl"):
+        warnings.warn("--model.use_kl_loss with --model.kl_kind k1: as a loss on sampled tokens its gradient is zero in "
+                      "expectation, so it pulls nothing towards the reference; --model.kl_kind low_var_kl (k3) does",
+                      stacklevel=2)
     if lora is not None and lora.shared_base and hp["critic_model"] is not None:
         raise ConfigError("--model.lora.shared_base uses the actor's model for the critic: unset --model.critic_model")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,7 @@ BAD = [  # (changes, the whole message)
     ({"model__logprob_micro_batch_size": 0}, "--model.logprob_micro_batch_size must be null or an integer >= 1, got 0"),
     ({"model__logits_chunk_size": 0}, "--model.logits_chunk_size must be null or an integer >= 1, got 0"),
     ({"model__tis_cap": -1.0}, "--model.tis_cap must be null or a finite number > 0, got -1.0"),
+    ({"model__advantage_floor": 0.5}, "--model.advantage_floor must be null or a finite number <= 0, got 0.5"),
     ({"model__micro_batch_size": 64}, "--model.micro_batch_size (64) must be <= --model.mini_batch_size (32)"),
     ({"model__lora": {"rank": 0}}, "--model.lora.rank must be an integer >= 1, got 0"),
     ({"model__early_stop": {"rv_collapse_ratio": 2.0}},
@@ -182,8 +184,18 @@ def test_the_good_config_and_edge_values_pass(config):
     preflight.check_settings(config)
     edges = {"data__top_p": 1.0, "data__top_k": -1, "data__val_temperature": 0.0, "model__grad_clip": 0.0,
              "model__dual_clip": None, "model__gamma": 0.0, "model__clip_low": 0.0, "data__train_seed": 0,
-             "model__warm_start": {"steps": 3, "lr": 1e-3}, "data__filter": {"strategy": "top_k_abs", "value": 2.0}}
+             "model__warm_start": {"steps": 3, "lr": 1e-3}, "data__filter": {"strategy": "top_k_abs", "value": 2.0},
+             "model__advantage_floor": 0.0}
     preflight.check_settings(changed(config, **edges))
+
+
+def test_a_k1_kl_loss_warns_that_it_pulls_nothing_back(config):
+    kl = {"model__use_kl_loss": True, "model__kl_coef": 0.1}
+    with pytest.warns(UserWarning, match="gradient is zero in expectation.*low_var_kl"):
+        preflight.check_settings(changed(config, **kl))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        preflight.check_settings(changed(config, **kl, model__kl_kind="low_var_kl"))
 
 
 def test_world_size_from_the_trainer_flags():
