@@ -3,6 +3,14 @@
     python benchmarks/capacity.py --task frozen_lake --preset tiny --tokenizer cells --steps 150 600
     python benchmarks/capacity.py --task sokoban --preset small --tokenizer bpe --steps 300
     python benchmarks/capacity.py --throughput          # tokens/s forward+backward of every preset, fp32, 1 thread
+    python benchmarks/capacity.py --task sokoban --self-imitate 2 --warm-start '{...}'   # its own solved episodes
+
+``--self-imitate R``: R rounds of offline expert iteration from the config's warm start (``--warm-start`` replaces
+it, as in ``benchmarks/learning.py``): roll the model out on ``--si-levels`` training levels x ``--si-group`` episodes
+at temperature 1 (seeds disjoint from the demonstrations' and the held-out ones), fine-tune on the turn samples of
+the solved episodes (``--si-steps`` AdamW steps, batch 32, ``--si-lr`` constant), evaluate on the held-out
+episodes. That is where positive-only RL on the policy's own successes (``--model.advantage_floor 0``) heads,
+without RL's per-step noise: if held-out success does not rise here, RL from its own successes has no easy gain.
 
 For every (task, tokenizer, preset, steps) the tiny model with that spec is built (``tiny_model_path``), warm-started
 on the task config's solver demonstrations exactly like ``main.py fit`` would (``benchmarks/learning.py``'s
@@ -116,6 +124,50 @@ def teacher_forced_reading(path: str, cfg: dict, n: int, seed: int, exclude: lis
             "response_exact": response / max(turns, 1), "turns": turns, "first_turns": first}
 
 
+def self_imitate(cfg: dict, a: argparse.Namespace, out: Path) -> None:
+    """``a.self_imitate`` rounds of roll out / keep the solved episodes / fine-tune / evaluate (module docstring)."""
+    from ragen_lightning import models
+    from ragen_lightning.rollout.engine import HFEngine, SamplingParams
+    from ragen_lightning.rollout.runner import RolloutRunner
+    from ragen_lightning.rollout.tokens import ChatTokens
+    from ragen_lightning.sft.module import Demonstration, episode_seeds
+    from ragen_lightning.sft.warm_start import train_sft
+
+    learning = _learning()
+    data, episode = cfg["data"], learning.episode_of(cfg["data"])
+    warm, demo_seeds = learning.warm_model(cfg)
+    tokenizer, model = models.load_tokenizer(warm), models.load_causal_lm(warm)
+    res = learning.evaluate(warm, cfg, a.eval_episodes, 1.0, a.seed, demo_seeds)
+    print(f"| round | solved / episodes | samples | success | format-valid | s |\n|---:|---:|---:|---:|---:|---:|\n"
+          f"| 0 | - | - | {res['success_rate']:.3f} | {res['format_valid_rate']:.2f} | - |", flush=True)
+    held_out = episode_seeds(a.seed, a.eval_episodes, "eval", exclude=demo_seeds)
+    for r in range(1, a.self_imitate + 1):
+        t = time.perf_counter()
+        levels = episode_seeds(a.seed + r, a.si_levels, "self_imitation", exclude=[*demo_seeds, *held_out])
+        engine = HFEngine(model.eval(), [tokenizer.eos_token_id], tokenizer.pad_token_id)
+        chat = ChatTokens(tokenizer, enable_think=episode.enable_think)
+        runner = RolloutRunner(data["env_id"], data.get("env_kwargs"), chat, engine, episode)
+        params = SamplingParams(temperature=1.0, max_new_tokens=episode.max_new_tokens)
+        try:
+            trajs = runner.run(levels, a.si_group, params, seed=a.seed + r)
+        finally:
+            runner.close()
+        demos = [Demonstration(tuple(s.conversation.input_ids), tuple(s.conversation.loss_mask))
+                 for tr in trajs if tr.success for s in tr.samples if any(s.conversation.loss_mask)]
+        if not demos:
+            raise SystemExit(f"round {r}: no solved episode in {len(trajs)} to imitate")
+        train_sft(model, demos, tokenizer.pad_token_id, steps=a.si_steps, lr=a.si_lr, batch_size=32,
+                  lr_schedule="constant", seed=a.seed + r, threads=a.threads)
+        res = learning.evaluate(model, cfg, a.eval_episodes, 1.0, a.seed, demo_seeds, tokenizer=tokenizer)
+        solved = sum(tr.success for tr in trajs)
+        print(f"| {r} | {solved} / {len(trajs)} | {len(demos)} | {res['success_rate']:.3f} | "
+              f"{res['format_valid_rate']:.2f} | {time.perf_counter() - t:.0f} |", flush=True)
+        with open(out / "capacity.jsonl", "a") as f:
+            f.write(json.dumps({"task": a.task, "self_imitation_round": r, "warm_start": cfg["model"]["warm_start"],
+                                "solved": solved, "episodes": len(trajs), "samples": len(demos),
+                                "si_steps": a.si_steps, "si_lr": a.si_lr, **res}) + "\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--task", default="frozen_lake", help="configs/<task>.yaml or a path")
@@ -129,6 +181,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--throughput", action="store_true", help="only measure tokens/s of each preset")
     p.add_argument("--reading", metavar="FOLDER", help="only measure the reading of a built model folder (a warm "
                    "start or an exported actor) on the task's held-out expert turns")
+    p.add_argument("--self-imitate", type=int, metavar="ROUNDS", default=0,
+                   help="rounds of fine-tuning the warm start on its own solved episodes (module docstring)")
+    p.add_argument("--si-levels", type=int, default=256, help="training levels per self-imitation round")
+    p.add_argument("--si-group", type=int, default=4, help="episodes per level (temperature 1)")
+    p.add_argument("--si-steps", type=int, default=100, help="SFT steps per self-imitation round")
+    p.add_argument("--si-lr", type=float, default=1e-4, help="SFT learning rate of the self-imitation rounds")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads of the self-imitation SFT steps")
     p.add_argument("--random-baseline", action="store_true", help="only measure uniformly random actions' success")
     a = p.parse_args(argv)
 
@@ -158,6 +217,10 @@ def main(argv: list[str] | None = None) -> None:
               f"{random_baseline(a.task, a.eval_episodes, a.seed):.3f} | - | - | - |")
         return
     extra = yaml.safe_load(a.warm_start) or {}
+    if a.self_imitate:
+        cfg, _ = learning.with_warm_start(load_config(a.task), a.warm_start if extra else None)
+        self_imitate(cfg, a, out)
+        return
     if a.reading:
         cfg = load_config(a.task)
         meta_file = Path(a.reading) / "warm_start.json"

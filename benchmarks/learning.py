@@ -107,14 +107,15 @@ def warm_model(cfg: dict[str, Any]) -> tuple[str, list[int]]:
     return str(path), demo
 
 
-def evaluate(path: str, cfg: dict[str, Any], n: int, temperature: float, seed: int,
-             exclude: list[int]) -> dict[str, float]:
+def evaluate(path, cfg: dict[str, Any], n: int, temperature: float, seed: int,
+             exclude: list[int], tokenizer=None) -> dict[str, float]:
+    """``evaluate_policy`` of a model folder (or a model object with its ``tokenizer``) on held-out seeds."""
     from ragen_lightning.sft.warm_start import evaluate_policy
 
     data = cfg["data"]
     t = time.perf_counter()
-    out = evaluate_policy(path, data["env_id"], data.get("env_kwargs"), num_episodes=n, seed=seed,
-                          exclude_seeds=exclude, temperature=temperature, episode=episode_of(data))
+    out = evaluate_policy(path, data["env_id"], data.get("env_kwargs"), tokenizer=tokenizer, num_episodes=n,
+                          seed=seed, exclude_seeds=exclude, temperature=temperature, episode=episode_of(data))
     out["eval_s"] = time.perf_counter() - t
     return out
 
