@@ -60,8 +60,7 @@ def check_settings(config: Any, run: bool = True) -> None:
     Domain(low=1, integer=True, none=True).check("--torch_threads", get("torch_threads"))
     Domain(low=0, low_open=True, none=True).check("--gpu_memory_gb", get("gpu_memory_gb"))
     model, data, trainer = _plain(get("model")) or {}, _plain(get("data")) or {}, _plain(get("trainer")) or {}
-    check_strategy(trainer.get("strategy"), trainer.get("accelerator"), lora=model.get("lora"),
-                   engine=data.get("engine", "hf"), hardware=run)
+    check_strategy(trainer.get("strategy"), trainer.get("accelerator"), lora=model.get("lora"), hardware=run)
     if data:
         check_rollout_settings(data)
         as_episode(data.get("episode"))

@@ -23,7 +23,7 @@ of the actor are :class:`ragen_lightning.rollout.engines.GatheredWeightsEngine`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -100,3 +100,20 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether ``model`` holds DTensor parameters (FSDP2 shards)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def stream_full_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, full value)`` pairs of ``named`` (e.g. a sharded ``state_dict().items()``), gathered one at a time.
+
+    A shard is gathered only when the consumer asks for the next pair and the generator keeps no reference to what
+    it yielded, so a consumer that copies each tensor and lets it go holds at most one gathered tensor at a time:
+    the extra peak memory is the largest parameter, never a second full copy of the model. Collective for DTensors:
+    every rank must consume the same names in the same order, to the end.
+    """
+    for name, value in named:
+        yield name, full_tensor(value.detach())

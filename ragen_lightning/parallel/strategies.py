@@ -66,8 +66,6 @@ class FSDP1Strategy(FSDPStrategy):
 
 _LORA_UNDER_FSDP2 = ("--model.lora is not supported with FSDP2 (configs/fsdp.yaml) yet: use DDP (configs/ddp.yaml); "
                      "adapters are small enough to replicate")
-VLLM_UNDER_FSDP2 = ("--data.engine vllm is not supported with FSDP2 (configs/fsdp.yaml) yet: use DDP (configs/ddp.yaml) "
-                    "or --data.engine hf")
 
 
 def strategy_name(strategy: Any) -> str:
@@ -82,17 +80,15 @@ def strategy_name(strategy: Any) -> str:
     return str(name).split(".")[-1]
 
 
-def check_strategy(strategy: Any, accelerator: Any, *, lora: Any = None, engine: str = "hf",
-                   hardware: bool = True) -> None:
+def check_strategy(strategy: Any, accelerator: Any, *, lora: Any = None, hardware: bool = True) -> None:
     """Refuse what a strategy cannot run, naming the flag, before any process starts (Lightning would fail later with
-    a generic error, or the module after the run's config and logs were written): FSDP1 without CUDA, and LoRA or
-    the vLLM engine under FSDP2.
+    a generic error, or the module after the run's config and logs were written): FSDP1 without CUDA, and LoRA under
+    FSDP2. (The vLLM engine runs under FSDP2: each rank's engine receives the weights gathered from the shards.)
 
     Args:
         strategy: the ``--trainer.strategy`` value (a name, a class_path dict or Namespace, or a Strategy).
         accelerator: the ``--trainer.accelerator`` value.
         lora: the ``--model.lora`` value (None: full fine-tuning).
-        engine: the ``--data.engine`` value.
         hardware: also check what this machine lacks (CUDA); False when only parsing a config.
     """
     name = strategy_name(strategy)
@@ -101,11 +97,8 @@ def check_strategy(strategy: Any, accelerator: Any, *, lora: Any = None, engine:
         raise ConfigError(f"--trainer.strategy {name} (FSDP1, configs/fsdp1.yaml) needs CUDA GPUs "
                           f"(--trainer.accelerator is {accelerator!r}, CUDA available: {torch.cuda.is_available()}); "
                           "on CPU use configs/fsdp.yaml (FSDP2) or configs/ddp.yaml")
-    if name in ("FSDP2Strategy", "ModelParallelStrategy"):
-        if lora is not None:
-            raise ConfigError(_LORA_UNDER_FSDP2)
-        if engine == "vllm":
-            raise ConfigError(VLLM_UNDER_FSDP2)
+    if name in ("FSDP2Strategy", "ModelParallelStrategy") and lora is not None:
+        raise ConfigError(_LORA_UNDER_FSDP2)
 
 
 def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -134,13 +127,15 @@ def shard_model(model: torch.nn.Module, mesh, *, mixed_precision: bool) -> torch
     return model
 
 
-def shard_networks(nets: list[torch.nn.Module | None], device_mesh, *, cuda: bool, lora: bool) -> torch.nn.Module:
+def shard_networks(nets: list[torch.nn.Module | None], device_mesh, *, cuda: bool, lora: bool,
+                   rollout_copy: bool = True) -> list[torch.nn.Module]:
     """FSDP2: shard every network of ``nets`` per transformer block over the mesh's data-parallel dimension (bf16
-    compute on CUDA) and return an unsharded, frozen copy of ``nets[0]`` (the actor) for the rollout engine."""
+    compute on CUDA). Returns ``[copy]``, an unsharded, frozen copy of ``nets[0]`` (the actor) for the HF rollout
+    engine, or ``[]`` without ``rollout_copy`` (the vLLM engine holds its own full copy, pushed from the shards)."""
     if lora:  # the CLI refuses it before launch (check_strategy); this guards direct library use
         raise ConfigError(_LORA_UNDER_FSDP2)
-    rollout_copy = copy.deepcopy(nets[0]).eval().requires_grad_(False)
+    copies = [copy.deepcopy(nets[0]).eval().requires_grad_(False)] if rollout_copy else []
     for net in nets:
         if net is not None:
             shard_model(net, device_mesh["data_parallel"], mixed_precision=cuda)
-    return rollout_copy
+    return copies

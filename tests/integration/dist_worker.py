@@ -2,9 +2,11 @@
 
 ``python tests/integration/dist_worker.py '<json>'`` (or under ``python -m torch.distributed.run --nproc_per_node 2``)
 with keys: ``out`` (folder), ``model`` (tiny folder), ``strategy`` (``single`` | ``ddp`` | ``fsdp``), ``iterations``,
-``estimator`` (``gae`` | ``grpo``), ``engine`` (``scripted``: seeded bandit answers, exact; ``hf``: real sampling),
+``estimator`` (``gae`` | ``grpo``), ``engine`` (``scripted``: seeded bandit answers, exact; ``hf``: real sampling;
+``vllm``: real sampling with a colocated vLLM engine per rank, each sync's probe recorded under ``probes``),
 ``ckpt_in`` (resume from), ``ckpt_dir`` (a checkpoint after every optimizer step, ``step=N.ckpt``), ``max_steps``
-(stop early), ``kl`` (KL loss with a reference), ``top_k_abs`` (filter), ``mini`` (mini-batch size).
+(stop early), ``kl`` (KL loss with a reference), ``top_k_abs`` (filter), ``mini`` (mini-batch size), ``export``
+(export the actor to ``<out>/export`` at the end of the fit).
 Every rank writes ``rank{r}.json`` (logged metrics per iteration, kept group ids, data-module state) and
 ``rank{r}.pt`` (the full actor/critic parameters, gathered from FSDP2 shards).
 """
@@ -31,6 +33,7 @@ from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.sampler import FilterConfig
 from ragen_lightning.parallel import FSDP2Strategy, full_tensor
 from ragen_lightning.rollout.settings import EpisodeSettings
+from ragen_lightning.rollout.vllm_engine import VLLMConfig, VLLMEngine
 from ragen_lightning.starpo.module import StarPOModule
 
 torch.set_num_threads(1)
@@ -60,6 +63,22 @@ class Metrics(Callback):
         self.rows.append({k: float(v) for k, v in trainer.callback_metrics.items() if not k.startswith("timing")})
 
 
+def record_probes(module) -> list[dict]:
+    """Every sync's probe on this rank: its own max/mean |vLLM - trainer| log-prob before the cross-rank max, the
+    probe batch size and the optimizer steps taken before the sync (> 0: the push follows a real update)."""
+    rows: list[dict] = []
+    probe_diff = VLLMEngine.probe_diff
+
+    def recording(engine):
+        max_diff, mean_diff = probe_diff(engine)
+        rows.append({"max": max_diff, "mean": mean_diff, "sequences": len(engine.probe_batch()),
+                     "step": module.global_step, "sharded": engine.sharded})
+        return max_diff, mean_diff
+
+    VLLMEngine.probe_diff = recording
+    return rows
+
+
 def main(cfg: dict) -> None:
     out = Path(cfg["out"])
     out.mkdir(parents=True, exist_ok=True)
@@ -71,12 +90,15 @@ def main(cfg: dict) -> None:
                  micro_batch_size=cfg.get("micro", 1), entropy_coeff=0.01, use_kl_loss=cfg.get("kl", False),
                  kl_coef=0.1 if cfg.get("kl") else 0.0, grad_clip=1.0,
                  actor_optimizer=partial(torch.optim.SGD, lr=0.5, momentum=0.9),
-                 critic_optimizer=partial(torch.optim.SGD, lr=0.5, momentum=0.9))
+                 critic_optimizer=partial(torch.optim.SGD, lr=0.5, momentum=0.9),
+                 export_dir=str(out / "export") if cfg.get("export") else None)
+    probes = record_probes(module) if cfg.get("engine") == "vllm" else []
+    engine = {"engine": "vllm", "vllm": VLLMConfig(probe_size=2)} if cfg.get("engine") == "vllm" else {}
     flt = FilterConfig(strategy="top_k_abs", value=cfg["top_k_abs"]) if cfg.get("top_k_abs") else None
     dm = Recording(env_id="ragen/Bandit-v0", num_groups=4, group_size=3, num_iterations=cfg["iterations"],
                    episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1,
                                            max_new_tokens=8, max_model_len=1024),
-                   val_num_groups=2, filter=flt, temperature=1.0)
+                   val_num_groups=2, filter=flt, temperature=1.0, **engine)
     callbacks = [Metrics()]
     if cfg.get("ckpt_dir"):
         callbacks.append(ModelCheckpoint(dirpath=cfg["ckpt_dir"], every_n_train_steps=1, save_top_k=-1,
@@ -94,7 +116,8 @@ def main(cfg: dict) -> None:
     torch.save(params, out / f"rank{rank}.pt")
     (out / f"rank{rank}.json").write_text(json.dumps({
         "metrics": callbacks[0].rows, "kept": dm.kept, "state": dm.state_dict(), "global_step": trainer.global_step,
-        "world_size": trainer.world_size}))
+        "world_size": trainer.world_size, "probes": probes,
+        "rollout_copy": len(module._rollout_actor)}))  # FSDP2: an unsharded actor copy for the HF engine only
 
 
 if __name__ == "__main__":

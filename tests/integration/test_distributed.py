@@ -1,4 +1,5 @@
-"""Two CPU processes (gloo) under torchrun: DDP and FSDP2 equal the single-process run; sharded checkpoints reshard.
+"""Two CPU processes (gloo) under torchrun: DDP and FSDP2 equal the single-process run; sharded checkpoints reshard;
+FSDP2 with a colocated vLLM engine per rank (weights gathered from the shards and streamed in) passes the sync probe.
 
 Each run is ``tests/integration/dist_worker.py`` in a subprocess (bounded by a timeout, so a collective that hangs
 fails the test instead of blocking CI); every rank writes its full parameters and logged metrics, compared here.
@@ -18,6 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from ragen_lightning.rollout.vllm_engine import vllm_installed
+
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "integration" / "dist_worker.py"
@@ -29,18 +32,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(tmp_path: Path, name: str, procs: int, **cfg) -> list[tuple[dict, dict]]:
-    """Run the worker on ``procs`` processes; returns ``(json, params)`` per rank."""
+def launch(tmp_path: Path, name: str, procs: int, **cfg) -> tuple[subprocess.Popen, Path, int]:
+    """Start the worker on ``procs`` processes (output in ``<tmp_path>/<name>/log.txt``)."""
     out = tmp_path / name
+    out.mkdir(parents=True)
     cfg = {"out": str(out), **cfg}
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
                 "--master_port", str(free_port())] if procs > 1 else [sys.executable]
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run([*launcher, str(WORKER), json.dumps(cfg)], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=240, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(out / "log.txt", "w") as log:
+        proc = subprocess.Popen([*launcher, str(WORKER), json.dumps(cfg)], env=env, cwd=ROOT, stdout=log,
+                                stderr=subprocess.STDOUT, text=True)
+    return proc, out, procs
+
+
+def collect(job: tuple[subprocess.Popen, Path, int], timeout: float = 240) -> list[tuple[dict, dict]]:
+    """Wait for a :func:`launch`ed worker; returns ``(json, params)`` per rank."""
+    proc, out, procs = job
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:  # a hung collective: fail instead of blocking
+            proc.kill()
+    assert proc.returncode == 0, (out / "log.txt").read_text()[-3000:]
     return [(json.loads((out / f"rank{r}.json").read_text()), torch.load(out / f"rank{r}.pt"))
             for r in range(procs)]
+
+
+def run(tmp_path: Path, name: str, procs: int, **cfg) -> list[tuple[dict, dict]]:
+    """Run the worker on ``procs`` processes; returns ``(json, params)`` per rank."""
+    return collect(launch(tmp_path, name, procs, **cfg))
 
 
 def assert_same(a: dict, b: dict, atol: float) -> None:
@@ -87,6 +108,7 @@ def test_fsdp2_sharded_checkpoint_resumes_on_other_world_sizes(tmp_path, tiny_pa
     # 2 kept groups x 3 samples = one mini-batch of 6 -> 2 optimizer steps (critic, actor) per iteration
     (a0, pa0), (a1, pa1) = run(tmp_path, "a", 2, strategy="fsdp", max_steps=4, ckpt_dir=str(tmp_path / "ck_a"), **cfg)
     assert a0["state"]["iteration"] == 2 and a1["kept"] == a0["kept"] == single["kept"][:2]
+    assert a0["rollout_copy"] == 1  # the HF engine samples from an unsharded copy synced from the shards
     assert_same(pa0, pa1, atol=0)  # FSDP2 fit 2 iterations: the gathered parameters agree on both ranks
     shards = sorted(p.name for p in (tmp_path / "ck_a" / "step=4.ckpt").iterdir())
     assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]  # a sharded (distributed) checkpoint
@@ -101,3 +123,43 @@ def test_fsdp2_sharded_checkpoint_resumes_on_other_world_sizes(tmp_path, tiny_pa
     assert a0["kept"] + b["kept"] + c0["kept"] == single["kept"]  # the same seed stream and global selection
     for key in ("train/score", "actor/pg_loss", "actor/kl_loss", "critic/vf_loss", "actor/grad_norm"):
         assert c0["metrics"][-1][key] == pytest.approx(single["metrics"][-1][key], abs=1e-5), key
+
+
+@pytest.fixture(scope="module")
+def vllm_tiny_path():
+    from ragen_lightning.models.tiny import TinySpec, cache_root, tiny_model_path
+    from tests.conftest import SMALL_CORPUS
+
+    # head_dim 32: vLLM's CPU attention has no kernel for the session tiny model's head_dim 16
+    spec = TinySpec(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128, vocab_size=400)
+    return tiny_model_path(spec, cache_dir=cache_root(), corpus=SMALL_CORPUS)
+
+
+@pytest.mark.skipif(not vllm_installed(), reason="needs vLLM (README install)")
+def test_fsdp2_with_vllm_engines_passes_the_probe_on_every_rank_and_equals_one_process(tmp_path, vllm_tiny_path):
+    """FSDP2 on 2 ranks, each with its own in-process vLLM engine fed by the gathered shards, against one process
+    with one engine (both runs at once to save wall time). 2 iterations: the second sync follows a real optimizer
+    step. Per-request seeds make each rank sample what one process samples for the same groups, so the filter keeps
+    the same groups and the update reaches the same weights."""
+    cfg = {"model": str(vllm_tiny_path), "iterations": 2, "top_k_abs": 2, "estimator": "grpo", "mini": 6, "micro": 3,
+           "engine": "vllm", "export": True}
+    jobs = launch(tmp_path, "single", 1, strategy="single", **cfg), launch(tmp_path, "fsdp", 2, strategy="fsdp", **cfg)
+    [(single, p_single)], [(j0, p0), (j1, p1)] = (collect(job, timeout=500) for job in jobs)
+    for rank in (j0, j1):
+        probes = rank["probes"]
+        # a sync before each iteration; the 2nd after the first update (2 kept groups x 3 = one mini-batch: 1 step)
+        assert [p["step"] for p in probes] == [0, 1] and all(p["sharded"] for p in probes)
+        assert all(p["max"] < 1e-3 and 0 <= p["mean"] <= p["max"] for p in probes)  # this rank's own engine
+        assert probes[-1]["sequences"] >= 2  # the synthetic probe and the run's sampled sequences
+        metrics = rank["metrics"][-1]
+        assert metrics["rollout/probe_max_abs_logprob_diff"] < 1e-3  # the max over ranks, logged
+        assert metrics["rollout/sync_tensors"] == 27.0  # 2 layers x 12 + embed, final norm, tied lm_head
+    assert not any(p["sharded"] for p in single["probes"])
+    assert j0["rollout_copy"] == j1["rollout_copy"] == 0  # vLLM holds the only full copy: no HF copy is kept
+    assert j0["kept"] == j1["kept"] == single["kept"] and all(len(k) == 2 for k in single["kept"])
+    assert_same(p0, p1, atol=0)
+    assert_same(p0, p_single, atol=1e-5)  # the same trajectories and update as one process
+    assert any(not torch.equal(p0[k], v) for k, v in _initial(vllm_tiny_path).items())  # the update did something
+    # the export gathers the shards without an HF copy kept through the run: rank 0 writes the trained actor
+    assert_same(_initial(tmp_path / "fsdp" / "export"), {k: v for k, v in p0.items() if k.startswith("actor.")},
+                atol=0)

@@ -155,9 +155,6 @@ BAD = [  # (changes, the whole message)
     ({"trainer__strategy": {"class_path": "ragen_lightning.parallel.FSDP2Strategy"}, "model__lora": {"rank": 8}},
      "--model.lora is not supported with FSDP2 (configs/fsdp.yaml) yet: use DDP (configs/ddp.yaml); adapters are "
      "small enough to replicate"),
-    ({"trainer__strategy": {"class_path": "ragen_lightning.parallel.FSDP2Strategy"}, "data__engine": "vllm"},
-     "--data.engine vllm is not supported with FSDP2 (configs/fsdp.yaml) yet: use DDP (configs/ddp.yaml) or "
-     "--data.engine hf"),
 ]
 
 
@@ -187,6 +184,17 @@ def test_the_good_config_and_edge_values_pass(config):
              "model__warm_start": {"steps": 3, "lr": 1e-3}, "data__filter": {"strategy": "top_k_abs", "value": 2.0},
              "model__advantage_floor": 0.0}
     preflight.check_settings(changed(config, **edges))
+
+
+def test_fsdp2_takes_the_vllm_engine_but_not_lora_yet(config, monkeypatch):
+    from ragen_lightning.data import datamodule
+
+    monkeypatch.setattr(datamodule, "require_vllm", lambda: None)  # as where vLLM is installed
+    fsdp2 = {"trainer__strategy": {"class_path": "ragen_lightning.parallel.FSDP2Strategy"}, "trainer__devices": 2}
+    for engine in ("vllm", "auto", "hf"):  # each rank's vLLM engine receives the weights gathered from the shards
+        preflight.check_settings(changed(config, data__engine=engine, **fsdp2))
+    with pytest.raises(ConfigError, match="--model.lora is not supported with FSDP2"):
+        preflight.check_settings(changed(config, data__engine="vllm", model__lora={"rank": 8}, **fsdp2))
 
 
 def test_a_k1_kl_loss_warns_that_it_pulls_nothing_back(config):

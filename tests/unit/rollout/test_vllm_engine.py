@@ -171,14 +171,145 @@ def test_every_rollout_is_preceded_by_a_sync_and_followed_by_sleep(tiny_tokenize
     assert "rollout/sync_s" not in val.metrics
 
 
-def test_auto_engine_is_vllm_when_installed_and_unsharded(monkeypatch):
+def test_auto_engine_is_vllm_when_installed_and_not_4bit(monkeypatch):
     from ragen_lightning.rollout import engines
 
     monkeypatch.setattr(engines, "vllm_installed", lambda: True)
-    assert engines.resolve_engine("auto", sharded=False) == "vllm"
-    assert engines.resolve_engine("auto", sharded=True) == "hf"  # FSDP2: the HF engine on a gathered copy
-    assert engines.resolve_engine("auto", sharded=False, quantized=True) == "hf"  # QLoRA: nf4 weights stay in HF
-    assert engines.resolve_engine("hf", sharded=False) == "hf"
+    assert engines.resolve_engine("auto") == "vllm"  # also under FSDP2: each rank's engine gets the gathered shards
+    assert engines.resolve_engine("auto", quantized=True) == "hf"  # QLoRA: nf4 weights stay in HF
+    assert engines.resolve_engine("hf") == "hf"
     monkeypatch.setattr(engines, "vllm_installed", lambda: False)
-    assert engines.resolve_engine("auto", sharded=False) == "hf"
-    assert engines.resolve_engine("vllm", sharded=False) == "vllm"  # explicit: the data module requires vllm
+    assert engines.resolve_engine("auto") == "hf"
+    assert engines.resolve_engine("vllm") == "vllm"  # explicit: the data module requires vllm
+
+
+def test_hf_engine_refuses_a_sharded_actor_without_its_unsharded_copy(monkeypatch, model, tiny_tokenizer):
+    from ragen_lightning.rollout import engines
+
+    monkeypatch.setattr(engines, "is_sharded", lambda m: True)  # as if fully_shard had made DTensor parameters
+    with pytest.raises(ValueError, match="the HF engine needs rollout_actor .* for an FSDP2-sharded actor"):
+        engines.build_engine(model, tiny_tokenizer, model_path="unused", engine="hf")
+    copy = engines.build_engine(model, tiny_tokenizer, model_path="unused", engine="hf", rollout_actor=model)
+    assert isinstance(copy, engines.GatheredWeightsEngine)
+
+
+# -- FSDP2: the push streams gathered shards --------------------------------------------------------------------------
+class Shard:
+    """A parameter as two ranks' FSDP2 shards (dim 0); the fake ``full_tensor`` concatenates them."""
+
+    def __init__(self, *parts):
+        self.parts = parts
+
+    def detach(self):
+        return self
+
+
+def test_stream_gathers_one_tensor_when_asked_and_keeps_none(monkeypatch):
+    import weakref
+
+    from ragen_lightning.parallel import ranks
+
+    handed_out = []  # a weak reference to every gathered tensor, in gather order
+
+    def fake_full_tensor(t):
+        full = torch.cat(t.parts)
+        handed_out.append(weakref.ref(full))
+        return full
+
+    monkeypatch.setattr(ranks, "full_tensor", fake_full_tensor)
+    state = {"a": Shard(torch.tensor([1.0, 2.0]), torch.tensor([3.0])),
+             "b": Shard(torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])),
+             "c": Shard(torch.tensor([5.0]), torch.tensor([6.0, 7.0]))}
+    stream = ranks.stream_full_tensors(state.items())
+    assert handed_out == []  # nothing gathered before the consumer asks
+    engine_copy = {}
+    for i, (name, full) in enumerate(stream):
+        assert len(handed_out) == i + 1  # one gather per tensor asked for, never ahead
+        assert all(ref() is None for ref in handed_out[:-1])  # earlier ones are gone: one full tensor alive at most
+        engine_copy[name] = full.clone()  # what vLLM does: copy into its own parameter, let the tensor go
+    assert list(engine_copy) == ["a", "b", "c"]  # state-dict order: every rank gathers the same names in order
+    torch.testing.assert_close(engine_copy["a"], torch.tensor([1.0, 2.0, 3.0]))
+    torch.testing.assert_close(engine_copy["b"], torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+    torch.testing.assert_close(engine_copy["c"], torch.tensor([5.0, 6.0, 7.0]))
+
+
+def test_stream_of_an_unsharded_model_hands_over_the_live_tensors_without_copies(model):
+    from ragen_lightning.parallel.ranks import stream_full_tensors
+
+    state = model.state_dict()
+    pairs = list(stream_full_tensors(state.items()))
+    assert [n for n, _ in pairs] == list(state)
+    assert all(t.data_ptr() == state[n].data_ptr() and torch.equal(t, state[n]) for n, t in pairs)
+
+
+class ReloadingLLM:
+    """vLLM's ``collective_rpc("reload_weights")``: reads ``take`` tensors (all when None), then maybe fails."""
+
+    def __init__(self, take=None, fail=False):
+        self.take, self.fail, self.got, self.resets = take, fail, {}, 0
+
+    def collective_rpc(self, method, kwargs):
+        assert method == "reload_weights"
+        for i, (name, tensor) in enumerate(kwargs["weights_iterator"]):
+            self.got[name] = tensor.clone()
+            if self.take is not None and i + 1 == self.take:
+                break
+        if self.fail:
+            raise RuntimeError("reload failed")
+
+    def reset_prefix_cache(self):
+        self.resets += 1
+
+
+def _bare_engine(llm, **attrs) -> VLLMEngine:
+    engine = VLLMEngine.__new__(VLLMEngine)  # no vLLM: only the push and probe bookkeeping run
+    engine.llm = llm
+    engine.__dict__.update(attrs)
+    return engine
+
+
+@pytest.mark.parametrize("take, fail", [(None, False), (2, False), (2, True)])
+def test_push_drains_what_vllm_leaves_unread(take, fail):
+    gathered = []
+
+    def sharded_weights():  # each item stands for a gather that every rank must run
+        for i in range(4):
+            gathered.append(i)
+            yield f"w{i}", torch.full((2,), float(i))
+
+    engine = _bare_engine(ReloadingLLM(take, fail))
+    if fail:
+        with pytest.raises(RuntimeError, match="reload failed"):
+            engine._push(sharded_weights())
+    else:
+        assert engine._push(sharded_weights()) == (take or 4)  # what vLLM took
+    assert gathered == [0, 1, 2, 3]  # all gathers ran, also when vLLM stopped early or failed
+    assert list(engine.llm.got) == [f"w{i}" for i in range(take or 4)]
+    torch.testing.assert_close(engine.llm.got["w1"], torch.tensor([1.0, 1.0]))
+
+
+def test_sharded_probe_batch_is_every_ranks_and_the_worst_rank_decides(monkeypatch, model):
+    from ragen_lightning.rollout import vllm_engine as ve
+
+    # this is rank 1 of 2; rank 0 holds the same synthetic sequence and one of its own
+    monkeypatch.setattr(ve, "gather_objects", lambda obj: [[[1, 2, 3], [6, 7]], obj])
+    monkeypatch.setattr(ve, "world", lambda: (1, 2))
+    other_rank = {"max": 5e-3, "mean": 3e-4}
+
+    def all_reduce(t, op="sum"):  # the other rank's value combined in
+        return t.clamp_(min=other_rank["max"]) if op == "max" else t.add_(other_rank["mean"])
+
+    monkeypatch.setattr(ve, "all_reduce_", all_reduce)
+    llm = ReloadingLLM()
+    engine = _bare_engine(llm, config=VLLMConfig(), actor=model, sharded=True, device=torch.device("cpu"),
+                          probe=[[1, 2, 3], [4, 5]], sleeping=False, pushes=0, _skip_push=False, threshold=1e-3)
+    assert engine.probe_batch() == [[1, 2, 3], [6, 7], [4, 5]]  # rank order, the shared sequence once
+    monkeypatch.setattr(engine, "probe_diff", lambda: (2e-4, 1e-4))  # this rank's engine is in sync
+    with pytest.raises(ve.SyncProbeError, match="differ from the trainer's by up to 0.005"):
+        engine.sync_weights()  # rank 0's engine is not: every rank raises, none goes on alone
+    assert list(llm.got) == list(model.state_dict()) and llm.resets == 1  # the push itself went through
+    other_rank["max"] = 4e-4
+    stats = engine.sync_weights()
+    assert stats["rollout/probe_max_abs_logprob_diff"] == pytest.approx(4e-4)  # the max over ranks
+    assert stats["rollout/probe_mean_abs_logprob_diff"] == pytest.approx((1e-4 + 3e-4) / 2)  # the mean over ranks
+    assert stats["rollout/sync_tensors"] == len(model.state_dict())
