@@ -30,6 +30,7 @@ Departures from RAGEN (all deliberate):
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from typing import Any, Sequence
 
@@ -83,6 +84,8 @@ DEFAULTS: dict[str, Any] = {
     "min_solution_steps": 2,
     "search_budget": 10_000,
     "generator": "uniform_depth",
+    "distance_reward": 0.0,
+    "dead_distance": 20,
 }
 GENERATORS = ("ragen", "uniform_depth")
 
@@ -211,6 +214,15 @@ class SokobanEnv(TextEnv):
     Every valid action: -0.1; +1 when the number of boxes on targets goes up, -1 when it goes down; +10 more when
     every box is on a target. Invalid actions and actions after the episode ended: 0.
 
+    Optional distance shaping (``distance_reward`` c > 0; off by default, RAGEN has none): every valid action also
+    earns ``c * (d_before - d_after)``, d the length of a shortest solution from the state (:meth:`solve`; a state
+    that can no longer be solved, or none found within ``search_budget`` states, counts as ``dead_distance``).
+    A walk towards the solution earns +c a step, a step away -c, a push into a dead corner ``-c * (dead_distance -
+    d_before)``. It is potential-based shaping (Ng, Harada and Russell, 1999: the potential ``-c * d``), so an
+    episode's shaping sums to ``c * (d_start - d_end)`` and the best policy is unchanged; it only tells a failed
+    episode that got closer from one that did not. ``info["success"]`` and the unshaped reward's ranking of solved
+    episodes do not change.
+
     ## Episode End
     ``terminated`` when every box is on a target (``info["success"]``). ``truncated`` when ``max_steps`` valid
     actions were taken without solving. After the end, ``step`` is harmless: same observation, reward 0, the same
@@ -237,6 +249,8 @@ class SokobanEnv(TextEnv):
       RAGEN's generator has no such floor and yields 1-step levels ~10 % of the time at 6x6).
     * ``search_budget=10000``: states the backward search may find per room (``"uniform_depth"`` only: bounds
       generation time of big rooms; ``"ragen"`` caps its reverse play at RAGEN's 300000 explored states).
+    * ``distance_reward=0.0``: the shaping coefficient c above (finite, >= 0; 0 = RAGEN's rewards).
+    * ``dead_distance=20``: the distance an unsolvable state counts as under shaping (>= 1).
     * ``preset=None``: one of ``PRESETS`` (SimpleSokoban, LargerSokoban, CoordSokoban, SokobanDifferentGridVocab).
     * ``render_mode=None``: ``"ansi"`` makes ``render()`` return the observation text.
     """
@@ -255,6 +269,8 @@ class SokobanEnv(TextEnv):
         min_solution_steps: int | None = None,
         search_budget: int | None = None,
         generator: str | None = None,
+        distance_reward: float | None = None,
+        dead_distance: int | None = None,
         preset: str | None = None,
         render_mode: str | None = None,
     ):
@@ -275,6 +291,8 @@ class SokobanEnv(TextEnv):
             "min_solution_steps": min_solution_steps,
             "search_budget": search_budget,
             "generator": generator,
+            "distance_reward": distance_reward,
+            "dead_distance": dead_distance,
         }
         cfg.update({k: v for k, v in explicit.items() if v is not None})
         self.preset = preset
@@ -306,6 +324,12 @@ class SokobanEnv(TextEnv):
         if cfg["generator"] not in GENERATORS:
             raise ValueError(f"generator must be one of {GENERATORS}, got {cfg['generator']!r}")
         self.generator = cfg["generator"]
+        c = cfg["distance_reward"]
+        if isinstance(c, bool) or not isinstance(c, (int, float, np.integer, np.floating)) or not math.isfinite(c) or c < 0:
+            raise ValueError(f"distance_reward must be a finite number >= 0, got {c!r}")
+        self.distance_reward = float(c)
+        self.dead_distance = _positive_int("dead_distance", cfg["dead_distance"])
+        self._distance = 0
 
         lookup = dict(cfg["grid_lookup"] or DEFAULT_GRID_LOOKUP)
         if all(isinstance(k, str) and k.isdigit() for k in lookup):  # e.g. keys read from JSON
@@ -360,6 +384,8 @@ class SokobanEnv(TextEnv):
                 level.rows, level.cols, level.floor, level.targets, level.boxes, level.player,
                 optimal_steps=level.optimal_steps,
             )
+        if self.distance_reward:
+            self._distance = self._optimal_steps if self._optimal_steps is not None else self._distance_now()
         info = self._info(effective=False, valid=True)
         if self._optimal_steps is not None:
             info["optimal_steps"] = self._optimal_steps
@@ -392,6 +418,9 @@ class SokobanEnv(TextEnv):
             reward += 1.0
         elif on_after < on_before:
             reward -= 1.0
+        if moved and self.distance_reward:
+            before, self._distance = self._distance, self._distance_now()
+            reward += self.distance_reward * (before - self._distance)
         if self._boxes == self._targets:
             reward += 10.0
             self._terminated = True
@@ -417,6 +446,11 @@ class SokobanEnv(TextEnv):
         ``[]`` when already solved, None when the state cannot be solved any more (e.g. a box pushed into a
         corner) or no solution was found within ``max_states`` searched states. Ignores the remaining step budget."""
         return gen.solve(self._geo, self._floor, self._targets, self._boxes, self._player, max_states)
+
+    def _distance_now(self) -> int:
+        """Shortest-solution length from the current state, ``dead_distance`` when unsolvable (distance shaping)."""
+        plan = self.solve(self.search_budget)
+        return self.dead_distance if plan is None else min(len(plan), self.dead_distance)
 
     @property
     def optimal_steps(self) -> int | None:

@@ -59,6 +59,40 @@ def test_box_on_and_off_target_rewards():
     assert obs.split("\n")[1] == "#__SX_#"
 
 
+def test_distance_shaping_rewards_progress_and_telescopes():
+    # corridor: player (1,2), box (1,4), target (1,5); shortest solution Right, Right (d = 2)
+    board = ["#######", "#_P_XO#", "#######"]
+    env, _ = board_env(board, distance_reward=0.5)
+    plain, _ = board_env(board)
+    expected = [(LEFT, -0.1 - 0.5), (RIGHT, -0.1 + 0.5), (RIGHT, -0.1 + 0.5), (RIGHT, -0.1 + 1 + 10 + 0.5)]
+    for action, reward in expected:  # d: 2 -> 3 -> 2 -> 1 -> 0
+        _, r, terminated, _, info = env.step(action)
+        assert r == pytest.approx(reward)
+        assert r - plain.step(action)[1] == pytest.approx(reward - (10.9 if terminated else -0.1))
+    assert info["success"]
+    # a bump into the wall moves nothing: no shaping
+    env, _ = board_env(["######", "#P_XO#", "######"], distance_reward=0.5)
+    assert env.step(UP)[1] == pytest.approx(-0.1)
+
+
+def test_distance_shaping_counts_an_unsolvable_state_as_dead_distance():
+    # player (3,2) below box (2,2) below target (1,2): Up solves (d = 1)
+    env, _ = board_env(["#####", "#_O_#", "#_X_#", "#_P_#", "#####"], distance_reward=1.0, dead_distance=12)
+    assert env.step(LEFT)[1] == pytest.approx(-0.1 - 1.0)  # (3,1): Right, Up -> d = 2
+    assert env.step(UP)[1] == pytest.approx(-0.1 - 1.0)  # (2,1): Down, Right, Up -> d = 3
+    _, r, terminated, truncated, _ = env.step(RIGHT)  # the box to (2,3), against the right wall: unsolvable
+    assert env.solve() is None and not (terminated or truncated)
+    assert r == pytest.approx(-0.1 + 1.0 * (3 - 12))
+
+
+def test_distance_shaping_arguments_are_checked():
+    for bad in (-0.1, float("nan"), float("inf"), "1", True):
+        with pytest.raises(ValueError, match="distance_reward must be a finite number >= 0"):
+            SokobanEnv(distance_reward=bad)
+    with pytest.raises(ValueError, match="dead_distance"):
+        SokobanEnv(dead_distance=0)
+
+
 def test_solving_gives_plus_ten_and_terminates_then_steps_are_harmless():
     env, _ = board_env(["######", "#P_XO#", "######"])
     _, reward, terminated, _, _ = env.step(RIGHT)
