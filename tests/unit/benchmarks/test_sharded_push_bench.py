@@ -1,0 +1,43 @@
+"""benchmarks/sharded_push.py's two measures: the extra peak resident memory of a call and a model's block sizes."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self (Linux)")
+def test_extra_peak_sees_a_tensor_that_lived_only_inside_the_call():
+    bench = load("sharded_push")
+    mib = 2**20
+
+    def push_like():  # 64 MiB touched and freed before returning: only the peak remembers it
+        t = torch.ones(16 * mib)  # 16 Mi float32 = 64 MiB
+        assert float(t[-1]) == 1.0
+
+    extra, seconds = bench.extra_peak(push_like)
+    assert 64 * mib <= extra < 80 * mib and seconds > 0
+    nothing, _ = bench.extra_peak(lambda: None)
+    assert nothing < 4 * mib  # the peak was reset: the earlier 64 MiB is not charged again
+
+
+def test_block_bytes_are_the_largest_decoder_block_and_the_whole_model(tiny_path):
+    from transformers import AutoModelForCausalLM
+
+    bench = load("sharded_push")
+    model = AutoModelForCausalLM.from_pretrained(tiny_path)  # hidden 32, 2 heads / 1 kv head (dim 16), MLP 64
+    # q 32x32+32, k and v 16x32+16 each, o 32x32, gate/up/down 3 x 32x64, two norms of 32 = 9,344 float32 values
+    block, whole = bench.block_bytes(model)
+    assert block == 9344 * 4
+    assert whole == sum(p.numel() for p in model.parameters()) * 4 > 2 * block  # tied head counted once
