@@ -125,9 +125,9 @@ class RolloutDataModule(L.LightningDataModule):
         max_batch_size: generation requests decoded together at most.
         engine: rollout engine: ``hf`` (transformers, samples with the actor itself), ``vllm`` (an in-process vLLM
             engine whose weights are pushed from the actor before every rollout and checked by the sync probe;
-            needs vLLM, README: vLLM engine) or ``auto`` (``vllm`` when installed and the actor is not
-            FSDP2-sharded, else ``hf``; the task configs' choice: vLLM's prefix cache makes multi-turn rollouts
-            several times faster).
+            needs vLLM, README: vLLM engine; under FSDP2 each rank's engine gets the weights gathered from the
+            shards) or ``auto`` (``vllm`` when installed and the actor is not 4-bit, else ``hf``; the task configs'
+            choice: vLLM's prefix cache makes multi-turn rollouts several times faster).
         vllm: vLLM engine settings (``VLLMConfig``: memory, sleep level, dtype, probe threshold, ...).
     """
 

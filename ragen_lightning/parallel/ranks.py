@@ -107,6 +107,14 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
+def compute_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype ``model``'s forward computes in: an FSDP2 mixed-precision policy's ``param_dtype`` when it has one
+    (bf16 on GPUs, :func:`~ragen_lightning.parallel.strategies.shard_model`), else its parameters' dtype."""
+    state = getattr(model, "_get_fsdp_state", None)  # FSDP2 keeps its policy on the module's state (no public getter)
+    policy = getattr(state(), "_mp_policy", None) if callable(state) else None
+    return getattr(policy, "param_dtype", None) or next(model.parameters()).dtype
+
+
 def stream_full_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, full value)`` pairs of ``named`` (e.g. a sharded ``state_dict().items()``), gathered one at a time.
 

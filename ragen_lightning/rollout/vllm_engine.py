@@ -53,6 +53,7 @@ import torch
 from ragen_lightning.errors import ConfigError, Domain, check_domains
 from ragen_lightning.parallel.ranks import (
     all_reduce_,
+    compute_dtype,
     gather_objects,
     is_sharded,
     stream_full_tensors,
@@ -81,10 +82,12 @@ class VLLMConfig:
         sleep_level: 0 = never sleep; 1 = offload weights and drop the KV cache during the update (default);
             2 = drop the weights too, so every sync pushes every weight (also for a LoRA actor). vLLM ignores sleep
             on CPU.
-        dtype: vLLM's dtype; None = the actor's parameter dtype.
+        dtype: vLLM's dtype; None = the dtype the actor computes in (its parameters'; under FSDP2 on GPUs the
+            mixed-precision bf16).
         seed: seed of the engine's sampler; None = ``--data.train_seed``.
         probe_threshold: largest allowed max |log-prob difference| between vLLM and the trainer on the probe batch;
-            None = 1e-3 with float32 and 0.1 with 16-bit dtypes (whose rounding alone differs by ~1e-2).
+            None = 1e-3 when vLLM and the trainer both compute in float32, else 0.1 (16-bit rounding alone
+            differs by ~1e-2).
         probe_size: prompts of the run (with their sampled continuations) kept for the probe batch, besides one
             fixed synthetic sequence.
         probe_max_tokens: tokens per probe sequence at most.
@@ -130,6 +133,12 @@ def require_vllm() -> None:
     """Raise a one-line :class:`ConfigError` naming the extra to install when vLLM is missing."""
     if not vllm_installed():
         raise ConfigError(f"--data.engine vllm needs vLLM, which is not installed: {INSTALL_HINT}")
+
+
+def default_probe_threshold(engine_dtype: str, trainer_dtype: torch.dtype) -> float:
+    """1e-3 when vLLM (``engine_dtype``) and the trainer's forward both compute in float32, else 0.1: 16-bit
+    rounding alone moves log-probs by ~1e-2."""
+    return 1e-3 if engine_dtype in ("float32", "float") and trainer_dtype == torch.float32 else 0.1
 
 
 # -- weights ------------------------------------------------------------------------------------------------------
@@ -243,9 +252,10 @@ class VLLMEngine:
         self.stop_token_ids = list(stop_token_ids)
         self.pad_token_id = pad_token_id
         param = next(actor.parameters())
-        self.dtype = cfg.dtype or str(param.dtype).removeprefix("torch.")
-        self.threshold = cfg.probe_threshold if cfg.probe_threshold is not None else (
-            1e-3 if self.dtype in ("float32", "float") else 0.1)
+        trainer_dtype = compute_dtype(actor)
+        self.dtype = cfg.dtype or str(trainer_dtype).removeprefix("torch.")
+        self.threshold = cfg.probe_threshold if cfg.probe_threshold is not None else \
+            default_probe_threshold(self.dtype, trainer_dtype)
         self.on_cuda = torch.cuda.is_available() and param.device.type == "cuda"
         self.device = param.device
         self.sharded = is_sharded(actor)  # FSDP2: pushes gather the shards, the probe runs on every rank

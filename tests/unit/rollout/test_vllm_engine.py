@@ -313,3 +313,19 @@ def test_sharded_probe_batch_is_every_ranks_and_the_worst_rank_decides(monkeypat
     assert stats["rollout/probe_max_abs_logprob_diff"] == pytest.approx(4e-4)  # the max over ranks
     assert stats["rollout/probe_mean_abs_logprob_diff"] == pytest.approx((1e-4 + 3e-4) / 2)  # the mean over ranks
     assert stats["rollout/sync_tensors"] == len(model.state_dict())
+
+
+def test_compute_dtype_follows_an_fsdp2_mixed_precision_policy(model):
+    from ragen_lightning.parallel.ranks import compute_dtype
+
+    assert compute_dtype(model) == torch.float32  # plain: the parameters' dtype
+    policy = SimpleNamespace(_mp_policy=SimpleNamespace(param_dtype=torch.bfloat16))
+    model._get_fsdp_state = lambda: policy  # what fully_shard(mp_policy=bf16) gives a module (GPUs)
+    assert compute_dtype(model) == torch.bfloat16  # fp32 shards, bf16 forward: vLLM and the probe follow it
+    policy._mp_policy.param_dtype = None  # a policy without a compute dtype (CPU)
+    assert compute_dtype(model) == torch.float32
+    # an fp32 engine checked against a bf16 forward gets the 16-bit threshold, not float32's
+    from ragen_lightning.rollout.vllm_engine import default_probe_threshold
+
+    assert default_probe_threshold("float32", torch.float32) == 1e-3
+    assert default_probe_threshold("float32", torch.bfloat16) == default_probe_threshold("bfloat16", torch.float32) == 0.1
