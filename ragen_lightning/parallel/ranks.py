@@ -120,7 +120,8 @@ def stream_full_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[t
 
     A shard is gathered only when the consumer asks for the next pair and the generator keeps no reference to what
     it yielded, so a consumer that copies each tensor and lets it go holds at most one gathered tensor at a time:
-    the extra peak memory is the largest parameter, never a second full copy of the model. Collective for DTensors:
+    the extra peak memory is about the largest parameter (with the collective's buffers), never a second full copy
+    of the model. Collective for DTensors:
     every rank must consume the same names in the same order, to the end.
     """
     for name, value in named:

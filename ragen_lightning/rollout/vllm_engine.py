@@ -11,9 +11,9 @@ This is the only module that imports ``vllm``, and only inside functions, so the
   Every parameter name is sent, the tied ``lm_head.weight`` included (omitting it made a push a silent no-op in
   vLLM's multi-process mode).
 - **FSDP2**: each rank's engine holds the full weights; the push streams them from the shards, one tensor gathered
-  (``full_tensor``, a collective) only when vLLM asks for the next one, so the extra peak memory is about one layer
-  (vLLM buffers a layer's tensors until the layer is complete), never a second copy of the model
-  (``benchmarks/sharded_push.py`` measures it). Every rank gathers the same names in the same order; whatever vLLM
+  (``full_tensor``, a collective) only when vLLM asks for the next one, so the extra peak memory is vLLM's own
+  reload buffer (it holds a layer's tensors until the layer is complete; any push pays it) plus one gathered
+  parameter with the gather's buffers, never a second copy of the model (``benchmarks/sharded_push.py``). Every rank gathers the same names in the same order; whatever vLLM
   leaves unread is drained. The probe batch is the union of every rank's probe sequences, the same on every rank,
   because a forward of the sharded actor is collective too; the probe's max difference is the max over ranks, so
   every rank raises together or none does.
@@ -159,18 +159,18 @@ def _base_name(name: str) -> str | None:
 
 
 @contextlib.contextmanager
-def weights_for_push(model: torch.nn.Module, only_changed: bool = True) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def weights_for_push(model: torch.nn.Module,
+                     only_changed: bool = True) -> Iterator[Iterable[tuple[str, torch.Tensor]]]:
     """The ``(name, tensor)`` pairs to push into the inference engine, in the base model's names.
 
     A plain model yields its whole ``state_dict`` (tied weights under every name) as a lazy iterator: an FSDP2 shard
-    is gathered to its full value only when the consumer asks for it (``stream_full_tensors``). A ``peft.PeftModel``
-    gets its
-    adapter merged into the base weights (``merge_adapter``) for the duration of the ``with`` block and unmerged
-    afterwards, also when the push fails; names lose peft's prefixes (``base_model.model.``, ``.base_layer``,
-    ``.modules_to_save.<adapter>``) and adapter tensors are left out. With ``only_changed`` only the tensors of the
-    parent blocks of adapted modules are yielded (whole blocks, so fused q/k/v and gate/up parameters are reloaded
-    complete); the frozen rest is what the engine already holds. ``modules_to_save`` (fully trained modules, e.g. a
-    tied head) make it push everything.
+    is gathered to its full value only when the consumer asks for it (``stream_full_tensors``). A
+    ``peft.PeftModel`` gets its adapter merged into the base weights (``merge_adapter``) for the duration of the
+    ``with`` block and unmerged afterwards, also when the push fails; names lose peft's prefixes
+    (``base_model.model.``, ``.base_layer``, ``.modules_to_save.<adapter>``) and adapter tensors are left out. With
+    ``only_changed`` only the tensors of the parent blocks of adapted modules are yielded (whole blocks, so fused
+    q/k/v and gate/up parameters are reloaded complete); the frozen rest is what the engine already holds.
+    ``modules_to_save`` (fully trained modules, e.g. a tied head) make it push everything.
 
     Args:
         model: the actor (a transformers model or a peft model wrapping one).
