@@ -9,13 +9,16 @@ Each is independent of the others and of their order, reads the iteration's data
 - :class:`TrajectoryLogger`: sampled trajectories as JSONL, a self-contained HTML page and a wandb Table.
 - :class:`GradientAnalysis`: gradient norms of the policy / entropy / KL terms bucketed by group reward std.
 - :class:`RolloutThroughput`: tokens/s and the rollout / update / env time split.
+- :class:`PeakMemory`: each iteration's peak memory (CUDA allocator and device; process RSS on CPU).
 - :class:`RolloutStatistics`: TorchMetrics (pass@k, reasoning length, valid-thinking rate) of the kept rollouts.
 """
 
 from callbacks.collapse import CollapseMonitor
 from callbacks.gradients import GradientAnalysis
+from callbacks.memory import PeakMemory
 from callbacks.stats import RolloutStatistics
 from callbacks.throughput import RolloutThroughput
 from callbacks.trajectories import TrajectoryLogger
 
-__all__ = ["CollapseMonitor", "GradientAnalysis", "RolloutStatistics", "RolloutThroughput", "TrajectoryLogger"]
+__all__ = ["CollapseMonitor", "GradientAnalysis", "PeakMemory", "RolloutStatistics", "RolloutThroughput",
+           "TrajectoryLogger"]
