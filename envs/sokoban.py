@@ -256,6 +256,8 @@ class SokobanEnv(TextEnv):
     """
 
     action_names = ACTION_NAMES
+    # settings that change rewards only (not observations or the expert's actions): warm starts ignore them
+    reward_only_kwargs = ("distance_reward", "dead_distance")
 
     def __init__(
         self,

@@ -71,6 +71,17 @@ def default_steps(env_id: str, env_kwargs: dict[str, Any] | None = None) -> int:
     return int(getattr(_env_class(env_id, env_kwargs), "warm_start_steps", DEFAULT_STEPS))
 
 
+def demonstration_kwargs(env_id: str, env_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """``env_kwargs`` less the env's ``reward_only_kwargs`` (reward settings such as Sokoban's ``distance_reward``:
+    they change no observation and no expert action, so the same demonstrations and the same cached warm start
+    serve every value)."""
+    kwargs = dict(env_kwargs or {})
+    if not kwargs:
+        return kwargs
+    reward_only = set(getattr(_env_class(env_id, env_kwargs), "reward_only_kwargs", ()))
+    return {k: v for k, v in kwargs.items() if k not in reward_only}
+
+
 def code_fingerprint(env_id: str, env_kwargs: dict[str, Any] | None = None) -> str:
     """Hash of the source files that decide the demonstrations: the expert engine and the modules of the env class
     and its own base classes (the expert policy is an env method). Editing any of them (a better expert, a changed
@@ -246,7 +257,7 @@ def warm_start(
     # the key hashes the same flat names as before EpisodeSettings existed, so existing caches keep their keys
     args = dict(env_id=env_id, steps=steps, num_episodes=num_episodes, lr=lr, batch_size=batch_size,
                 weight_decay=weight_decay, warmup_steps=warmup_steps, lr_schedule=lr_schedule, seed=seed,
-                only_successful=only_successful, dtype=dtype, env_kwargs=dict(env_kwargs or {}),
+                only_successful=only_successful, dtype=dtype, env_kwargs=demonstration_kwargs(env_id, env_kwargs),
                 **episode.demonstration_fields())
     if reading_steps:  # only when on: warm starts built before the option keep their keys
         args["reading_steps"] = reading_steps

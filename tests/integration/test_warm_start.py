@@ -51,6 +51,14 @@ def test_key_covers_arguments_base_folder_and_demonstration_code(tmp_path):
     assert fp == ws.code_fingerprint("ragen/Bandit-v0") and fp != ws.code_fingerprint("ragen/SimpleSokoban-v0")
 
 
+def test_reward_only_env_settings_share_the_warm_start():
+    sokoban = "ragen/SimpleSokoban-v0"
+    shaped = {"distance_reward": 0.5, "dead_distance": 12, "max_steps": 50}
+    assert ws.demonstration_kwargs(sokoban, shaped) == {"max_steps": 50}  # max_steps changes episodes: kept
+    assert ws.demonstration_kwargs(sokoban, None) == {}
+    assert ws.demonstration_kwargs("ragen/Bandit-v0", {"lo_arm_score": 0.2}) == {"lo_arm_score": 0.2}  # declares none
+
+
 def test_default_steps_per_env():
     assert ws.default_steps("ragen/SimpleSokoban-v0") == ws.DEFAULT_STEPS == 150
     assert ws.default_steps("ragen/Bandit-v0") == ws.default_steps("ragen/BanditTest-v0") == 500
