@@ -232,15 +232,21 @@ def export_adapter(actor: nn.Module, tokenizer, path: str | Path, *, base_path: 
     and with ``merged`` also full HF weights (base in ``dtype`` + adapter, merged) to ``path/merged``.
 
     The merged weights are built from a fresh full-precision load of the base, never from the (possibly 4-bit)
-    training copy, so merging a QLoRA adapter does not round the update into nf4.
+    training copy, so merging a QLoRA adapter does not round the update into nf4. Under FSDP2 every rank must call
+    it: the adapter's tensors are gathered from their shards one at a time (they are small: only rank 0 keeps them)
+    and rank 0 alone writes.
     """
+    from ragen_lightning.parallel.ranks import stream_full_tensors, world
+
     path = Path(path)
     names = list(actor.peft_config)
     adapter = ACTOR if ACTOR in names else names[0]
-    if adapter == DEFAULT_ADAPTER:
-        actor.save_pretrained(path, selected_adapters=[adapter])
-    else:  # peft writes non-default names to a subfolder: save the one adapter at the top as "default"
-        _save_renamed(actor, adapter, path)
+    rank = world()[0]
+    adapter_tensors = ((n, p) for n, p in actor.named_parameters() if "lora_" in n or p.requires_grad)
+    state = {n: v.cpu().clone() if rank == 0 else None for n, v in stream_full_tensors(adapter_tensors)}
+    if rank != 0:
+        return path
+    _save_adapter(actor, adapter, state, path)  # as "default" at the top, whatever its name in training
     tokenizer.save_pretrained(path)
     if merged:
         from peft import PeftModel
@@ -253,7 +259,9 @@ def export_adapter(actor: nn.Module, tokenizer, path: str | Path, *, base_path: 
     return path
 
 
-def _save_renamed(actor: nn.Module, adapter: str, path: Path) -> None:
+def _save_adapter(actor: nn.Module, adapter: str, full_state: dict, path: Path) -> None:
+    """peft's adapter folder (``adapter_config.json``, ``adapter_model.safetensors``) from the full values of the
+    actor's adapter tensors (``full_state``: parameter name -> tensor)."""
     import copy
 
     from peft.utils import get_peft_model_state_dict
@@ -262,5 +270,5 @@ def _save_renamed(actor: nn.Module, adapter: str, path: Path) -> None:
     config = copy.deepcopy(actor.peft_config[adapter])
     config.inference_mode = True
     config.save_pretrained(path)
-    state = get_peft_model_state_dict(actor, adapter_name=adapter)
+    state = get_peft_model_state_dict(actor, state_dict=full_state, adapter_name=adapter)
     save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path / "adapter_model.safetensors"))

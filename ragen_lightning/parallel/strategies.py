@@ -64,8 +64,10 @@ class FSDP1Strategy(FSDPStrategy):
         super().setup(trainer)
 
 
-_LORA_UNDER_FSDP2 = ("--model.lora is not supported with FSDP2 (configs/fsdp.yaml) yet: use DDP (configs/ddp.yaml); "
-                     "adapters are small enough to replicate")
+_SHARED_BASE_UNDER_FSDP2 = ("--model.lora.shared_base is not supported with FSDP2 (configs/fsdp.yaml): the critic runs "
+                            "the actor's backbone without the actor's root module, whose sharded embeddings FSDP2 "
+                            "gathers only in the root's forward; use separate bases (shared_base false) or DDP "
+                            "(configs/ddp.yaml)")
 
 
 def strategy_name(strategy: Any) -> str:
@@ -82,8 +84,9 @@ def strategy_name(strategy: Any) -> str:
 
 def check_strategy(strategy: Any, accelerator: Any, *, lora: Any = None, hardware: bool = True) -> None:
     """Refuse what a strategy cannot run, naming the flag, before any process starts (Lightning would fail later with
-    a generic error, or the module after the run's config and logs were written): FSDP1 without CUDA, and LoRA under
-    FSDP2. (The vLLM engine runs under FSDP2: each rank's engine receives the weights gathered from the shards.)
+    a generic error, or the module after the run's config and logs were written): FSDP1 without CUDA, and a shared
+    LoRA base under FSDP2. (LoRA / QLoRA with separate bases and the vLLM engine run under FSDP2: adapters and the
+    frozen, possibly 4-bit, base are sharded; each rank's engine receives the weights gathered from the shards.)
 
     Args:
         strategy: the ``--trainer.strategy`` value (a name, a class_path dict or Namespace, or a Strategy).
@@ -97,8 +100,9 @@ def check_strategy(strategy: Any, accelerator: Any, *, lora: Any = None, hardwar
         raise ConfigError(f"--trainer.strategy {name} (FSDP1, configs/fsdp1.yaml) needs CUDA GPUs "
                           f"(--trainer.accelerator is {accelerator!r}, CUDA available: {torch.cuda.is_available()}); "
                           "on CPU use configs/fsdp.yaml (FSDP2) or configs/ddp.yaml")
-    if name in ("FSDP2Strategy", "ModelParallelStrategy") and lora is not None:
-        raise ConfigError(_LORA_UNDER_FSDP2)
+    shared = lora.get("shared_base") if isinstance(lora, dict) else getattr(lora, "shared_base", False)
+    if name in ("FSDP2Strategy", "ModelParallelStrategy") and shared:
+        raise ConfigError(_SHARED_BASE_UNDER_FSDP2)
 
 
 def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -127,15 +131,34 @@ def shard_model(model: torch.nn.Module, mesh, *, mixed_precision: bool) -> torch
     return model
 
 
-def shard_networks(nets: list[torch.nn.Module | None], device_mesh, *, cuda: bool, lora: bool,
+def shard_networks(nets: list[torch.nn.Module | None], device_mesh, *, cuda: bool, lora: Any = None,
                    rollout_copy: bool = True) -> list[torch.nn.Module]:
     """FSDP2: shard every network of ``nets`` per transformer block over the mesh's data-parallel dimension (bf16
     compute on CUDA). Returns ``[copy]``, an unsharded, frozen copy of ``nets[0]`` (the actor) for the HF rollout
-    engine, or ``[]`` without ``rollout_copy`` (the vLLM engine holds its own full copy, pushed from the shards)."""
-    if lora:  # the CLI refuses it before launch (check_strategy); this guards direct library use
-        raise ConfigError(_LORA_UNDER_FSDP2)
+    engine, or ``[]`` without ``rollout_copy`` (the vLLM engine holds its own full copy, pushed from the shards).
+
+    Under LoRA (``lora``: the settings) the frozen base and the adapters of each block are sharded together, a 4-bit
+    (nf4) base as its packed bytes (FSDP2 gathers them for each forward; bitsandbytes keeps the quantization
+    constants on the layer, replicated); the reference (the adapter-disabled actor, a view without parameters of its
+    own) is not sharded again. The adapters' random initialisation is first broadcast from rank 0: FSDP2, unlike
+    DDP, keeps each rank's own values for its shard, so ranks that drew different adapters would train a mixture."""
+    if getattr(lora, "shared_base", False):  # the CLI refuses it before launch (check_strategy)
+        raise ConfigError(_SHARED_BASE_UNDER_FSDP2)
+    if lora:
+        nets = [net for net in nets if net is not None and any(True for _ in net.parameters())]
+        broadcast_trainable_(nets)
     copies = [copy.deepcopy(nets[0]).eval().requires_grad_(False)] if rollout_copy else []
     for net in nets:
         if net is not None:
             shard_model(net, device_mesh["data_parallel"], mixed_precision=cuda)
     return copies
+
+
+def broadcast_trainable_(nets: list[torch.nn.Module]) -> None:
+    """Give every rank rank 0's values of the trainable parameters of ``nets`` (in place; nothing in one process)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized() \
+            and torch.distributed.get_world_size() > 1:
+        for net in nets:
+            for p in net.parameters():
+                if p.requires_grad:
+                    torch.distributed.broadcast(p.data, src=0)

@@ -78,7 +78,13 @@ class GatheredWeightsEngine(HFEngine):
 
     @torch.no_grad()
     def sync_weights(self) -> None:
+        """Copy the sharded actor's weights in, each gathered in turn; under LoRA only the trainable ones (adapters):
+        the frozen, possibly 4-bit, base the copy holds is what the shards hold."""
         self.clear_cache()  # cached keys/values belong to the old weights
-        target = self.model.state_dict()
-        for name, value in self.sharded.state_dict().items():
-            target[name].copy_(full_tensor(value))
+        params = list(self.sharded.named_parameters())
+        if any(not p.requires_grad for _, p in params):  # a frozen base: the copy already holds it
+            target, items = dict(self.model.named_parameters()), [(n, p) for n, p in params if p.requires_grad]
+        else:
+            target, items = self.model.state_dict(), self.sharded.state_dict().items()
+        for name, value in items:
+            target[name].data.copy_(full_tensor(value.detach()))

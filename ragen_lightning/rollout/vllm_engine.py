@@ -17,11 +17,13 @@ This is the only module that imports ``vllm``, and only inside functions, so the
   leaves unread is drained. The probe batch is the union of every rank's probe sequences, the same on every rank,
   because a forward of the sharded actor is collective too; the probe's max difference is the max over ranks, so
   every rank raises together or none does.
-- **LoRA**: a ``peft`` adapter is merged into the base weights for the push and unmerged afterwards
-  (:func:`weights_for_push`), and only the blocks that carry an adapter are sent (every tensor of the adapted
-  module's parent, e.g. the whole attention block: vLLM fuses q/k/v and gate/up into one parameter, and an in-place
-  reload that brings only some shards of a fused parameter corrupts it - measured: a q_proj-only push gave
-  max |dlogp| 0.49, the whole attention block 5e-7). We chose merge-and-push over
+- **LoRA**: a ``peft`` adapter is merged into the base weights as they are streamed, ``W + scaling * B A`` computed
+  from the gathered base and factors one weight at a time, the actor never modified (:func:`merged_lora_weights`;
+  the same code for one process and FSDP2 shards; a 4-bit QLoRA base is dequantized first and then every weight is
+  sent, since the engine loaded full-precision ones), and only the blocks that carry an adapter are sent (every
+  tensor of the adapted module's parent, e.g. the whole attention block: vLLM fuses q/k/v and gate/up into one
+  parameter, and an in-place reload that brings only some shards of a fused parameter corrupts it - measured: a
+  q_proj-only push gave max |dlogp| 0.49, the whole attention block 5e-7). We chose merge-and-push over
   loading a vLLM LoRA adapter because it needs no LoRA support in the vLLM build (the CPU build has little), keeps one
   code path for full and LoRA fine-tuning, and the sync-fidelity probe checks the merged result the same way.
 - **Sleep/wake** (CUDA): after a rollout the engine sleeps (level 1: weights offloaded, KV cache dropped) so the
@@ -54,6 +56,7 @@ from ragen_lightning.errors import ConfigError, Domain, check_domains
 from ragen_lightning.parallel.ranks import (
     all_reduce_,
     compute_dtype,
+    full_tensor,
     gather_objects,
     is_sharded,
     stream_full_tensors,
@@ -161,16 +164,17 @@ def _base_name(name: str) -> str | None:
 @contextlib.contextmanager
 def weights_for_push(model: torch.nn.Module,
                      only_changed: bool = True) -> Iterator[Iterable[tuple[str, torch.Tensor]]]:
-    """The ``(name, tensor)`` pairs to push into the inference engine, in the base model's names.
+    """The ``(name, tensor)`` pairs to push into the inference engine, in the base model's names, as a lazy iterator:
+    an FSDP2 shard is gathered to its full value only when the consumer asks for it (``stream_full_tensors``).
 
-    A plain model yields its whole ``state_dict`` (tied weights under every name) as a lazy iterator: an FSDP2 shard
-    is gathered to its full value only when the consumer asks for it (``stream_full_tensors``). A
-    ``peft.PeftModel`` gets its adapter merged into the base weights (``merge_adapter``) for the duration of the
-    ``with`` block and unmerged afterwards, also when the push fails; names lose peft's prefixes
-    (``base_model.model.``, ``.base_layer``, ``.modules_to_save.<adapter>``) and adapter tensors are left out. With
-    ``only_changed`` only the tensors of the parent blocks of adapted modules are yielded (whole blocks, so fused
-    q/k/v and gate/up parameters are reloaded complete); the frozen rest is what the engine already holds.
-    ``modules_to_save`` (fully trained modules, e.g. a tied head) make it push everything.
+    A plain model yields its whole ``state_dict`` (tied weights under every name). A ``peft.PeftModel`` yields its
+    parameters with each adapted weight merged on the fly (:func:`merged_lora_weights`: ``W + scaling * B A``
+    computed from the gathered tensors, a 4-bit base dequantized first); the model itself is never modified. Names
+    lose peft's prefixes (``base_model.model.``, ``.base_layer``, ``.modules_to_save.<adapter>``) and adapter tensors
+    are left out. With ``only_changed`` only the tensors of the parent blocks of adapted modules are yielded (whole
+    blocks, so fused q/k/v and gate/up parameters are reloaded complete); the frozen rest is what the engine already
+    holds. ``modules_to_save`` (fully trained modules, e.g. a tied head) and a 4-bit base (the engine loaded the
+    full-precision weights, the trainer computes with the 4-bit ones) make it push everything.
 
     Args:
         model: the actor (a transformers model or a peft model wrapping one).
@@ -181,24 +185,69 @@ def weights_for_push(model: torch.nn.Module,
         return
     blocks: set[str] = set()
     names = [name for name, _ in model.named_parameters()]
-    if only_changed and not any(".modules_to_save." in n for n in names):
+    if only_changed and not any(".modules_to_save." in n for n in names) and not _is_4bit(model):
         for name in names:
             if ".lora_" in name:  # ``<block>.<module>.lora_A.<adapter>.weight`` -> ``<block>.``
                 module = _base_name(name.split(".lora_")[0] + ".weight").rsplit(".", 1)[0]
                 blocks.add(module.rsplit(".", 1)[0] + ".")
-    model.merge_adapter()
-    try:
-        out = []
-        for name, tensor in model.state_dict().items():
-            base = _base_name(name)
-            if base is None:
-                continue
-            if blocks and not base.startswith(tuple(blocks)):
-                continue
-            out.append((base, tensor.detach()))
-        yield out
-    finally:
-        model.unmerge_adapter()
+    yield ((name, tensor) for name, tensor in merged_lora_weights(model)
+           if not blocks or name.startswith(tuple(blocks)))
+
+
+def _is_4bit(model: torch.nn.Module) -> bool:
+    return any(type(m).__name__ == "Linear4bit" for m in model.modules())
+
+
+def merged_lora_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(base name, full value)`` of every parameter of a peft LoRA model (tied ones under each name), adapted
+    weights merged: ``W + sum_a scaling_a * B_a A_a`` over the active adapters (none while adapters are disabled).
+
+    Collective under FSDP2, one tensor at a time: each shard is gathered when its pair is asked for (an adapted
+    weight gathers its base and the adapter's two factors), so the extra memory is about one weight and its factors;
+    every rank must consume the same pairs to the end. A bitsandbytes 4-bit base is dequantized first, which is
+    exactly the weight the trainer's forward computes with. Adapter tensors themselves are not yielded.
+    """
+    modules = dict(model.named_modules())
+    for name, param in model.named_parameters(remove_duplicate=False):
+        base = _base_name(name)
+        if base is None:
+            continue
+        owner = name.removesuffix(".base_layer.weight")
+        layer = modules.get(owner) if owner != name else None
+        value = full_tensor(param.detach())
+        if layer is not None and hasattr(layer, "lora_A"):
+            weight = _dequantized(value, layer.base_layer)
+            value = weight + _lora_delta(layer, weight.dtype)
+        yield base, value
+
+
+def _dequantized(weight: torch.Tensor, base_layer: torch.nn.Module) -> torch.Tensor:
+    """A bitsandbytes 4-bit weight (packed bytes; its quantization constants on the weight or, once FSDP2 has
+    replaced the parameter, on the layer) as a full-precision tensor; any other weight unchanged."""
+    if type(base_layer).__name__ != "Linear4bit":
+        return weight
+    import bitsandbytes.functional as bnbf
+
+    state = getattr(weight, "quant_state", None) or getattr(base_layer.weight, "quant_state", None) \
+        or base_layer.quant_state
+    return bnbf.dequantize_4bit(weight.data if isinstance(weight, torch.nn.Parameter) else weight, state)
+
+
+def _lora_delta(layer: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor | float:
+    """``sum_a scaling_a * B_a A_a`` over the layer's active, unmerged adapters (0 when disabled or merged)."""
+    if layer.disable_adapters or layer.merged:
+        return 0.0
+    delta: torch.Tensor | float = 0.0
+    for adapter in layer.active_adapters:
+        if adapter not in layer.lora_A:
+            continue
+        if getattr(layer, "use_dora", {}).get(adapter):
+            raise ValueError(f"pushing a DoRA adapter ({adapter!r}) is not supported: use plain LoRA")
+        a = full_tensor(layer.lora_A[adapter].weight.detach()).float()
+        b = full_tensor(layer.lora_B[adapter].weight.detach()).float()
+        product = b @ a
+        delta = delta + layer.scaling[adapter] * (product.T if getattr(layer, "fan_in_fan_out", False) else product)
+    return delta.to(dtype) if isinstance(delta, torch.Tensor) else delta
 
 
 @torch.no_grad()
@@ -224,7 +273,7 @@ class VLLMEngine:
 
     Args:
         actor: the trainer's actor (a transformers causal LM or a peft model); read, never modified (a peft adapter
-            is merged for the push and unmerged).
+            is merged into the pushed copies of the weights).
         model_path: the folder (or cached hub id) the actor was loaded from: vLLM loads the architecture, the
             initial weights and the tokenizer config from it.
         stop_token_ids: ids that end a turn.

@@ -211,9 +211,10 @@ class StarPOModule(L.LightningModule):
         self.actor, self.critic = nets.actor, nets.critic
         self._reference = [nets.reference] if nets.reference is not None else []
         if self._device_mesh is not None:  # FSDP2 (ModelParallelStrategy): shard per transformer block
-            engine = resolve_engine(getattr(self.trainer.datamodule, "hparams", {}).get("engine", "hf"))
+            engine = resolve_engine(getattr(self.trainer.datamodule, "hparams", {}).get("engine", "hf"),
+                                    quantized=lora_mod.is_quantized(self.actor))  # auto: QLoRA samples with HF
             self._rollout_actor = shard_networks([self.actor, self.critic, self.reference], self._device_mesh, lora=(
-                self._lora is not None), cuda=self.trainer.strategy.root_device.type == "cuda", rollout_copy=engine == "hf")
+                self._lora), cuda=self.trainer.strategy.root_device.type == "cuda", rollout_copy=engine == "hf")
 
     def on_fit_start(self) -> None:
         if self.reference is not None:
@@ -324,16 +325,15 @@ class StarPOModule(L.LightningModule):
     # -- checkpoints and export -----------------------------------------------------------------------------------
     def state_dict(self, *args, **kwargs):
         self._background.wait()  # a checkpoint holds the critic after the steps it is taking in the background
-        return super().state_dict(*args, **kwargs)
+        state = super().state_dict(*args, **kwargs)  # LoRA: trainable weights only, on any strategy (base: rebuilt)
+        return lora_mod.trainable_state(self, state) if self._lora is not None else state
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["starpo"] = {**self.skips.state_dict(), **self.early_stops.state_dict(),
                                 "model_path": str(getattr(self, "_model_path", self.hparams.model))}
-        if self._lora is not None:
-            checkpoint["state_dict"] = lora_mod.trainable_state(self, checkpoint["state_dict"])
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if self._lora is not None and self.actor is not None:
+        if self._lora is not None and self.actor is not None and "state_dict" in checkpoint:  # (FSDP2: loaded already)
             lora_mod.check_trainable_state(self, checkpoint["state_dict"])
         for part in (self.skips, self.early_stops):  # their counters (skips in a row, collapse windows)
             part.load_state_dict(checkpoint.get("starpo", {}))

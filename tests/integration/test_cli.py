@@ -64,8 +64,8 @@ BAD_END_TO_END = [
     (["--model.model", "/nonexistent"], "error: --model.model '/nonexistent': no such folder"),
     (["--data.num_groups", "many"], "error: --data.num_groups: expected int, got many"),
     (["--model.bogus_flag", "1"], "error: unrecognized arguments: --model.bogus_flag 1"),
-    (["--config", str(CONFIGS / "fsdp.yaml"), "--trainer.devices", "2", "--model.lora", "{rank: 8}"],
-     "error: --model.lora is not supported with FSDP2"),
+    (["--config", str(CONFIGS / "fsdp.yaml"), "--trainer.devices", "2", "--model.lora", "{rank: 8, shared_base: true}"],
+     "error: --model.lora.shared_base is not supported with FSDP2"),
     (["--trainer.default_root_dir", "/proc/nope"], "error: --trainer.default_root_dir '/proc/nope': cannot write in /proc"),
 ]
 

@@ -152,9 +152,10 @@ BAD = [  # (changes, the whole message)
     ({"torch_threads": 0}, "--torch_threads must be null or an integer >= 1, got 0"),
     ({"gpu_memory_gb": -1.0}, "--gpu_memory_gb must be null or a finite number > 0, got -1.0"),
     ({"trainer__strategy": "fsdp"}, "--trainer.strategy fsdp (FSDP1, configs/fsdp1.yaml) needs CUDA GPUs"),
-    ({"trainer__strategy": {"class_path": "ragen_lightning.parallel.FSDP2Strategy"}, "model__lora": {"rank": 8}},
-     "--model.lora is not supported with FSDP2 (configs/fsdp.yaml) yet: use DDP (configs/ddp.yaml); adapters are "
-     "small enough to replicate"),
+    ({"trainer__strategy": {"class_path": "ragen_lightning.parallel.FSDP2Strategy"},
+      "model__lora": {"rank": 8, "shared_base": True}},
+     ("--model.lora.shared_base is not supported with FSDP2 (configs/fsdp.yaml): the critic runs the actor's "
+      "backbone without the actor's root module")),
 ]
 
 
@@ -186,15 +187,19 @@ def test_the_good_config_and_edge_values_pass(config):
     preflight.check_settings(changed(config, **edges))
 
 
-def test_fsdp2_takes_the_vllm_engine_but_not_lora_yet(config, monkeypatch):
+def test_fsdp2_takes_the_vllm_engine_lora_and_qlora_but_not_a_shared_base(config, monkeypatch):
     from ragen_lightning.data import datamodule
 
     monkeypatch.setattr(datamodule, "require_vllm", lambda: None)  # as where vLLM is installed
     fsdp2 = {"trainer__strategy": {"class_path": "ragen_lightning.parallel.FSDP2Strategy"}, "trainer__devices": 2}
     for engine in ("vllm", "auto", "hf"):  # each rank's vLLM engine receives the weights gathered from the shards
         preflight.check_settings(changed(config, data__engine=engine, **fsdp2))
-    with pytest.raises(ConfigError, match="--model.lora is not supported with FSDP2"):
-        preflight.check_settings(changed(config, data__engine="vllm", model__lora={"rank": 8}, **fsdp2))
+        for lora in ({"rank": 8}, {"rank": 8, "quantization": "nf4"}):  # adapters and base sharded together
+            preflight.check_settings(changed(config, data__engine=engine, model__lora=lora, **fsdp2))
+    with pytest.raises(ConfigError, match="--model.lora.shared_base is not supported with FSDP2"):
+        preflight.check_settings(changed(config, model__lora={"rank": 8, "shared_base": True}, **fsdp2))
+    ddp = {"trainer__strategy": "ddp_find_unused_parameters_true", "trainer__devices": 2}
+    preflight.check_settings(changed(config, model__lora={"rank": 8, "shared_base": True}, **ddp))  # DDP takes it
 
 
 def test_a_k1_kl_loss_warns_that_it_pulls_nothing_back(config):

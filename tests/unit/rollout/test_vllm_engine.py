@@ -18,6 +18,7 @@ from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.rollout.vllm_engine import (
     VLLMConfig,
     VLLMEngine,
+    merged_lora_weights,
     trainer_logprobs,
     weights_for_push,
 )
@@ -80,7 +81,7 @@ def test_plain_model_pushes_every_state_dict_name_including_the_tied_head(model)
     assert "lm_head.weight" in names and "model.embed_tokens.weight" in names  # tied: both names are sent
 
 
-def test_peft_lora_is_merged_for_the_push_and_restored(model):
+def test_peft_lora_is_merged_for_the_push_without_touching_the_actor(model):
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(0)
@@ -94,9 +95,7 @@ def test_peft_lora_is_merged_for_the_push_and_restored(model):
     expected_q = base_q + 2.0 * q.lora_B["default"].weight @ q.lora_A["default"].weight
     with weights_for_push(lora) as weights:
         pushed = dict(weights)
-        assert q.merged
-        # the tensors are the live (merged) weights: compare while merged
-        torch.testing.assert_close(pushed["model.layers.0.self_attn.q_proj.weight"], expected_q)
+    torch.testing.assert_close(pushed["model.layers.0.self_attn.q_proj.weight"], expected_q)
     # base names only, no adapter tensors; only the two adapted attention blocks (q, k, v, o weights and q, k, v
     # biases per layer: 7 x 2 layers), so the fused qkv parameter is reloaded complete
     assert all(not n.startswith("base_model") and "lora_" not in n and "base_layer" not in n for n in pushed)
@@ -104,7 +103,7 @@ def test_peft_lora_is_merged_for_the_push_and_restored(model):
                                     for m, p in [("q_proj", "weight"), ("k_proj", "weight"), ("v_proj", "weight"),
                                                  ("o_proj", "weight"), ("q_proj", "bias"), ("k_proj", "bias"),
                                                  ("v_proj", "bias")])
-    assert not q.merged  # unmerged afterwards: training continues on base + adapter
+    assert not q.merged and torch.equal(q.base_layer.weight, base_q)  # merged on the fly, never in place
     torch.testing.assert_close(lora(input_ids=ids).logits, before)
     with weights_for_push(lora, only_changed=False) as weights:
         full = dict(weights)
@@ -116,14 +115,77 @@ def _base_names(lora) -> list[str]:
             if "lora_" not in n]
 
 
-def test_adapter_is_unmerged_when_the_push_fails(model):
+class _OneLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(2, 2, bias=False)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+def _one_linear_lora():
+    from peft import LoraConfig, get_peft_model
+
+    net = _OneLinear()
+    with torch.no_grad():
+        net.proj.weight.copy_(torch.eye(2))
+    lora = get_peft_model(net, LoraConfig(r=1, lora_alpha=2, target_modules=["proj"]))
+    layer = lora.base_model.model.proj
+    with torch.no_grad():
+        layer.lora_A["default"].weight.copy_(torch.tensor([[1.0, 2.0]]))  # [r=1, in=2]
+        layer.lora_B["default"].weight.copy_(torch.tensor([[1.0], [0.0]]))  # [out=2, r=1]
+    return lora
+
+
+def test_merged_lora_weights_by_hand():
+    lora = _one_linear_lora()
+    # W + (alpha / r) * B @ A = I + 2 * [[1, 2], [0, 0]] = [[3, 4], [0, 1]]
+    assert [name for name, _ in merged_lora_weights(lora)] == ["proj.weight"]  # base names, no adapter tensors
+    torch.testing.assert_close(dict(merged_lora_weights(lora))["proj.weight"], torch.tensor([[3.0, 4.0], [0.0, 1.0]]))
+    with lora.disable_adapter():  # the reference (adapters off) pushes the base: I
+        torch.testing.assert_close(dict(merged_lora_weights(lora))["proj.weight"], torch.eye(2))
+    # the merged weight is what the adapted forward computes: x @ W_merged^T
+    x = torch.tensor([[1.0, -1.0]])
+    torch.testing.assert_close(lora(x), torch.tensor([[-1.0, -1.0]]))  # [3 - 4, 0 - 1]
+
+
+def test_a_failed_push_leaves_the_actor_untouched(model):
     from peft import LoraConfig, get_peft_model
 
     lora = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False))
     q = lora.base_model.model.model.layers[0].self_attn.q_proj
-    with pytest.raises(RuntimeError, match="engine died"), weights_for_push(lora):
+    base = q.base_layer.weight.detach().clone()
+    with pytest.raises(RuntimeError, match="engine died"), weights_for_push(lora) as weights:
+        next(iter(weights))
         raise RuntimeError("engine died")
-    assert not q.merged
+    assert not q.merged and torch.equal(q.base_layer.weight, base)
+
+
+def test_4bit_base_is_dequantized_then_merged(tiny_path):
+    pytest.importorskip("bitsandbytes")
+    import bitsandbytes.functional as bnbf
+
+    from ragen_lightning.models.build import build_lora_models
+    from ragen_lightning.models.lora import LoraSettings
+
+    torch.manual_seed(0)
+    actor, _, _ = build_lora_models(str(tiny_path), None, "float32", LoraSettings(rank=2, alpha=4, quantization="nf4"),
+                                    with_critic=False, with_reference=False)
+    for name, p in actor.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)
+    q = actor.base_model.model.model.layers[0].self_attn.q_proj
+    with weights_for_push(actor) as weights:
+        pushed = dict(weights)
+    # a 4-bit base makes every weight travel (the engine holds the full-precision load): the tied head too
+    assert "lm_head.weight" in pushed and "model.layers.1.mlp.down_proj.weight" in pushed
+    base = bnbf.dequantize_4bit(q.base_layer.weight.data, q.base_layer.weight.quant_state)
+    merged = pushed["model.layers.0.self_attn.q_proj.weight"]
+    torch.testing.assert_close(merged, base + 2.0 * q.lora_B["default"].weight @ q.lora_A["default"].weight)
+    x = torch.randn(3, merged.shape[1])  # and it is the weight the adapted 4-bit layer computes with
+    torch.testing.assert_close(q(x), x @ merged.T + pushed["model.layers.0.self_attn.q_proj.bias"],
+                               atol=1e-5, rtol=1e-5)
 
 
 def test_trainer_logprobs_are_teacher_forced_raw_logprobs(model):
