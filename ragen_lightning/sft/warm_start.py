@@ -21,6 +21,7 @@ format-valid and success rates of the base and warm-started models on held-out s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -85,12 +86,19 @@ def demonstration_kwargs(env_id: str, env_kwargs: dict[str, Any] | None) -> dict
 def code_fingerprint(env_id: str, env_kwargs: dict[str, Any] | None = None) -> str:
     """Hash of the source files that decide the demonstrations: the expert engine and the modules of the env class
     and its own base classes (the expert policy is an env method). Editing any of them (a better expert, a changed
-    level generator) must not reuse a warm start built from the old demonstrations."""
+    level generator) must not reuse a warm start built from the old demonstrations.
+
+    Read once per env class and process: the code this process runs is the code it imported, so a source file
+    edited during a run (its validation, then its fit, each look the warm start up) does not send it to rebuild."""
+    return _class_fingerprint(_env_class(env_id, env_kwargs))
+
+
+@functools.cache
+def _class_fingerprint(env_class: type) -> str:
     import inspect
 
     from ragen_lightning.sft import experts
 
-    env_class = _env_class(env_id, env_kwargs)
     owners = [c for c in env_class.__mro__ if c.__module__.split(".")[0] not in ("builtins", "gymnasium", "typing")]
     h = hashlib.sha256()
     for obj in (experts, *dict.fromkeys(inspect.getmodule(c) or c for c in owners)):

@@ -51,6 +51,15 @@ def test_key_covers_arguments_base_folder_and_demonstration_code(tmp_path):
     assert fp == ws.code_fingerprint("ragen/Bandit-v0") and fp != ws.code_fingerprint("ragen/SimpleSokoban-v0")
 
 
+def test_fingerprint_is_read_once_per_process(monkeypatch):
+    sokoban = "ragen/SimpleSokoban-v0"
+    before = ws.code_fingerprint(sokoban)
+    monkeypatch.setattr(ws.Path, "read_bytes", lambda self: b"the env module, edited during the run")
+    assert ws.code_fingerprint(sokoban) == before  # the code this process imported, not the file on disk now
+    fresh = ws._class_fingerprint.__wrapped__(ws._env_class(sokoban, None))  # what a new process would see
+    assert fresh != before
+
+
 def test_reward_only_env_settings_share_the_warm_start():
     sokoban = "ragen/SimpleSokoban-v0"
     shaped = {"distance_reward": 0.5, "dead_distance": 12, "max_steps": 50}
