@@ -259,7 +259,8 @@ class HFEngine:
         reusable = self.prefix_cache_tokens > 0 and not getattr(getattr(self.model, "config", None),
                                                                 "use_sliding_window", False)
         tokens = torch.zeros((B, params.max_new_tokens), dtype=torch.long, device=device)
-        logprobs = torch.zeros((B, params.max_new_tokens), device=device)
+        # fp32 whatever the default dtype (bf16-true precision sets it to bf16 around the training step)
+        logprobs = torch.zeros((B, params.max_new_tokens), dtype=torch.float32, device=device)
         lengths = torch.full((B,), params.max_new_tokens, dtype=torch.long, device=device)
         rows = torch.arange(B, device=device)  # original index of each live row of the decode batch
         for step in range(params.max_new_tokens):

@@ -52,6 +52,24 @@ def test_logprobs_are_raw_teacher_forced_logprobs(engine, model):
     torch.testing.assert_close(torch.tensor(out.logprobs), expected, atol=1e-5, rtol=0)
 
 
+def test_bf16_default_dtype_keeps_fp32_logprobs(model, tiny_tokenizer):
+    # Lightning's bf16-true precision makes bf16 the default dtype around the training step, where rollouts run:
+    # the engine's buffers must not follow it (a bf16 log-prob buffer failed to take the fp32 values)
+    import copy
+
+    bf16 = HFEngine(copy.deepcopy(model).to(torch.bfloat16), [tiny_tokenizer.eos_token_id], tiny_tokenizer.pad_token_id)
+    params = SamplingParams(temperature=0, max_new_tokens=4)
+    plain = bf16.generate(PROMPTS, params)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        under_bf16 = bf16.generate(PROMPTS, params)
+    finally:
+        torch.set_default_dtype(previous)
+    assert [g.token_ids for g in under_bf16] == [g.token_ids for g in plain]
+    assert [g.logprobs for g in under_bf16] == [g.logprobs for g in plain]
+
+
 def test_request_seed_gives_same_sample_whatever_the_batch(engine):
     params = SamplingParams(temperature=1.0, max_new_tokens=8)
     alone = engine.generate([PROMPTS[2]], params, seeds=[42])[0]
