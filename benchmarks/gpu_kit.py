@@ -281,11 +281,13 @@ def worker(spec_path: str) -> int:
     result["plan"] = plan_text
     import torch
 
-    if torch.cuda.is_available() and spec["device"] == "cuda":
-        result["device_name"] = torch.cuda.get_device_name(0)
-        result["device_total_gib"] = torch.cuda.mem_get_info(0)[1] / GIB
-    else:
-        result["device_name"] = "cpu"
+    if rank == 0:  # (another rank asking about device 0 would put a CUDA context of its own there)
+        if torch.cuda.is_available() and spec["device"] == "cuda":
+            result["device_name"] = torch.cuda.get_device_name(0)
+            result["device_total_gib"] = torch.cuda.mem_get_info(0)[1] / GIB
+        else:
+            result["device_name"] = "cpu"
+        Path(spec["result"]).write_text(json.dumps(result, indent=1))  # a run stopped by the budget keeps these
     t0 = time.perf_counter()
     try:
         main(spec["args"])
@@ -332,6 +334,7 @@ class Row:
     update_mfu: float | None = None
     iterations: int = 0
     wall_s: float = 0.0
+    device_name: str = ""  # as the recipe's process saw it (the kit itself never initialises CUDA)
 
 
 def summarize(row: Row, its: list[dict[str, float]], arch: Architecture, recipe: Recipe,
@@ -374,7 +377,7 @@ def stop(proc: subprocess.Popen) -> None:
             continue
 
 
-def run_recipe(recipe: Recipe, args, run_root: Path, cache: Path, tok_len: int, peak: float | None) -> Row:
+def run_recipe(recipe: Recipe, args, run_root: Path, cache: Path, tok_len: int) -> Row:
     arch = kit_architecture(recipe, args.preset, tok_len)
     label = recipe.model.split("/")[-1] + (" arch" if args.preset == "gpu" else " stand-in")
     row = Row(recipe.name, label, recipe.mode + (" + FSDP2" if args.devices > 1 else ""), args.devices)
@@ -415,6 +418,8 @@ def run_recipe(recipe: Recipe, args, run_root: Path, cache: Path, tok_len: int, 
     row.planned_gib = result.get("planned_gib")
     if row.planned_gib is None and (plan := _plan_from_log(log)) is not None:
         row.planned_gib = plan
+    row.device_name = result.get("device_name", "")
+    peak = args.peak_tflops or (peak_tflops(row.device_name) if args.device == "cuda" else None)
     summarize(row, read_metrics(run_dir), arch, recipe, peak)
     if timed_out:
         row.status = f"time budget: stopped after {args.budget_s:.0f} s"
@@ -529,8 +534,6 @@ def main(argv: list[str] | None = None) -> list[Row]:
     if args.devices < 1 or args.devices > visible:
         raise SystemExit(f"--devices {args.devices}: {visible} {args.device} device(s) visible")
     recipes = find_recipes(args.recipes)
-    device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
-    peak = args.peak_tflops or (peak_tflops(device_name) if args.device == "cuda" else None)
     from ragen_lightning.models.tiny import cache_root
 
     cache = Path(args.cache_dir) if args.cache_dir else cache_root() / "gpu_kit"
@@ -540,8 +543,10 @@ def main(argv: list[str] | None = None) -> list[Row]:
     rows = []
     for recipe in recipes:
         print(f"[gpu_kit] {recipe.name} ...", flush=True)
-        rows.append(run_recipe(recipe, args, run_root, cache, tok_len, peak))
+        rows.append(run_recipe(recipe, args, run_root, cache, tok_len))
         print(f"[gpu_kit] {recipe.name}: {rows[-1].status} ({rows[-1].wall_s:.0f} s)", flush=True)
+    device_name = next((r.device_name for r in rows if r.device_name), args.device)
+    peak = args.peak_tflops or (peak_tflops(device_name) if args.device == "cuda" else None)
     header = {
         "device": f"{device_name} x {args.devices}" + (" (FSDP2, configs/fsdp.yaml)" if args.devices > 1 else ""),
         "torch": torch.__version__,
