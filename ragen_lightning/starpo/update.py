@@ -96,6 +96,7 @@ def score_sharded(model: torch.nn.Module, ids: torch.Tensor, att: torch.Tensor, 
     rank, size = world()
     if size == 1:
         return score_batch(model, ids, att, micro, loss_mask=loss_mask, **kwargs)
+    kwargs["threads"] = 1  # a sharded forward is collective: forwards on concurrent threads would mix its gathers
     B = ids.shape[0]
     rows = rank_rows(torch.arange(B, device=ids.device), size, rank, pad_index=0)
     real = torch.tensor_split(torch.arange(B, device=ids.device), size)[rank].numel()

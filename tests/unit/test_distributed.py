@@ -95,3 +95,18 @@ def test_fsdp1_refused_without_cuda():
             check_strategy(strategy, "gpu")
     check_strategy("ddp_find_unused_parameters_true", "cpu")  # fine
     check_strategy({"class_path": "ragen_lightning.parallel.FSDP2Strategy"}, "cpu")  # FSDP2 runs on CPU
+
+
+def test_fsdp2_takes_lora_and_qlora_but_refuses_a_shared_base():
+    from ragen_lightning.models.lora import LoraSettings, as_settings
+    from ragen_lightning.parallel import shard_networks
+
+    fsdp2 = {"class_path": "ragen_lightning.parallel.FSDP2Strategy"}
+    for lora in ({"rank": 8}, {"rank": 8, "quantization": "nf4"}, LoraSettings(rank=8)):
+        check_strategy(fsdp2, "cpu", lora=lora)  # adapters and the (4-bit) base are sharded together
+    for lora in ({"rank": 8, "shared_base": True}, LoraSettings(shared_base=True)):
+        with pytest.raises(ConfigError, match=r"^--model.lora.shared_base is not supported with FSDP2 .*or DDP"):
+            check_strategy(fsdp2, "cpu", lora=lora)
+        with pytest.raises(ConfigError, match="--model.lora.shared_base"):  # direct library use: the same refusal
+            shard_networks([torch.nn.Linear(2, 2)], None, cuda=False, lora=as_settings(lora))
+    check_strategy("ddp_find_unused_parameters_true", "cpu", lora={"rank": 8, "shared_base": True})  # DDP takes it
