@@ -6,9 +6,10 @@ with keys: ``out`` (folder), ``model`` (tiny folder), ``strategy`` (``single`` |
 ``vllm``: real sampling with a colocated vLLM engine per rank, each sync's probe recorded under ``probes``),
 ``ckpt_in`` (resume from), ``ckpt_dir`` (a checkpoint after every optimizer step, ``step=N.ckpt``), ``max_steps``
 (stop early), ``kl`` (KL loss with a reference), ``top_k_abs`` (filter), ``mini`` (mini-batch size), ``export``
-(export the actor to ``<out>/export`` at the end of the fit).
+(export the actor to ``<out>/export`` at the end of the fit), ``lora`` (``--model.lora`` settings as a dict).
 Every rank writes ``rank{r}.json`` (logged metrics per iteration, kept group ids, data-module state) and
-``rank{r}.pt`` (the full actor/critic parameters, gathered from FSDP2 shards).
+``rank{r}.pt`` (the full actor/critic parameters, gathered from FSDP2 shards; under LoRA the trainable ones only, and
+the trained actor's ``logits`` on fixed ids).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def main(cfg: dict) -> None:
                  kl_coef=0.1 if cfg.get("kl") else 0.0, grad_clip=1.0,
                  actor_optimizer=partial(torch.optim.SGD, lr=0.5, momentum=0.9),
                  critic_optimizer=partial(torch.optim.SGD, lr=0.5, momentum=0.9),
-                 export_dir=str(out / "export") if cfg.get("export") else None)
+                 export_dir=str(out / "export") if cfg.get("export") else None, lora=cfg.get("lora"))
     probes = record_probes(module) if cfg.get("engine") == "vllm" else []
     engine = {"engine": "vllm", "vllm": VLLMConfig(probe_size=2)} if cfg.get("engine") == "vllm" else {}
     flt = FilterConfig(strategy="top_k_abs", value=cfg["top_k_abs"]) if cfg.get("top_k_abs") else None
@@ -108,15 +109,25 @@ def main(cfg: dict) -> None:
                         callbacks=callbacks, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                         default_root_dir=out)
+    if cfg.get("lora"):  # every rank draws other random adapters on purpose: each strategy must start from rank 0's
+        torch.manual_seed(int(os.environ.get("RANK", "0")))
     trainer.fit(module, dm, ckpt_path=cfg.get("ckpt_in"))
     rank = trainer.global_rank
-    params = {f"actor.{k}": full_tensor(v.detach()).clone() for k, v in module.actor.state_dict().items()}
-    if module.critic is not None:
-        params.update({f"critic.{k}": full_tensor(v.detach()).clone() for k, v in module.critic.state_dict().items()})
+    params = {}
+    for prefix, net in (("actor", module.actor), ("critic", module.critic)):
+        named = net.state_dict().items() if net is not None and not cfg.get("lora") else \
+            [(k, v) for k, v in (net.named_parameters() if net is not None else []) if v.requires_grad]
+        params.update({f"{prefix}.{k}": full_tensor(v.detach()).clone() for k, v in named})
+    if cfg.get("lora"):  # the trained actor's logits on fixed ids (a collective forward under FSDP2)
+        with torch.no_grad():
+            params["logits"] = module.actor.eval()(input_ids=torch.arange(3, 19)[None]).logits.detach().clone()
     torch.save(params, out / f"rank{rank}.pt")
+    frozen = [p for p in module.actor.parameters() if not p.requires_grad]  # LoRA: the base (its bytes, nf4 or not)
+    base_bytes = [sum(getattr(p, "to_local", lambda p=p: p)().numel() * p.element_size() for p in frozen),
+                  sum(p.numel() * p.element_size() for p in frozen)]  # [this rank's shard, the whole]
     (out / f"rank{rank}.json").write_text(json.dumps({
         "metrics": callbacks[0].rows, "kept": dm.kept, "state": dm.state_dict(), "global_step": trainer.global_step,
-        "world_size": trainer.world_size, "probes": probes,
+        "world_size": trainer.world_size, "probes": probes, "base_bytes": base_bytes,
         "rollout_copy": len(module._rollout_actor)}))  # FSDP2: an unsharded actor copy for the HF engine only
 
 

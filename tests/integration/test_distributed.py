@@ -163,3 +163,76 @@ def test_fsdp2_with_vllm_engines_passes_the_probe_on_every_rank_and_equals_one_p
     # the export gathers the shards without an HF copy kept through the run: rank 0 writes the trained actor
     assert_same(_initial(tmp_path / "fsdp" / "export"), {k: v for k, v in p0.items() if k.startswith("actor.")},
                 atol=0)
+
+
+@pytest.mark.parametrize("quantization, world_sizes", [("none", [2, 1, 2]), ("nf4", [2, 1])])
+def test_fsdp2_lora_equals_ddp_exports_the_adapter_and_reshards(tmp_path, tiny_path, quantization, world_sizes):
+    """LoRA / QLoRA under FSDP2 (frozen base, 4-bit as its packed bytes, and adapters sharded per block), GAE + KL
+    (the reference is the adapter-disabled actor), real sampling from the HF engine's copy (adapters synced from the
+    shards). One iteration per entry of ``world_sizes`` (processes), each resuming the last sharded checkpoint,
+    against one uninterrupted DDP run started at the same time: the same kept groups, adapters, value head and
+    logits; the adapter exported at the end reproduces the trained actor's logits. Every rank draws other random
+    adapters (dist_worker.py): both strategies must start from rank 0's."""
+    lora = {"rank": 4, "alpha": 8, "quantization": quantization}
+    cfg = {"model": str(tiny_path), "iterations": len(world_sizes), "top_k_abs": 2, "estimator": "gae", "kl": True,
+           "mini": 6, "micro": 3, "engine": "hf", "lora": lora}
+    ddp = launch(tmp_path, "ddp", 2, strategy="ddp", **cfg)
+    kept, ckpt, first = [], None, None
+    for i, procs in enumerate(world_sizes):  # 2 optimizer steps (critic, actor) per iteration
+        last = i == len(world_sizes) - 1
+        stop = {} if last else {"max_steps": 2 * (i + 1), "ckpt_dir": str(tmp_path / f"ck{i}")}
+        ranks = run(tmp_path, f"fsdp{i}", procs, strategy="fsdp", ckpt_in=ckpt, export=last, **stop, **cfg)
+        (j0, p0) = ranks[0]
+        assert j0["state"]["iteration"] == i + 1 and len(j0["metrics"]) == 1  # one iteration per stage
+        for j, p in ranks[1:]:
+            assert j["kept"] == j0["kept"]
+            assert_same(p, p0, atol=0)
+        kept += j0["kept"]
+        first = first or p0
+        if not last:
+            ckpt = str(tmp_path / f"ck{i}" / f"step={2 * (i + 1)}.ckpt")
+            files = sorted(p.name for p in Path(ckpt).iterdir())  # a sharded (distributed) checkpoint
+            assert files == [".metadata", *(f"__{r}_0.distcp" for r in range(procs)), "meta.pt"]
+    [(d0, p_ddp), _] = collect(ddp)
+    assert kept == d0["kept"] and j0["global_step"] == d0["global_step"] == 2 * len(world_sizes)
+    assert not any("base_layer" in k or "embed_tokens" in k for k in p0)  # the trainable weights only
+    assert_same(p0, p_ddp, atol=1e-5)  # adapters, value head and the actor's logits: those of DDP
+    for key in ("actor/pg_loss", "actor/kl_loss", "critic/vf_loss", "actor/grad_norm"):
+        assert j0["metrics"][-1][key] == pytest.approx(d0["metrics"][-1][key], abs=1e-5), key
+    assert j0["metrics"][-1]["actor/kl_loss"] > 0  # the adapters moved away from the reference (adapters off)
+    lora_a = [k for k in p0 if "lora_A" in k]
+    assert lora_a and any(not torch.equal(p0[k], first[k]) for k in lora_a)  # the resumed stages trained them
+    # the exported adapter (peft format) on a fresh base, 4-bit like the trained one, gives the trained logits
+    from peft import PeftModel
+
+    from ragen_lightning.models import load_causal_lm
+    from ragen_lightning.models.build import keep_4bit_trainable
+    from ragen_lightning.models.lora import LoraSettings
+
+    qconfig = LoraSettings(**lora).quantization_config(torch.float32)  # (bitsandbytes' CPU repacking kept off)
+    base = keep_4bit_trainable(load_causal_lm(str(tiny_path), "float32", qconfig))
+    exported = PeftModel.from_pretrained(base, tmp_path / f"fsdp{len(world_sizes) - 1}" / "export").eval()
+    with torch.no_grad():
+        logits = exported(input_ids=torch.arange(3, 19)[None]).logits
+    torch.testing.assert_close(logits, p0["logits"], atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(not vllm_installed(), reason="needs vLLM (README install)")
+def test_fsdp2_lora_with_vllm_engines_pushes_merged_adapters_from_the_shards(tmp_path, vllm_tiny_path):
+    """LoRA under FSDP2 with one vLLM engine per rank against one process with one engine (both at once): every push
+    merges ``W + scaling * B A`` from the gathered base and factors, one weight at a time, and sends the adapted
+    blocks only. The second push follows a real update of the adapters, and the probe passes on every rank."""
+    cfg = {"model": str(vllm_tiny_path), "iterations": 2, "top_k_abs": 2, "estimator": "grpo", "mini": 6, "micro": 3,
+           "engine": "vllm", "lora": {"rank": 4, "alpha": 8}}
+    jobs = launch(tmp_path, "single", 1, strategy="single", **cfg), launch(tmp_path, "fsdp", 2, strategy="fsdp", **cfg)
+    [(single, p_single)], [(j0, p0), (j1, p1)] = (collect(job, timeout=500) for job in jobs)
+    for rank in (j0, j1):
+        probes = rank["probes"]
+        assert [p["step"] for p in probes] == [0, 1] and all(p["sharded"] for p in probes)
+        assert all(p["max"] < 1e-3 for p in probes)  # this rank's engine equals the sharded LoRA actor
+        # the adapted blocks only: per layer q, k, v, o weights, q, k, v biases and gate, up, down (2 layers)
+        assert rank["metrics"][-1]["rollout/sync_tensors"] == 20.0
+    assert j0["rollout_copy"] == 0 and j0["kept"] == j1["kept"] == single["kept"]
+    assert_same(p0, p1, atol=0)
+    assert_same(p0, p_single, atol=1e-5)  # adapters and logits of the one-process LoRA run
+    assert any(p0[k].abs().max() > 0 for k in p0 if "lora_B" in k)  # B starts at 0: the update moved the adapters
