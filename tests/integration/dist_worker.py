@@ -122,12 +122,9 @@ def main(cfg: dict) -> None:
         with torch.no_grad():
             params["logits"] = module.actor.eval()(input_ids=torch.arange(3, 19)[None]).logits.detach().clone()
     torch.save(params, out / f"rank{rank}.pt")
-    frozen = [p for p in module.actor.parameters() if not p.requires_grad]  # LoRA: the base (its bytes, nf4 or not)
-    base_bytes = [sum(getattr(p, "to_local", lambda p=p: p)().numel() * p.element_size() for p in frozen),
-                  sum(p.numel() * p.element_size() for p in frozen)]  # [this rank's shard, the whole]
     (out / f"rank{rank}.json").write_text(json.dumps({
         "metrics": callbacks[0].rows, "kept": dm.kept, "state": dm.state_dict(), "global_step": trainer.global_step,
-        "world_size": trainer.world_size, "probes": probes, "base_bytes": base_bytes,
+        "world_size": trainer.world_size, "probes": probes,
         "rollout_copy": len(module._rollout_actor)}))  # FSDP2: an unsharded actor copy for the HF engine only
 
 
