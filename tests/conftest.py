@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-TEST_CACHE = Path(__file__).resolve().parents[1] / ".cache" / "tests"
+REPO = Path(__file__).resolve().parents[1]
+TEST_CACHE = REPO / ".cache" / "tests"
 CACHE_VARS = {
     "RAGEN_LIGHTNING_CACHE": TEST_CACHE / "ragen_lightning",  # tiny models and warm starts (models/tiny.py)
     "HF_HOME": TEST_CACHE / "huggingface",
@@ -32,6 +33,24 @@ for _name, _path in CACHE_VARS.items():
 # The test models are tiny: one thread avoids per-op threading overhead (and stalls when another process holds a
 # core), which makes the suite several times faster on 2-core machines.
 torch.set_num_threads(1)
+
+
+
+def load_script(relative: str, name: str | None = None):
+    """Import a script that is not a package module (``benchmarks/<x>.py``, ``scripts/<x>.py``) by its path from
+    the repository root; registered in ``sys.modules`` under ``name`` (the dataclasses of a script look their module
+    up there)."""
+    import importlib.util
+    import sys
+
+    path = REPO / relative
+    name = name or "script_" + path.stem
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")

@@ -9,7 +9,6 @@ behaviour (finite logged losses, weights that changed or stayed frozen, memory b
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
 import os
 import subprocess
@@ -26,6 +25,7 @@ from ragen_lightning.models.lora import LoraSettings
 from ragen_lightning.models.memory import GIB, PUBLISHED, plan
 from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.starpo.module import StarPOModule
+from tests.conftest import load_script
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,11 +44,7 @@ def _two_gpus():
 
 @pytest.fixture(scope="module")
 def kit():
-    spec = importlib.util.spec_from_file_location("bench_gpu_kit", ROOT / "benchmarks" / "gpu_kit.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/gpu_kit.py", "bench_gpu_kit")
 
 
 def _trainer_for(module: StarPOModule, tmp_path, precision: str, accelerator: str = "gpu") -> L.Trainer:

@@ -2,24 +2,19 @@
 through the command line on random-weight stand-ins and the written table holds their planned and measured figures;
 a recipe that fails or runs out of time is a row, not the kit's end."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 from ragen_lightning.models.memory import GIB, plan
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def kit():
-    spec = importlib.util.spec_from_file_location("bench_gpu_kit", ROOT / "benchmarks" / "gpu_kit.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/gpu_kit.py", "bench_gpu_kit")
 
 
 def table_rows(path: Path) -> dict[str, dict[str, str]]:

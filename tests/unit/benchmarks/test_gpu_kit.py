@@ -1,9 +1,7 @@
 """benchmarks/gpu_kit.py's arithmetic (FLOPs, MFU, peaks by device name), recipe reading, metrics and table; and
 the PeakMemory callback's CPU figure. The kit's end-to-end dry run is tests/integration/test_gpu_kit.py."""
 
-import importlib.util
 import re
-import sys
 import types
 from pathlib import Path
 
@@ -11,17 +9,14 @@ import pytest
 import torch
 
 from ragen_lightning.models.memory import PUBLISHED, Architecture
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
 def kit():
-    spec = importlib.util.spec_from_file_location("bench_gpu_kit", ROOT / "benchmarks" / "gpu_kit.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/gpu_kit.py", "bench_gpu_kit")
 
 
 def test_peak_tflops_by_device_name(kit):

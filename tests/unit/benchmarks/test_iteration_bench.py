@@ -1,16 +1,14 @@
 """benchmarks/iteration.py reads per-iteration timings from Lightning's CSV logger; rollout.py reads task configs."""
 
-import importlib.util
 from pathlib import Path
+
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def load(name):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(f"benchmarks/{name}.py", f"bench_{name}")
 
 
 def test_read_iterations_merges_rows_by_step(tmp_path):

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.conftest import load_script
+
 SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "learning.py"
-spec = importlib.util.spec_from_file_location("learning_bench", SCRIPT)
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+bench = load_script("benchmarks/learning.py", "learning_bench")
 
 
 def test_difference_interval_by_hand():

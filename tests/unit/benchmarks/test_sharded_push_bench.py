@@ -1,20 +1,18 @@
 """benchmarks/sharded_push.py's two measures: the extra peak resident memory of a call and a model's block sizes."""
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.conftest import load_script
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def load(name):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(f"benchmarks/{name}.py", f"bench_{name}")
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self (Linux)")

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import load_script
+
 SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "plot_run.py"
-spec = importlib.util.spec_from_file_location("plot_run", SCRIPT)
-plot_run = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(plot_run)
+plot_run = load_script("scripts/plot_run.py", "plot_run")
 
 # Lightning's CSVLogger layout: the module and the callbacks log the same step in separate rows; MI every 2nd step
 CSV = """epoch,step,iteration,train/score,rollout/in_group_reward_std,actor/entropy,actor/grad_norm,collapse/first_turn/mi,collapse/first_turn/conditional_entropy,collapse/first_turn/mi_upper_bound,rollout/filter_kept_ratio
