@@ -29,7 +29,14 @@ from ragen_lightning.data.batching import (
 )
 from ragen_lightning.data.sampler import FilterConfig, filter_groups
 from ragen_lightning.errors import ConfigError, Domain, check_domains
-from ragen_lightning.parallel import concat_ranks, gather_objects, group_share, world
+from ragen_lightning.parallel import (
+    concat_ranks,
+    gather_objects,
+    group_share,
+    rollout_rank,
+    tp_leaders,
+    world,
+)
 from ragen_lightning.rollout.engine import SamplingParams
 from ragen_lightning.rollout.engines import ENGINES
 from ragen_lightning.rollout.runner import RolloutRunner, UnknownEnvError, make_env
@@ -37,7 +44,6 @@ from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
 from ragen_lightning.rollout.tokens import ChatTokens
 from ragen_lightning.rollout.vllm_engine import VLLMConfig, require_vllm
 from ragen_lightning.types import RolloutBatch
-
 
 _COUNT = Domain(low=1, integer=True)
 _SEED = Domain(low=0, integer=True)  # numpy and gymnasium take non-negative seeds only
@@ -72,12 +78,24 @@ def check_rollout_settings(hp: dict[str, Any]) -> None:
         require_vllm()
 
 
+def rollout_tensor_parallel(hp: dict[str, Any]) -> int:
+    """Ranks per vLLM engine: ``--data.vllm.tensor_parallel_size`` unless ``--data.engine hf`` (1)."""
+    vllm = hp.get("vllm")
+    tp = vllm.get("tensor_parallel_size", 1) if isinstance(vllm, dict) else getattr(vllm, "tensor_parallel_size", 1)
+    return 1 if hp.get("engine", "hf") == "hf" else int(tp)
+
+
 def check_world_size(hp: dict[str, Any], size: int) -> None:
-    """``--data.num_groups`` and ``--data.val_num_groups`` must divide by the number of processes ``size``."""
-    group_share(hp["num_groups"], size, 0)
-    if hp["val_num_groups"] % size:
-        raise ConfigError(f"--data.val_num_groups ({hp['val_num_groups']}) must be divisible by the number of "
-                          f"processes ({size})")
+    """``--data.vllm.tensor_parallel_size`` (k, vLLM engines only) must divide the number of processes ``size``, and
+    ``--data.num_groups`` and ``--data.val_num_groups`` the number of rollout groups ``size / k``."""
+    tp = rollout_tensor_parallel(hp)
+    dp = rollout_rank(0, size, tp)[1]
+    where = f"processes ({size}): every rank" if tp == 1 else \
+        f"tensor-parallel vLLM engines ({size} processes / --data.vllm.tensor_parallel_size {tp}): every engine"
+    for flag in ("num_groups", "val_num_groups"):
+        if hp[flag] % dp:
+            raise ConfigError(f"--data.{flag} ({hp[flag]}) must be divisible by the number of {where} runs whole "
+                              "env groups")
 
 
 class _Stream(IterableDataset):
@@ -178,7 +196,7 @@ class RolloutDataModule(L.LightningDataModule):
     def check_world_size(self, size: int) -> None:
         """Every rank runs whole env groups: ``num_groups`` and ``val_num_groups`` must divide by the process count
         (the CLI's preflight checks it before anything starts; ``setup`` again on every rank)."""
-        check_world_size(self.hparams, size)
+        check_world_size({**self.hparams, "vllm": self.vllm}, size)
 
     def _ensure_runners(self) -> None:
         if self._runner is not None:
@@ -256,11 +274,15 @@ class RolloutDataModule(L.LightningDataModule):
     def _run(self, runner: RolloutRunner, seeds: list[int], group_size: int, params: SamplingParams,
              seed: int) -> list:
         """This rank's share of the groups, then every rank's trajectories in global group order (the caller has
-        synced the engine: a collective for sharded actors, which every rank runs before every rollout)."""
+        synced the engine: a collective for sharded actors, which every rank runs before every rollout). A
+        tensor-parallel vLLM engine spans ``k`` ranks: they run the same share (same prompts and seeds, one engine)
+        and the gather keeps one copy per TP group."""
         rank, size = world()
-        share = group_share(len(seeds), size, rank)
+        tp = getattr(self.engine, "tensor_parallel_size", 1)
+        dp_rank, dp_size = rollout_rank(rank, size, tp)
+        share = group_share(len(seeds), dp_size, dp_rank)
         local = runner.run(seeds[share.start:share.stop], group_size, params, seed=seed, first_group=share.start)
-        return local if size == 1 else concat_ranks(gather_objects(local))
+        return local if size == 1 else concat_ranks(tp_leaders(gather_objects(local), tp))
 
     def validation_batch(self) -> RolloutBatch:
         """The fixed validation rollout (seeds ``val_seed + g``), unfiltered."""

@@ -3,11 +3,14 @@
 
 from ragen_lightning.parallel.ranks import (
     all_reduce_,
+    check_tensor_parallel,
     concat_ranks,
     full_tensor,
     gather_objects,
     group_share,
     rank_rows,
+    rollout_rank,
+    tp_leaders,
     world,
 )
 from ragen_lightning.parallel.strategies import (
@@ -19,5 +22,6 @@ from ragen_lightning.parallel.strategies import (
     transformer_blocks,
 )
 
-__all__ = ["FSDP1Strategy", "FSDP2Strategy", "all_reduce_", "check_strategy", "concat_ranks", "full_tensor",
-           "gather_objects", "group_share", "rank_rows", "shard_model", "shard_networks", "transformer_blocks", "world"]
+__all__ = ["FSDP1Strategy", "FSDP2Strategy", "all_reduce_", "check_strategy", "check_tensor_parallel", "concat_ranks",
+           "full_tensor", "gather_objects", "group_share", "rank_rows", "rollout_rank", "shard_model", "shard_networks",
+           "tp_leaders", "transformer_blocks", "world"]

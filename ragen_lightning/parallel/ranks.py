@@ -4,6 +4,9 @@ The scheme (DESIGN section 8.2, distributed-safe filtering):
 
 1. **Rollout**: rank ``r`` of ``W`` runs the whole groups ``[r*G/W, (r+1)*G/W)`` with its own engine, keeping the
    global group ids, env indices and reset seeds, so N ranks see exactly the envs and generation seeds of 1 rank.
+   With a tensor-parallel vLLM engine over ``k`` ranks (``--data.vllm.tensor_parallel_size``) the ``W / k`` TP
+   groups of consecutive ranks take the place of ranks: every rank of a group runs the group's share, one worker of
+   the same engine each, and the gather keeps one copy per group (:func:`rollout_rank`, :func:`tp_leaders`).
 2. **Gather + filter**: every rank all-gathers the trajectories (rank-major order is the global group order), then
    runs the single-process filter and batch builder on the full list. Selection, score normalisation and the rollout
    metrics are therefore the single-process ones by construction, identical on every rank, with no per-rank kept set
@@ -45,6 +48,36 @@ def group_share(num_groups: int, world_size: int, rank: int) -> range:
                           f"({world_size}): every rank runs whole env groups")
     per = num_groups // world_size
     return range(rank * per, (rank + 1) * per)
+
+
+def rollout_rank(rank: int, world_size: int, tensor_parallel_size: int = 1) -> tuple[int, int]:
+    """``(data-parallel rank, data-parallel size)`` of rollouts when a vLLM engine is tensor-parallel over
+    ``tensor_parallel_size`` = ``k`` training ranks (``external_launcher``): ranks ``[d*k, (d+1)*k)`` form TP group
+    ``d`` (vLLM's layout: consecutive ranks), every rank of it is one worker of the same engine and feeds it the same
+    prompts and seeds; the ``W / k`` groups split the env groups (:func:`group_share` with ``W / k``). ``k = 1``:
+    ``(rank, W)``.
+
+    Raises:
+        ConfigError: ``k`` does not divide the world size (:func:`check_tensor_parallel`).
+    """
+    check_tensor_parallel(tensor_parallel_size, world_size)
+    return rank // tensor_parallel_size, world_size // tensor_parallel_size
+
+
+def check_tensor_parallel(tensor_parallel_size: int, world_size: int) -> None:
+    """A tensor-parallel vLLM engine takes ``k`` training processes per engine: ``k`` must divide the world size (a
+    single process cannot push tensors into vLLM's own worker processes, so ``k > 1`` needs ``k`` ranks)."""
+    if world_size % tensor_parallel_size:
+        raise ConfigError(
+            f"--data.vllm.tensor_parallel_size ({tensor_parallel_size}) must divide the number of training processes "
+            f"({world_size}): each process is one worker of a tensor-parallel vLLM engine spread over "
+            f"{tensor_parallel_size} consecutive ranks (external_launcher)")
+
+
+def tp_leaders(per_rank: Sequence[T], tensor_parallel_size: int) -> list[T]:
+    """One entry per TP group of a gathered per-rank list (its first rank's, rank ``d*k``): the ranks of one group
+    hold the same rollouts."""
+    return list(per_rank[::tensor_parallel_size])
 
 
 def concat_ranks(per_rank: Sequence[Sequence[T]]) -> list[T]:

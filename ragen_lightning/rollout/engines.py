@@ -45,6 +45,9 @@ def build_engine(actor: torch.nn.Module, tokenizer, *, model_path: str, rollout_
         ValueError: the HF engine for an FSDP2-sharded actor without its unsharded ``rollout_actor``.
     """
     engine = resolve_engine(engine, quantized=actor is not None and is_quantized(actor))
+    if engine == "hf" and getattr(vllm, "tensor_parallel_size", 1) > 1:  # the groups were split for k-rank engines
+        raise ConfigError("--data.vllm.tensor_parallel_size > 1 needs the vLLM engine; --data.engine auto chose hf "
+                          "(a 4-bit actor or no vLLM installed): set tensor_parallel_size 1")
     stop, pad = [tokenizer.eos_token_id], tokenizer.pad_token_id
     if engine == "hf":
         if rollout_actor is not None:

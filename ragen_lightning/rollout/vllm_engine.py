@@ -17,6 +17,12 @@ This is the only module that imports ``vllm``, and only inside functions, so the
   leaves unread is drained. The probe batch is the union of every rank's probe sequences, the same on every rank,
   because a forward of the sharded actor is collective too; the probe's max difference is the max over ranks, so
   every rank raises together or none does.
+- **Tensor parallel** (``tensor_parallel_size`` = k > 1, k dividing the number of training processes): vLLM's
+  ``external_launcher`` backend makes each training rank one worker, ranks ``[d*k, (d+1)*k)`` one engine
+  (:func:`external_launcher`). Its ranks must make the same calls with the same requests (vLLM schedules on every
+  rank and relies on it): the data module gives them the same env groups and seeds, so they receive the same
+  generations. Every rank pushes the full weights and vLLM's loaders keep each worker's shard; the probe's max is
+  taken over all ranks, so a TP group raises together.
 - **LoRA**: a ``peft`` adapter is merged into the base weights as they are streamed, ``W + scaling * B A`` computed
   from the gathered base and factors one weight at a time, the actor never modified (:func:`merged_lora_weights`;
   the same code for one process and FSDP2 shards; a 4-bit QLoRA base is dequantized first and then every weight is
@@ -55,6 +61,7 @@ import torch
 from ragen_lightning.errors import ConfigError, Domain, check_domains
 from ragen_lightning.parallel.ranks import (
     all_reduce_,
+    check_tensor_parallel,
     compute_dtype,
     full_tensor,
     gather_objects,
@@ -81,7 +88,10 @@ class VLLMConfig:
             and activations need the rest.
         enforce_eager: no CUDA graphs (less memory and start-up time, slower decode).
         max_model_len: vLLM's context length; None = ``--data.episode.max_model_len``.
-        tensor_parallel_size: GPUs one engine shards over (1 on CPU).
+        tensor_parallel_size: training ranks one engine shards over (``k``). With ``k > 1`` the run needs a
+            multiple of ``k`` processes: vLLM is built with ``distributed_executor_backend="external_launcher"``, each
+            rank is one worker (its own GPU), ranks ``[d*k, (d+1)*k)`` form one engine that gets the same prompts and
+            seeds from each of them, and the ``W / k`` engines split the env groups.
         sleep_level: 0 = never sleep; 1 = offload weights and drop the KV cache during the update (default);
             2 = drop the weights too, so every sync pushes every weight (also for a LoRA actor). vLLM ignores sleep
             on CPU.
@@ -268,6 +278,23 @@ def trainer_logprobs(model: torch.nn.Module, sequences: Sequence[Sequence[int]])
 
 
 # -- the engine ---------------------------------------------------------------------------------------------------
+def external_launcher(device: torch.device) -> str:
+    """Prepare this training rank to be one worker of a tensor-parallel engine and return vLLM's backend name.
+
+    vLLM's ``external_launcher`` reads ``RANK`` and ``LOCAL_RANK`` (set here from the process group, which the
+    trainer has initialised; Lightning's own launcher does not set ``RANK``) and then builds its groups on that
+    process group: TP groups of consecutive ranks, the rest data parallel. ``LOCAL_RANK`` picks the worker's GPU,
+    so it is the actor's device index on CUDA (the in-process default would put every rank's worker on GPU 0).
+    """
+    rank, _ = world()
+    os.environ["RANK"] = str(rank)
+    if device.type == "cuda" and device.index is not None:
+        os.environ["LOCAL_RANK"] = str(device.index)
+    else:
+        os.environ.setdefault("LOCAL_RANK", str(rank))
+    return "external_launcher"
+
+
 class VLLMEngine:
     """Token-in/token-out generation with an in-process vLLM ``LLM`` that mirrors the actor's weights.
 
@@ -290,6 +317,8 @@ class VLLMEngine:
         if not stop_token_ids:
             raise ValueError("stop_token_ids must name at least one end-of-turn token")
         self.config = cfg = config if config is not None else VLLMConfig()
+        self.tensor_parallel_size = tp = cfg.tensor_parallel_size
+        check_tensor_parallel(tp, world()[1])
         require_vllm()
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: pushes hand over tensors
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kvcache_gib))
@@ -309,10 +338,11 @@ class VLLMEngine:
         self.device = param.device
         self.sharded = is_sharded(actor)  # FSDP2: pushes gather the shards, the probe runs on every rank
         self.seed = cfg.seed if cfg.seed is not None else seed
+        launcher = {"distributed_executor_backend": external_launcher(self.device)} if tp > 1 else {}
         self.llm = LLM(
             model=str(model_path), dtype=self.dtype, seed=self.seed,
             max_model_len=cfg.max_model_len or max_model_len, max_num_seqs=max_batch_size,
-            enforce_eager=cfg.enforce_eager, tensor_parallel_size=cfg.tensor_parallel_size,
+            enforce_eager=cfg.enforce_eager, tensor_parallel_size=tp, **launcher,
             gpu_memory_utilization=cfg.gpu_memory_utilization, logprobs_mode="raw_logprobs",
             enable_sleep_mode=self.on_cuda and cfg.sleep_level > 0,
             enable_chunked_prefill=self.on_cuda,  # CPU: per-request seeds crash after a chunked prefill
@@ -384,7 +414,8 @@ class VLLMEngine:
         sync_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         max_diff, mean_diff = self.probe_diff()
-        if self.sharded:  # every rank scored the same probe batch: the worst rank decides, for all of them
+        if self.sharded or self.tensor_parallel_size > 1:  # the worst rank decides, for all of them (a TP engine
+            # whose ranks did not all raise would hang in its next collective)
             max_diff = float(all_reduce_(torch.tensor([max_diff], device=self.device), "max"))
             mean_diff = float(all_reduce_(torch.tensor([mean_diff], device=self.device))) / world()[1]
         stats = {"rollout/sync_s": sync_s, "rollout/sync_tensors": float(n),

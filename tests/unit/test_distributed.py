@@ -10,9 +10,12 @@ from ragen_lightning.data.sampler import FilterConfig, filter_groups
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.parallel import (
     check_strategy,
+    check_tensor_parallel,
     concat_ranks,
     group_share,
     rank_rows,
+    rollout_rank,
+    tp_leaders,
 )
 from ragen_lightning.types import Trajectory
 
@@ -23,6 +26,29 @@ def test_group_share_is_contiguous_and_needs_divisibility():
     assert list(group_share(3, 1, 0)) == [0, 1, 2]
     with pytest.raises(ConfigError, match=r"--data.num_groups \(6\) must be divisible by the number of processes \(4\)"):
         group_share(6, 4, 0)
+
+
+def test_tensor_parallel_ranks_form_consecutive_groups_that_split_the_env_groups():
+    # 4 ranks, TP 2: ranks 0, 1 are engine 0 and ranks 2, 3 engine 1 (vLLM's layout); 2 data-parallel rollout groups
+    assert [rollout_rank(r, 4, 2) for r in range(4)] == [(0, 2), (0, 2), (1, 2), (1, 2)]
+    assert [rollout_rank(r, 4, 1) for r in range(4)] == [(0, 4), (1, 4), (2, 4), (3, 4)]  # k = 1: the ranks
+    assert [rollout_rank(r, 4, 4) for r in range(4)] == [(0, 1)] * 4  # one engine over all ranks
+    assert [rollout_rank(r, 6, 3) for r in range(6)] == [(0, 2)] * 3 + [(1, 2)] * 3
+    # 8 env groups: both ranks of engine 0 run groups 0-3, both of engine 1 groups 4-7 (same seeds per TP group)
+    assert [list(group_share(8, *reversed(rollout_rank(r, 4, 2)))) for r in range(4)] == \
+        [[0, 1, 2, 3], [0, 1, 2, 3], [4, 5, 6, 7], [4, 5, 6, 7]]
+    # the gather keeps one copy per engine (ranks 0 and 2), in global group order
+    assert tp_leaders(["e0", "e0'", "e1", "e1'"], 2) == ["e0", "e1"] and tp_leaders([1, 2, 3], 1) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("tp, size", [(3, 4), (2, 1), (4, 6)])
+def test_tensor_parallel_size_must_divide_the_world(tp, size):
+    with pytest.raises(ConfigError, match=rf"--data.vllm.tensor_parallel_size \({tp}\) must divide the number of "
+                                          rf"training processes \({size}\)"):
+        check_tensor_parallel(tp, size)
+    with pytest.raises(ConfigError, match="--data.vllm.tensor_parallel_size"):
+        rollout_rank(0, size, tp)
+    check_tensor_parallel(1, size)
 
 
 def test_rank_rows_equal_counts_pad_short_shares():

@@ -4,6 +4,7 @@ tests/integration/test_vllm.py."""
 
 from __future__ import annotations
 
+import os
 import sys
 from types import SimpleNamespace
 
@@ -63,6 +64,74 @@ def test_vllm_missing_is_a_one_line_error_naming_the_extra(monkeypatch, model):
 def test_vllm_config_checks_name_the_flag(kw, flag):
     with pytest.raises(ConfigError, match=flag):
         VLLMConfig(**kw)
+
+
+# -- tensor parallelism (k training ranks per engine, vLLM's external_launcher) --------------------------------------
+def test_tensor_parallel_engine_needs_k_processes_before_importing_vllm(model, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # refused before vLLM is even looked for
+    with pytest.raises(ConfigError, match=r"--data.vllm.tensor_parallel_size \(2\) must divide the number of "
+                                          r"training processes \(1\)"):
+        VLLMEngine(model, "unused", [1], 0, VLLMConfig(tensor_parallel_size=2))
+
+
+def test_tensor_parallel_splits_env_groups_by_engine_not_by_rank():
+    from ragen_lightning.data.datamodule import check_world_size
+
+    hp = {"num_groups": 2, "val_num_groups": 6, "engine": "vllm", "vllm": {"tensor_parallel_size": 2}}
+    check_world_size(hp, 4)  # 4 ranks / TP 2 = 2 engines: 2 and 6 groups split evenly
+    check_world_size({**hp, "vllm": VLLMConfig(tensor_parallel_size=2)}, 4)  # the data module's config object
+    with pytest.raises(ConfigError, match=r"--data.num_groups \(2\) must be divisible by the number of processes "
+                                          r"\(4\): every rank runs whole env groups"):
+        check_world_size({**hp, "engine": "hf"}, 4)  # the HF engine ignores tensor_parallel_size
+    with pytest.raises(ConfigError, match=r"--data.val_num_groups \(6\) must be divisible by the number of "
+                                          r"tensor-parallel vLLM engines \(8 processes / "
+                                          r"--data.vllm.tensor_parallel_size 2\)"):
+        check_world_size({**hp, "num_groups": 4}, 8)
+    with pytest.raises(ConfigError, match=r"--data.vllm.tensor_parallel_size \(3\) must divide"):
+        check_world_size({**hp, "engine": "auto", "vllm": {"tensor_parallel_size": 3}}, 4)
+
+
+def test_tensor_parallel_ranks_roll_out_their_engines_share_and_keep_one_copy(monkeypatch):
+    from ragen_lightning.data import datamodule
+
+    calls = []
+
+    class Runner:
+        def run(self, seeds, group_size, params, seed, first_group):
+            calls.append((seeds, first_group))
+            return [f"g{first_group}"]
+
+    monkeypatch.setattr(datamodule, "world", lambda: (3, 4))  # rank 3 of 4: worker 1 of engine 1 (ranks 2, 3)
+    monkeypatch.setattr(datamodule, "gather_objects", lambda local: [["a"], ["a'"], ["b"], local])
+    d = RolloutDataModule(**DATA)
+    d.engine = SimpleNamespace(tensor_parallel_size=2)
+    out = d._run(Runner(), [10, 11, 12, 13], 2, d.train_params, seed=10)
+    assert calls == [([12, 13], 2)]  # engine 1's half of the groups, global ids from 2 (ranks 2 and 3 alike)
+    assert out == ["a", "b"]  # one copy per engine (ranks 0 and 2), in group order
+    d.engine = SimpleNamespace()  # an engine without tensor parallelism: every rank its own quarter
+    assert d._run(Runner(), [10, 11, 12, 13], 2, d.train_params, seed=10) == ["a", "a'", "b", "g3"]
+    assert calls[-1] == ([13], 3)
+
+
+def test_external_launcher_env_names_the_rank_and_the_gpu(monkeypatch):
+    from ragen_lightning.rollout import vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "world", lambda: (3, 4))
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("RANK", "0")  # stale: the process group's rank wins
+    assert vllm_engine.external_launcher(torch.device("cpu")) == "external_launcher"
+    assert (os.environ["RANK"], os.environ["LOCAL_RANK"]) == ("3", "3")
+    vllm_engine.external_launcher(torch.device("cuda", 1))  # the actor's GPU is the worker's
+    assert os.environ["LOCAL_RANK"] == "1"
+
+
+def test_auto_engine_falling_back_to_hf_refuses_tensor_parallel(monkeypatch, model, tiny_tokenizer):
+    from ragen_lightning.rollout import engines
+
+    monkeypatch.setattr(engines, "vllm_installed", lambda: False)
+    with pytest.raises(ConfigError, match="--data.vllm.tensor_parallel_size > 1 needs the vLLM engine"):
+        engines.build_engine(model, tiny_tokenizer, model_path="unused", engine="auto",
+                             vllm=VLLMConfig(tensor_parallel_size=2))
 
 
 def test_tis_needs_temperature_one():
