@@ -6,7 +6,9 @@ with keys: ``out`` (folder), ``model`` (tiny folder), ``strategy`` (``single`` |
 ``vllm``: real sampling with a colocated vLLM engine per rank, each sync's probe recorded under ``probes``),
 ``ckpt_in`` (resume from), ``ckpt_dir`` (a checkpoint after every optimizer step, ``step=N.ckpt``), ``max_steps``
 (stop early), ``kl`` (KL loss with a reference), ``top_k_abs`` (filter), ``mini`` (mini-batch size), ``export``
-(export the actor to ``<out>/export`` at the end of the fit), ``lora`` (``--model.lora`` settings as a dict).
+(export the actor to ``<out>/export`` at the end of the fit), ``lora`` (``--model.lora`` settings as a dict), ``tp``
+(``--data.vllm.tensor_parallel_size``: one vLLM engine over that many ranks; each rank's own generations, before the
+gather, are recorded under ``generations``).
 Every rank writes ``rank{r}.json`` (logged metrics per iteration, kept group ids, data-module state) and
 ``rank{r}.pt`` (the full actor/critic parameters, gathered from FSDP2 shards; under LoRA the trainable ones only, and
 the trained actor's ``logits`` on fixed ids).
@@ -80,6 +82,20 @@ def record_probes(module) -> list[dict]:
     return rows
 
 
+def record_generations() -> list[list[list[int]]]:
+    """The token ids this rank's engine returned, one list per ``generate`` call."""
+    calls: list[list[list[int]]] = []
+    generate = VLLMEngine.generate
+
+    def recording(engine, prompts, params, seeds=None):
+        out = generate(engine, prompts, params, seeds)
+        calls.append([g.token_ids for g in out])
+        return out
+
+    VLLMEngine.generate = recording
+    return calls
+
+
 def main(cfg: dict) -> None:
     out = Path(cfg["out"])
     out.mkdir(parents=True, exist_ok=True)
@@ -94,7 +110,9 @@ def main(cfg: dict) -> None:
                  critic_optimizer=partial(torch.optim.SGD, lr=0.5, momentum=0.9),
                  export_dir=str(out / "export") if cfg.get("export") else None, lora=cfg.get("lora"))
     probes = record_probes(module) if cfg.get("engine") == "vllm" else []
-    engine = {"engine": "vllm", "vllm": VLLMConfig(probe_size=2)} if cfg.get("engine") == "vllm" else {}
+    generations = record_generations() if cfg.get("engine") == "vllm" else []
+    engine = {"engine": "vllm", "vllm": VLLMConfig(probe_size=2, tensor_parallel_size=cfg.get("tp", 1))} \
+        if cfg.get("engine") == "vllm" else {}
     flt = FilterConfig(strategy="top_k_abs", value=cfg["top_k_abs"]) if cfg.get("top_k_abs") else None
     dm = Recording(env_id="ragen/Bandit-v0", num_groups=4, group_size=3, num_iterations=cfg["iterations"],
                    episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1,
@@ -124,7 +142,7 @@ def main(cfg: dict) -> None:
     torch.save(params, out / f"rank{rank}.pt")
     (out / f"rank{rank}.json").write_text(json.dumps({
         "metrics": callbacks[0].rows, "kept": dm.kept, "state": dm.state_dict(), "global_step": trainer.global_step,
-        "world_size": trainer.world_size, "probes": probes,
+        "world_size": trainer.world_size, "probes": probes, "generations": generations,
         "rollout_copy": len(module._rollout_actor)}))  # FSDP2: an unsharded actor copy for the HF engine only
 
 

@@ -165,6 +165,29 @@ def test_fsdp2_with_vllm_engines_passes_the_probe_on_every_rank_and_equals_one_p
                 atol=0)
 
 
+@pytest.mark.skipif(not vllm_installed(), reason="needs vLLM (README install)")
+def test_ddp_with_one_tensor_parallel_vllm_engine_over_both_ranks(tmp_path, vllm_tiny_path):
+    """DDP on 2 ranks with ``--data.vllm.tensor_parallel_size 2``: one vLLM engine (external_launcher) whose two
+    workers are the two training ranks. Both ranks roll out all 4 groups with the same seeds and get the same
+    generations; every push (the second after a real optimizer step) sends the full weights from each rank and the
+    probe passes on both."""
+    cfg = {"model": str(vllm_tiny_path), "iterations": 2, "top_k_abs": 2, "estimator": "grpo", "mini": 6, "micro": 3,
+           "engine": "vllm", "tp": 2}
+    [(j0, p0), (j1, p1)] = collect(launch(tmp_path, "tp", 2, strategy="ddp", **cfg), timeout=800)
+    g0, g1 = j0["generations"], j1["generations"]
+    assert len(g0) == 2 and all(len(call) == 4 * 3 for call in g0)  # one call per iteration, all 12 envs on each rank
+    assert g0 == g1 and any(ids for call in g0 for ids in call)  # one engine: the same tokens on both workers
+    for rank in (j0, j1):
+        probes = rank["probes"]
+        assert [p["step"] for p in probes] == [0, 1] and not any(p["sharded"] for p in probes)
+        assert all(p["max"] < 1e-3 and 0 <= p["mean"] <= p["max"] for p in probes)
+        assert rank["metrics"][-1]["rollout/probe_max_abs_logprob_diff"] < 1e-3  # the max over ranks, logged
+        assert rank["metrics"][-1]["rollout/sync_tensors"] == 27.0  # every tensor, from each rank
+    assert j0["kept"] == j1["kept"] and all(len(k) == 2 for k in j0["kept"])
+    assert_same(p0, p1, atol=0)
+    assert any(not torch.equal(p0[k], v) for k, v in _initial(vllm_tiny_path).items())  # the update did something
+
+
 @pytest.mark.parametrize("quantization, world_sizes", [("none", [2, 1, 2]), ("nf4", [2, 1])])
 def test_fsdp2_lora_equals_ddp_exports_the_adapter_and_reshards(tmp_path, tiny_path, quantization, world_sizes):
     """LoRA / QLoRA under FSDP2 (frozen base, 4-bit as its packed bytes, and adapters sharded per block), GAE + KL
