@@ -78,6 +78,11 @@ class Trajectory:
         num_format_errors: turns charged a format penalty.
         response_tokens: sampled tokens over all turns.
         info: numeric env info values averaged over turns (``action_is_effective`` etc.).
+        turn_info: one record per generated turn: ``actions`` (the action words executed), ``format_ok`` (the
+            answer matched the tag format), ``penalty`` (format penalty charged), ``reward`` (summed env reward) and
+            ``info`` (numeric env info of the turn's last step); what evaluation reports and exports show.
+        trainable: False when the engine returned text, not sampled token ids with their log-probs (an API model):
+            the ids are a re-encoding of that text, and the training batch refuses such a trajectory.
     """
 
     env_index: int
@@ -95,6 +100,8 @@ class Trajectory:
     num_format_errors: int = 0
     response_tokens: int = 0
     info: dict[str, float] = field(default_factory=dict)
+    turn_info: list[dict] = field(default_factory=list)
+    trainable: bool = True
 
     @property
     def env_return(self) -> float:

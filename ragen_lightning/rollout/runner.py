@@ -187,6 +187,8 @@ class RolloutRunner:
             seeds = [request_seed(seed, ep.traj.env_index, turn) for ep, _ in fitting]
             # scripted/expert engines (demonstrations, oracles) answer from the env state instead of the prompt
             extra = {"envs": [ep.env.unwrapped for ep, _ in fitting]} if getattr(self.engine, "needs_envs", False) else {}
+            if getattr(self.engine, "needs_messages", False):  # text-in/text-out engines (API models) get the chat
+                extra["messages"] = [list(ep.conv.messages) for ep, _ in fitting]
             t0 = time.perf_counter()
             outs = self.engine.generate([p for _, p in fitting], params, seeds, **extra)
             self.timing["generate"] += time.perf_counter() - t0
@@ -206,7 +208,8 @@ class RolloutRunner:
         obs, info = env.reset(seed=seed, options=options)
         spec = env.unwrapped.prompt_spec()
         system = prompting.system_prompt(spec, self.episode.max_actions_per_episode)
-        traj = Trajectory(env_index=env_index, group_id=group_id, seed=seed)
+        traj = Trajectory(env_index=env_index, group_id=group_id, seed=seed,
+                          trainable=getattr(self.engine, "trainable", True))
         return _Episode(traj=traj, env=env, system=system, obs=str(obs),
                         actions_left=self.episode.max_actions_per_episode)
 
@@ -280,7 +283,7 @@ class RolloutRunner:
             ep.traj.penalty += current.penalty
             ep.traj.num_format_errors += 1
 
-        reward, ended = 0.0, False
+        reward, ended, executed, step_info = 0.0, False, [], {}
         for action in valid[: ep.actions_left]:
             t0 = time.perf_counter()
             obs, r, terminated, truncated, info = ep.env.step(action)
@@ -289,6 +292,8 @@ class RolloutRunner:
             ep.actions_left -= 1
             ep.traj.num_actions += 1
             ep.traj.success = bool(info.get("success", False))
+            executed.append(names[action] if names and isinstance(action, int) else str(action))
+            step_info = {k: float(v) for k, v in info.items() if isinstance(v, (int, float, bool, np.number))}
             for k, v in info.items():
                 if k != "success" and isinstance(v, (int, float, bool, np.number)):
                     ep.info_sums[k] = ep.info_sums.get(k, 0.0) + float(v)
@@ -297,6 +302,8 @@ class RolloutRunner:
                 break
         current.reward = reward
         ep.traj.turn_rewards.append(reward)
+        ep.traj.turn_info.append({"actions": executed, "format_ok": parsed.format_ok, "penalty": current.penalty,
+                                  "reward": reward, "info": step_info})
         ep.warn_invalid = not valid
         if self.episode.context_window != "full":
             ep.traj.samples.append(Sample(ep.conv, [reward + current.penalty]))
