@@ -54,7 +54,18 @@ def normalize_scores(scores: torch.Tensor, group_index: torch.Tensor, grouping: 
 def build_batch(trajectories: Sequence[Trajectory], *, pad_token_id: int, reward_placement: RewardPlacement = "last",
                 norm_grouping: NormGrouping = "state", norm_method: NormMethod = "identity",
                 metrics: dict[str, float] | None = None) -> RolloutBatch:
-    """Pad every training sample of ``trajectories`` into one batch (episodes in order, samples in turn order)."""
+    """Pad every training sample of ``trajectories`` into one batch (episodes in order, samples in turn order).
+
+    Raises:
+        ValueError: a trajectory is not trainable (a text-in/text-out engine such as an API model produced it: its
+            ids re-encode returned text and carry no sampled log-probs, so no policy-gradient step can use them).
+    """
+    if untrainable := [t for t in trajectories if not t.trainable]:
+        raise ValueError(
+            f"{len(untrainable)} of {len(trajectories)} trajectories (first: env {untrainable[0].env_index}, seed "
+            f"{untrainable[0].seed}) come from a text-in/text-out engine (an API model): their token ids re-encode "
+            "the returned text and have no sampled log-probs, so they cannot be trained on; use them for evaluation "
+            "only (python -m ragen_lightning.evaluate)")
     if reward_placement not in ("last", "turn"):
         raise ValueError(f"reward_placement must be 'last' or 'turn', got {reward_placement!r}")
     if reward_placement == "turn" and norm_method != "identity":
