@@ -83,6 +83,8 @@ class Trajectory:
             ``info`` (numeric env info of the turn's last step); what evaluation reports and exports show.
         trainable: False when the engine returned text, not sampled token ids with their log-probs (an API model):
             the ids are a re-encoding of that text, and the training batch refuses such a trajectory.
+        env_error: why the env failed (an exception or a timeout in a reset or step, ``"<where>: <type>: <message>"``),
+            which ended the episode; None when it did not. The turn in which it failed is not in the trajectory.
     """
 
     env_index: int
@@ -102,6 +104,7 @@ class Trajectory:
     info: dict[str, float] = field(default_factory=dict)
     turn_info: list[dict] = field(default_factory=list)
     trainable: bool = True
+    env_error: str | None = None
 
     @property
     def env_return(self) -> float:

@@ -147,6 +147,8 @@ def rollout_metrics(trajectories: Sequence[Trajectory], group_size: int) -> dict
         "format_error_rate": sum(t.num_format_errors for t in trajectories) / max(turns, 1),
         "response_length": sum(t.response_tokens for t in trajectories) / max(turns, 1),
         "context_truncated": sum(t.context_truncated for t in trajectories) / n,
+        # episodes an env exception or timeout ended (a count: any is worth a look; the runner logged each)
+        "env_errors": float(sum(t.env_error is not None for t in trajectories)),
     }
     groups: dict[int, list[bool]] = defaultdict(list)
     for t in trajectories:

@@ -19,12 +19,25 @@ Context modes (RAGEN's ``context_window_mode``):
 ``max_model_len`` is a hard limit: when the next turn's prompt plus ``max_new_tokens`` would not fit, the episode
 ends (``context_truncated``) and nothing already built is cut, so masks never shift (RAGEN drops old messages and
 can flip its parity-based masks).
+
+Slow and remote envs (``EpisodeSettings.max_workers``, ``step_timeout_s``): the resets of a rollout and the env steps
+of a turn run on a bounded pool of worker threads (:class:`~ragen_lightning.rollout.env_pool.WorkerPool`), one call
+per episode at a time (an episode's actions stay in order: the k-th actions of every episode run together, then the
+(k+1)-th), and their results are applied in episode order, so a rollout is the same whatever the pool size. A reset
+or step that raises or runs past ``step_timeout_s`` ends THAT episode: ``Trajectory.env_error`` records it, one
+warning names the env, seed and error, and the rollout goes on. The turn in which the env failed is dropped whole (its
+reward is unknown): the trajectory keeps the turns before it, token-exact and trainable, like an episode cut by the
+turn limit (``truncated``); an env that failed at reset or in its first turn leaves a trajectory with no training
+sample (score 0, counted by the ``env_errors`` metric). A timed-out env is abandoned with its worker thread (a thread
+cannot be killed) and a fresh env takes its place at the next reset.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Sequence
 
 import gymnasium as gym
@@ -32,9 +45,12 @@ import numpy as np
 
 from ragen_lightning.rollout import prompting
 from ragen_lightning.rollout.engine import GenerationEngine, SamplingParams
+from ragen_lightning.rollout.env_pool import Outcome, WorkerPool
 from ragen_lightning.rollout.settings import ContextWindow, EpisodeSettings  # noqa: F401 (re-export)
 from ragen_lightning.rollout.tokens import ChatTokens
 from ragen_lightning.types import Conversation, Sample, Trajectory
+
+log = logging.getLogger(__name__)
 
 
 class UnknownEnvError(ValueError):
@@ -67,11 +83,22 @@ def transition_seed(group_seed: int, member: int) -> int:
 class _Turn:
     user: str  # the full user message of this turn (reward feedback of the previous turn + turn block)
     state: str
+    mark: tuple | None = None  # full mode: the conversation's extent before this turn (to drop it on an env error)
     sampled: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     response: str = ""
     reward: float = 0.0
     penalty: float = 0.0
+    # filled while the turn's actions run; added to the trajectory when the turn closes without an env error
+    plan: list[Any] = field(default_factory=list)  # the valid actions to execute, in order
+    names: tuple[str, ...] = ()
+    format_ok: bool = False
+    executed: list[str] = field(default_factory=list)
+    step_info: dict[str, float] = field(default_factory=dict)
+    info_sums: dict[str, float] = field(default_factory=dict)
+    success: bool | None = None  # the last step's info["success"] (None: no step ran)
+    terminated: bool = False
+    truncated: bool = False
 
 
 @dataclass
@@ -86,6 +113,7 @@ class _Episode:
     warn_invalid: bool = False
     info_sums: dict[str, float] = field(default_factory=dict)
     done: bool = False
+    slot: int = 0  # the runner's env slot (a timed-out env is replaced there)
 
 
 class RolloutRunner:
@@ -115,20 +143,34 @@ class RolloutRunner:
         self.chat, self.engine = chat, engine
         self.episode = episode if episode is not None else EpisodeSettings()
         self.max_response_tokens = max_response_tokens
-        self._envs: list[gym.Env] = []
+        self._envs: list[gym.Env | None] = []
+        self._pool: WorkerPool | None = None
         self.timing = {"generate": 0.0, "env": 0.0}  # seconds spent in the last run()
         make_env(env_id, self.env_kwargs).close()  # fail now, with the id in the message, not mid-rollout
 
     # -- env pool ---------------------------------------------------------------------------------------------
     def _env(self, i: int) -> gym.Env:
         while len(self._envs) <= i:
-            self._envs.append(make_env(self.env_id, self.env_kwargs))
-        return self._envs[i]
+            self._envs.append(None)
+        env = self._envs[i]
+        if env is None:  # new, or its predecessor was abandoned after a timeout
+            env = self._envs[i] = make_env(self.env_id, self.env_kwargs)
+        return env
+
+    def _workers(self) -> WorkerPool:
+        if self._pool is None:
+            self._pool = WorkerPool(self.episode.max_workers, self.episode.step_timeout_s,
+                                    name=f"env-worker[{self.env_id}]")
+        return self._pool
 
     def close(self) -> None:
         for env in self._envs:
-            env.close()
+            if env is not None:
+                env.close()
         self._envs.clear()
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     # -- rollout ----------------------------------------------------------------------------------------------
     def first_prompt_length(self, seed: int) -> int:
@@ -156,9 +198,7 @@ class RolloutRunner:
         clear_cache = getattr(self.engine, "clear_cache", lambda: None)
         clear_cache()
         t0 = time.perf_counter()
-        episodes = [self._reset((first_group + g) * group_size + m, first_group + g, int(s), member=m,
-                                slot=g * group_size + m)
-                    for g, s in enumerate(group_seeds) for m in range(group_size)]
+        episodes = self._reset_all(group_seeds, group_size, first_group)
         self.timing["env"] += time.perf_counter() - t0
         announce = self.max_response_tokens or params.max_new_tokens
         for turn in range(1, self.episode.max_turns + 1):
@@ -168,6 +208,7 @@ class RolloutRunner:
             fitting = []
             for ep in live:
                 user = self._user_message(ep, turn, announce)
+                mark = _mark(ep.conv) if self.episode.context_window == "full" else None
                 prompt = self._prompt_ids(ep, user, params.max_new_tokens)
                 if prompt is None:
                     if turn == 1:
@@ -180,7 +221,7 @@ class RolloutRunner:
                     ep.traj.context_truncated = ep.traj.truncated = True
                     self._finish(ep)
                     continue
-                ep.turns.append(_Turn(user=user, state=ep.obs))
+                ep.turns.append(_Turn(user=user, state=ep.obs, mark=mark))
                 fitting.append((ep, prompt))
             if not fitting:
                 break
@@ -193,7 +234,12 @@ class RolloutRunner:
             outs = self.engine.generate([p for _, p in fitting], params, seeds, **extra)
             self.timing["generate"] += time.perf_counter() - t0
             for (ep, _), out in zip(fitting, outs):
-                self._apply(ep, turn, out.token_ids, out.logprobs)
+                self._respond(ep, out.token_ids, out.logprobs)
+            t0 = time.perf_counter()
+            self._execute([ep for ep, _ in fitting])
+            self.timing["env"] += time.perf_counter() - t0
+            for ep, _ in fitting:
+                self._close_turn(ep)
         for ep in episodes:
             if not ep.done:  # turn limit reached while the env was still running
                 ep.traj.truncated = True
@@ -202,16 +248,53 @@ class RolloutRunner:
         return [ep.traj for ep in episodes]
 
     def _reset(self, env_index: int, group_id: int, seed: int, member: int, slot: int | None = None) -> _Episode:
-        env = self._env(env_index if slot is None else slot)
+        slot = env_index if slot is None else slot
+        env = self._env(slot)
+        return self._episode(env, slot, env_index, group_id, seed, *self._reset_env(env, seed, member))
+
+    def _reset_all(self, group_seeds: Sequence[int], group_size: int, first_group: int) -> list[_Episode]:
+        """Reset every env of the rollout (on the worker pool); an env whose reset fails gives a finished episode
+        that records the error."""
+        jobs = [((first_group + g) * group_size + m, first_group + g, int(s), m, g * group_size + m)
+                for g, s in enumerate(group_seeds) for m in range(group_size)]
+        envs = [self._env(slot) for *_, slot in jobs]
+        outcomes = self._workers().map([partial(self._reset_env, env, seed, member)
+                                        for env, (_, _, seed, member, _) in zip(envs, jobs)])
+        episodes = []
+        for env, (index, group, seed, _, slot), outcome in zip(envs, jobs, outcomes):
+            obs, system = outcome.value if outcome.ok else ("", "")
+            ep = self._episode(env, slot, index, group, seed, obs, system)
+            if not outcome.ok:
+                self._fail(ep, "reset", outcome)
+                ep.done = True
+            episodes.append(ep)
+        return episodes
+
+    def _reset_env(self, env: gym.Env, seed: int, member: int) -> tuple[str, str]:
+        """Reset ``env`` (the member's transition seed for transition-seeded envs); its observation and the system
+        prompt built from its ``prompt_spec()`` (runs on a worker: a remote env's calls are round trips)."""
         options = ({"transition_seed": transition_seed(seed, member)}
                    if getattr(env.unwrapped, "transition_seeded", False) else None)
-        obs, info = env.reset(seed=seed, options=options)
+        obs, _info = env.reset(seed=seed, options=options)
         spec = env.unwrapped.prompt_spec()
-        system = prompting.system_prompt(spec, self.episode.max_actions_per_episode)
+        return str(obs), prompting.system_prompt(spec, self.episode.max_actions_per_episode)
+
+    def _episode(self, env: gym.Env, slot: int, env_index: int, group_id: int, seed: int, obs: str,
+                 system: str) -> _Episode:
         traj = Trajectory(env_index=env_index, group_id=group_id, seed=seed,
                           trainable=getattr(self.engine, "trainable", True))
-        return _Episode(traj=traj, env=env, system=system, obs=str(obs),
+        return _Episode(traj=traj, env=env, system=system, obs=obs, slot=slot,
                         actions_left=self.episode.max_actions_per_episode)
+
+    def _fail(self, ep: _Episode, where: str, outcome: Outcome) -> None:
+        """Record an env's exception or timeout on its episode (the caller ends the episode) and log it once."""
+        error = outcome.error
+        ep.traj.env_error = f"{where}: {type(error).__name__}: {error}"
+        log.warning("env %s failed at %s of the episode with seed %d (env index %d): %s: %s; the episode ends here "
+                    "(turns before the failing one are kept), the rollout goes on", self.env_id, where, ep.traj.seed,
+                    ep.traj.env_index, type(error).__name__, error)
+        if outcome.timed_out and 0 <= ep.slot < len(self._envs) and self._envs[ep.slot] is ep.env:
+            self._envs[ep.slot] = None  # a worker may still be inside it: never touch it again
 
     def _turn_block(self, ep: _Episode, turn: int, announce: int) -> str:
         instruction = prompting.instruction_line(ep.actions_left, max_response_tokens=announce,
@@ -266,51 +349,86 @@ class RolloutRunner:
         ep.conv = conv
         return list(conv.input_ids)
 
-    def _apply(self, ep: _Episode, turn: int, sampled: list[int], logprobs: list[float]) -> None:
+    def _respond(self, ep: _Episode, sampled: list[int], logprobs: list[float]) -> None:
+        """Append the turn's sampled ids to the conversation and parse them into the actions to execute."""
         current = ep.turns[-1]
         current.sampled, current.logprobs = list(sampled), list(logprobs)
         text = self.chat.add_response(ep.conv, sampled, logprobs)
         current.response = prompting.generation_prefix(self.episode.enable_think) + text
-        ep.traj.num_turns += 1
-        ep.traj.response_tokens += len(sampled)
-
         parsed = prompting.parse_response(text, enable_think=self.episode.enable_think,
                                           max_actions_per_turn=self.episode.max_actions_per_turn)
-        names = tuple(getattr(ep.env.unwrapped, "action_names", ()) or ())
-        valid = [a for a in prompting.map_actions(parsed.actions, names) if a is not None and a != ""]
+        current.names = tuple(getattr(ep.env.unwrapped, "action_names", ()) or ())
+        valid = [a for a in prompting.map_actions(parsed.actions, current.names) if a is not None and a != ""]
         current.penalty = prompting.turn_format_penalty(len(valid), len(parsed.actions), self.episode.format_penalty)
-        if current.penalty:
-            ep.traj.penalty += current.penalty
-            ep.traj.num_format_errors += 1
+        current.format_ok = parsed.format_ok
+        current.plan = valid[: ep.actions_left]
 
-        reward, ended, executed, step_info = 0.0, False, [], {}
-        for action in valid[: ep.actions_left]:
-            t0 = time.perf_counter()
-            obs, r, terminated, truncated, info = ep.env.step(action)
-            self.timing["env"] += time.perf_counter() - t0
-            ep.obs, reward = str(obs), reward + float(r)
-            ep.actions_left -= 1
-            ep.traj.num_actions += 1
-            ep.traj.success = bool(info.get("success", False))
-            executed.append(names[action] if names and isinstance(action, int) else str(action))
-            step_info = {k: float(v) for k, v in info.items() if isinstance(v, (int, float, bool, np.number))}
-            for k, v in info.items():
-                if k != "success" and isinstance(v, (int, float, bool, np.number)):
-                    ep.info_sums[k] = ep.info_sums.get(k, 0.0) + float(v)
-            if terminated or truncated:
-                ep.traj.terminated, ep.traj.truncated, ended = bool(terminated), bool(truncated), True
-                break
-        current.reward = reward
-        ep.traj.turn_rewards.append(reward)
-        ep.traj.turn_info.append({"actions": executed, "format_ok": parsed.format_ok, "penalty": current.penalty,
-                                  "reward": reward, "info": step_info})
-        ep.warn_invalid = not valid
+    def _execute(self, episodes: list[_Episode]) -> None:
+        """Run the planned actions of this turn: the k-th action of every episode that is still running together on
+        the worker pool, for k = 0, 1, ...; results are applied in episode order."""
+        pool = self._workers()
+        k = 0
+        while True:
+            batch = [ep for ep in episodes if ep.traj.env_error is None and not ep.turns[-1].terminated
+                     and not ep.turns[-1].truncated and k < len(ep.turns[-1].plan)]
+            if not batch:
+                return
+            outcomes = pool.map([partial(_step, ep.env, ep.turns[-1].plan[k]) for ep in batch])
+            for ep, outcome in zip(batch, outcomes):
+                if outcome.ok:
+                    self._record_step(ep, ep.turns[-1].plan[k], *outcome.value)
+                else:
+                    self._fail(ep, f"turn {len(ep.turns)}, action {k + 1}", outcome)
+            k += 1
+
+    def _record_step(self, ep: _Episode, action: Any, obs: str, reward: float, terminated: bool, truncated: bool,
+                     info: dict[str, Any]) -> None:
+        current = ep.turns[-1]
+        ep.obs = obs
+        current.reward += reward
+        ep.actions_left -= 1
+        current.success = bool(info.get("success", False))
+        names = current.names
+        current.executed.append(names[action] if names and isinstance(action, int) else str(action))
+        current.step_info = {k: float(v) for k, v in info.items() if isinstance(v, (int, float, bool, np.number))}
+        for k, v in current.step_info.items():
+            if k != "success":
+                current.info_sums[k] = current.info_sums.get(k, 0.0) + v
+        current.terminated, current.truncated = terminated, truncated
+
+    def _close_turn(self, ep: _Episode) -> None:
+        """Add the turn to the trajectory and end the episode when the env ended it or the action budget is spent;
+        after an env error, drop the turn and end the episode (see the module docstring)."""
+        current = ep.turns[-1]
+        traj = ep.traj
+        if traj.env_error is not None:
+            ep.turns.pop()
+            if self.episode.context_window == "full":
+                ep.conv = _cut(ep.conv, current.mark)
+            traj.truncated = True
+            self._finish(ep)
+            return
+        traj.num_turns += 1
+        traj.response_tokens += len(current.sampled)
+        if current.penalty:
+            traj.penalty += current.penalty
+            traj.num_format_errors += 1
+        traj.num_actions += len(current.executed)
+        if current.success is not None:
+            traj.success = current.success
+        for k, v in current.info_sums.items():
+            ep.info_sums[k] = ep.info_sums.get(k, 0.0) + v
+        traj.turn_rewards.append(current.reward)
+        traj.turn_info.append({"actions": current.executed, "format_ok": current.format_ok,
+                               "penalty": current.penalty, "reward": current.reward, "info": current.step_info})
+        ep.warn_invalid = not current.plan
         if self.episode.context_window != "full":
-            ep.traj.samples.append(Sample(ep.conv, [reward + current.penalty]))
-        if ended:
+            traj.samples.append(Sample(ep.conv, [current.reward + current.penalty]))
+        if current.terminated or current.truncated:
+            traj.terminated, traj.truncated = current.terminated, current.truncated
             self._finish(ep)
         elif ep.actions_left <= 0:
-            ep.traj.truncated = True
+            traj.truncated = True
             self._finish(ep)
 
     def _finish(self, ep: _Episode) -> None:
@@ -322,3 +440,36 @@ class RolloutRunner:
         turns = max(ep.traj.num_turns, 1)
         ep.traj.info = {k: v / turns for k, v in ep.info_sums.items()}
         ep.traj.success = ep.traj.success and ep.traj.terminated
+
+
+def _step(env: gym.Env, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    """``env.step(action)`` checked and converted on the worker, so a malformed result is that episode's error."""
+    result = env.step(action)
+    if not isinstance(result, tuple) or len(result) != 5:
+        raise TypeError(f"step must return (obs, reward, terminated, truncated, info), got {type(result).__name__} "
+                        f"of length {len(result) if isinstance(result, tuple) else '?'}")
+    obs, reward, terminated, truncated, info = result
+    if not isinstance(info, dict):
+        raise TypeError(f"step's info must be a dict, got {type(info).__name__}")
+    reward = float(reward)
+    if not np.isfinite(reward):
+        raise ValueError(f"step returned a non-finite reward {reward!r}")
+    return str(obs), reward, bool(terminated), bool(truncated), info
+
+
+def _mark(conv: Conversation | None) -> tuple | None:
+    """The extent of a conversation, to cut it back to later (None: no conversation yet)."""
+    if conv is None:
+        return None
+    return len(conv.input_ids), len(conv.messages), len(conv.turn_spans), conv.ended_with_eos
+
+
+def _cut(conv: Conversation | None, mark: tuple | None) -> Conversation | None:
+    """``conv`` cut back to ``mark`` (in place), or None when the mark predates the conversation."""
+    if conv is None or mark is None:
+        return None
+    n, messages, spans, ended_with_eos = mark
+    del conv.input_ids[n:], conv.loss_mask[n:], conv.sampled_logprobs[n:]
+    del conv.messages[messages:], conv.turn_spans[spans:]
+    conv.ended_with_eos = ended_with_eos
+    return conv

@@ -40,6 +40,15 @@ class EpisodeSettings:
             (``benchmarks/grid_reading.py``: 0.79 exact after 500 steps with the state last, 0.29 with RAGEN's
             ~45-token instruction line between the grid and the answer; docs/learning.md).
         format_penalty: score added for every turn with an invalid or missing action.
+        stop: stop strings of every turn (e.g. ``["</answer>"]``): a turn ends with the token that completes one, and
+            those tokens stay in the response, token for token, as sampled. The expert demonstrations of a warm start
+            do not use them (an expert answer ends with ``</answer>`` and the end-of-turn token either way).
+        max_workers: env steps (and resets) of one turn run concurrently on this many worker threads; 1 runs them
+            one after another in the rollout's own thread (no threads at all unless ``step_timeout_s`` is set),
+            which is fastest for the in-process envs (microseconds per step); raise it for slow or remote envs.
+        step_timeout_s: seconds one env reset or step may take (None = no limit); a step over it ends its episode
+            with a recorded error and its worker thread is abandoned (a thread cannot be killed: a hung env keeps
+            it until the env returns; it is a daemon thread, so it never blocks the run's exit).
     """
 
     max_turns: int = 5
@@ -52,18 +61,26 @@ class EpisodeSettings:
     enable_think: bool = True
     observation_last: bool = False
     format_penalty: float = -0.1
+    stop: tuple[str, ...] = ()
+    max_workers: int = 1
+    step_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         check_domains(FLAG_PREFIX, self, _DOMAINS)
+        if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ConfigError(f"{FLAG_PREFIX}stop must be a list of non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(self.stop))  # a YAML list arrives as a list; keep it hashable
         if self.context_window not in CONTEXT_WINDOWS:
             raise ConfigError(f"{FLAG_PREFIX}context_window must be 'full', 'limited' or 'single_turn', "
                               f"got {self.context_window!r}")
 
     def demonstration_fields(self) -> dict[str, Any]:
         """The settings that shape expert demonstrations (every field but ``format_penalty``, which only moves
-        the RL score); the warm start's cache key hashes exactly these."""
+        the RL score, and the rollout layer's ``stop``, ``max_workers`` and ``step_timeout_s``, which the expert's
+        answers and the env's transitions do not depend on); the warm start's cache key hashes exactly these."""
         fields = asdict(self)
-        fields.pop("format_penalty")
+        for name in ("format_penalty", "stop", "max_workers", "step_timeout_s"):
+            fields.pop(name)
         if not fields["observation_last"]:  # RAGEN's order: the keys of warm starts built before the option
             fields.pop("observation_last")
         return fields
@@ -72,7 +89,8 @@ class EpisodeSettings:
 _COUNT = Domain(low=1, integer=True)
 _DOMAINS = {"max_turns": _COUNT, "max_actions_per_turn": _COUNT, "max_actions_per_episode": _COUNT,
             "max_new_tokens": _COUNT, "window_turns": _COUNT, "max_model_len": _COUNT,
-            "format_penalty": Domain(high=0)}  # the penalty is added to the score
+            "format_penalty": Domain(high=0), "max_workers": _COUNT,
+            "step_timeout_s": Domain(low=0, low_open=True, none=True)}  # the penalty is added to the score
 
 
 def as_episode(value: EpisodeSettings | dict[str, Any] | None) -> EpisodeSettings:

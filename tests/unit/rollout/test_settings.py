@@ -90,5 +90,23 @@ def test_as_episode_and_demonstration_fields():
     assert as_episode(ep) is ep
     # the warm-start key hashes these: every field but the RL-only format penalty, and observation_last only when
     # set (warm starts built before the option keep their keys)
-    assert set(ep.demonstration_fields()) == set(NAMES) - {"format_penalty", "observation_last"}
+    # set (warm starts built before the option keep their keys); the rollout layer's stop strings, worker pool and
+    # timeout shape no demonstration (the expert ignores stop strings; transitions do not depend on threads)
+    rollout_layer = {"stop", "max_workers", "step_timeout_s"}
+    assert set(ep.demonstration_fields()) == set(NAMES) - {"format_penalty", "observation_last"} - rollout_layer
     assert EpisodeSettings(observation_last=True).demonstration_fields()["observation_last"] is True
+    assert EpisodeSettings(stop=["</answer>"], max_workers=8, step_timeout_s=2.0).demonstration_fields() == \
+        EpisodeSettings().demonstration_fields()
+
+
+def test_rollout_layer_settings():
+    ep = EpisodeSettings(stop=["</answer>"])  # a YAML list becomes a (hashable) tuple
+    assert ep.stop == ("</answer>",) and hash(ep) == hash(EpisodeSettings(stop=("</answer>",)))
+    for bad in ("</answer>", [""], [3]):
+        with pytest.raises(ConfigError, match=r"^--data\.episode\.stop must be a list of non-empty strings"):
+            EpisodeSettings(stop=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^--data\.episode\.max_workers must be an integer >= 1, got 0$"):
+        EpisodeSettings(max_workers=0)
+    with pytest.raises(ConfigError, match=r"^--data\.episode\.step_timeout_s must be"):
+        EpisodeSettings(step_timeout_s=0.0)
+    assert EpisodeSettings(step_timeout_s=None).step_timeout_s is None
