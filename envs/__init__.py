@@ -30,10 +30,18 @@ ENV_IDS: dict[str, tuple[str, dict]] = {
     "ragen/Sudoku-v0": ("envs.sudoku:SudokuEnv", {}),
     "ragen/2048-v0": ("envs.game_2048:Game2048Env", {}),
     "ragen/RubiksCube-v0": ("envs.rubiks_cube:RubiksCubeEnv", {}),
+    "ragen/SearchQA-v0": ("envs.searchqa:SearchQAEnv", {}),
+    "ragen/DeepCoder-v0": ("envs.deepcoder:DeepCoderEnv", {}),
 }
 
 for _id, (_entry, _kwargs) in ENV_IDS.items():
     if _id not in gym.registry:
         gym.register(id=_id, entry_point=_entry, kwargs=dict(_kwargs))
 
-__all__ = ["ENV_IDS", "PromptSpec", "TextEnv", "text_space"]
+# A client of an env served over HTTP (``python -m envs.serve <env_id>``, envs/remote.py): not in ENV_IDS, whose
+# entries are the tasks themselves, because it needs a server to talk to.
+REMOTE_ID = "ragen/Remote-v0"
+if REMOTE_ID not in gym.registry:
+    gym.register(id=REMOTE_ID, entry_point="envs.remote:RemoteEnv")
+
+__all__ = ["ENV_IDS", "REMOTE_ID", "PromptSpec", "TextEnv", "text_space"]

@@ -1,0 +1,135 @@
+"""A retrieval server speaking RAGEN's HTTP contract (``GET /health``, ``POST /retrieve {query, top_k}``), standard
+library only, over the BM25 index of a corpus file or of the SearchQA env's generated encyclopaedia.
+
+    python -m envs.retrieval_server                              # the world_seed 0 encyclopaedia on 127.0.0.1:8000
+    python -m envs.retrieval_server --corpus passages.jsonl --port 8001
+    # then: gymnasium.make("ragen/SearchQA-v0", retrieval_url="http://127.0.0.1:8000")
+
+It listens on loopback unless ``--host`` says otherwise (it has no authentication). Requests are bounded: a body of at
+most 64 KiB, ``query`` a string of at most 2000 characters, ``top_k`` an int in [1, 50]; anything else is a 400 with
+``{"error": "..."}`` naming the field. Each request is handled on its own thread (``ThreadingHTTPServer``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from envs.retrieval import (
+    MAX_QUERY_CHARS,
+    MAX_TOP_K,
+    BM25Retriever,
+    Retriever,
+    load_corpus,
+)
+
+MAX_BODY_BYTES = 64 * 1024
+
+
+class _Handler(BaseHTTPRequestHandler):
+    retriever: Retriever  # set on the subclass made by make_server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args) -> None:
+        pass  # quiet: a rollout makes thousands of requests
+
+    def _send(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self._send(HTTPStatus.OK, {"status": "ok"})
+        else:
+            self._send(HTTPStatus.NOT_FOUND, {"error": f"no such path {self.path[:100]!r}"})
+
+    def do_POST(self) -> None:
+        if self.path != "/retrieve":
+            self._send(HTTPStatus.NOT_FOUND, {"error": f"no such path {self.path[:100]!r}"})
+            return
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            self._send(HTTPStatus.LENGTH_REQUIRED, {"error": "Content-Length is required"})
+            return
+        if not 0 <= length <= MAX_BODY_BYTES:
+            self.close_connection = True  # the body is not read
+            self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": f"body over {MAX_BODY_BYTES} bytes"})
+            return
+        try:
+            body = json.loads(self.rfile.read(length))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            self._send(HTTPStatus.BAD_REQUEST, {"error": "body is not JSON"})
+            return
+        error = _check_request(body)
+        if error:
+            self._send(HTTPStatus.BAD_REQUEST, {"error": error})
+            return
+        docs = self.retriever.search(body["query"], body.get("top_k", 5))
+        self._send(HTTPStatus.OK, {"results": [{"id": d.id, "content": d.content, "score": d.score} for d in docs]})
+
+
+def _check_request(body: object) -> str:
+    """'' when ``body`` is a valid retrieve request, else what is wrong with it."""
+    if not isinstance(body, dict):
+        return "body must be a JSON object {query, top_k}"
+    query = body.get("query")
+    if not isinstance(query, str) or len(query) > MAX_QUERY_CHARS:
+        return f"query must be a string of at most {MAX_QUERY_CHARS} characters"
+    top_k = body.get("top_k", 5)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
+        return f"top_k must be an int in [1, {MAX_TOP_K}], got {top_k!r}"[:200]
+    return ""
+
+
+def make_server(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
+    """A server (not yet serving) answering from ``retriever``; ``port=0`` picks a free port
+    (``server.server_address[1]``)."""
+    handler = type("RetrievalHandler", (_Handler,), {"retriever": retriever})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    return server
+
+
+def serve_in_thread(retriever: Retriever, host: str = "127.0.0.1", port: int = 0) -> tuple[ThreadingHTTPServer, str]:
+    """Start a server on a daemon thread; returns it (``shutdown()`` stops it) and its base URL."""
+    server = make_server(retriever, host, port)
+    threading.Thread(target=server.serve_forever, daemon=True, name="retrieval-server").start()
+    return server, f"http://{host}:{server.server_address[1]}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpus", default=None, help="a .jsonl/.parquet passage file (default: the generated "
+                                                       "encyclopaedia of --world-seed)")
+    parser.add_argument("--world-seed", type=int, default=0, help="the SearchQA env's world_seed")
+    parser.add_argument("--num-people", type=int, default=48, help="the SearchQA env's num_people")
+    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args(argv)
+    if args.corpus is not None:
+        documents = load_corpus(args.corpus)
+    else:
+        from envs.encyclopedia import build_world
+
+        documents = build_world(args.world_seed, num_people=args.num_people).documents()
+    server = make_server(BM25Retriever(list(documents)), args.host, args.port)
+    print(f"retrieval server: {len(documents)} passages on http://{args.host}:{server.server_address[1]}",
+          flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+if __name__ == "__main__":
+    main()
