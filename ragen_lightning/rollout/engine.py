@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -30,14 +30,21 @@ class SamplingParams:
         top_p: nucleus sampling mass (1.0 = off).
         top_k: keep the k most likely tokens (0 or -1 = off).
         max_new_tokens: per-turn response length cap.
+        stop: stop strings (e.g. ``("</answer>",)``): generation ends with the sampled token that completes one in
+            the decoded response, and that token (all of it, even when the string ends inside it) stays in the
+            response, so the ids trained are the ids sampled; ``finish_reason`` is then ``"stop"``.
     """
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
     max_new_tokens: int = 100
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self):
+        if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop must be a sequence of non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(self.stop))
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
@@ -53,7 +60,8 @@ class Generation:
     Attributes:
         token_ids: sampled ids, including the stop token when one was sampled.
         logprobs: raw-model log-prob of each sampled id (temperature 1, before top-k/top-p).
-        finish_reason: ``"stop"`` (a stop token was sampled) or ``"length"`` (hit ``max_new_tokens``).
+        finish_reason: ``"stop"`` (a stop token was sampled or a stop string completed) or ``"length"`` (hit
+            ``max_new_tokens``).
     """
 
     token_ids: list[int]
@@ -123,6 +131,10 @@ class HFEngine:
     * **Finished rows leave the batch.** A row that sampled a stop token is removed from the decode batch (and the
       leading all-padding columns with it), so late steps decode only live rows.
 
+    Stop strings (``SamplingParams.stop``) are matched on the decoded text of each row's last few sampled tokens
+    after every step (only when the new token can end one), the way vLLM's detokenizer matches them; they need the
+    ``tokenizer``.
+
     Args:
         model: the causal LM (usually the actor itself; generation runs under ``no_grad`` in eval mode and
             restores the training mode afterwards).
@@ -130,10 +142,11 @@ class HFEngine:
         pad_token_id: id used for left padding.
         max_batch_size: requests decoded together at most (bounds memory).
         prefix_cache_tokens: tokens of keys/values kept for prefix reuse at most (0 turns reuse off).
+        tokenizer: decodes sampled ids for stop strings (None: requests with stop strings are refused).
     """
 
     def __init__(self, model: torch.nn.Module, stop_token_ids: Sequence[int], pad_token_id: int,
-                 max_batch_size: int = 128, prefix_cache_tokens: int = 1 << 18):
+                 max_batch_size: int = 128, prefix_cache_tokens: int = 1 << 18, tokenizer: Any = None):
         if not stop_token_ids:
             raise ValueError("stop_token_ids must name at least one end-of-turn token")
         if prefix_cache_tokens < 0:
@@ -143,6 +156,8 @@ class HFEngine:
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
         self.prefix_cache_tokens = prefix_cache_tokens
+        self.tokenizer = tokenizer
+        self._may_end: dict[tuple[str, ...], dict[int, bool]] = {}  # stop strings -> token id -> can it end one
         self._cache: OrderedDict[int, _CachedPrefix] = OrderedDict()
         self._cache_key = 0
         self._weights_stamp: tuple | None = None
@@ -189,6 +204,8 @@ class HFEngine:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  seeds: Sequence[int] | None = None) -> list[Generation]:
         check_requests(prompts, seeds)
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need the engine's tokenizer: build HFEngine with tokenizer=")
         was_training = self.model.training
         self.model.eval()
         try:
@@ -270,6 +287,8 @@ class HFEngine:
             logprobs[rows, step] = torch.log_softmax(logits, dim=-1).gather(-1, token[:, None]).squeeze(-1)
             self.stats["decode_row_steps"] += len(rows)
             finished = torch.isin(token, stop)
+            if params.stop:
+                finished |= self._stop_string_hits(tokens, rows, token, step, params.stop)
             lengths[rows[finished]] = step + 1
             if step + 1 == params.max_new_tokens:
                 finished[:] = True
@@ -299,10 +318,31 @@ class HFEngine:
         for i in range(B):
             n = int(lengths[i])
             ids = tokens[i, :n].tolist()
-            stopped = bool(n > 0 and ids[-1] in self.stop_token_ids)
+            stopped = bool(n > 0 and ids[-1] in self.stop_token_ids) or \
+                bool(params.stop and n > 0 and self._has_stop(ids, params.stop))
             results.append(Generation(ids, logprobs[i, :n].tolist(), "stop" if stopped else "length"))
         self.stats["sampled_tokens"] += int(lengths.sum())
         return results
+
+    def _stop_string_hits(self, tokens: torch.Tensor, rows: torch.Tensor, token: torch.Tensor, step: int,
+                          strings: tuple[str, ...]) -> torch.Tensor:
+        """[live rows] True where the token just sampled completes a stop string. Only the last few tokens are
+        decoded: a string of b UTF-8 bytes spans at most b tokens, and an earlier occurrence would have stopped the
+        row already."""
+        hits = torch.zeros(len(rows), dtype=torch.bool, device=token.device)
+        may_end = self._may_end.setdefault(strings, {})
+        window = max(len(s.encode("utf-8")) for s in strings) + 1
+        for j, (i, t) in enumerate(zip(rows.tolist(), token.tolist())):
+            if t not in may_end:  # can this token's text hold the end of a stop string (or a partial character)?
+                piece = self.tokenizer.decode([t], skip_special_tokens=False)
+                may_end[t] = "\ufffd" in piece or any(s[-1] in piece for s in strings)
+            if may_end[t]:
+                hits[j] = self._has_stop(tokens[i, max(0, step + 1 - window):step + 1].tolist(), strings)
+        return hits
+
+    def _has_stop(self, ids: list[int], strings: tuple[str, ...]) -> bool:
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        return any(s in text for s in strings)
 
     @staticmethod
     def _sample(logits: torch.Tensor, params: SamplingParams, generators) -> torch.Tensor:

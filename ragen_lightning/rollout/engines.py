@@ -51,10 +51,10 @@ def build_engine(actor: torch.nn.Module, tokenizer, *, model_path: str, rollout_
     stop, pad = [tokenizer.eos_token_id], tokenizer.pad_token_id
     if engine == "hf":
         if rollout_actor is not None:
-            return GatheredWeightsEngine(actor, rollout_actor, stop, pad, max_batch_size)
+            return GatheredWeightsEngine(actor, rollout_actor, stop, pad, max_batch_size, tokenizer=tokenizer)
         if actor is not None and is_sharded(actor):  # generating on the shards would hang (forwards are collective)
             raise ValueError("the HF engine needs rollout_actor (an unsharded copy) for an FSDP2-sharded actor")
-        return HFEngine(actor, stop, pad, max_batch_size)
+        return HFEngine(actor, stop, pad, max_batch_size, tokenizer=tokenizer)
     from ragen_lightning.rollout.vllm_engine import VLLMEngine
 
     return VLLMEngine(actor, model_path, stop, pad, vllm, max_model_len=max_model_len, max_batch_size=max_batch_size,
@@ -71,12 +71,12 @@ class GatheredWeightsEngine(HFEngine):
     Args:
         sharded: the training actor (FSDP2-sharded).
         copy: a same-architecture, unsharded model on this rank's device.
-        stop_token_ids, pad_token_id, max_batch_size: as :class:`~ragen_lightning.rollout.engine.HFEngine`.
+        stop_token_ids, pad_token_id, max_batch_size, tokenizer: as :class:`~ragen_lightning.rollout.engine.HFEngine`.
     """
 
     def __init__(self, sharded: torch.nn.Module, copy: torch.nn.Module, stop_token_ids: Sequence[int],
-                 pad_token_id: int, max_batch_size: int = 128):
-        super().__init__(copy, stop_token_ids, pad_token_id, max_batch_size)
+                 pad_token_id: int, max_batch_size: int = 128, tokenizer=None):
+        super().__init__(copy, stop_token_ids, pad_token_id, max_batch_size, tokenizer=tokenizer)
         self.sharded = sharded
 
     @torch.no_grad()

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Sequence
 
@@ -194,6 +194,8 @@ class RolloutRunner:
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         self.timing = {"generate": 0.0, "env": 0.0}
+        if self.episode.stop:  # the episode's stop strings end every turn, besides any the caller passes
+            params = replace(params, stop=tuple(dict.fromkeys(params.stop + self.episode.stop)))
         # engines that keep per-conversation state (HFEngine's prefix cache) hold it for one rollout only
         clear_cache = getattr(self.engine, "clear_cache", lambda: None)
         clear_cache()

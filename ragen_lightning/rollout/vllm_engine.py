@@ -373,7 +373,9 @@ class VLLMEngine:
                 n=1, temperature=params.temperature, top_p=params.top_p,
                 top_k=params.top_k if params.top_k and params.top_k > 0 else 0,
                 max_tokens=params.max_new_tokens, stop_token_ids=self.stop_token_ids, ignore_eos=False,
-                logprobs=0, detokenize=False, skip_special_tokens=False,
+                logprobs=0, skip_special_tokens=False,
+                # stop strings are matched on detokenized text; the ids end with the token that completes one
+                stop=list(params.stop) or None, include_stop_str_in_output=True, detokenize=bool(params.stop),
                 seed=int(seeds[i]) % (2**63) if per_request_seed else None,
             ))
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], requests, use_tqdm=False)
@@ -382,7 +384,7 @@ class VLLMEngine:
             c = out.outputs[0]
             ids = list(c.token_ids)
             lps = [step[t].logprob for step, t in zip(c.logprobs, ids)]
-            stopped = bool(ids) and ids[-1] in self.stop_token_ids
+            stopped = (bool(ids) and ids[-1] in self.stop_token_ids) or c.stop_reason in params.stop
             results.append(Generation(ids, lps, "stop" if stopped else "length"))
         if len(self.probe) <= self.config.probe_size:  # remember the run's first prompts for the probe batch
             for p, r in zip(prompts, results):

@@ -25,6 +25,7 @@ PRIMITIVES = {
     "observation_last": {"rollout/prompting.py:turn_block"},
     "max_actions_per_episode": {"rollout/prompting.py:system_prompt"},
     "max_new_tokens": {"rollout/engine.py:SamplingParams"},  # the sampling cap handed to an engine
+    "stop": {"rollout/engine.py:SamplingParams"},  # the stop strings handed to an engine
     # engines and the memory plan size themselves by the context length; VLLMConfig's is an override (None = data's)
     "max_model_len": {"rollout/engines.py:build_engine", "rollout/vllm_engine.py:VLLMConfig",
                       "rollout/vllm_engine.py:VLLMEngine.__init__", "starpo/module.py:StarPOModule.make_engine",
