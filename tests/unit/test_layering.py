@@ -27,7 +27,7 @@ LAYERS = {
     "parallel": 2, "metrics": 2, "rollout": 2, "models": 2,
     "data": 3, "sft": 3, "checkpointing": 3,
     "starpo": 4,
-    "cli": 5, "preflight": 5,
+    "cli": 5, "preflight": 5, "evaluate": 5,
 }
 
 

@@ -1,0 +1,409 @@
+"""Evaluate a policy on a suite of environments: ``python -m ragen_lightning.evaluate``.
+
+    python -m ragen_lightning.evaluate --config configs/bandit.yaml --ckpt outputs/bandit/checkpoints/last.ckpt
+    python -m ragen_lightning.evaluate --model outputs/bandit/export --suite suite.yaml --out outputs/eval/bandit
+    python -m ragen_lightning.evaluate --api-model gpt-4o-mini --suite suite.yaml --out outputs/eval/gpt4o-mini
+    python -m ragen_lightning.evaluate --api-model local --base-url http://127.0.0.1:8000/v1 --entry \\
+        '{env_id: ragen/FrozenLake-v0, num_episodes: 64}'
+
+The policy is a Lightning checkpoint of a fit (``--ckpt``: the actor as trained, LoRA included), a Hugging Face
+folder (``--model``: ``--model.export_dir`` of a fit, ``tiny``, a cached hub id) or an OpenAI-compatible endpoint
+(``--api-model``, :class:`~ragen_lightning.rollout.api_engine.APIEngine`; the key is read from ``$OPENAI_API_KEY`` or
+``--api-key-env``). The suite is a YAML file (``--suite``, :mod:`ragen_lightning.data.suite`) and/or ``--entry``
+flags; with neither, ``--config``'s training env with ``--num-episodes`` episodes. Episodes are shaped by
+``--config``'s ``data.episode`` (or the defaults), then ``--episode``, then each entry's ``episode``.
+
+Every entry runs two passes over the same held-out reset seeds ``episode_seeds(--seed, num_episodes, "eval")`` (the
+stream ``benchmarks/learning.py`` evaluates on; validation uses ``val_seed + g``, training ``train_seed + ...``):
+``greedy`` (temperature 0, one episode per seed) and ``sampled`` (``--temperature``, ``--samples`` episodes per seed,
+seeded generation: the same command gives the same episodes). Episodes run through the rollout runner, exactly as in
+training and validation.
+
+Outputs in ``--out``: ``trajectories.jsonl`` (every episode, the chat in OpenAI's messages format plus rewards and
+per-turn records, :mod:`ragen_lightning.rollout.records`), ``report.md`` and ``report.csv`` (per entry and pass:
+success, env return, turns, format-valid turn rate and pass@k, each with a 95 % interval) and ``run.json`` (the
+settings). Intervals are taken over seeds (the episodes of one seed share a level and are not independent): Wilson's
+for per-seed values that are all 0 or 1 (greedy success), else the normal approximation. The JSONL is append-only,
+written a chunk of seeds at a time in whole lines; a re-run with the same settings skips the episodes it holds (keyed
+by tag, pass, seed and sample) and completes only the missing ones; a run with other settings is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib
+import io
+import json
+import math
+import os
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ragen_lightning.data.suite import SuiteEntry, as_entry, check_suite, load_suite
+from ragen_lightning.errors import ConfigError
+from ragen_lightning.metrics.functional import pass_at_k
+from ragen_lightning.rollout.api_engine import APIError
+from ragen_lightning.rollout.engine import GenerationEngine, SamplingParams
+from ragen_lightning.rollout.records import append_jsonl, episode_record, read_jsonl
+from ragen_lightning.rollout.runner import RolloutRunner
+from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
+from ragen_lightning.rollout.tokens import ChatTokens
+
+PASSES = ("greedy", "sampled")
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """What the episodes of one evaluation are: passes, seeds, sampling (stored in ``run.json``; a resumed run
+    must have the same)."""
+
+    passes: tuple[str, ...] = PASSES
+    seed: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    samples: int = 4
+
+    def __post_init__(self) -> None:
+        if not self.passes or set(self.passes) - set(PASSES):
+            raise ConfigError(f"--passes must name some of {', '.join(PASSES)}, got {list(self.passes)}")
+        if self.samples < 1 or self.seed < 0:
+            raise ConfigError(f"--samples must be >= 1 and --seed >= 0, got {self.samples}, {self.seed}")
+        if not self.temperature > 0 or not 0 < self.top_p <= 1:
+            raise ConfigError(f"--temperature must be > 0 (greedy is its own pass) and --top-p in (0, 1], got "
+                              f"{self.temperature}, {self.top_p}")
+
+    def pass_params(self, name: str, max_new_tokens: int) -> tuple[SamplingParams, int]:
+        """The sampling parameters and episodes per seed of pass ``name``."""
+        if name == "greedy":
+            return SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens), 1
+        return SamplingParams(self.temperature, self.top_p, -1, max_new_tokens), self.samples
+
+
+def eval_seeds(seed: int, count: int) -> list[int]:
+    """The held-out reset seeds of an entry (the warm start's and learning benchmark's ``"eval"`` stream)."""
+    from ragen_lightning.sft.module import episode_seeds
+
+    return episode_seeds(seed, count, "eval")
+
+
+def _runs(indices: list[int], size: int) -> list[list[int]]:
+    """``indices`` (sorted) cut into runs of consecutive values of at most ``size``."""
+    out: list[list[int]] = []
+    for i in indices:
+        if out and out[-1][-1] == i - 1 and len(out[-1]) < size:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def run_suite(engine: GenerationEngine, chat: ChatTokens, suite: Sequence[SuiteEntry], settings: EvalSettings,
+              episode: EpisodeSettings, jsonl: str | Path, *, chunk_seeds: int = 32, progress: bool = True) -> int:
+    """Run every episode of ``suite`` that ``jsonl`` does not hold yet, appending its record; returns how many ran.
+
+    A chunk of up to ``chunk_seeds`` consecutive seeds is one ``RolloutRunner.run`` call, with ``first_group`` its
+    position in the seed list: generation seeds depend on the seed's position, not on the chunking, so a resumed
+    run samples exactly what an uninterrupted one would have.
+    """
+    from tqdm.auto import tqdm
+
+    done = {(r.get("tag"), r.get("pass"), r.get("seed"), r.get("sample")) for r in read_jsonl(jsonl)}
+    plan = []
+    for entry in suite:
+        ep = entry.episode_settings(episode)
+        seeds = eval_seeds(settings.seed, entry.num_episodes)
+        for name in settings.passes:
+            params, k = settings.pass_params(name, ep.max_new_tokens)
+            todo = [i for i, s in enumerate(seeds) if any((entry.tag, name, s, m) not in done for m in range(k))]
+            plan.append((entry, ep, name, params, k, seeds, todo))
+    total = sum(e.num_episodes * settings.pass_params(n, 1)[1] for e in suite for n in settings.passes)
+    remaining = sum(len(todo) * k for *_, k, _, todo in plan)
+    ran = 0
+    with tqdm(total=total, initial=total - remaining, desc="evaluate", unit="episode", disable=not progress) as bar:
+        for entry, ep, name, params, k, seeds, todo in plan:
+            if not todo:
+                continue
+            runner = RolloutRunner(entry.env_id, entry.env_kwargs, chat, engine, ep)
+            try:
+                for chunk in _runs(todo, chunk_seeds):
+                    bar.set_postfix_str(f"{entry.tag} {name}")
+                    trajs = runner.run([seeds[i] for i in chunk], k, params, seed=settings.seed,
+                                       first_group=chunk[0])
+                    records = [episode_record(t, tag=entry.tag, env_id=entry.env_id, env_kwargs=entry.env_kwargs,
+                                              **{"pass": name}, sample=t.env_index % k) for t in trajs]
+                    records = [r for r in records if (r["tag"], name, r["seed"], r["sample"]) not in done]
+                    append_jsonl(jsonl, records)
+                    ran += len(records)
+                    bar.update(len(records))
+            finally:
+                runner.close()
+    return ran
+
+
+# -- statistics ---------------------------------------------------------------------------------------------------
+def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a proportion ``k / n``."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def interval(values: Sequence[float], *, proportion: bool = False, z: float = 1.96) -> tuple[float, float, float]:
+    """``(mean, lo, hi)`` over per-seed values: for a ``proportion`` whose values are all 0 or 1, Wilson's interval;
+    else the normal approximation ``mean +- z * sd / sqrt(n)`` (sample sd; one value gives a zero-width interval)."""
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    mean = sum(values) / n
+    if proportion and all(v in (0.0, 1.0) for v in values):
+        return (mean, *wilson(sum(values), n, z))
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+    half = z * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def summarize(records: Sequence[dict[str, Any]], suite: Sequence[SuiteEntry], settings: EvalSettings) -> list[dict]:
+    """One row per entry and pass: episode and seed counts, then value / lo / hi of success, env return, turns,
+    format-valid turn rate and pass@k (k = episodes per seed; pass@1 is the success rate)."""
+    rows = []
+    for entry in suite:
+        for name in settings.passes:
+            k = settings.pass_params(name, 1)[1]
+            by_seed: dict[int, list[dict]] = defaultdict(list)
+            for r in records:
+                if r.get("tag") == entry.tag and r.get("pass") == name:
+                    by_seed[r["seed"]].append(r)
+            eps = [r for rs in by_seed.values() for r in rs]
+            row: dict[str, Any] = {"tag": entry.tag, "env_id": entry.env_id, "pass": name, "episodes": len(eps),
+                                   "seeds": len(by_seed), "k": k}
+
+            seeds = list(by_seed.values())
+            per_seed = {
+                "success": [sum(r["success"] for r in rs) / len(rs) for rs in seeds],
+                "return": [sum(r["env_return"] for r in rs) / len(rs) for rs in seeds],
+                "turns": [sum(r["num_turns"] for r in rs) / len(rs) for rs in seeds],
+                "format_valid": [1 - sum(r["num_format_errors"] for r in rs) / t for rs in seeds
+                                 if (t := sum(r["num_turns"] for r in rs)) > 0],
+                "pass_at_k": [float(pass_at_k(torch.tensor([float(sum(r["success"] for r in rs))]), len(rs), k))
+                              for rs in seeds],
+            }
+            for metric, values in per_seed.items():
+                row[metric], row[f"{metric}_lo"], row[f"{metric}_hi"] = interval(
+                    values, proportion=metric not in ("return", "turns"))
+            rows.append(row)
+    return rows
+
+
+METRICS = ("success", "return", "turns", "format_valid", "pass_at_k")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_report(rows: list[dict], out_dir: Path, title: str) -> tuple[Path, Path]:
+    """``report.csv`` (every column) and ``report.md`` (value [lo, hi] per metric), each replaced atomically."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    csv_path, md_path = out_dir / "report.csv", out_dir / "report.md"
+    _atomic_write(csv_path, buf.getvalue())
+    head = ["tag", "pass", "episodes", "success", "return", "turns", "format-valid", "pass@k"]
+    lines = [f"# {title}", "", "95 % intervals over seeds (module docstring of ragen_lightning/evaluate.py).", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [f"{r[m]:.3f} [{r[m + '_lo']:.3f}, {r[m + '_hi']:.3f}]" if r["episodes"] else "-" for m in METRICS]
+        cells[-1] = f"pass@{r['k']} {cells[-1]}"
+        lines.append("| " + " | ".join([r["tag"], r["pass"], str(r["episodes"]), *cells]) + " |")
+    _atomic_write(md_path, "\n".join(lines) + "\n")
+    return csv_path, md_path
+
+
+# -- the policy ---------------------------------------------------------------------------------------------------
+def load_checkpoint_actor(path: str | Path) -> tuple[torch.nn.Module, Any]:
+    """``(actor, tokenizer)`` of a fit's Lightning checkpoint: the module is rebuilt from the checkpoint's own
+    settings on the folder it trained from (the warm start, recorded in the checkpoint), then its weights loaded
+    (a LoRA checkpoint holds the adapters, over that folder's base)."""
+    import inspect
+
+    from ragen_lightning import checkpointing
+    from ragen_lightning.starpo.module import StarPOModule
+
+    ckpt = checkpointing.load_verified(path, map_location="cpu", weights_only=False)
+    if "state_dict" not in ckpt or "hyper_parameters" not in ckpt:
+        raise ConfigError(f"--ckpt {path}: not a checkpoint of a ragen_lightning fit (no state_dict / hyper_parameters)")
+    accepted = set(inspect.signature(StarPOModule.__init__).parameters)
+    module = StarPOModule(**{k: v for k, v in ckpt["hyper_parameters"].items() if k in accepted})
+    base = ckpt.get("starpo", {}).get("model_path")
+    if base is not None and not Path(base).exists() and not base.startswith("tiny"):
+        raise ConfigError(f"--ckpt {path}: the folder the run trained from ({base}) is gone; rebuild it (the fit's "
+                          "warm start is cached under RAGEN_LIGHTNING_CACHE) or evaluate an exported folder (--model)")
+    module._model_path = base
+    module.configure_model()
+    module.load_state_dict(ckpt["state_dict"], strict=module.strict_loading)
+    return module.actor, module.tokenizer
+
+
+def build_policy(a: argparse.Namespace, episode: EpisodeSettings) -> tuple[GenerationEngine, ChatTokens, str]:
+    """The engine, the conversation builder and a description of the policy the flags name."""
+    from ragen_lightning import models
+    from ragen_lightning.rollout.api_engine import APIEngine
+    from ragen_lightning.rollout.engine import HFEngine
+
+    chosen = [f for f in ("ckpt", "model", "api_model") if getattr(a, f)]
+    if len(chosen) != 1:
+        raise ConfigError("give exactly one policy: --ckpt FILE, --model FOLDER or --api-model NAME")
+    if a.api_model:
+        tokenizer = models.load_tokenizer(a.tokenizer)
+        chat = ChatTokens(tokenizer, enable_think=episode.enable_think)
+        engine = APIEngine(a.api_model, tokenizer, base_url=a.base_url, api_key_env=a.api_key_env,
+                           max_concurrency=a.max_concurrency, max_retries=a.max_retries, timeout_s=a.timeout_s,
+                           prefix=chat.prefix)
+        return engine, chat, f"{a.api_model} at {a.base_url}"
+    if a.ckpt:
+        actor, tokenizer = load_checkpoint_actor(a.ckpt)
+    else:
+        actor, tokenizer = models.load_causal_lm(a.model, a.dtype), models.load_tokenizer(a.model)
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    actor.to(device).eval()
+    engine = HFEngine(actor, [tokenizer.eos_token_id], tokenizer.pad_token_id, max_batch_size=a.max_batch_size)
+    return engine, ChatTokens(tokenizer, enable_think=episode.enable_think), str(a.ckpt or a.model)
+
+
+# -- command line -------------------------------------------------------------------------------------------------
+def _yaml(flag: str, text: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{flag}: not valid YAML/JSON: {text!r} ({str(e).splitlines()[0]})") from None
+
+
+def read_suite_and_episode(a: argparse.Namespace) -> tuple[list[SuiteEntry], EpisodeSettings]:
+    """The suite (``--suite``, ``--entry``, else ``--config``'s env) and the run's episode settings."""
+    import yaml
+
+    data: dict[str, Any] = {}
+    if a.config:
+        try:
+            data = (yaml.safe_load(Path(a.config).read_text()) or {}).get("data", {}) or {}
+        except OSError as e:
+            raise ConfigError(f"--config {a.config}: cannot read it ({e.strerror})") from None
+    episode = as_episode(data.get("episode"))
+    if a.episode:
+        overrides = _yaml("--episode", a.episode)
+        if not isinstance(overrides, dict):
+            raise ConfigError(f"--episode must be a mapping such as '{{max_turns: 1}}', got {a.episode!r}")
+        try:
+            episode = replace(episode, **overrides)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"--episode {a.episode!r}: {e}") from None
+    suite = load_suite(a.suite) if a.suite else []
+    suite += [as_entry(_yaml("--entry", e), f"--entry {e!r}") for e in a.entry or []]
+    if not suite and data.get("env_id"):
+        suite = [SuiteEntry(data["env_id"], data.get("env_kwargs"), a.num_episodes)]
+    return check_suite(suite), episode
+
+
+def check_run_file(out_dir: Path, run: dict[str, Any]) -> None:
+    """Write ``run.json`` on the first run; later runs into the same folder must match it (entries may be added,
+    an entry's settings may not change)."""
+    path = out_dir / "run.json"
+    run = json.loads(json.dumps(run))  # as read back (tuples are lists)
+    if path.exists():
+        old = json.loads(path.read_text())
+        diffs = [k for k in ("policy", "episode", "settings") if old.get(k) != run[k]]
+        entries = {e["tag"]: e for e in old.get("suite", [])}
+        diffs += [f"suite entry {e['tag']!r}" for e in run["suite"] if e["tag"] in entries and entries[e["tag"]] != e]
+        if diffs:
+            raise ConfigError(f"--out {out_dir} holds a run with other settings ({', '.join(diffs)} differ, see "
+                              "run.json): use another --out folder")
+        run = {**run, "suite": list(entries.values()) + [e for e in run["suite"] if e["tag"] not in entries]}
+    _atomic_write(path, json.dumps(run, indent=2) + "\n")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ragen_lightning.evaluate", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("policy (one of)")
+    g.add_argument("--ckpt", help="a fit's Lightning checkpoint (.ckpt)")
+    g.add_argument("--model", help="a Hugging Face folder (a fit's --model.export_dir), 'tiny' or a cached hub id")
+    g.add_argument("--api-model", help="model name at an OpenAI-compatible endpoint")
+    g.add_argument("--base-url", default="https://api.openai.com/v1", help="the endpoint's API root")
+    g.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
+    g.add_argument("--max-concurrency", type=int, default=8, help="API requests in flight at most")
+    g.add_argument("--max-retries", type=int, default=5, help="retries of an API request (429, 5xx, timeouts)")
+    g.add_argument("--timeout-s", type=float, default=60.0, help="API request timeout")
+    g.add_argument("--tokenizer", default="tiny", help="API models: local tokenizer for the conversation budget")
+    p.add_argument("--config", help="a training config: its data.episode settings (and env, without a suite)")
+    p.add_argument("--suite", help="suite YAML (ragen_lightning/data/suite.py)")
+    p.add_argument("--entry", action="append", help="a suite entry as YAML, e.g. '{env_id: ragen/Bandit-v0}'")
+    p.add_argument("--num-episodes", type=int, default=64, help="episodes of --config's env (no suite given)")
+    p.add_argument("--episode", help="episode settings over the config's, e.g. '{max_turns: 3}'")
+    p.add_argument("--passes", nargs="+", default=list(PASSES), choices=PASSES)
+    p.add_argument("--seed", type=int, default=0, help="seed stream of the reset seeds and sampled generation")
+    p.add_argument("--temperature", type=float, default=1.0, help="temperature of the sampled pass")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass of the sampled pass")
+    p.add_argument("--samples", type=int, default=4, help="sampled episodes per seed (pass@k uses k = samples)")
+    p.add_argument("--chunk-seeds", type=int, default=32, help="seeds run (and written) together")
+    p.add_argument("--out", default="outputs/eval", help="output folder")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--dtype", default="float32", help="--model: weights dtype")
+    p.add_argument("--max-batch-size", type=int, default=128, help="generation requests decoded together at most")
+    p.add_argument("--torch-threads", type=int, default=None, help="CPU threads for torch")
+    p.add_argument("--import", dest="modules", action="append", help="module registering env ids (default envs)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    try:
+        if a.torch_threads:
+            torch.set_num_threads(a.torch_threads)
+        for name in a.modules or ["envs"]:
+            importlib.import_module(name)
+        if a.chunk_seeds < 1:
+            raise ConfigError(f"--chunk-seeds must be >= 1, got {a.chunk_seeds}")
+        settings = EvalSettings(tuple(a.passes), a.seed, a.temperature, a.top_p, a.samples)
+        suite, episode = read_suite_and_episode(a)
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        policy = {"ckpt": a.ckpt, "model": a.model, "api_model": a.api_model,
+                  "base_url": a.base_url if a.api_model else None}
+        check_run_file(out, {"policy": policy, "episode": asdict(episode), "settings": asdict(settings),
+                             "suite": [asdict(e) for e in suite]})
+        engine, chat, what = build_policy(a, episode)
+        try:
+            run_suite(engine, chat, suite, settings, episode, out / "trajectories.jsonl", chunk_seeds=a.chunk_seeds,
+                      progress=not a.no_progress)
+        finally:
+            getattr(engine, "close", lambda: None)()
+        rows = summarize(read_jsonl(out / "trajectories.jsonl"), suite, settings)
+        _, md = write_report(rows, out, f"Evaluation of {what}")
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except APIError as e:  # the endpoint failed for good; what ran so far is in the JSONL, a re-run goes on
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(md.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

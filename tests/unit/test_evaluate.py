@@ -1,0 +1,226 @@
+"""``python -m ragen_lightning.evaluate``: a two-env suite on the embedded tiny model writes the report and the JSONL,
+a run interrupted mid-way completes only its missing episodes, greedy runs repeat exactly, statistics by hand,
+suites and settings checked, a fit's checkpoint loads as trained."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import envs  # noqa: F401  (registers ragen/*)
+from ragen_lightning import evaluate as ev
+from ragen_lightning.data.suite import SuiteEntry, as_entry, check_suite, load_suite
+from ragen_lightning.errors import ConfigError
+from ragen_lightning.rollout.engine import HFEngine
+from ragen_lightning.rollout.records import read_jsonl
+from ragen_lightning.rollout.settings import EpisodeSettings
+from ragen_lightning.rollout.tokens import ChatTokens
+
+SUITE = """suite:
+  - {env_id: ragen/Bandit-v0, num_episodes: 3, episode: {max_turns: 1}}
+  - {env_id: ragen/FrozenLake-v0, num_episodes: 2, tag: lake, episode: {max_turns: 2}}
+"""
+EPISODE = EpisodeSettings(max_new_tokens=12)
+SETTINGS = ev.EvalSettings(samples=2)
+# greedy: 3 + 2 episodes; sampled: 2 per seed
+TOTAL = (3 + 2) * (1 + 2)
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_path):
+    from ragen_lightning import models
+
+    tok = models.load_tokenizer(tiny_path)
+    net = models.load_causal_lm(tiny_path).eval()
+    return net, tok
+
+
+def engine_of(policy):
+    net, tok = policy
+    return HFEngine(net, [tok.eos_token_id], tok.pad_token_id), ChatTokens(tok)
+
+
+def suite(tmp_path):
+    path = tmp_path / "suite.yaml"
+    path.write_text(SUITE)
+    return load_suite(path)
+
+
+def key(r):
+    return r["tag"], r["pass"], r["seed"], r["sample"]
+
+
+def test_cli_two_env_suite_writes_report_and_jsonl(tmp_path, tiny_path, capsys):
+    (tmp_path / "suite.yaml").write_text(SUITE)
+    out = tmp_path / "out"
+    args = ["--model", str(tiny_path), "--suite", str(tmp_path / "suite.yaml"), "--out", str(out), "--samples", "2",
+            "--episode", "{max_new_tokens: 12}", "--no-progress", "--device", "cpu"]
+    assert ev.main(args) == 0
+    records = read_jsonl(out / "trajectories.jsonl")
+    assert len(records) == TOTAL and len({key(r) for r in records}) == TOTAL
+    assert {(r["tag"], r["pass"]) for r in records} == {(t, p) for t in ("ragen/Bandit-v0", "lake")
+                                                        for p in ("greedy", "sampled")}
+    for r in records:  # OpenAI chat messages: system, then a user message and an answer per turn
+        roles = [m["role"] for m in r["messages"]]
+        assert roles == ["system"] + ["user", "assistant"] * r["num_turns"]
+        assert all(m["content"].startswith("<think>") for m in r["messages"] if m["role"] == "assistant")
+        assert len(r["turns"]) == r["num_turns"] and r["turn_rewards"] == [t["reward"] for t in r["turns"]]
+        assert r["num_format_errors"] == sum(t["penalty"] != 0 for t in r["turns"]) and r["trainable"]
+    assert max(r["num_turns"] for r in records if r["tag"] == "ragen/Bandit-v0") == 1  # the entry's episode override
+    # the report's numbers are those of the records
+    rows = list(__import__("csv").DictReader((out / "report.csv").open()))
+    assert [(r["tag"], r["pass"], r["episodes"], r["k"]) for r in rows] == [
+        ("ragen/Bandit-v0", "greedy", "3", "1"), ("ragen/Bandit-v0", "sampled", "6", "2"),
+        ("lake", "greedy", "2", "1"), ("lake", "sampled", "4", "2")]
+    lake_sampled = [r for r in records if r["tag"] == "lake" and r["pass"] == "sampled"]
+    assert float(rows[3]["turns"]) == pytest.approx(sum(r["num_turns"] for r in lake_sampled) / 4)
+    assert float(rows[3]["return"]) == pytest.approx(sum(r["env_return"] for r in lake_sampled) / 4)
+    md = (out / "report.md").read_text()
+    assert "| lake | sampled | 4 |" in md and "pass@2" in md and md in capsys.readouterr().out
+    # a re-run with the same settings has nothing left to do; with other settings it is refused
+    assert ev.main(args) == 0 and len(read_jsonl(out / "trajectories.jsonl")) == TOTAL
+    assert ev.main(args + ["--temperature", "0.5"]) == 2
+    assert "holds a run with other settings (settings differ" in capsys.readouterr().err
+
+
+class Interrupted(RuntimeError):
+    pass
+
+
+class CountingEngine:
+    """Wraps an engine; counts prompts sent; raises after ``fail_after`` generate calls."""
+
+    def __init__(self, inner, fail_after=None):
+        self.inner, self.fail_after, self.calls, self.prompts = inner, fail_after, 0, 0
+
+    def generate(self, prompts, params, seeds=None):
+        if self.fail_after is not None and self.calls >= self.fail_after:
+            raise Interrupted("killed")
+        self.calls += 1
+        self.prompts += len(prompts)
+        return self.inner.generate(prompts, params, seeds)
+
+    def sync_weights(self):
+        return None
+
+    def clear_cache(self):
+        self.inner.clear_cache()
+
+
+def test_rerun_after_an_interruption_completes_only_the_missing_episodes(tmp_path, policy):
+    entries = suite(tmp_path)
+    engine, chat = engine_of(policy)
+    reference = tmp_path / "ref.jsonl"
+    assert ev.run_suite(engine, chat, entries, SETTINGS, EPISODE, reference, chunk_seeds=2, progress=False) == TOTAL
+
+    jsonl = tmp_path / "resumed.jsonl"
+    # one seed per chunk; the bandit is one turn (one call per chunk): killed during the third chunk
+    with pytest.raises(Interrupted):
+        ev.run_suite(CountingEngine(engine, fail_after=2), chat, entries, SETTINGS, EPISODE, jsonl, chunk_seeds=1,
+                     progress=False)
+    first = read_jsonl(jsonl)
+    assert len(first) == 2  # two greedy bandit seeds were written whole before the kill
+    with open(jsonl, "a") as f:  # and a crash in the middle of a write leaves a torn line
+        f.write('{"tag": "ragen/Bandit-v0", "pass": "gre')
+    counting = CountingEngine(engine)
+    with pytest.warns(UserWarning, match="torn last line"):
+        ran = ev.run_suite(counting, chat, entries, SETTINGS, EPISODE, jsonl, chunk_seeds=2, progress=False)
+    assert ran == TOTAL - 2
+    done = read_jsonl(jsonl)
+    assert [key(r) for r in done[:2]] == [key(r) for r in first]  # appended to, never rewritten
+    # exactly the episodes and the contents an uninterrupted run gives (generation seeds follow seed positions)
+    assert sorted(map(json.dumps, done)) == sorted(map(json.dumps, read_jsonl(reference)))
+    assert ev.run_suite(counting, chat, entries, SETTINGS, EPISODE, jsonl, progress=False) == 0
+
+
+def test_greedy_runs_are_deterministic_whatever_the_chunking(tmp_path, policy):
+    entries = suite(tmp_path)
+    engine, chat = engine_of(policy)
+    greedy = ev.EvalSettings(passes=("greedy",))
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    ev.run_suite(engine, chat, entries, greedy, EPISODE, a, chunk_seeds=8, progress=False)
+    ev.run_suite(engine, chat, entries, greedy, EPISODE, b, chunk_seeds=1, progress=False)
+    assert a.read_bytes() == b.read_bytes() and len(read_jsonl(a)) == 5
+
+
+def rec(tag, pass_, seed, sample, success, ret, turns, errors):
+    return {"tag": tag, "pass": pass_, "seed": seed, "sample": sample, "success": success, "env_return": ret,
+            "num_turns": turns, "num_format_errors": errors}
+
+
+def test_summary_statistics_by_hand():
+    settings = ev.EvalSettings(samples=2)
+    records = [rec("t", "greedy", 1, 0, True, 1.0, 2, 0), rec("t", "greedy", 2, 0, False, 0.0, 4, 2),
+               rec("t", "sampled", 1, 0, True, 1.0, 1, 0), rec("t", "sampled", 1, 1, False, 0.0, 3, 1),
+               rec("t", "sampled", 2, 0, False, 0.0, 2, 0), rec("t", "sampled", 2, 1, False, 0.0, 2, 0)]
+    greedy, sampled = ev.summarize(records, [SuiteEntry("e", tag="t")], settings)
+    # greedy: success 1/2 over 2 seeds, Wilson: centre (0.5 + 3.8416/4) / (1 + 1.9208) = 0.5,
+    # half 1.96 * sqrt(0.125 + 3.8416/16) / 2.9208 = 0.40548
+    assert (greedy["success"], greedy["success_lo"], greedy["success_hi"]) == pytest.approx((0.5, 0.09452, 0.90548),
+                                                                                             abs=1e-5)
+    assert greedy["pass_at_k"] == 0.5 and greedy["k"] == 1 and greedy["episodes"] == 2
+    # format-valid per seed: 1 - 0/2 = 1, 1 - 2/4 = 0.5 -> mean 0.75, sd 0.35355, half 1.96 * 0.35355 / sqrt 2 = 0.49
+    assert (greedy["format_valid"], greedy["format_valid_lo"]) == pytest.approx((0.75, 0.26), abs=1e-4)
+    # returns are not proportions: seeds 1, 0 -> normal interval 0.5 +- 0.98 (Wilson would stay inside [0, 1])
+    assert (greedy["return_lo"], greedy["return_hi"]) == pytest.approx((-0.48, 1.48), abs=1e-4)
+    # sampled: per-seed success 0.5 and 0 -> mean 0.25, half 1.96 * 0.35355 / sqrt 2 = 0.49
+    assert (sampled["success"], sampled["success_lo"], sampled["success_hi"]) == pytest.approx((0.25, -0.24, 0.74),
+                                                                                               abs=1e-4)
+    # pass@2: seed 1 has a success, seed 2 none -> 1/2 with Wilson's interval; turns 2 and 2 -> zero width
+    assert (sampled["pass_at_k"], sampled["pass_at_k_lo"], sampled["k"]) == pytest.approx((0.5, 0.09452, 2), abs=1e-5)
+    assert (sampled["turns"], sampled["turns_lo"], sampled["turns_hi"]) == (2.0, 2.0, 2.0)
+    assert sampled["format_valid"] == pytest.approx((3 / 4 + 1) / 2)
+
+
+def test_suite_entries_are_checked_naming_the_culprit(tmp_path):
+    assert as_entry({"env_id": "ragen/Bandit-v0"}).tag == "ragen/Bandit-v0"
+    entry = as_entry({"env_id": "x", "episode": {"max_turns": 1}})
+    assert entry.episode_settings(EpisodeSettings(max_turns=5, max_new_tokens=7)) == EpisodeSettings(
+        max_turns=1, max_new_tokens=7)
+    with pytest.raises(ConfigError, match=r"entry 3: unknown key\(s\) \['episodes'\]"):
+        as_entry({"env_id": "x", "episodes": 3}, "entry 3")
+    with pytest.raises(ConfigError, match="num_episodes must be an integer >= 1, got 0"):
+        as_entry({"env_id": "x", "num_episodes": 0})
+    with pytest.raises(ConfigError, match=r"unknown episode setting\(s\) \['turns'\]"):
+        as_entry({"env_id": "x", "episode": {"turns": 1}})
+    with pytest.raises(ConfigError, match="suite entry 'x': episode: .*max_turns must be"):
+        as_entry({"env_id": "x", "episode": {"max_turns": 0}}).episode_settings(EpisodeSettings())
+    with pytest.raises(ConfigError, match="entries 0 and 1 share the tag 'a'"):
+        check_suite([SuiteEntry("x", tag="a"), SuiteEntry("y", tag="a")])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("suite: {env_id: x}\n")
+    with pytest.raises(ConfigError, match=f"--suite {bad}: expected a list of entries"):
+        load_suite(bad)
+    with pytest.raises(ConfigError, match="cannot read it"):
+        load_suite(tmp_path / "missing.yaml")
+
+
+def test_bad_flags_exit_2_with_one_line(tmp_path, capsys):
+    assert ev.main(["--model", "tiny", "--api-model", "m", "--entry", "{env_id: ragen/Bandit-v0}",
+                    "--out", str(tmp_path)]) == 2
+    assert "give exactly one policy" in capsys.readouterr().err
+    assert ev.main(["--model", "tiny", "--out", str(tmp_path / "o")]) == 2
+    assert "the suite is empty" in capsys.readouterr().err
+    assert ev.main(["--model", "tiny", "--entry", "{env_id: ragen/Bandit-v0}", "--episode", "{max_turns: 0}",
+                    "--out", str(tmp_path / "p")]) == 2
+    assert "--episode '{max_turns: 0}'" in capsys.readouterr().err
+
+
+def test_a_fit_checkpoint_loads_the_trained_actor(tmp_path, tiny_path):
+    from ragen_lightning import checkpointing
+    from ragen_lightning.starpo.module import StarPOModule
+
+    module = StarPOModule(model=tiny_path, adv_estimator="grpo")
+    module.configure_model()
+    with torch.no_grad():
+        for p in module.actor.parameters():
+            p.add_(0.01)  # a "trained" actor differs from the folder it started from
+    path = tmp_path / "last.ckpt"
+    checkpointing.save_atomic({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
+                               "starpo": {"model_path": str(tiny_path)}}, path)
+    actor, tokenizer = ev.load_checkpoint_actor(path)
+    trained = module.actor.state_dict()
+    assert all(torch.equal(v, trained[k]) for k, v in actor.state_dict().items())
+    assert tokenizer.eos_token_id == module.tokenizer.eos_token_id
