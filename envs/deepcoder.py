@@ -8,9 +8,10 @@ Every candidate runs in :class:`envs.sandbox.Sandbox` (bubblewrap namespaces + r
 and directory per run). The env refuses to run code when bubblewrap is missing, unless ``allow_unsandboxed=True``.
 
 Reward (RAGEN's): the fraction of tests passed (partial credit); ``success`` when all pass. Departures: code that does
-not compile is scored 0 without starting a sandbox; a candidate inside a Markdown code fence is taken from the fence;
-outputs are compared as JSON values (RAGEN compares ``str(result) == str(expected)``), stdin tests by their stripped
-lines; each test of a function problem is reported separately, so tests passed before a crash or a hang still count.
+not compile, or (function problems) defines no function of the problem's name, is scored 0 without starting a
+sandbox; a candidate inside a Markdown code fence is taken from the fence; outputs are compared as JSON values (RAGEN
+compares ``str(result) == str(expected)``), stdin tests by their stripped lines; each test of a function problem is
+reported separately, so tests passed before a crash or a hang still count.
 
 Data file schema (``.jsonl`` or ``.parquet``, one problem per row):
 
@@ -29,6 +30,7 @@ Data file schema (``.jsonl`` or ``.parquet``, one problem per row):
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import os
@@ -329,6 +331,29 @@ def compiles(code: str) -> bool:
     return True
 
 
+def defines(code: str, fn_name: str) -> bool:
+    """True when compiling ``code`` defines ``fn_name`` at top level (a ``def``, an assignment, an import) or as a
+    method of a top-level class ``Solution`` (read from the syntax tree; nothing is executed)."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+        return False
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == fn_name:
+            return True
+        if isinstance(node, ast.ClassDef) and node.name == "Solution" and any(
+                isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.name == fn_name for m in node.body):
+            return True
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == fn_name for t in targets):
+                return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                (alias.asname or alias.name) == fn_name for alias in node.names):
+            return True
+    return False
+
+
 def _same_lines(actual: str, expected: str) -> bool:
     return [line.rstrip() for line in actual.strip().splitlines()] == \
         [line.rstrip() for line in expected.strip().splitlines()]
@@ -348,6 +373,9 @@ def judge(problem: Problem, code: str, sandbox: Sandbox) -> Verdict:
     total = len(problem.outputs)
     if not code.strip() or len(code) > MAX_CODE_LENGTH or not compiles(code):
         return Verdict(0, total, NOT_COMPILED)
+    if problem.kind == "function" and not defines(code, problem.fn_name):
+        # nothing to call: scored without a sandbox run (random text never reaches one)
+        return Verdict(0, total, f"the code does not define {problem.fn_name}")
     if problem.kind == "stdin":
         passed, note = 0, ""
         for stdin, expected in zip(problem.inputs, problem.outputs):
@@ -436,14 +464,16 @@ class DeepCoderEnv(TextEnv):
 
     ## Rewards
     ``p / n``, the fraction of tests passed (RAGEN's partial credit). Code that is empty, longer than 8192
-    characters or does not compile scores 0.0 without running (``action_is_valid=False``).
+    characters, does not compile, or (function problems) does not define the function scores 0.0 without running
+    (``action_is_valid=False``).
 
     ## Episode End
     Terminated when every test passes or after ``max_attempts`` answers (1, as in RAGEN); never truncated. Stepping
     after the end returns the last observation, reward 0.0, ``terminated=True`` and ``action_is_valid=False``.
 
     ## Info
-    ``success`` (all tests pass), ``action_is_valid`` (the code compiles), ``action_is_effective`` (some test
+    ``success`` (all tests pass), ``action_is_valid`` (the code compiles and defines the function),
+    ``action_is_effective`` (some test
     passes), ``passed``, ``total``.
 
     ## Arguments
@@ -524,7 +554,7 @@ class DeepCoderEnv(TextEnv):
         self.attempts += 1
         code = extract_code(action) if isinstance(action, str) else ""
         verdict = judge(self.problem, code, self.sandbox)
-        valid = verdict.note != NOT_COMPILED
+        valid = verdict.note != NOT_COMPILED and not verdict.note.startswith("the code does not define")
         reward = verdict.passed / verdict.total
         success = verdict.passed == verdict.total
         # the last allowed answer ends the task itself (like Countdown's single answer), not a time limit

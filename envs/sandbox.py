@@ -65,7 +65,8 @@ class Limits:
         cpu_seconds: CPU time of each process (``RLIMIT_CPU``, whole seconds, at least 1).
         wall_seconds: wall-clock time of the whole run; then every process of the run is killed.
         memory_bytes: address space of each process (``RLIMIT_AS``).
-        max_processes: processes (and threads) the run may have at once (``RLIMIT_NPROC``, see the module doc).
+        max_processes: processes (and threads) the run may have at once, its main program included
+            (``RLIMIT_NPROC``, see the module docstring).
         file_size_bytes: largest file a process may write, stdout and stderr included (``RLIMIT_FSIZE``).
         open_files: file descriptors per process (``RLIMIT_NOFILE``).
     """
@@ -241,7 +242,7 @@ class Sandbox:
                 uid = _UID_BASE + (os.getpid() % 2_000_000) * 1000 + next(_uid_counter) % 1000
             os.chown(work, uid, uid)
         interpreter = [self.python, "-I", "-B"]  # isolated mode: no user site, no PYTHON* variables; no .pyc
-        nproc = limits.max_processes + 2  # + the launcher's interpreter and bwrap's init
+        nproc = limits.max_processes  # the launcher becomes the main program; bwrap's init runs as root
         if uid is None:  # the limit counts every process of the user (see the module docstring)
             nproc += _user_process_count(os.getuid())
         config = json.dumps({"cpu": limits.cpu_seconds, "mem": limits.memory_bytes, "fsize": limits.file_size_bytes,
