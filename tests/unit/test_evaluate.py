@@ -224,3 +224,25 @@ def test_a_fit_checkpoint_loads_the_trained_actor(tmp_path, tiny_path):
     trained = module.actor.state_dict()
     assert all(torch.equal(v, trained[k]) for k, v in actor.state_dict().items())
     assert tokenizer.eos_token_id == module.tokenizer.eos_token_id
+
+
+def test_cli_evaluates_an_openai_compatible_endpoint(tmp_path, tiny_path, monkeypatch):
+    from tests.conftest import load_script
+
+    api = load_script("tests/unit/rollout/test_api_engine.py", "api_engine_tests")
+    server = api.MockServer(api.first_action_reply)
+    monkeypatch.setenv("MOCK_KEY", "k")
+    try:
+        code = ev.main(["--api-model", "mock-model", "--base-url", server.base_url, "--api-key-env", "MOCK_KEY",
+                        "--tokenizer", str(tiny_path), "--entry", "{env_id: ragen/Bandit-v0, num_episodes: 2}",
+                        "--episode", "{max_turns: 1}", "--samples", "2", "--out", str(tmp_path), "--no-progress"])
+    finally:
+        server.close()
+    assert code == 0
+    records = read_jsonl(tmp_path / "trajectories.jsonl")
+    assert len(records) == 2 + 4 and len(server.requests) == 6 and not any(r["trainable"] for r in records)
+    # the mock answers the first listed arm in format: every turn is format-valid and acts
+    assert all(r["num_format_errors"] == 0 and r["num_actions"] == 1 for r in records)
+    sampled = [b for b in server.requests if b["temperature"] == 1.0]
+    assert len(sampled) == 4 and all("seed" in b for b in sampled)
+    assert server.headers[0]["Authorization"] == "Bearer k"
