@@ -11,7 +11,11 @@ trajectories, spread over the groups, and writes
   hides them), a table of rewards per turn, and grid boards (Sokoban, FrozenLake, ...) rendered as coloured cells.
   A small inline script counts the spans and fills the legend, so a browser that shows the counts ran the page;
 * a wandb Table (``trajectories``) with the text, rewards and a board image per trajectory when the trainer's
-  logger is a ``WandbLogger``.
+  logger is a ``WandbLogger``;
+* ``<dirpath>/validation.jsonl``: every episode of every validation run (not the sanity check), in the format of
+  ``python -m ragen_lightning.evaluate``'s ``trajectories.jsonl`` (the chat as OpenAI messages, rewards, per-turn
+  records; the one writer in ``ragen_lightning/rollout/records.py``), plus ``iteration`` (training iterations done
+  when it ran) and ``pass: "validation"``.
 
 Boards are read from the user messages (``State:\\n<grid>\\n``): a block of at least two equally long lines is shown
 as a grid; anything else (bandit arms, countdown numbers) is shown as text.
@@ -29,6 +33,7 @@ from lightning.pytorch.callbacks import Callback
 
 from callbacks._common import advance, on_schedule
 from ragen_lightning.errors import ConfigError
+from ragen_lightning.rollout.records import append_jsonl, episode_record
 
 _STATE_RE = re.compile(r"State:\n(.*?)\n(?:You have|No valid action|$)", re.DOTALL)
 # cell colours by symbol (Sokoban: # wall, _ floor, O target, X box, √ box on target, P player, S player on target;
@@ -163,14 +168,15 @@ class TrajectoryLogger(Callback):
         jsonl: append to ``trajectories.jsonl``.
         html: write ``iteration_<n>.html``.
         wandb_table: log a wandb Table when the logger is a ``WandbLogger``.
+        validation: append every validation episode to ``validation.jsonl`` (evaluate's format).
     """
 
     def __init__(self, every_n: int = 10, num_trajectories: int = 4, dirpath: str | None = None, jsonl: bool = True,
-                 html: bool = True, wandb_table: bool = True):
+                 html: bool = True, wandb_table: bool = True, validation: bool = True):
         if every_n < 1 or num_trajectories < 1:
             raise ConfigError("TrajectoryLogger every_n and num_trajectories must be >= 1")
         self.every_n, self.num_trajectories, self.dirpath = every_n, num_trajectories, dirpath
-        self.jsonl, self.html, self.wandb_table = jsonl, html, wandb_table
+        self.jsonl, self.html, self.wandb_table, self.validation = jsonl, html, wandb_table, validation
         self.iterations = 0
         self.written: list[str] = []
 
@@ -211,6 +217,18 @@ class TrajectoryLogger(Callback):
         records = self.write(rollout.trajectories, pl_module.tokenizer, iteration, self._dir(trainer))
         if self.wandb_table:
             self._wandb(trainer, records, iteration)
+
+    def write_validation(self, trajectories: list[Any], iteration: int, out_dir: Path) -> int:
+        """Append every validation episode to ``validation.jsonl``; returns how many."""
+        return append_jsonl(out_dir / "validation.jsonl",
+                            [episode_record(t, iteration=iteration, **{"pass": "validation"}) for t in trajectories])
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        trajectories = getattr(batch, "trajectories", None)
+        if not self.validation or trainer.sanity_checking or not trainer.is_global_zero or not trajectories:
+            return
+        iteration = getattr(getattr(trainer, "datamodule", None), "iteration", self.iterations)
+        self.write_validation(trajectories, int(iteration), self._dir(trainer))
 
     @staticmethod
     def _wandb(trainer: Any, records: list[dict[str, Any]], iteration: int) -> None:

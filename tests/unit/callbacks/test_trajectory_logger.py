@@ -117,3 +117,27 @@ def test_wandb_table_with_board_images(trajectories, tiny_tokenizer, tmp_path, m
     assert [row[2] for row in data["data"]] == [0, 1] and data["data"][0][5] == "[0.0, 1.0]"
     # the grid board of trajectory 0 became an image; the bandit-like text state has none
     assert data["data"][0][6] is not None and data["data"][1][6] is None
+
+
+def test_validation_episodes_are_exported_in_evaluates_format(trajectories, tmp_path):
+    from types import SimpleNamespace
+
+    from ragen_lightning.rollout.records import episode_record, read_jsonl
+
+    logger = TrajectoryLogger(dirpath=str(tmp_path))
+    batch = SimpleNamespace(trajectories=trajectories)
+    trainer = SimpleNamespace(sanity_checking=True, is_global_zero=True, datamodule=SimpleNamespace(iteration=8))
+    logger.on_validation_batch_end(trainer, None, None, batch, 0)  # the sanity check writes nothing
+    assert not (tmp_path / "validation.jsonl").exists()
+    trainer.sanity_checking = False
+    logger.on_validation_batch_end(trainer, None, None, batch, 0)
+    logger.on_validation_batch_end(trainer, None, None, SimpleNamespace(trajectories=trajectories[:1]), 0)
+    rows = read_jsonl(tmp_path / "validation.jsonl")
+    # every episode of each validation, appended; the one writer evaluate uses, plus iteration and pass
+    assert rows == [episode_record(t, iteration=8, **{"pass": "validation"}) for t in trajectories + trajectories[:1]]
+    first = rows[0]
+    assert [m["role"] for m in first["messages"]] == ["system", "user", "assistant", "user", "assistant"]
+    assert first["messages"][2]["content"] == "<think>Up.</think><answer>Up</answer>"
+    assert (first["seed"], first["turn_rewards"], first["success"]) == (100, [0.0, 1.0], False)
+    assert TrajectoryLogger(validation=False, dirpath=str(tmp_path / "off")).on_validation_batch_end(
+        trainer, None, None, batch, 0) is None and not (tmp_path / "off").exists()
