@@ -83,3 +83,11 @@ def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(result):
     assert s["batch_a"] == s["batch_b"]  # same seeds, same tokens
     assert s["alone"] == s["batch_a"][:2]  # a request samples the same tokens alone as inside a batch
     assert s["other_seeds"] != s["batch_a"]  # the seeds are actually used
+
+
+def test_stop_strings_end_on_the_completing_token_in_vllm_as_in_hf(result):
+    stop = result["stop"]
+    assert len(stop["free"]) >= 2
+    for free, k, vl, hf in zip(stop["free"], stop["reference_lengths"], stop["vllm"], stop["hf"]):
+        assert k <= 5 and vl == free[:k] and hf == vl  # the sampled tokens up to the one completing the string
+    assert stop["vllm_finish"] == ["stop"] * len(stop["free"])

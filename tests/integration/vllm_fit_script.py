@@ -84,6 +84,22 @@ def main(model_dir: str, out_dir: str) -> dict:
     hf = HFEngine(actor, [tok.eos_token_id], tok.pad_token_id).generate(prompts, greedy)
     vl = engine.generate(prompts, greedy)
 
+    # stop strings: one that the greedy continuation completes inside its 4th..5th token (ending inside a token when
+    # it can), for the requests that ran that far; vLLM and HF must both stop on the completing token
+    long_enough = [(p, g.token_ids) for p, g in zip(prompts, vl) if len(g.token_ids) >= 6]
+    stops = []
+    for _, ids in long_enough:
+        t4, t5 = (tok.decode(ids[:n], skip_special_tokens=False) for n in (4, 5))
+        stops.append(t5[len(t4) - 2: len(t4) + 1] if len(t5) > len(t4) else t5[-3:])
+    stop_params = SamplingParams(temperature=0.0, max_new_tokens=16, stop=tuple(stops))
+    stop_prompts = [p for p, _ in long_enough]
+    vl_stop = engine.generate(stop_prompts, stop_params)
+    hf_stop = HFEngine(actor, [tok.eos_token_id], tok.pad_token_id, tokenizer=tok).generate(stop_prompts, stop_params)
+    reference = []  # shortest greedy prefix whose full decoded text holds a stop string
+    for _, ids in long_enough:
+        reference.append(next(k for k in range(1, len(ids) + 1)
+                              if any(x in tok.decode(ids[:k], skip_special_tokens=False) for x in stops)))
+
     # seeded sampling: the same seeds give the same tokens, in a batch or alone (batch-independent)
     sampled = SamplingParams(temperature=1.0, max_new_tokens=16)
     seeds = [1000 + i for i in range(len(prompts))]
@@ -109,6 +125,9 @@ def main(model_dir: str, out_dir: str) -> dict:
         "global_step": trainer.global_step,
         "greedy": {"hf": [g.token_ids for g in hf], "vllm": [g.token_ids for g in vl],
                    "hf_logprobs": [g.logprobs for g in hf], "vllm_logprobs": [g.logprobs for g in vl]},
+        "stop": {"free": [ids for _, ids in long_enough], "reference_lengths": reference,
+                 "vllm": [g.token_ids for g in vl_stop], "hf": [g.token_ids for g in hf_stop],
+                 "vllm_finish": [g.finish_reason for g in vl_stop]},
         "seeded": {"batch_a": batch_a, "batch_b": batch_b, "alone": alone, "other_seeds": other},
         "lora": {"stats": lora_stats, "full_state_dict_tensors": full, "unmerged_after_push": lora_unmerged},
     }
