@@ -91,7 +91,8 @@ def build_world(world_seed: int = 0, num_people: int = 48, num_cities: int = 16,
     cities = []
     for i, name in enumerate(city_names):
         country = i if i < num_countries else int(rng.integers(num_countries))  # every country has a city
-        cities.append({"name": name, "country": country, "founded": int(rng.integers(700, 1900)), "river": rivers[i]})
+        # founded before anyone was born (1850-1999), so a birth year never equals a founding year by chance
+        cities.append({"name": name, "country": country, "founded": int(rng.integers(700, 1800)), "river": rivers[i]})
     countries = [{"name": name, "language": languages[i], "capital": i} for i, name in enumerate(country_names)]
     orgs = []
     for stem in org_stems:
@@ -227,7 +228,9 @@ def _org_country(w: World, r: np.random.Generator) -> Question:
 
 
 def _city_language(w: World, r: np.random.Generator) -> Question:
-    c = _pick(w.cities, r)
+    # not a capital: a capital's name is in its country's article, which a search for the city would also find
+    capitals = {k["capital"] for k in w.countries}
+    c = _pick(tuple(c for i, c in enumerate(w.cities) if i not in capitals) or w.cities, r)
     k = w.countries[c["country"]]
     return Question(f"What is the official language of the country where {c['name']} lies?", k["language"],
                     (c["name"], k["name"]),
