@@ -3,6 +3,7 @@
     python benchmarks/envs.py                       # all ids, 1 s per measurement
     python benchmarks/envs.py --seconds 3 --ids ragen/SimpleSokoban-v0 ragen/LargerSokoban-v0
     python benchmarks/envs.py --histogram            # Sokoban difficulty: shortest-solution histogram per generator
+    python benchmarks/envs.py --expert --ids ragen/DeepCoder-v0   # steps with the expert's actions (sandbox runs)
 
 For each id: a warm-up, then ``reset(seed=s)`` over the fixed seeds ``--seed``, ``--seed + 1``, ... for
 ``--seconds`` (resets/s), then steps with actions drawn from the seeded action space (a ``Text`` action space
@@ -90,6 +91,29 @@ def bench_steps(env: gym.Env, seconds: float, seed: int, warmup: int) -> float:
     return n / in_step
 
 
+def bench_expert_steps(env: gym.Env, seconds: float, seed: int, warmup: int) -> float:
+    """Steps/s with the env's own expert choosing each action (``expert_turn``, computed outside the timed region):
+    the path a solving agent takes, e.g. DeepCoder's sandbox runs or SearchQA's searches, which random text never
+    reaches."""
+    episode = 0
+    env.reset(seed=seed)
+    n = 0
+    in_step = 0.0
+    clock = time.perf_counter
+    wall_start = clock()
+    while n < warmup or clock() - wall_start < seconds:
+        action = env.expert_turn(1)[1][0]
+        t0 = clock()
+        _, _, terminated, truncated, _ = env.step(action)
+        if n >= warmup:
+            in_step += clock() - t0
+        n += 1
+        if terminated or truncated:
+            episode += 1
+            env.reset(seed=seed + episode)
+    return (n - warmup) / in_step
+
+
 def sokoban_histograms(levels: int) -> None:
     from collections import Counter
 
@@ -116,6 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="first reset seed")
     parser.add_argument("--warmup", type=int, default=20, help="resets/steps before measuring")
     parser.add_argument("--cpu", type=int, default=None, help="pin the process to this CPU (Linux)")
+    parser.add_argument("--expert", action="store_true",
+                        help="step with each env's expert action (expert_turn) instead of sampled actions")
     parser.add_argument("--histogram", action="store_true", help="Sokoban shortest-solution histograms instead")
     parser.add_argument("--levels", type=int, default=300, help="levels per histogram")
     args = parser.parse_args(argv)
@@ -137,7 +163,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{env_id:<38} skipped: {why}")
             continue
         resets = bench_resets(env, args.seconds, args.seed, args.warmup)
-        steps = bench_steps(env, args.seconds, args.seed, args.warmup)
+        bench = bench_expert_steps if args.expert else bench_steps
+        steps = bench(env, args.seconds, args.seed, args.warmup)
         env.close()
         print(f"{env_id:<38} {resets:>10,.0f} {steps:>10,.0f}", flush=True)
 

@@ -267,7 +267,7 @@ class _ListEngine:
 @pytest.mark.timeout(300)
 def test_fuzz_adversarial_outputs_through_the_runner_for_every_env(tiny_tokenizer, monkeypatch):
     env_ids = sorted(k for k in gym.registry if k.startswith("ragen/"))
-    assert len(env_ids) == 14
+    assert len(env_ids) == 16
     parse_seconds: list[float] = []
     parse = prompting.parse_response
 
@@ -293,6 +293,6 @@ def test_fuzz_adversarial_outputs_through_the_runner_for_every_env(tiny_tokenize
         # env resets and the steps that judge the parsed actions (a few ms an output here)
         assert runner.timing["env"] < 2.0, (env_id, runner.timing)
         runner.close()
-    assert len(parse_seconds) == 14 * len(ADVERSARIAL)
+    assert len(parse_seconds) == 16 * len(ADVERSARIAL)
     # ~2 ms an output at most here; the quadratic parser took 0.2-0.6 s on the 20 KB tag repeats
     assert max(parse_seconds) < 0.1, max(parse_seconds)
