@@ -114,18 +114,20 @@ def cache_root() -> Path:
 
 def corpus_env_ids() -> list[str]:
     """The registered ids whose texts enter the tokenizer corpus: namespace ``ragen``, entry point in the ``envs``
-    package, in registration order (empty when ``envs`` cannot be imported)."""
+    package, listed among the package's tasks (its ``ENV_IDS``: the remote-env client ``ragen/Remote-v0`` is no
+    task and needs a server), in registration order (empty when ``envs`` cannot be imported)."""
     import importlib
 
     import gymnasium as gym
 
     try:
-        importlib.import_module(CORPUS_MODULE)
+        module = importlib.import_module(CORPUS_MODULE)
     except ImportError:
         return []
+    tasks = getattr(module, "ENV_IDS", None)
     return [env_id for env_id, spec in gym.registry.items()
             if spec.namespace == CORPUS_NAMESPACE and isinstance(spec.entry_point, str)
-            and spec.entry_point.split(":")[0].split(".")[0] == CORPUS_MODULE]
+            and spec.entry_point.split(":")[0].split(".")[0] == CORPUS_MODULE and (tasks is None or env_id in tasks)]
 
 
 def default_corpus(env_ids: Sequence[str] | None = None, seeds: int = 24, steps: int = 4) -> list[str]:
