@@ -187,3 +187,14 @@ def test_bad_arguments_are_refused():
         DeepCoderEnv(max_attempts=0)
     with pytest.raises(ValueError, match="needs a data_path"):
         DeepCoderEnv().reset(seed=0, options={"index": 0})
+
+
+def test_expert_demonstrations_through_the_runner_succeed(tiny_tokenizer):
+    from ragen_lightning.rollout.settings import EpisodeSettings
+    from ragen_lightning.sft.experts import collect_demonstrations
+
+    episode = EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1, max_new_tokens=1024,
+                              max_model_len=4096)
+    trajs = collect_demonstrations("ragen/DeepCoder-v0", tiny_tokenizer, list(range(6)), episode=episode)
+    # the code survives the <answer> parsing (no || splitting, whitespace kept) and passes every test in the sandbox
+    assert all(t.success and t.env_return == 1.0 and t.num_format_errors == 0 for t in trajs)

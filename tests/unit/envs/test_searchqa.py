@@ -267,3 +267,14 @@ def test_a_dead_server_is_a_clear_error():
         HTTPRetriever(url, timeout=2.0)
     with pytest.raises(ValueError, match="must start with http"):
         HTTPRetriever("localhost:8000")
+
+
+def test_expert_demonstrations_through_the_runner_succeed(tiny_tokenizer):
+    from ragen_lightning.rollout.settings import EpisodeSettings
+    from ragen_lightning.sft.experts import collect_demonstrations
+
+    episode = EpisodeSettings(max_turns=5, max_actions_per_turn=1, max_actions_per_episode=5, max_new_tokens=256,
+                              max_model_len=8192)
+    trajs = collect_demonstrations("ragen/SearchQA-v0", tiny_tokenizer, list(range(8)), episode=episode)
+    assert all(t.success and t.env_return == 1.0 and t.num_format_errors == 0 for t in trajs)
+    assert {t.num_turns for t in trajs} == {2, 3}  # one- and two-hop questions: search, (search,) finish
