@@ -14,7 +14,7 @@ from ragen_lightning.cli import main
 from tests.integration.test_configs import CONFIGS
 
 SMALL = ["--trainer.logger", "false", "--trainer.callbacks", "[]", "--trainer.enable_checkpointing", "false",
-         "--data.engine", "hf", "--trainer.max_steps", "2", "--data.num_iterations", "1", "--data.num_groups", "2",
+         "--trainer.max_steps", "2", "--data.num_iterations", "1", "--data.num_groups", "2",
          "--data.group_size", "4", "--data.val_num_groups", "2", "--trainer.val_check_interval", "1",
          "--model.mini_batch_size", "8", "--model.micro_batch_size", "4",
          "--model.warm_start", "{steps: 60, num_episodes: 64, threads: 2}"]
