@@ -95,23 +95,28 @@ def bench_expert_steps(env: gym.Env, seconds: float, seed: int, warmup: int) -> 
     """Steps/s with the env's own expert choosing each action (``expert_turn``, computed outside the timed region):
     the path a solving agent takes, e.g. DeepCoder's sandbox runs or SearchQA's searches, which random text never
     reaches."""
+    clock = time.perf_counter
     episode = 0
     env.reset(seed=seed)
-    n = 0
-    in_step = 0.0
-    clock = time.perf_counter
-    wall_start = clock()
-    while n < warmup or clock() - wall_start < seconds:
+
+    def one_step() -> float:
+        nonlocal episode
         action = env.expert_turn(1)[1][0]
         t0 = clock()
         _, _, terminated, truncated, _ = env.step(action)
-        if n >= warmup:
-            in_step += clock() - t0
-        n += 1
+        elapsed = clock() - t0
         if terminated or truncated:
             episode += 1
             env.reset(seed=seed + episode)
-    return (n - warmup) / in_step
+        return elapsed
+
+    for _ in range(warmup):
+        one_step()
+    n, in_step, wall_start = 0, 0.0, clock()
+    while n == 0 or clock() - wall_start < seconds:
+        in_step += one_step()
+        n += 1
+    return n / in_step
 
 
 def sokoban_histograms(levels: int) -> None:
