@@ -436,8 +436,8 @@ def _json_equal(actual: str, expected: str) -> bool:
 
 class _CodeActions(spaces.Text):
     """The action space: code text up to 8192 characters. ``sample()`` draws at most 64 random characters: random text
-    never compiles (it is judged without a sandbox run), and thousands of random characters per sample would only
-    flood the tiny model's tokenizer corpus (which samples each env's actions) with noise."""
+    never defines the problem's function (it is judged without a sandbox run), and thousands of random characters per
+    sample would only slow random-agent tests and text collection down."""
 
     def sample(self, mask: Any = None, probability: Any = None) -> str:
         if mask is None and probability is None:

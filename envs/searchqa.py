@@ -156,8 +156,8 @@ def load_questions(path: str | os.PathLike) -> tuple[tuple[str, tuple[str, ...]]
 
 class _SearchActions(spaces.Text):
     """The action space: text. ``sample()`` draws well-formed actions (``search[<an article title>]`` three times in
-    four, else ``finish[<an article title>]``), so a random agent, ``check_env`` and the tiny model's tokenizer corpus
-    meet real search results instead of strings that never parse."""
+    four, else ``finish[<an article title>]``), so a random agent, ``check_env`` and the env benchmark meet real
+    search results instead of strings that never parse."""
 
     def __init__(self, titles: tuple[str, ...], **kwargs: Any):
         super().__init__(**kwargs)
