@@ -79,11 +79,15 @@ class EvalSettings:
             raise ConfigError(f"--temperature must be > 0 (greedy is its own pass) and --top-p in (0, 1], got "
                               f"{self.temperature}, {self.top_p}")
 
-    def pass_params(self, name: str, max_new_tokens: int) -> tuple[SamplingParams, int]:
-        """The sampling parameters and episodes per seed of pass ``name``."""
+    def samples_per_seed(self, name: str) -> int:
+        """Episodes per seed of pass ``name`` (greedy runs one: its episodes would be identical)."""
+        return 1 if name == "greedy" else self.samples
+
+    def pass_params(self, name: str, episode: EpisodeSettings) -> SamplingParams:
+        """The sampling parameters of pass ``name`` (the response length is the episode's)."""
         if name == "greedy":
-            return SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens), 1
-        return SamplingParams(self.temperature, self.top_p, -1, max_new_tokens), self.samples
+            return SamplingParams(temperature=0.0, max_new_tokens=episode.max_new_tokens)
+        return SamplingParams(self.temperature, self.top_p, -1, episode.max_new_tokens)
 
 
 def eval_seeds(seed: int, count: int) -> list[int]:
@@ -120,10 +124,10 @@ def run_suite(engine: GenerationEngine, chat: ChatTokens, suite: Sequence[SuiteE
         ep = entry.episode_settings(episode)
         seeds = eval_seeds(settings.seed, entry.num_episodes)
         for name in settings.passes:
-            params, k = settings.pass_params(name, ep.max_new_tokens)
+            params, k = settings.pass_params(name, ep), settings.samples_per_seed(name)
             todo = [i for i, s in enumerate(seeds) if any((entry.tag, name, s, m) not in done for m in range(k))]
             plan.append((entry, ep, name, params, k, seeds, todo))
-    total = sum(e.num_episodes * settings.pass_params(n, 1)[1] for e in suite for n in settings.passes)
+    total = sum(e.num_episodes * settings.samples_per_seed(n) for e in suite for n in settings.passes)
     remaining = sum(len(todo) * k for *_, k, _, todo in plan)
     ran = 0
     with tqdm(total=total, initial=total - remaining, desc="evaluate", unit="episode", disable=not progress) as bar:
@@ -178,7 +182,7 @@ def summarize(records: Sequence[dict[str, Any]], suite: Sequence[SuiteEntry], se
     rows = []
     for entry in suite:
         for name in settings.passes:
-            k = settings.pass_params(name, 1)[1]
+            k = settings.samples_per_seed(name)
             by_seed: dict[int, list[dict]] = defaultdict(list)
             for r in records:
                 if r.get("tag") == entry.tag and r.get("pass") == name:

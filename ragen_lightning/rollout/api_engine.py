@@ -74,7 +74,6 @@ class APIEngine:
         max_backoff_s: longest such wait.
         prefix: the generation prefix the runner primes every assistant turn with (``<think>``); an API turn cannot
             be primed, so a response that starts with it has it removed (the runner adds it back in the messages).
-        stop: stop strings sent with every request (None: none).
         extra_body: further JSON fields of every request (``{"top_k": 20}`` for a vLLM server, ...).
     """
 
@@ -84,7 +83,7 @@ class APIEngine:
     def __init__(self, model: str, tokenizer: Any, *, base_url: str = "https://api.openai.com/v1",
                  api_key_env: str = "OPENAI_API_KEY", max_concurrency: int = 8, max_retries: int = 5,
                  timeout_s: float = 60.0, backoff_s: float = 1.0, max_backoff_s: float = 60.0,
-                 prefix: str = "<think>", stop: Sequence[str] | None = None, extra_body: dict[str, Any] | None = None):
+                 prefix: str = "<think>", extra_body: dict[str, Any] | None = None):
         import httpx
 
         if not model:
@@ -100,7 +99,7 @@ class APIEngine:
         self.api_key_env = api_key_env
         self.max_concurrency, self.max_retries = max_concurrency, max_retries
         self.timeout_s, self.backoff_s, self.max_backoff_s = timeout_s, backoff_s, max_backoff_s
-        self.prefix, self.stop, self.extra_body = prefix, list(stop or []), dict(extra_body or {})
+        self.prefix, self.extra_body = prefix, dict(extra_body or {})
         self.eos_id = tokenizer.eos_token_id
         key = os.environ.get(api_key_env) if api_key_env else None
         headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -147,8 +146,8 @@ class APIEngine:
             body["top_k"] = params.top_k  # not in OpenAI's API; vLLM and llama.cpp servers take it
         if seed is not None and params.temperature > 0:
             body["seed"] = int(seed) % 2**31
-        if self.stop:
-            body["stop"] = list(self.stop)
+        if params.stop:  # the episode's stop strings (``--data.episode.stop``), as the other engines take them
+            body["stop"] = list(params.stop)
         body.update(self.extra_body)
         return body
 

@@ -110,8 +110,8 @@ def one(engine, params=GREEDY, seed=None):
 def test_success_sends_the_chat_and_settings_and_returns_the_text_reencoded(serve, tiny_tokenizer, monkeypatch):
     monkeypatch.setenv("MY_KEY", "sekret")
     server = serve(lambda body, n: (200, {}, completion("<think>go</think><answer>Up</answer>"), 0))
-    engine = engine_for(server, tiny_tokenizer, api_key_env="MY_KEY", stop=["</answer>"])
-    out = one(engine, SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=12), seed=5)
+    engine = engine_for(server, tiny_tokenizer, api_key_env="MY_KEY")
+    out = one(engine, SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=12, stop=("</answer>",)), seed=5)
     (body,) = server.requests
     assert body == {"model": "mock-model", "messages": MESSAGES, "max_tokens": 12, "temperature": 0.7,
                     "top_p": 0.9, "seed": 5, "stop": ["</answer>"]}
