@@ -65,14 +65,6 @@ def episode_of(data: dict[str, Any]):
     return as_episode(data.get("episode"))
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of a proportion k/n."""
-    if n == 0:
-        return 0.0, 1.0
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return centre - half, centre + half
 
 
 def diff_interval(p1: float, n1: int, p2: float, n2: int, z: float = 1.96) -> tuple[float, float, float]:

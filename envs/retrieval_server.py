@@ -123,12 +123,9 @@ def main(argv: list[str] | None = None) -> None:
     server = make_server(BM25Retriever(list(documents)), args.host, args.port)
     print(f"retrieval server: {len(documents)} passages on http://{args.host}:{server.server_address[1]}",
           flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+    from envs.serve import serve_until_interrupted
+
+    serve_until_interrupted(server)
 
 
 if __name__ == "__main__":

@@ -292,6 +292,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
+def serve_until_interrupted(server: ThreadingHTTPServer) -> None:
+    """Serve requests until Ctrl-C, then close the listening socket (both of the project's servers' main loop)."""
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -332,12 +342,7 @@ def main(argv: list[str] | None = None) -> None:
     server = EnvServer((args.host, args.port), args.env_id, kwargs, secret=secret, max_sessions=args.max_sessions,
                        max_request_bytes=args.max_request_bytes, idle_timeout_s=args.idle_timeout_s)
     print(f"serving {args.env_id} on {server.url}", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+    serve_until_interrupted(server)
 
 
 if __name__ == "__main__":

@@ -246,3 +246,14 @@ def test_cli_evaluates_an_openai_compatible_endpoint(tmp_path, tiny_path, monkey
     sampled = [b for b in server.requests if b["temperature"] == 1.0]
     assert len(sampled) == 4 and all("seed" in b for b in sampled)
     assert server.headers[0]["Authorization"] == "Bearer k"
+
+
+def test_wilson_by_hand():
+    from ragen_lightning.evaluate import wilson
+
+    # k = 5, n = 10, z = 1.96: centre = (0.5 + 0.19208) / 1.38416 = 0.5; half = 1.96 sqrt(0.025 + 0.009604) / 1.38416
+    #   = 1.96 * 0.186022 / 1.38416 = 0.263411
+    lo, hi = wilson(5, 10)
+    assert lo == pytest.approx(0.5 - 0.263411, abs=1e-6) and hi == pytest.approx(0.5 + 0.263411, abs=1e-6)
+    lo0, hi0 = wilson(0, 10)  # never below 0, unlike the normal interval
+    assert lo0 == pytest.approx(0.0, abs=1e-12) and hi0 == pytest.approx(3.8416 / 13.8416)

@@ -23,15 +23,6 @@ def test_difference_interval_by_hand():
     assert bench.diff_interval(0.0, 10, 1.0, 10) == pytest.approx((1.0, 1.0, 1.0))
 
 
-def test_wilson_by_hand():
-    # k = 5, n = 10, z = 1.96: centre = (0.5 + 0.19208) / 1.38416 = 0.5; half = 1.96 sqrt(0.025 + 0.009604) / 1.38416
-    #   = 1.96 * 0.186022 / 1.38416 = 0.263411
-    lo, hi = bench.wilson(5, 10)
-    assert lo == pytest.approx(0.5 - 0.263411, abs=1e-6) and hi == pytest.approx(0.5 + 0.263411, abs=1e-6)
-    lo0, hi0 = bench.wilson(0, 10)  # never below 0, unlike the normal interval
-    assert lo0 == pytest.approx(0.0, abs=1e-12) and hi0 == pytest.approx(3.8416 / 13.8416)
-
-
 def test_overlay_drops_checkpointing_and_logs_csv_into_the_run(tmp_path):
     cfg = yaml.safe_load((SCRIPT.parents[1] / "configs" / "bandit.yaml").read_text())
     doc = yaml.safe_load(bench.overlay(cfg, tmp_path).read_text())
