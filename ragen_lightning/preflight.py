@@ -27,6 +27,7 @@ from ragen_lightning.data.datamodule import (
     check_rollout_settings,
     check_world_size,
 )
+from ragen_lightning.data.mixture import train_entries
 from ragen_lightning.data.sampler import FilterConfig
 from ragen_lightning.errors import ConfigError, Domain
 from ragen_lightning.models import lora as lora_mod
@@ -112,7 +113,8 @@ def check_run(config: Any) -> None:
     if not (model and data):
         return
     if model.get("warm_start"):  # an env without an expert fails here, not after the tiny model is built
-        require_expert(data["env_id"], data.get("env_kwargs"))
+        for entry in train_entries(data):  # every entry of a mixture gives demonstrations
+            require_expert(entry.env_id, entry.env_kwargs)
     dm = RolloutDataModule(**{**data, "filter": FilterConfig(**(data.get("filter") or {})),
                               "vllm": VLLMConfig(**(data.get("vllm") or {}))})
     dm.check_prompt_budget(load_tokenizer(model["model"]))

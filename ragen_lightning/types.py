@@ -85,6 +85,8 @@ class Trajectory:
             the ids are a re-encoding of that text, and the training batch refuses such a trajectory.
         env_error: why the env failed (an exception or a timeout in a reset or step, ``"<where>: <type>: <message>"``),
             which ended the episode; None when it did not. The turn in which it failed is not in the trajectory.
+        tag: the environment-mixture entry the episode belongs to (``--data.mixture`` / ``--data.val_suite``: per-tag
+            metrics, reward normalisation by env); empty for a single-env rollout.
     """
 
     env_index: int
@@ -105,6 +107,7 @@ class Trajectory:
     turn_info: list[dict] = field(default_factory=list)
     trainable: bool = True
     env_error: str | None = None
+    tag: str = ""
 
     @property
     def env_return(self) -> float:

@@ -10,9 +10,10 @@ Reward placement (RAGEN's ``use_turn_scores``):
   samples as one sequence, so a turn's return holds its own and every later turn's reward, as in ``full`` mode
   (RAGEN's turn-level modes put the whole episode score on every turn sample: ``last``).
 
-Score normalisation (RAGEN's ``reward_normalization``, SPEC 2.7) by group (``state``: samples of one group; ``batch``:
-all samples) with ``identity`` | ``mean`` | ``mean_std`` | ``asym_clip``; applied only when some group has more than
-one member (a validation batch of singletons is left alone).
+Score normalisation (RAGEN's ``reward_normalization``, SPEC 2.7) by group (``state``: samples of one group; ``env``:
+every episode of one environment-mixture entry, the trajectories' ``tag``, RAGEN's ``inductive``; ``batch``: all
+samples) with ``identity`` | ``mean`` | ``mean_std`` | ``asym_clip``; applied only when some group has more than one
+member (a validation batch of singletons is left alone). One score per episode is normalised, whatever the grouping.
 """
 
 from __future__ import annotations
@@ -28,20 +29,24 @@ from ragen_lightning.metrics.functional import pass_at_k
 from ragen_lightning.types import RolloutBatch, Trajectory
 
 RewardPlacement = Literal["last", "turn"]
-NormGrouping = Literal["state", "batch"]
+NormGrouping = Literal["state", "env", "batch"]
 NormMethod = Literal["identity", "mean", "mean_std", "asym_clip"]
 
 
 def normalize_scores(scores: torch.Tensor, group_index: torch.Tensor, grouping: NormGrouping = "state",
-                     method: NormMethod = "identity", eps: float = 1e-6) -> torch.Tensor:
-    """Per-group score normalisation; ``mean_std`` gives zeros for a group whose std is <= eps."""
+                     method: NormMethod = "identity", eps: float = 1e-6,
+                     env_index: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-group score normalisation; ``mean_std`` gives zeros for a group whose std is <= eps. ``env_index``
+    ``[B]``: each score's environment (mixture entry) id, the groups of ``grouping="env"``."""
     if method not in ("identity", "mean", "mean_std", "asym_clip"):
         raise ValueError(f"reward normalisation method must be identity|mean|mean_std|asym_clip, got {method!r}")
-    if grouping not in ("state", "batch"):
-        raise ValueError(f"reward normalisation grouping must be state|batch, got {grouping!r}")
+    if grouping not in ("state", "env", "batch"):
+        raise ValueError(f"reward normalisation grouping must be state|env|batch, got {grouping!r}")
+    if grouping == "env" and env_index is None:
+        raise ValueError("reward normalisation by env needs each score's env_index")
     if method == "identity":
         return scores
-    keys = group_index if grouping == "state" else torch.zeros_like(group_index)
+    keys = {"state": group_index, "env": env_index, "batch": torch.zeros_like(group_index)}[grouping]
     if int(torch.bincount(keys).max()) <= 1:
         return scores
     centred, std = group_centre(scores, keys)
@@ -85,7 +90,10 @@ def build_batch(trajectories: Sequence[Trajectory], *, pad_token_id: int, reward
     # normalise one score per episode (turn-level modes repeat an episode over several samples)
     first_row = {int(e): i for i, e in reversed(list(enumerate(episode_index.tolist())))}
     ep_rows = torch.tensor(sorted(first_row.values()), dtype=torch.long)
-    ep_norm = normalize_scores(raw[ep_rows], group_index[ep_rows], norm_grouping, norm_method)
+    env_ids = {tag: i for i, tag in enumerate(dict.fromkeys(t.tag for _, t, _ in rows))}  # mixture entries
+    env_index = torch.tensor([env_ids[t.tag] for _, t, _ in rows], dtype=torch.long)
+    ep_norm = normalize_scores(raw[ep_rows], group_index[ep_rows], norm_grouping, norm_method,
+                               env_index=env_index[ep_rows])
     by_episode = {int(episode_index[r]): float(v) for r, v in zip(ep_rows.tolist(), ep_norm.tolist())}
     scores = torch.tensor([by_episode[int(e)] for e in episode_index.tolist()], dtype=torch.float32)
 

@@ -5,6 +5,8 @@ The training stream is an ``IterableDataset`` (``num_workers=0``, ``batch_size=N
 pre-fetches a rollout generated with stale weights. Iteration ``n`` resets group ``g`` with seed
 ``train_seed + n * num_groups + g`` (RAGEN: ``10000 + 8n + g``); validation always uses seeds ``val_seed + g``.
 ``state_dict`` stores the iteration and the empty-filter streak, so a resumed run continues the same seed stream.
+Environment mixtures (``--data.mixture``: several envs in one batch; ``--data.val_suite``: validation on its own list;
+per-tag seeds and ``train/<tag>/*``, ``val/<tag>/*`` metrics) are described in :mod:`ragen_lightning.data.mixture`.
 
 With several processes (DDP / FSDP) each rank rolls out its share of whole groups with its own engine and the
 trajectories are all-gathered before filtering, so selection, batch and metrics equal the single-process ones on every
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from dataclasses import replace
 from typing import Any, Iterator, Literal
 
 import lightning as L
@@ -27,12 +30,24 @@ from ragen_lightning.data.batching import (
     build_batch,
     rollout_metrics,
 )
+from ragen_lightning.data.mixture import (
+    Part,
+    check_entry_episode,
+    generation_seed,
+    is_mixture,
+    run_parts,
+    tag_metrics,
+    train_entries,
+    train_seeds,
+    val_entries,
+    val_seeds,
+)
 from ragen_lightning.data.sampler import FilterConfig, filter_groups
+from ragen_lightning.data.suite import SuiteEntry
 from ragen_lightning.errors import ConfigError, Domain, check_domains
 from ragen_lightning.parallel import (
     concat_ranks,
     gather_objects,
-    group_share,
     rollout_rank,
     tp_leaders,
     world,
@@ -59,19 +74,26 @@ DATA_DOMAINS: dict[str, Domain] = {
 
 def check_rollout_settings(hp: dict[str, Any]) -> None:
     """Raise :class:`ConfigError` naming the flag for the first ``--data.*`` value outside its domain
-    (:data:`DATA_DOMAINS`), impossible combination, unknown env id, env that its kwargs cannot build (a missing data
-    file included) or engine that is not installed. ``hp``: the data module's arguments (the nested groups
-    ``episode``, ``filter`` and ``vllm`` check themselves when built)."""
+    (:data:`DATA_DOMAINS`), impossible combination, bad mixture entry, unknown env id, env that its kwargs cannot build
+    (a missing data file included) or engine that is not installed. ``hp``: the data module's arguments (the nested
+    groups ``episode``, ``filter`` and ``vllm`` check themselves when built)."""
     check_domains("--data.", hp, DATA_DOMAINS)
     if hp.get("reward_placement") == "turn" and hp.get("norm_method", "identity") != "identity":
         raise ConfigError("--data.norm_method must be 'identity' with --data.reward_placement turn")
-    env_id, env_kwargs, engine = hp["env_id"], hp.get("env_kwargs"), hp.get("engine", "hf")
-    try:  # an unknown id or bad env kwargs fail here, naming the flag, not in the first rollout
-        make_env(env_id, env_kwargs).close()
-    except UnknownEnvError as e:
-        raise ConfigError(f"--data.env_id: {e}") from None
-    except (TypeError, ValueError, OSError, ImportError) as e:  # OSError: a data file named there is missing
-        raise ConfigError(f"--data.env_kwargs for {env_id}: {e}") from None
+    engine, episode = hp.get("engine", "hf"), as_episode(hp.get("episode"))
+    lists = [(train_entries(hp), "--data.mixture" if is_mixture(hp) else "")]
+    if hp.get("val_suite") is not None:  # else validation runs the training entries
+        lists.append((val_entries(hp), "--data.val_suite"))
+    for entries, flag in lists:
+        for i, entry in enumerate(entries):
+            where = f"{flag}[{i}]." if flag else "--data."
+            check_entry_episode(entry, episode, where[:-1])
+            try:  # an unknown id or bad env kwargs fail here, naming the flag, not in the first rollout
+                make_env(entry.env_id, entry.env_kwargs).close()
+            except UnknownEnvError as e:
+                raise ConfigError(f"{where}env_id: {e}") from None
+            except (TypeError, ValueError, OSError, ImportError) as e:  # OSError: a data file named there is missing
+                raise ConfigError(f"{where}env_kwargs for {entry.env_id}: {e}") from None
     if engine not in ENGINES:
         raise ConfigError(f"--data.engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if engine == "vllm":
@@ -87,15 +109,20 @@ def rollout_tensor_parallel(hp: dict[str, Any]) -> int:
 
 def check_world_size(hp: dict[str, Any], size: int) -> None:
     """``--data.vllm.tensor_parallel_size`` (k, vLLM engines only) must divide the number of processes ``size``, and
-    ``--data.num_groups`` and ``--data.val_num_groups`` the number of rollout groups ``size / k``."""
+    the groups of a training and of a validation rollout (``--data.num_groups`` and ``--data.val_num_groups``; with
+    ``--data.mixture`` / ``--data.val_suite`` the sum over the entries) the number of rollout groups ``size / k``."""
     tp = rollout_tensor_parallel(hp)
     dp = rollout_rank(0, size, tp)[1]
     where = f"processes ({size}): every rank" if tp == 1 else \
         f"tensor-parallel vLLM engines ({size} processes / --data.vllm.tensor_parallel_size {tp}): every engine"
-    for flag in ("num_groups", "val_num_groups"):
-        if hp[flag] % dp:
-            raise ConfigError(f"--data.{flag} ({hp[flag]}) must be divisible by the number of {where} runs whole "
-                              "env groups")
+    rollouts = {"training": ("--data.num_groups", hp["num_groups"], is_mixture(hp), train_entries),
+                "validation": ("--data.val_num_groups", hp["val_num_groups"],
+                               is_mixture(hp) or hp.get("val_suite") is not None, val_entries)}
+    for kind, (flag, groups, entries_given, entries) in rollouts.items():
+        if entries_given:
+            groups, flag = sum(e.num_groups for e in entries(hp)), f"the {kind} entries' num_groups summed"
+        if groups % dp:
+            raise ConfigError(f"{flag} ({groups}) must be divisible by the number of {where} runs whole env groups")
 
 
 class _Stream(IterableDataset):
@@ -119,10 +146,17 @@ class RolloutDataModule(L.LightningDataModule):
     """Streams multi-turn rollouts of ``num_groups x group_size`` envs, filtered by within-group reward variance.
 
     Args:
-        env_id: gymnasium id of the task (``import envs`` registers ``ragen/*``; ``module:id`` also works).
+        env_id: gymnasium id of the task (``import envs`` registers ``ragen/*``; ``module:id`` also works); unset:
+            ``ragen/SimpleSokoban-v0``, or the envs of ``mixture``.
         env_kwargs: keyword arguments of the env.
         num_groups: env groups per iteration (each group shares one initial state); with several processes it must
-            be divisible by their number (each rank runs whole groups; the seeds are those of one process).
+            be divisible by their number (each rank runs whole groups; the seeds are those of one process). With
+            ``mixture``: the groups of an entry that names none.
+        mixture: several training envs in one batch: a list of entries ``{env_id, env_kwargs, num_groups, tag,
+            episode}`` (:mod:`ragen_lightning.data.mixture`: seeds per tag, ``train/<tag>/*`` metrics); replaces
+            ``env_id`` and ``env_kwargs``, which must then be unset.
+        val_suite: validation entries (same keys; ``num_groups`` groups of ``val_group_size``, default
+            ``val_num_groups``), logged as ``val/<tag>/*`` and pooled as ``val/*``; unset: the training env(s).
         group_size: rollouts per group.
         num_iterations: StarPO iterations (rollout + update) of a fit; the one place that sets the run length.
         episode: the episode settings (``EpisodeSettings``: turns, action budgets, ``max_new_tokens``, context
@@ -131,13 +165,15 @@ class RolloutDataModule(L.LightningDataModule):
         top_p: training nucleus sampling mass.
         top_k: training top-k (-1 = off).
         reward_placement: ``last`` (episode score on the last sampled token) or ``turn`` (each turn's reward at its end).
-        norm_grouping: score normalisation groups: ``state`` (per group) or ``batch``.
+        norm_grouping: score normalisation groups: ``state`` (per group), ``env`` (all episodes of one mixture
+            entry; RAGEN's ``inductive``) or ``batch``.
         norm_method: ``identity`` | ``mean`` | ``mean_std`` | ``asym_clip``.
         filter: the rollout filter (default keeps everything; StarPO-S: ``top_p`` 0.9 with ``include_zero: false``).
         empty_stop_steps: stop after this many consecutive iterations whose filter kept nothing (0 = never).
         train_seed: first training reset seed.
         val_seed: first validation reset seed (validation always uses the same set).
         val_num_groups: validation episodes (groups of ``val_group_size``); divisible by the number of processes.
+            With ``mixture`` or ``val_suite``: the groups of each entry that names none.
         val_group_size: validation rollouts per initial state (pass@k uses it).
         val_temperature: validation sampling temperature (0 = greedy).
         max_batch_size: generation requests decoded together at most.
@@ -151,9 +187,11 @@ class RolloutDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        env_id: str = "ragen/SimpleSokoban-v0",
+        env_id: str | None = None,
         env_kwargs: dict[str, Any] | None = None,
         num_groups: int = 8,
+        mixture: list[dict[str, Any]] | None = None,
+        val_suite: list[dict[str, Any]] | None = None,
         group_size: int = 16,
         num_iterations: int = 200,
         episode: EpisodeSettings | None = None,
@@ -182,11 +220,13 @@ class RolloutDataModule(L.LightningDataModule):
         self.filter = filter if filter is not None else FilterConfig()
         self.train_params = SamplingParams(temperature, top_p, top_k, self.episode.max_new_tokens)
         self.val_params = SamplingParams(val_temperature, 1.0, -1, self.episode.max_new_tokens)
+        self.train_entries: list[SuiteEntry] = train_entries(self.hparams)
+        self.val_entries: list[SuiteEntry] = val_entries(self.hparams)
         self.iteration = 0
         self.consecutive_empty = 0
-        self._runner: RolloutRunner | None = None
+        self._runners: list[RolloutRunner] = []
         self.engine = None
-        self._val_runner: RolloutRunner | None = None
+        self._val_runners: list[RolloutRunner] = []
 
     # -- wiring ---------------------------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -198,8 +238,18 @@ class RolloutDataModule(L.LightningDataModule):
         (the CLI's preflight checks it before anything starts; ``setup`` again on every rank)."""
         check_world_size({**self.hparams, "vllm": self.vllm}, size)
 
+    @property
+    def mixture(self) -> bool:
+        """Training from ``--data.mixture``: per-tag seeds, generation seeds and ``train/<tag>/*`` metrics."""
+        return is_mixture(self.hparams)
+
+    @property
+    def tagged_validation(self) -> bool:
+        """Validation on entries with per-tag seeds and ``val/<tag>/*`` metrics (a mixture or ``--data.val_suite``)."""
+        return self.mixture or self.hparams.val_suite is not None
+
     def _ensure_runners(self) -> None:
-        if self._runner is not None:
+        if self._runners:
             return
         module = self.trainer.lightning_module
         hp = self.hparams
@@ -209,13 +259,23 @@ class RolloutDataModule(L.LightningDataModule):
         engine = module.make_engine(max_batch_size=hp.max_batch_size, **extra)
         self.engine = engine
         self.chat = chat
-        self._runner = RolloutRunner(hp.env_id, hp.env_kwargs, chat, engine, self.episode)
-        self._val_runner = RolloutRunner(hp.env_id, hp.env_kwargs, chat, engine, self.episode)
+        self._runners = self._make_runners(self.train_entries, chat, engine)
+        self._val_runners = self._make_runners(self.val_entries, chat, engine)
+
+    def _make_runners(self, entries: list[SuiteEntry], chat: ChatTokens, engine: Any) -> list[RolloutRunner]:
+        """One runner per entry with the entry's episode settings (its own ``ChatTokens`` when it turns thinking
+        on or off)."""
+        runners = []
+        for entry in entries:
+            episode = entry.episode_settings(self.episode)
+            own = chat if episode.enable_think == chat.enable_think else \
+                ChatTokens(chat.tokenizer, enable_think=episode.enable_think)
+            runners.append(RolloutRunner(entry.env_id, entry.env_kwargs, own, engine, episode))
+        return runners
 
     def teardown(self, stage: str) -> None:
-        for runner in (self._runner, self._val_runner):
-            if runner is not None:
-                runner.close()
+        for runner in self._runners + self._val_runners:
+            runner.close()
 
     def train_dataloader(self) -> DataLoader:
         stream = _Stream(self._next_train_batch, lambda: self.hparams.num_iterations - self.iteration,
@@ -227,8 +287,24 @@ class RolloutDataModule(L.LightningDataModule):
 
     # -- rollouts -------------------------------------------------------------------------------------------------
     def group_seeds(self, iteration: int) -> list[int]:
-        g = self.hparams.num_groups
-        return [self.hparams.train_seed + iteration * g + i for i in range(g)]
+        """The reset seed of every group of ``iteration``, entries in order (:meth:`entry_seeds`)."""
+        return [s for seeds in self.entry_seeds(iteration) for s in seeds]
+
+    def entry_seeds(self, iteration: int) -> list[list[int]]:
+        """Each training entry's reset seeds at ``iteration``: single env ``train_seed + iteration * num_groups +
+        g``; a mixture entry its tag's stream, held out from the tag's validation seeds (module ``mixture``)."""
+        hp = self.hparams
+        if not self.mixture:
+            return [[hp.train_seed + iteration * hp.num_groups + g for g in range(hp.num_groups)]]
+        held_out = dict(zip((e.tag for e in self.val_entries), self.val_entry_seeds()))
+        return [train_seeds(e, hp.train_seed, iteration, held_out.get(e.tag, ())) for e in self.train_entries]
+
+    def val_entry_seeds(self) -> list[list[int]]:
+        """Each validation entry's fixed reset seeds: ``val_seed + g`` for the single env, else its tag's."""
+        hp = self.hparams
+        if not self.tagged_validation:
+            return [[hp.val_seed + g for g in range(hp.val_num_groups)]]
+        return [val_seeds(e, hp.val_seed) for e in self.val_entries]
 
     def _next_train_batch(self) -> RolloutBatch:
         batch = self.train_batch(self.iteration)
@@ -241,13 +317,16 @@ class RolloutDataModule(L.LightningDataModule):
         hp = self.hparams
         sync = self._sync_engine()
         t0 = time.perf_counter()
-        trajectories = self._run(self._runner, self.group_seeds(iteration), hp.group_size, self.train_params,
-                                 seed=(hp.train_seed << 20) + iteration)
+        parts = self._parts(self._runners, self.train_entries, self.entry_seeds(iteration), self.train_params,
+                            (hp.train_seed << 20) + iteration, self.mixture)
+        trajectories = self._run(parts, hp.group_size)
         t_rollout = time.perf_counter() - t0
         self._engine_sleep()
         metrics = {f"train/{k}": v for k, v in rollout_metrics(trajectories, hp.group_size).items()}
+        if self.mixture:
+            metrics.update(tag_metrics(trajectories, hp.group_size, "train"))
         metrics.update(sync)
-        metrics["rollout/token_drift_rate"] = self._drift_rate(trajectories)
+        metrics["rollout/token_drift_rate"] = self._drift_rate(trajectories, parts)
         kept, _, filter_stats = filter_groups(trajectories, hp.group_size, self.filter)
         metrics.update(filter_stats)
         if kept:
@@ -263,7 +342,9 @@ class RolloutDataModule(L.LightningDataModule):
         metrics["rollout/empty_after_filter"] = float(not kept)
         metrics["rollout/consecutive_empty_after_filter_steps"] = float(self.consecutive_empty)
         metrics["timing_s/rollout"] = t_rollout
-        metrics.update({f"timing_s/rollout_{k}": v for k, v in self._runner.timing.items()})  # generate, env
+        for runner in self._runners:  # generate, env
+            for k, v in runner.timing.items():
+                metrics[f"timing_s/rollout_{k}"] = metrics.get(f"timing_s/rollout_{k}", 0.0) + v
         metrics["rollout/generated_tokens"] = float(sum(t.response_tokens for t in trajectories))
         metrics["iteration"] = float(iteration)
         batch = build_batch(kept, pad_token_id=self.chat.tokenizer.pad_token_id, reward_placement=hp.reward_placement,
@@ -271,8 +352,16 @@ class RolloutDataModule(L.LightningDataModule):
         batch.metrics["train/batch_size"] = float(len(batch))
         return batch
 
-    def _run(self, runner: RolloutRunner, seeds: list[int], group_size: int, params: SamplingParams,
-             seed: int) -> list:
+    @staticmethod
+    def _parts(runners: list[RolloutRunner], entries: list[SuiteEntry], seeds: list[list[int]],
+               params: SamplingParams, base: int, tagged: bool) -> list[Part]:
+        """One part per entry: its runner and seeds, the sampling cap of its episode settings, and (``tagged``) its
+        tag and own generation seeds; untagged, the single env's part is exactly the rollout of before."""
+        return [Part(r, s, replace(params, max_new_tokens=r.episode.max_new_tokens),
+                     generation_seed(base, e.tag) if tagged else base, e.tag if tagged else "")
+                for r, e, s in zip(runners, entries, seeds)]
+
+    def _run(self, parts: list[Part], group_size: int) -> list:
         """This rank's share of the groups, then every rank's trajectories in global group order (the caller has
         synced the engine: a collective for sharded actors, which every rank runs before every rollout). A
         tensor-parallel vLLM engine spans ``k`` ranks: they run the same share (same prompts and seeds, one engine)
@@ -280,48 +369,53 @@ class RolloutDataModule(L.LightningDataModule):
         rank, size = world()
         tp = getattr(self.engine, "tensor_parallel_size", 1)
         dp_rank, dp_size = rollout_rank(rank, size, tp)
-        share = group_share(len(seeds), dp_size, dp_rank)
-        local = runner.run(seeds[share.start:share.stop], group_size, params, seed=seed, first_group=share.start)
+        local = run_parts(parts, group_size, dp_rank, dp_size)
         return local if size == 1 else concat_ranks(tp_leaders(gather_objects(local), tp))
 
     def validation_batch(self) -> RolloutBatch:
-        """The fixed validation rollout (seeds ``val_seed + g``), unfiltered."""
+        """The fixed validation rollout (:meth:`val_entry_seeds`), unfiltered; per-tag metrics for entries."""
         self._ensure_runners()
         hp = self.hparams
-        seeds = [hp.val_seed + g for g in range(hp.val_num_groups)]
         sync = self._sync_engine()
-        trajectories = self._run(self._val_runner, seeds, hp.val_group_size, self.val_params, seed=hp.val_seed)
+        parts = self._parts(self._val_runners, self.val_entries, self.val_entry_seeds(), self.val_params,
+                            hp.val_seed, self.tagged_validation)
+        trajectories = self._run(parts, hp.val_group_size)
         self._engine_sleep()
         metrics = {f"val/{k}": v for k, v in rollout_metrics(trajectories, hp.val_group_size).items()}
+        if self.tagged_validation:
+            metrics.update(tag_metrics(trajectories, hp.val_group_size, "val"))
         metrics.update({k.replace("rollout/", "val/", 1): v for k, v in sync.items()})
         return build_batch(trajectories, pad_token_id=self.chat.tokenizer.pad_token_id, metrics=metrics)
 
     def check_prompt_budget(self, tokenizer: Any = None) -> None:
-        """Fail before training when the first prompt plus a full response cannot fit ``max_model_len``.
+        """Fail before training when the first prompt of an entry (training and validation) plus a full response
+        cannot fit ``max_model_len``.
 
         With ``tokenizer`` it runs stand-alone (the CLI calls it before anything is written); otherwise it uses the
         module's tokenizer through the rollout runners.
         """
-        hp = self.hparams
         if tokenizer is not None:
-            runner = RolloutRunner(hp.env_id, hp.env_kwargs,
-                                   ChatTokens(tokenizer, enable_think=self.episode.enable_think), None, self.episode)
+            chat = ChatTokens(tokenizer, enable_think=self.episode.enable_think)
+            train, val = self._make_runners(self.train_entries, chat, None), self._make_runners(self.val_entries,
+                                                                                               chat, None)
         else:
             self._ensure_runners()
-            runner = self._runner
-        ep = self.episode
+            train, val = self._runners, self._val_runners
+        firsts = [s[0] for s in self.entry_seeds(0)] + [s[0] for s in self.val_entry_seeds()]
         try:
-            for seed in (hp.train_seed, hp.val_seed):
+            for runner, seed in zip(train + val, firsts):
+                ep = runner.episode
                 need = runner.first_prompt_length(seed) + ep.max_new_tokens
                 if need > ep.max_model_len:
                     raise ConfigError(
                         f"--data.episode.max_model_len={ep.max_model_len} is too small for the first prompt of "
-                        f"{hp.env_id}: it needs {need} tokens (prompt + --data.episode.max_new_tokens="
+                        f"{runner.env_id}: it needs {need} tokens (prompt + --data.episode.max_new_tokens="
                         f"{ep.max_new_tokens})"
                     )
         finally:
-            if runner is not self._runner:
-                runner.close()
+            if tokenizer is not None:
+                for runner in train + val:
+                    runner.close()
 
     def _sync_engine(self) -> dict[str, float]:
         """Bring the engine's weights up to the actor's before a rollout; its stats (sync time, probe) as metrics."""
@@ -333,11 +427,13 @@ class RolloutDataModule(L.LightningDataModule):
         if sleep is not None:
             sleep()
 
-    def _drift_rate(self, trajectories) -> float:
-        samples = [s.conversation for t in trajectories for s in t.samples]
+    @staticmethod
+    def _drift_rate(trajectories, parts: list[Part]) -> float:
+        chats = {p.tag: p.runner.chat for p in parts}  # an entry may have its own (thinking on or off)
+        samples = [(chats[t.tag], s.conversation) for t in trajectories for s in t.samples]
         if not samples:
             return 0.0
-        return sum(self.chat.drift(c) for c in samples) / len(samples)
+        return sum(chat.drift(c) for chat, c in samples) / len(samples)
 
     # -- resume ---------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

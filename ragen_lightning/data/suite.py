@@ -4,7 +4,9 @@ A suite names what one evaluation (``python -m ragen_lightning.evaluate``) runs:
 configuration with its episode count and a tag that identifies it in reports and exported trajectories (two entries
 of the same env with different kwargs need different tags). An entry may also override episode settings for its env
 (``episode: {max_turns: 1}`` for a one-turn bandit beside multi-turn grids). The entry type is kept apart from the
-evaluation so that training-time env mixtures can reuse it.
+evaluation so that training-time env mixtures reuse it: the data module's ``--data.mixture`` and ``--data.val_suite``
+entries (:mod:`ragen_lightning.data.mixture`) are the same type, their count written ``num_groups`` (see
+:attr:`SuiteEntry.num_episodes`).
 
 YAML: a list of entries, or a mapping with a ``suite`` list::
 
@@ -30,7 +32,9 @@ class SuiteEntry:
     Args:
         env_id: a registered gymnasium id (``ragen/Sokoban-v0``; ``module:id`` imports the module first).
         env_kwargs: keyword arguments of the env.
-        num_episodes: episodes (distinct reset seeds) to run.
+        num_episodes: distinct reset seeds (initial states) to run: the episodes of an evaluation pass; in the data
+            module's mixtures the key is ``num_groups`` (each seed is one group of ``group_size`` rollouts), the
+            same field under its training name (:func:`as_entry`'s ``count``).
         tag: the entry's name in reports and exports; default the env id.
         episode: episode settings that differ for this env (keys of ``EpisodeSettings``), over the run's own.
     """
@@ -59,6 +63,11 @@ class SuiteEntry:
             raise ConfigError(f"{where}: unknown episode setting(s) {sorted(unknown)}; valid: "
                               f"{[f.name for f in fields(EpisodeSettings)]}")
 
+    @property
+    def num_groups(self) -> int:
+        """The count under its training name: groups of a ``--data.mixture`` / ``--data.val_suite`` entry."""
+        return self.num_episodes
+
     def episode_settings(self, base: EpisodeSettings) -> EpisodeSettings:
         """``base`` with this entry's overrides (their values are checked like ``--data.episode.*``)."""
         if not self.episode:
@@ -69,17 +78,31 @@ class SuiteEntry:
             raise ConfigError(f"suite entry {self.tag!r}: episode: {e}") from None
 
 
-def as_entry(value: Any, where: str = "suite entry") -> SuiteEntry:
-    """A :class:`SuiteEntry` from a mapping (unknown keys are an error naming ``where``)."""
+def as_entry(value: Any, where: str = "suite entry", *, count: str = "num_episodes",
+             default_count: int | None = None) -> SuiteEntry:
+    """A :class:`SuiteEntry` from a mapping (unknown keys are an error naming ``where``).
+
+    ``count`` is the name of the count key: ``num_episodes`` in an evaluation suite, ``num_groups`` in the data
+    module's mixtures (the other name is then an unknown key); an entry without it gets ``default_count`` (None: the
+    field's default).
+    """
     if isinstance(value, SuiteEntry):
         return value
     if not isinstance(value, dict):
-        raise ConfigError(f"{where}: expected a mapping with env_id, env_kwargs, num_episodes, tag, got {value!r}")
-    known = {f.name for f in fields(SuiteEntry)}
+        raise ConfigError(f"{where}: expected a mapping with env_id, env_kwargs, {count}, tag, got {value!r}")
+    known = {f.name for f in fields(SuiteEntry)} - {"num_episodes"} | {count}
     if unknown := set(value) - known:
         raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; an entry takes {sorted(known)}")
     if "env_id" not in value:
         raise ConfigError(f"{where}: env_id is missing")
+    if count != "num_episodes":
+        value = dict(value)
+        n = value.pop(count, default_count)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"{where}: {count} must be an integer >= 1, got {n!r}")
+        value["num_episodes"] = n
+    elif default_count is not None:
+        value = {"num_episodes": default_count, **value}
     try:
         return SuiteEntry(**value)
     except ConfigError as e:

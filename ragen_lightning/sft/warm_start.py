@@ -215,6 +215,7 @@ def warm_start(
     torch_threads: int | None = 1,
     threads: int = 1,
     verbose: bool = False,
+    more_envs: Sequence[tuple[str, dict[str, Any] | None, EpisodeSettings | None]] = (),
 ) -> Path:
     """The folder of ``model`` fine-tuned on expert demonstrations of ``env_id`` (built once, then cached).
 
@@ -247,6 +248,10 @@ def warm_start(
         threads: parts of each batch trained at once on CPU threads, one op thread each (:func:`sft_backward`;
             2 on a 2-core machine). The gradient is the same to float rounding: not part of the cache key.
         verbose: print the loss every 25 steps.
+        more_envs: further ``(env_id, env_kwargs, episode)`` whose demonstrations join ``env_id``'s (an environment
+            mixture, ``--data.mixture``): ``num_episodes`` expert episodes of each env, in its own episode settings
+            (None: ``episode``), trained on as one shuffled set; ``steps`` None takes the largest of the envs' hints.
+            Empty (default): the key is the single env's of before.
 
     Returns:
         the folder (``save_pretrained`` model + tokenizer + ``warm_start.json`` with the arguments, demo statistics,
@@ -256,8 +261,11 @@ def warm_start(
 
     require_expert(env_id, env_kwargs)  # one line naming the env class, before anything is built
     episode = as_episode(episode)
+    more = [(i, k, as_episode(e) if e is not None else episode) for i, k, e in more_envs]
+    for more_id, more_kwargs, _ in more:
+        require_expert(more_id, more_kwargs)
     if steps is None:
-        steps = default_steps(env_id, env_kwargs)
+        steps = max(default_steps(i, k) for i, k in [(env_id, env_kwargs)] + [(i, k) for i, k, _ in more])
     if steps < 1 or num_episodes < 1 or batch_size < 1:
         raise ValueError(f"steps, num_episodes and batch_size must be >= 1, got {steps}, {num_episodes}, {batch_size}")
     if not 0 <= reading_steps < steps:
@@ -269,9 +277,14 @@ def warm_start(
                 **episode.demonstration_fields())
     if reading_steps:  # only when on: warm starts built before the option keep their keys
         args["reading_steps"] = reading_steps
+    code = code_fingerprint(env_id, env_kwargs)
+    if more:  # only for a mixture: single-env warm starts keep their keys
+        args["more_envs"] = [dict(env_id=i, env_kwargs=demonstration_kwargs(i, k), **e.demonstration_fields())
+                             for i, k, e in more]
+        code += "".join(code_fingerprint(i, k) for i, k, _ in more)
     base = models.resolve_model_path(model)
     root = Path(cache_dir) if cache_dir is not None else cache_root()
-    final = root / f"warm-{warm_start_key(model, base, args, code_fingerprint(env_id, env_kwargs))}"
+    final = root / f"warm-{warm_start_key(model, base, args, code)}"
     if (final / META_FILE).is_file():
         return final
 
@@ -281,22 +294,31 @@ def warm_start(
             raise ValueError(f"torch_threads must be >= 1, got {torch_threads}")
         torch.set_num_threads(torch_threads)
     try:
-        return _build(final, root, base, args, episode, verbose, threads)
+        return _build(final, root, base, args, episode, verbose, threads, more)
     finally:
         torch.set_num_threads(previous_threads)
 
 
 def _build(final: Path, root: Path, base: str, args: dict[str, Any], episode: EpisodeSettings,
-           verbose: bool, threads: int = 1) -> Path:
+           verbose: bool, threads: int = 1, more: Sequence[tuple[str, dict | None, EpisodeSettings]] = ()) -> Path:
     started = time.perf_counter()
     env_id, seed, only_successful = args["env_id"], args["seed"], args["only_successful"]
     num_episodes, dtype = args["num_episodes"], args["dtype"]
     tokenizer = models.load_tokenizer(base)
-    demos, stats = build_demonstrations(env_id, tokenizer, episode_seeds(seed, num_episodes, "train"),
-                                        env_kwargs=args["env_kwargs"], episode=episode,
-                                        only_successful=only_successful)
-    if not demos:
-        raise ValueError(f"no demonstrations for {env_id}: {stats}")
+    demos: list[Demonstration] = []
+    stats: dict[str, Any] = {}  # one env: its statistics; a mixture: those of each env, by position
+    sources = [(env_id, args["env_kwargs"], episode)] + [(i, demonstration_kwargs(i, k), e) for i, k, e in more]
+    for n, (source_id, source_kwargs, source_episode) in enumerate(sources):
+        env_demos, env_stats = build_demonstrations(source_id, tokenizer, episode_seeds(seed, num_episodes, "train"),
+                                                    env_kwargs=source_kwargs, episode=source_episode,
+                                                    only_successful=only_successful)
+        if not env_demos:
+            raise ValueError(f"no demonstrations for {source_id}: {env_stats}")
+        demos += env_demos
+        if more:
+            stats[f"env{n}"] = {"env_id": source_id, **env_stats}
+        else:
+            stats = env_stats
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         net = models.load_causal_lm(base, dtype)
@@ -368,8 +390,16 @@ def warm_started_path(model: str, setting: bool | dict[str, Any], datamodule) ->
     if isinstance(kwargs.get("episode"), dict) and episode is not None:
         kwargs["episode"] = dataclasses.replace(episode, **kwargs["episode"])
     kwargs.setdefault("episode", episode)
-    hp = datamodule.hparams
-    return str(warm_start(model, hp.env_id, hp.env_kwargs, **kwargs))
+    base = as_episode(kwargs["episode"])
+    # the data module's training entries (a mixture: demonstrations of every one, each in its episode settings)
+    entries = getattr(datamodule, "train_entries", None)
+    if not entries:
+        hp = datamodule.hparams
+        return str(warm_start(model, hp.env_id, hp.env_kwargs, **kwargs))
+    first, rest = entries[0], entries[1:]
+    kwargs["episode"] = first.episode_settings(base)
+    more = [(e.env_id, e.env_kwargs, e.episode_settings(base)) for e in rest]
+    return str(warm_start(model, first.env_id, first.env_kwargs, **kwargs, more_envs=more))
 
 
 def evaluate_policy(
