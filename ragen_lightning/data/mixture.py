@@ -108,7 +108,10 @@ def val_entries(hp: Mapping[str, Any]) -> list[SuiteEntry]:
 def check_entry_episode(entry: SuiteEntry, base: EpisodeSettings, where: str) -> EpisodeSettings:
     """``entry``'s episode settings; an entry may not raise ``max_model_len`` above the run's (the engine is sized
     for it)."""
-    episode = entry.episode_settings(base)
+    try:
+        episode = entry.episode_settings(base)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
     if episode.max_model_len > base.max_model_len:
         raise ConfigError(f"{where} ({entry.tag!r}): episode.max_model_len {episode.max_model_len} exceeds "
                           f"--data.episode.max_model_len {base.max_model_len}, which sizes the engine")

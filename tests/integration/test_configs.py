@@ -37,7 +37,8 @@ def test_every_config_parses(capsys):
     for task in TASKS:
         cfg = parse(task)
         # the embedded model or a named variant of it (tiny:cells): no task config downloads weights
-        assert cfg.data.env_id.startswith("ragen/") and is_tiny(cfg.model.model), task.name
+        env_ids = [cfg.data.env_id] if cfg.data.mixture is None else [e["env_id"] for e in cfg.data.mixture]
+        assert all(i.startswith("ragen/") for i in env_ids) and is_tiny(cfg.model.model), task.name
         checked += 1
     for overlay in OVERLAYS:
         cfg = parse(CONFIGS / "sokoban.yaml", overlay)

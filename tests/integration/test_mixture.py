@@ -1,0 +1,65 @@
+"""Environment mixtures through the command line: configs/mixture.yaml trains on Bandit + FrozenLake and validates on
+BanditTest + CoordFrozenLake, configs/bandit_heldout.yaml (RAGEN's _1_bandit) validates on Bandit + BanditTest; the
+per-tag metrics land in the CSV log beside the pooled ones."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+import envs  # noqa: F401
+from ragen_lightning.cli import main
+
+pytestmark = pytest.mark.slow
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+SHORT = ["--model.warm_start", "false", "--trainer.callbacks", "[]",
+         "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", "logs",
+         "--data.group_size", "2", "--data.val_num_groups", "2", "--data.num_iterations", "1",
+         "--trainer.val_check_interval", "1", "--model.mini_batch_size", "8", "--model.micro_batch_size", "4"]
+
+
+def _rows(tmp_path):
+    return list(csv.DictReader(open(next((tmp_path / "logs").rglob("metrics.csv")))))
+
+
+def _row_with(rows, key):
+    """The last logged row holding ``key`` (validate_first: validation runs before and after the iteration)."""
+    row = [r for r in rows if r.get(key)][-1]
+    return {k: float(v) for k, v in row.items() if v not in ("", None)}
+
+
+def test_mixture_config_logs_per_tag_metrics(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", str(CONFIGS / "mixture.yaml"), *SHORT, "--data.episode.max_turns", "2",
+          "--data.episode.max_new_tokens", "12"])
+    rows = _rows(tmp_path)
+    train = _row_with(rows, "train/batch_size")
+    for tag in ("bandit", "lake"):
+        for name in ("success", "return", "format_error_rate", "pass@2"):
+            assert 0.0 <= train[f"train/{tag}/{name}"] <= 1.0, (tag, name)
+        assert train[f"train/{tag}/score"] <= train[f"train/{tag}/return"]  # + the format penalty (<= 0)
+    # each entry's own episode settings: the bandit is one turn, the lake up to --data.episode.max_turns (2)
+    assert train["train/bandit/num_turns"] == 1.0 and 1.0 <= train["train/lake/num_turns"] <= 2.0
+    # 4 groups of each entry x 2 members: the pooled rate is the mean of the two entries' rates
+    assert train["train/success"] == pytest.approx((train["train/bandit/success"] + train["train/lake/success"]) / 2)
+    assert train["train/batch_size"] >= 16  # every episode trains (no filter); windowed lake turns add rows
+    val = _row_with(rows, "val/success")
+    assert not any(k.startswith(("val/bandit/", "val/lake/")) for k in val)  # validation runs its own list
+    for tag in ("bandit_test", "coord_lake"):
+        assert 0.0 <= val[f"val/{tag}/success"] <= 1.0 and 0.0 <= val[f"val/{tag}/format_error_rate"] <= 1.0
+    assert val["val/bandit_test/num_turns"] == 1.0
+    assert val["val/success"] == pytest.approx((val["val/bandit_test/success"] + val["val/coord_lake/success"]) / 2)
+
+
+def test_ragen_bandit_setting_validates_on_bandit_and_bandit_test(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", str(CONFIGS / "bandit_heldout.yaml"), *SHORT, "--data.num_groups", "2",
+          "--data.episode.max_new_tokens", "12"])
+    rows = _rows(tmp_path)
+    train = _row_with(rows, "train/batch_size")
+    assert not [k for k in train if k.startswith("train/") and k.count("/") > 1]  # one training env: train/* only
+    val = _row_with(rows, "val/success")
+    assert 0.0 <= val["val/Bandit/success"] <= 1.0 and 0.0 <= val["val/BanditTest/success"] <= 1.0
+    assert val["val/success"] == pytest.approx((val["val/Bandit/success"] + val["val/BanditTest/success"]) / 2)
