@@ -8,7 +8,7 @@ with keys: ``out`` (folder), ``model`` (tiny folder), ``strategy`` (``single`` |
 (stop early), ``kl`` (KL loss with a reference), ``top_k_abs`` (filter), ``mini`` (mini-batch size), ``export``
 (export the actor to ``<out>/export`` at the end of the fit), ``lora`` (``--model.lora`` settings as a dict), ``tp``
 (``--data.vllm.tensor_parallel_size``: one vLLM engine over that many ranks; each rank's own generations, before the
-gather, are recorded under ``generations``).
+gather, are recorded under ``generations``), ``mixture`` (a ``--data.mixture`` list instead of the single Bandit env).
 Every rank writes ``rank{r}.json`` (logged metrics per iteration, kept group ids, data-module state) and
 ``rank{r}.pt`` (the full actor/critic parameters, gathered from FSDP2 shards; under LoRA the trainable ones only, and
 the trained actor's ``logits`` on fixed ids).
@@ -114,7 +114,8 @@ def main(cfg: dict) -> None:
     engine = {"engine": "vllm", "vllm": VLLMConfig(probe_size=2, tensor_parallel_size=cfg.get("tp", 1))} \
         if cfg.get("engine") == "vllm" else {}
     flt = FilterConfig(strategy="top_k_abs", value=cfg["top_k_abs"]) if cfg.get("top_k_abs") else None
-    dm = Recording(env_id="ragen/Bandit-v0", num_groups=4, group_size=3, num_iterations=cfg["iterations"],
+    envs_ = {"mixture": cfg["mixture"]} if cfg.get("mixture") else {"env_id": "ragen/Bandit-v0"}
+    dm = Recording(**envs_, num_groups=4, group_size=3, num_iterations=cfg["iterations"],
                    episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1,
                                            max_new_tokens=8, max_model_len=1024),
                    val_num_groups=2, filter=flt, temperature=1.0, **engine)
