@@ -93,8 +93,8 @@ def train_entries(hp: Mapping[str, Any]) -> list[SuiteEntry]:
         return [SuiteEntry(hp.get("env_id") or DEFAULT_ENV_ID, hp.get("env_kwargs"), hp["num_groups"])]
     given = [f"--data.{k}" for k in ("env_id", "env_kwargs") if hp.get(k) is not None]
     if given:
-        raise ConfigError(f"{' and '.join(given)} conflict with {TRAIN_FLAG}, whose entries name the training envs "
-                          f"(env_id, env_kwargs): leave {' and '.join(given)} unset")
+        raise ConfigError(f"{' and '.join(given)} {'conflict' if len(given) > 1 else 'conflicts'} with {TRAIN_FLAG}, "
+                          f"whose entries name the training envs (env_id, env_kwargs): leave {' and '.join(given)} unset")
     return parse_entries(hp["mixture"], TRAIN_FLAG, hp["num_groups"])
 
 

@@ -53,8 +53,9 @@ def test_evaluation_entries_keep_num_episodes():
 
 @pytest.mark.parametrize("kw, message", [
     ({"mixture": [BANDIT], "env_id": "ragen/Bandit-v0"},
-     r"^--data.env_id conflict with --data.mixture, whose entries name the training envs"),
-    ({"mixture": [BANDIT], "env_kwargs": {"split": "test"}}, r"^--data.env_kwargs conflict with --data.mixture"),
+     r"^--data.env_id conflicts with --data.mixture, whose entries name the training envs"),
+    ({"mixture": [BANDIT], "env_id": "ragen/Bandit-v0", "env_kwargs": {"split": "test"}},
+     r"^--data.env_id and --data.env_kwargs conflict with --data.mixture"),
     ({"mixture": []}, r"^--data.mixture must be a non-empty list of entries"),
     ({"mixture": [BANDIT, {**LAKE, "num_episodes": 3}]}, r"^--data.mixture\[1\]: unknown key\(s\) \['num_episodes'\]"),
     ({"mixture": [BANDIT, {**LAKE, "num_groups": 0}]}, r"^--data.mixture\[1\]: num_groups must be an integer >= 1, got 0"),
