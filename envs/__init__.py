@@ -32,6 +32,7 @@ ENV_IDS: dict[str, tuple[str, dict]] = {
     "ragen/RubiksCube-v0": ("envs.rubiks_cube:RubiksCubeEnv", {}),
     "ragen/SearchQA-v0": ("envs.searchqa:SearchQAEnv", {}),
     "ragen/DeepCoder-v0": ("envs.deepcoder:DeepCoderEnv", {}),
+    "ragen/PropProof-v0": ("envs.prop_proof:PropProofEnv", {}),
 }
 
 for _id, (_entry, _kwargs) in ENV_IDS.items():
