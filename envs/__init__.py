@@ -32,6 +32,8 @@ ENV_IDS: dict[str, tuple[str, dict]] = {
     "ragen/RubiksCube-v0": ("envs.rubiks_cube:RubiksCubeEnv", {}),
     "ragen/SearchQA-v0": ("envs.searchqa:SearchQAEnv", {}),
     "ragen/DeepCoder-v0": ("envs.deepcoder:DeepCoderEnv", {}),
+    "ragen/Lean-v0": ("envs.lean:LeanEnv", {}),  # needs a backend: server_url / lean_project (envs/lean.py)
+    "ragen/WebShop-v0": ("envs.webshop:WebShopEnv", {}),
     "ragen/PropProof-v0": ("envs.prop_proof:PropProofEnv", {}),
 }
 
