@@ -7,6 +7,10 @@
 * ``info`` of every reset and step carries ``success``, ``action_is_valid`` and ``action_is_effective`` as bools.
 
 An id whose module does not exist yet is skipped (envs are written in parallel); once the module exists it must pass.
+
+An env that needs an external backend refuses to build without one (``ragen/Lean-v0`` checks proofs with a Lean
+server); ``BACKENDS`` gives it the kwargs of a loopback stand-in (the fake Kimina server replaying recorded answers),
+so it meets the same contract over its real HTTP client.
 """
 
 from __future__ import annotations
@@ -27,11 +31,24 @@ IDS = list(envs.ENV_IDS)
 INFO_FLAGS = ("success", "action_is_valid", "action_is_effective")
 
 
+def _lean_backend() -> dict:
+    from tests.fixtures.lean.fake_kimina import shared_url
+
+    return {"server_url": shared_url()}
+
+
+BACKENDS = {"ragen/Lean-v0": _lean_backend}  # id -> kwargs of a stand-in backend
+
+
+def kwargs(env_id: str) -> dict:
+    return BACKENDS[env_id]() if env_id in BACKENDS else {}
+
+
 def make(env_id: str) -> gym.Env:
     module = envs.ENV_IDS[env_id][0].split(":")[0]
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} is not written yet")
-    return gym.make(env_id).unwrapped
+    return gym.make(env_id, **kwargs(env_id)).unwrapped
 
 
 def sampled_actions(env: gym.Env, n: int, seed: int = 0) -> list:
@@ -76,13 +93,13 @@ def test_check_env_with_ansi_rendering(env_id):
     # with render_mode="ansi" the checker also exercises render(): no warning of any kind is allowed
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        check_env(gym.make(env_id, render_mode="ansi").unwrapped)
+        check_env(gym.make(env_id, render_mode="ansi", **kwargs(env_id)).unwrapped)
     assert [str(w.message) for w in caught] == []
 
 
 @pytest.mark.parametrize("env_id", IDS)
 def test_same_seed_same_trajectory(env_id):
-    a, b = make(env_id), gym.make(env_id).unwrapped
+    a, b = make(env_id), gym.make(env_id, **kwargs(env_id)).unwrapped
     actions = sampled_actions(a, 30)
     first = rollout(a, 123, actions)
     assert first == rollout(b, 123, actions)  # a second instance
