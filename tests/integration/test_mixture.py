@@ -1,6 +1,6 @@
 """Environment mixtures through the command line: configs/mixture.yaml trains on Bandit + FrozenLake and validates on
 BanditTest + CoordFrozenLake, configs/bandit_heldout.yaml (RAGEN's _1_bandit) validates on Bandit + BanditTest; the
-per-tag metrics land in the CSV log beside the pooled ones."""
+per-tag metrics land in the CSV log beside the pooled ones; the warm start trains on every entry's demonstrations."""
 
 from __future__ import annotations
 
@@ -63,3 +63,32 @@ def test_ragen_bandit_setting_validates_on_bandit_and_bandit_test(tmp_path, monk
     val = _row_with(rows, "val/success")
     assert 0.0 <= val["val/Bandit/success"] <= 1.0 and 0.0 <= val["val/BanditTest/success"] <= 1.0
     assert val["val/success"] == pytest.approx((val["val/Bandit/success"] + val["val/BanditTest/success"]) / 2)
+
+
+def test_warm_start_trains_on_every_entry_s_demonstrations(tiny_path, tmp_path, monkeypatch):
+    import json
+
+    from ragen_lightning.rollout.settings import EpisodeSettings
+    from ragen_lightning.sft import warm_start as ws
+
+    small = {"env_id": "ragen/Bandit-v0", "steps": 2, "num_episodes": 4, "batch_size": 2,
+             "episode": EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1)}
+    lake = ("ragen/FrozenLake-v0", {"success_rate": 1.0}, EpisodeSettings(max_turns=2, max_actions_per_turn=2,
+                                                                          context_window="single_turn"))
+    trained = []
+    train_sft = ws.train_sft
+    monkeypatch.setattr(ws, "train_sft", lambda net, demos, *a, **kw: trained.append(len(demos)) or
+                        train_sft(net, demos, *a, **kw))
+    single = ws.warm_start(str(tiny_path), cache_dir=tmp_path, **small)
+    assert ws.warm_start(str(tiny_path), cache_dir=tmp_path, **small, more_envs=()) == single  # the key of before
+    mixed = ws.warm_start(str(tiny_path), cache_dir=tmp_path, **small, more_envs=[lake])
+    assert mixed != single
+    meta = json.loads((mixed / ws.META_FILE).read_text())
+    (more,) = meta["args"]["more_envs"]
+    assert (more["env_id"], more["env_kwargs"], more["max_turns"], more["context_window"]) == (
+        "ragen/FrozenLake-v0", {"success_rate": 1.0}, 2, "single_turn")
+    stats = meta["demo_stats"]
+    assert [stats["env0"]["env_id"], stats["env1"]["env_id"]] == ["ragen/Bandit-v0", "ragen/FrozenLake-v0"]
+    assert stats["env0"]["demo/episodes"] == stats["env1"]["demo/episodes"] == 4
+    # one bandit sample per episode; the lake's one per turn (single_turn): every demonstration of both is trained
+    assert trained[-1] == stats["env0"]["demo/samples"] + stats["env1"]["demo/samples"] and trained[-1] > 8
