@@ -46,7 +46,7 @@ import numpy as np
 Formula = tuple
 MAX_TACTIC_CHARS = 512
 MAX_TACTICS_PER_LINE = 8
-MAX_FORMULA_CHARS = 2000
+MAX_FORMULA_CHARS = 400  # bounds the depth of every recursion over a formula
 FALSE: Formula = ("false",)
 TACTICS = ("intro", "exact", "apply", "assumption", "constructor", "left", "right", "cases", "specialize",
            "exfalso", "contradiction", "done")
@@ -117,8 +117,17 @@ def canon(f: Formula) -> Formula:
 
 
 def same(a: Formula, b: Formula) -> bool:
-    """Definitional equality of two formulas (syntactic up to unfolding ``~``)."""
-    return a == b or canon(a) == canon(b)
+    """Definitional equality of two formulas (syntactic up to unfolding ``~``): ``canon(a) == canon(b)``, compared
+    top-down so that formulas of different shapes differ at once (the search compares a lot of them)."""
+    if a is b:
+        return True
+    if a[0] == "not":
+        a = ("imp", a[1], FALSE)
+    if b[0] == "not":
+        b = ("imp", b[1], FALSE)
+    if a[0] != b[0] or a[0] in ("atom", "false"):
+        return a == b
+    return same(a[1], b[1]) and same(a[2], b[2])
 
 
 def premise_conclusion(f: Formula) -> tuple[Formula, Formula] | None:
@@ -165,33 +174,45 @@ class _FormulaParser:
         return self.tokens[self.i] if self.i < len(self.tokens) else None
 
     def imp(self) -> Formula:
-        left = self.binary("or", "\\/", self.conj)
-        if self.peek() == "->":
-            self.i += 1
-            return imp(left, self.imp())
-        return left
+        return self.chain("imp", "->", self.disj)
+
+    def disj(self) -> Formula:
+        return self.chain("or", "\\/", self.conj)
 
     def conj(self) -> Formula:
-        return self.binary("and", "/\\", self.unary)
+        return self.chain("and", "/\\", self.unary)
 
-    def binary(self, kind: str, symbol: str, sub) -> Formula:
-        left = sub()
-        if self.peek() == symbol:
+    def chain(self, kind: str, symbol: str, sub) -> Formula:
+        """``a op b op c`` as ``(kind, a, (kind, b, c))`` (right associative), read in a loop: a long chain costs no
+        recursion depth."""
+        operands = [sub()]
+        while self.peek() == symbol:
             self.i += 1
-            return (kind, left, self.binary(kind, symbol, sub))
-        return left
+            operands.append(sub())
+        f = operands[-1]
+        for left in reversed(operands[:-1]):
+            f = (kind, left, f)
+        return f
 
     def unary(self) -> Formula:
+        negations = 0
+        while self.peek() == "~":
+            negations += 1
+            self.i += 1
+        f = self.primary()
+        for _ in range(negations):
+            f = neg(f)
+        return f
+
+    def primary(self) -> Formula:
         tok = self.peek()
         if tok is None:
             raise FormulaSyntaxError(f"formula {self.text!r} ends too early")
         self.i += 1
-        if tok == "~":
-            return neg(self.unary())
         if tok == "(":
             self.depth += 1
-            if self.depth > 200:
-                raise FormulaSyntaxError("formula nested too deeply")
+            if self.depth > 50:
+                raise FormulaSyntaxError("formula nested too deeply (more than 50 parentheses)")
             inner = self.imp()
             if self.peek() != ")":
                 raise FormulaSyntaxError(f"missing ')' in formula {self.text!r}")
