@@ -158,8 +158,10 @@ def _row_to_theorem(row: Any, index: int, where: str) -> Theorem:
     informal = _optional_str(row, "natural_language_statement", where) or \
         _optional_str(row, "informal_statement", where) or ""
     name = row.get("name", row.get("id", f"theorem_{index}"))
-    proof = row.get("proof", ())
-    if isinstance(proof, str):
+    proof = row.get("proof")
+    if proof is None:
+        proof = ()
+    elif isinstance(proof, str):
         proof = tuple(line.strip() for line in proof.splitlines() if line.strip())
     elif isinstance(proof, list) and all(isinstance(t, str) and t.strip() for t in proof):
         proof = tuple(t.strip() for t in proof)
