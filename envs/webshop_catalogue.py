@@ -43,8 +43,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 MAX_FIELD_CHARS = 1000  # a rendered text field (description, bullet point) is cut here
 DEFAULT_PRICE = 100.0  # WebShop's price of a product whose pricing cannot be read
 _PRICE = re.compile(r"\$?\s*(\d+(?:,\d{3})*(?:\.\d+)?)")
@@ -224,12 +222,12 @@ _MAX_UPPERS = 4  # WebShop: the price bound is one of the first four multiples o
 
 def price_upper_for(price: float, rng: random.Random) -> float:
     """One of the four multiples of 10 above ``price`` (WebShop's synthetic and human goals)."""
-    candidates = [10.0 * k for k in range(1, 1001) if 10.0 * k > price][:_MAX_UPPERS]
-    return rng.choice(candidates) if candidates else round(price * 1.5, 2)
+    first = int(max(price, 0.0) // 10) + 1  # the smallest multiple of 10 strictly above the price
+    return 10.0 * (first + rng.randrange(_MAX_UPPERS))
 
 
-def _brand(rng: np.random.Generator) -> str:
-    parts = [_SYLLABLES[int(i)] for i in rng.integers(len(_SYLLABLES), size=int(rng.integers(2, 4)))]
+def _brand(rng: random.Random) -> str:
+    parts = [_SYLLABLES[rng.randrange(len(_SYLLABLES))] for _ in range(rng.randrange(2, 4))]
     return "".join(parts).capitalize()
 
 
@@ -237,23 +235,20 @@ def _titled(words: str) -> str:
     return " ".join(w if w[:1].isdigit() else w[:1].upper() + w[1:] for w in words.split())
 
 
-def _make_product(index: int, category: str, rng: np.random.Generator) -> Product:
+def _make_product(index: int, category: str, rng: random.Random) -> Product:
     top, attr_pool, types = CATEGORIES[category]
-    kind, sub, groups, (low, high) = types[int(rng.integers(len(types)))]
-    attributes = tuple(attr_pool[int(i)] for i in sorted(rng.choice(len(attr_pool), size=int(rng.integers(2, 5)),
-                                                                   replace=False)))
-    shown = [attributes[int(i)] for i in sorted(rng.choice(len(attributes), size=min(2, len(attributes)),
-                                                           replace=False))]
+    kind, sub, groups, (low, high) = types[rng.randrange(len(types))]
+    attributes = tuple(attr_pool[i] for i in sorted(rng.sample(range(len(attr_pool)), rng.randrange(2, 5))))
+    shown = [attributes[i] for i in sorted(rng.sample(range(len(attributes)), min(2, len(attributes))))]
     brand = _brand(rng)
-    tail = _TAILS[int(rng.integers(len(_TAILS)))]
+    tail = _TAILS[rng.randrange(len(_TAILS))]
     title = " ".join(x for x in (brand, _titled(" ".join(shown)), _titled(kind), tail) if x)
     options = []
     for name, values in groups.items():
-        k = int(rng.integers(2, len(values) + 1))
-        keep = sorted(rng.choice(len(values), size=k, replace=False))
-        options.append((name, tuple(values[int(i)] for i in keep)))
-    price = float(np.round(rng.uniform(low, high), 0)) - 0.01
-    rating = f"{float(rng.integers(30, 51)) / 10:.1f}"
+        keep = sorted(rng.sample(range(len(values)), rng.randrange(2, len(values) + 1)))
+        options.append((name, tuple(values[i] for i in keep)))
+    price = round(rng.uniform(low, high)) - 0.01
+    rating = f"{rng.randrange(30, 51) / 10:.1f}"
     bullets = tuple(f"{a.upper()}: this {kind} is {a}." for a in attributes)
     description = (f"The {brand} {kind} is {', '.join(attributes[:-1])} and {attributes[-1]}. "
                    f"Available in {len(options[0][1])} {options[0][0]} choices.")
@@ -262,13 +257,12 @@ def _make_product(index: int, category: str, rng: np.random.Generator) -> Produc
                    bullet_points=bullets, options=tuple(options), attributes=attributes, rating=rating)
 
 
-def _make_goal(product: Product, rng: np.random.Generator, prng: random.Random) -> Goal:
-    k = min(len(product.attributes), int(rng.integers(1, 3)))
-    wanted = tuple(product.attributes[int(i)] for i in sorted(rng.choice(len(product.attributes), size=k,
-                                                                         replace=False)))
-    chosen = tuple((name, values[int(rng.integers(len(values)))]) for name, values in product.options)
-    upper = price_upper_for(product.price, prng)
-    lead = _LEADS[int(rng.integers(len(_LEADS)))]
+def _make_goal(product: Product, rng: random.Random) -> Goal:
+    k = min(len(product.attributes), rng.randrange(1, 3))
+    wanted = tuple(product.attributes[i] for i in sorted(rng.sample(range(len(product.attributes)), k)))
+    chosen = tuple((name, values[rng.randrange(len(values))]) for name, values in product.options)
+    upper = price_upper_for(product.price, rng)
+    lead = _LEADS[rng.randrange(len(_LEADS))]
     text = f"{lead} {product.query} that is {' and '.join(wanted)}"
     text += "".join(f", {'with' if i == 0 else 'and'} {name}: {value}" for i, (name, value) in enumerate(chosen))
     text += f", and price lower than {upper:.2f} dollars"
@@ -283,11 +277,10 @@ def generate_catalogue(seed: int = 0, num_products: int = 3000) -> Catalogue:
     always gives the same catalogue."""
     if isinstance(num_products, bool) or not isinstance(num_products, int) or num_products < 10:
         raise ValueError(f"num_products must be an int >= 10, got {num_products!r}")
-    rng = np.random.default_rng([int(seed), 1806])
-    prng = random.Random(int(seed))
+    rng = random.Random(f"webshop-{int(seed)}")  # a str seed: the same stream on every platform and Python 3
     names = sorted(CATEGORIES)
     products = tuple(_make_product(i, names[i % len(names)], rng) for i in range(num_products))
-    goals = tuple(_make_goal(p, rng, prng) for p in products)
+    goals = tuple(_make_goal(p, rng) for p in products)
     return Catalogue(products, goals)
 
 
