@@ -1,0 +1,39 @@
+"""Lean from its config: a short warm start on the env's expert (its demonstrations step the env, whose every tactic
+goes over HTTP to the loopback fake Kimina server replaying recorded answers), then one StarPO iteration whose
+rollouts' tactics are judged through the same client. ``tests/integration/test_configs.py`` runs the config without
+a warm start; this test checks that tactics, Lean feedback and RAGEN's rewards flow through a fit."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+import envs  # noqa: F401  (registers the ids)
+from ragen_lightning.cli import main
+from tests.fixtures.lean.fake_kimina import THEOREMS, FakeKimina
+from tests.integration.test_configs import CONFIGS
+
+SMALL = ["--trainer.logger", "false", "--trainer.callbacks", "[]", "--trainer.enable_checkpointing", "false",
+         "--trainer.max_steps", "2", "--data.num_iterations", "1", "--data.num_groups", "2",
+         "--data.group_size", "4", "--data.val_num_groups", "2", "--trainer.val_check_interval", "1",
+         "--model.mini_batch_size", "8", "--model.micro_batch_size", "4", "--data.episode.max_turns", "3",
+         "--model.warm_start", "{steps: 60, num_episodes: 64, threads: 2}"]
+
+
+@pytest.mark.slow
+def test_one_iteration_after_a_short_warm_start(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with FakeKimina() as fake:
+        kwargs = json.dumps({"server_url": fake.url, "data_path": str(THEOREMS)})
+        cli = main(["fit", "--config", str(CONFIGS / "lean.yaml"), "--data.env_kwargs", kwargs, *SMALL])
+        requests = len(fake.requests)
+    m = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
+    print("lean", requests, "requests;", {k: round(v, 3) for k, v in sorted(m.items()) if k.startswith("train/")})
+    # the warm-started model answers in the format, so tactics reached the server, which judged them (info keys
+    # become metrics only for executed actions), and no step failed (an unreachable server would be an env error)
+    assert requests > 0 and m["train/format_error_rate"] < 1.0 and "train/action_is_valid" in m, m
+    assert m["train/env_errors"] == 0.0
+    assert cli.trainer.global_step >= 1 and m["iteration"] == 0.0
+    assert math.isfinite(m["actor/pg_loss"]) and math.isfinite(m["actor/grad_norm"])
