@@ -8,7 +8,8 @@
 For each id: a warm-up, then ``reset(seed=s)`` over the fixed seeds ``--seed``, ``--seed + 1``, ... for
 ``--seconds`` (resets/s), then steps with actions drawn from the seeded action space (a ``Text`` action space
 samples strings), resetting with the next seed whenever an episode ends; steps/s counts only the time inside
-``step``. Envs are used unwrapped (no Gymnasium checker wrappers). Ids whose module is not importable are skipped
+``step``. Envs are used unwrapped (no Gymnasium checker wrappers). Ids whose module is not importable, or whose
+backend is not configured (``ragen/Lean-v0``: set ``$RAGEN_LEAN_SERVER_URL``), are skipped
 with a note. Imports only ``envs``, NumPy and Gymnasium.
 
 ``--histogram`` prints, for the SimpleSokoban (6x6, 1 box) and LargerSokoban (8x8, 2 boxes, search depth 10)
@@ -48,7 +49,12 @@ def _make(env_id: str) -> tuple[gym.Env | None, str]:
         importlib.import_module(module)
     except ModuleNotFoundError as e:
         return None, f"{module} not importable ({e})"
-    return gym.make(env_id).unwrapped, ""
+    from envs.lean_backends import LeanBackendUnavailable
+
+    try:
+        return gym.make(env_id).unwrapped, ""
+    except LeanBackendUnavailable as e:  # ragen/Lean-v0 without $RAGEN_LEAN_SERVER_URL / $RAGEN_LEAN_PROJECT
+        return None, str(e)
 
 
 def bench_resets(env: gym.Env, seconds: float, seed: int, warmup: int) -> float:
