@@ -31,7 +31,8 @@ success from it (:attr:`CheckResult.accepted`, :attr:`CheckResult.complete`: RAG
   or any command given as ``repl_command``. A command that does not answer within ``timeout_s`` is a Lean timeout
   (the process is killed and restarted at the next check), as with the server.
 
-Both bound what they read (``max_response_bytes``) and check every field they use, naming the culprit.
+Both bound what they read (``max_response_bytes``) and check every field they use, naming the culprit. httpx is
+imported only when a server client is built (like :mod:`envs.retrieval`), so the env package stays light.
 """
 
 from __future__ import annotations
@@ -49,8 +50,6 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
-
-import httpx
 
 SEVERITIES = ("trace", "info", "warning", "error")
 STATUSES = ("valid", "sorry", "lean_error", "repl_error", "timeout", "server_error")
@@ -238,6 +237,8 @@ class KiminaChecker:
             raise ValueError(f"KiminaChecker needs timeout_s > 0, http_timeout_s > 0, max_retries >= 0 and "
                              f"0 <= backoff_s <= max_backoff_s; got {timeout_s}, {http_timeout_s}, {max_retries}, "
                              f"{backoff_s}, {max_backoff_s}")
+        import httpx
+
         headers = {}
         if api_key_env:
             key = os.environ.get(api_key_env)
@@ -268,6 +269,8 @@ class KiminaChecker:
 
     def _post(self, url: str, body: dict) -> Any:
         """The JSON answer of one request, with retries (class docstring)."""
+        import httpx
+
         reason = ""
         for attempt in range(self.max_retries + 1):
             self.stats["requests"] += 1
