@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -198,6 +199,10 @@ def make_checker(server_url: str | None = None, lean_project: str | os.PathLike 
                              max_retries=max_retries, api_key_env=api_key_env)
     lean_project = lean_project or os.environ.get(PROJECT_VAR) or None
     if repl_command is not None or lean_project is not None:
+        if repl_command is None and shutil.which("lake") is None:
+            raise LeanBackendUnavailable(
+                f"lean_project {os.fspath(lean_project)!r} is run with `lake env repl`, but `lake` is not on PATH "
+                f"(install Lean with elan), or pass server_url (or set ${SERVER_URL_VAR}) for a Kimina Lean server")
         command = list(repl_command) if repl_command is not None else ["lake", "env", "repl"]
         return ReplChecker(command, lean_project, timeout_s=request_timeout)
     raise LeanBackendUnavailable(

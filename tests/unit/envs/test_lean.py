@@ -330,6 +330,10 @@ def test_without_a_backend_the_env_refuses_in_one_line(monkeypatch):
         assert option in text
     with pytest.raises(LeanBackendUnavailable, match=r"^repl_command 'no-such-lean-repl' is not an executable"):
         LeanEnv(repl_command=["no-such-lean-repl"])
+    monkeypatch.setenv("PATH", "")  # no lake: a project alone cannot be run
+    with pytest.raises(LeanBackendUnavailable, match=r"^lean_project '/p' is run with `lake env repl`, but `lake` is "
+                                                     r"not on PATH .* or pass server_url"):
+        LeanEnv(lean_project="/p")
 
 
 def test_the_server_url_may_come_from_the_environment(fake, monkeypatch):
