@@ -494,7 +494,7 @@ class WebShopEnv(TextEnv):
         if self.goal is None:
             raise RuntimeError("WebShopEnv: call reset() before step()")
         if self._terminated or self._truncated:
-            return self._last_obs(), 0.0, self._terminated, self._truncated, self._info(valid=False, effective=False)
+            return self._observation(), 0.0, self._terminated, self._truncated, self._info(valid=False, effective=False)
         self.step_count += 1
         before = self._page_text()
         text = action.strip() if isinstance(action, str) else ""
@@ -509,9 +509,6 @@ class WebShopEnv(TextEnv):
         self._truncated = not self._terminated and self.step_count >= self.max_steps
         info = self._info(valid=not error, effective=not error and self._page_text() != before)
         return self._observation(), reward, self._terminated, self._truncated, info
-
-    def _last_obs(self) -> str:
-        return self._observation()
 
     def _apply(self, verb: str, arg: str) -> str:
         """Carry out one parsed action; the reason it is invalid, or "" when it was carried out."""
