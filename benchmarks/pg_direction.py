@@ -77,6 +77,7 @@ def main() -> None:
     p.add_argument("--etas", default="0.5,1,2", help="step mode: normalised step lengths")
     p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
     p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--adam-eps", type=float, default=1e-8, help="AdamW's eps (torch's default 1e-8)")
     p.add_argument("--iterations", type=int, default=15)
     p.add_argument("--mini-batch", type=int, default=64)
     a = p.parse_args()
@@ -111,7 +112,7 @@ def main() -> None:
                 print(f"{name:8s} eta {eta:g}: score change {score(moved) - base:+.4f}", flush=True)
         return
     model = copy.deepcopy(net)
-    opt = (torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0) if a.optimizer == "adamw"
+    opt = (torch.optim.AdamW(model.parameters(), lr=a.lr, eps=a.adam_eps, weight_decay=0.0) if a.optimizer == "adamw"
            else torch.optim.SGD(model.parameters(), lr=a.lr))
     for it in range(a.iterations):
         seeds = list(range(80000 + it * a.groups, 80000 + (it + 1) * a.groups))

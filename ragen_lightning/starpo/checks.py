@@ -27,6 +27,7 @@ MODULE_DOMAINS: dict[str, Domain] = {
     "logprob_micro_batch_size": Domain(low=1, integer=True, none=True),
     "logits_chunk_size": Domain(low=1, integer=True, none=True),
     "tis_cap": Domain(low=0, low_open=True, none=True),
+    "max_step_kl": Domain(low=0, low_open=True, none=True),
     "advantage_floor": Domain(high=0, none=True),  # a floor above 0 would reward every sample
 }
 

@@ -88,16 +88,15 @@ class StarPOModule(L.LightningModule):
         grad_clip: max global grad norm per network (0 disables clipping).
         lr_warmup_steps: linear learning-rate warm-up over each network's first N optimizer steps (0 = off): Adam's
             first steps move every weight by about ``lr``, which can break a small model's answer format.
+        max_step_kl: undo an actor step whose KL on its own rows exceeds this (null: off; ``steps.step_kl``).
         logprob_micro_batch_size: micro-batch size of the no-grad scoring passes (defaults to ``micro_batch_size``).
         logits_chunk_size: rows per chunk when computing log-probs/entropy from logits (bounds memory).
-        temperature: the rollouts' sampling temperature (linked from ``--data.temperature``): log-probs and entropy
-            are those of ``logits / temperature``.
+        temperature: the rollouts' sampling temperature (linked from ``--data.temperature``); log-probs: logits / T.
         early_stop: RAGEN's early stops (:class:`~ragen_lightning.starpo.early_stop.EarlyStopSettings`:
             ``rv_collapse_window``, ``rv_collapse_ratio``, ``low_val_success_patience``, ``low_val_success_threshold``).
         export_dir: save the trained actor there as a HF folder when fit ends (under LoRA: the peft adapter).
         activation_checkpointing: recompute each transformer block in backward (less memory, one more forward).
-        lora: LoRA / QLoRA settings (:class:`~ragen_lightning.models.lora.LoraSettings`); ``null`` trains all
-            weights. Only adapters (and the critic's value head) train; the KL reference is the adapters-off actor.
+        lora: LoRA / QLoRA (``models.lora.LoraSettings``; null: all weights train); the KL reference is adapters-off.
         tis_cap: truncated importance sampling (off when null): each token's policy-gradient term is weighted by
             ``min(exp(old_logprobs - engine_logprobs), tis_cap)``; needs ``--data.temperature 1``.
         max_consecutive_skips: stop the run when one network skips this many optimizer steps in a row (a step
@@ -143,6 +142,7 @@ class StarPOModule(L.LightningModule):
         critic_optimizer: OptimizerCallable | None = None,
         grad_clip: float = 1.0,
         lr_warmup_steps: int = 0,
+        max_step_kl: float | None = None,
         logprob_micro_batch_size: int | None = None,
         logits_chunk_size: int | None = None,
         temperature: float = 1.0,

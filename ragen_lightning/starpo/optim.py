@@ -17,6 +17,7 @@ network in a row.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -116,7 +117,8 @@ def local_numel(opt) -> int:
     return sum(_local(p.detach()).numel() for g in _inner(opt).param_groups for p in g["params"])
 
 
-def guarded_step(opt, params, snapshot_limit: int = SNAPSHOT_LIMIT) -> str | None:
+def guarded_step(opt, params, snapshot_limit: int = SNAPSHOT_LIMIT,
+                 after: Callable[[], str | None] | None = None) -> str | None:
     """``opt.step()`` unless it would put a non-finite value into the weights: None when applied, else the reason
     (nothing changed). Every rank calls it (the finite check is a collective).
 
@@ -125,7 +127,11 @@ def guarded_step(opt, params, snapshot_limit: int = SNAPSHOT_LIMIT) -> str | Non
     produced a non-finite weight. Above it (a full fine-tune of a large model, where that copy would cost three
     times the shard in host memory and time every step) only the finite checks before the step run (learning
     rate here, loss and gradient norm in :func:`~ragen_lightning.starpo.update.accumulate`); a step that still
-    produces a non-finite weight (a finite but absurd learning rate) stops the run before anything is saved."""
+    produces a non-finite weight (a finite but absurd learning rate) stops the run before anything is saved.
+
+    ``after()`` (the step-KL trust region, ``--model.max_step_kl``) runs once the step produced finite weights; a
+    reason it returns undoes the step like a non-finite weight. Above the snapshot limit the step cannot be undone:
+    it is kept, with a warning."""
     if reason := learning_rate_problem(opt):
         return reason
     snapshot = WeightSnapshot(opt) if local_numel(opt) <= snapshot_limit else None
@@ -140,7 +146,15 @@ def guarded_step(opt, params, snapshot_limit: int = SNAPSHOT_LIMIT) -> str | Non
         snapshot.restore()  # a multi-tensor step may have updated some parameters already
         return f"optimizer step overflowed ({exc})"
     if weights_finite(params):
-        return None
+        why = after() if after is not None else None
+        if why is None:
+            return None
+        if snapshot is None:
+            warnings.warn(f"{why}; the step is kept: {local_numel(opt):,} trainable elements are above the "
+                          f"snapshot limit ({snapshot_limit:,}) that makes a step undoable", stacklevel=2)
+            return None
+        snapshot.restore()
+        return f"{why} (restored)"
     if snapshot is None:
         raise TrainingStopped("an optimizer step produced non-finite weights (the learning rate is finite but too "
                               "large for these gradients); stopped before anything was saved. Lower the learning "

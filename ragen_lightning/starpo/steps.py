@@ -25,7 +25,7 @@ from ragen_lightning.algos.losses import (
     tis_weights,
     value_loss,
 )
-from ragen_lightning.parallel import world
+from ragen_lightning.parallel import all_reduce_, world
 from ragen_lightning.starpo.scoring import (
     actor_outputs,
     by_length,
@@ -61,6 +61,7 @@ class PolicyLossSettings:
     tis_cap: float | None
     logits_chunk_size: int | None
     share_prefix: bool = True  # run the rows' common prefix once (scoring.shared_prefix); exact
+    max_step_kl: float | None = None  # undo an actor step whose KL on its own rows exceeds this (step_kl)
 
     @classmethod
     def from_hparams(cls, hp) -> PolicyLossSettings:
@@ -93,7 +94,35 @@ def actor_micro_loss(actor: nn.Module, batch: UpdateBatch, settings: PolicyLossS
                                agg=s.loss_agg_mode, normalizer=normalizer, horizon=horizon, is_weights=is_w)
     terms = {k: metrics.pop(k) for k in _ACTOR_TERMS if k in metrics}
     outputs = (logprobs.detach().float(), entropy.detach().float()) if record else ()
-    return MicroOutput(loss, terms, metrics, outputs)
+    probe = logprobs.detach().float() if s.max_step_kl is not None else None
+    return MicroOutput(loss, terms, metrics, outputs, probe)
+
+
+@torch.no_grad()
+def step_kl(actor: nn.Module, data: UpdateBatch, probes: list[tuple[torch.Tensor, torch.Tensor]],
+            settings: PolicyLossSettings) -> tuple[float, str | None]:
+    """``(KL, reason)`` of an actor step: the mean over the step's trained tokens of the k3 estimate of
+    KL(before || after), ``exp(d) - d - 1`` with ``d = logp_after - logp_before`` (tokens sampled near the
+    before-policy; >= 0 token by token), from the log-probs its loss forward recorded (``probes``) and a no-grad
+    forward now; the reason is set when it exceeds ``settings.max_step_kl``. A collective with several ranks.
+
+    Why: Adam moves nearly every weight by about ``lr`` each step, whatever the gradient's size, so one mini-batch
+    dominated by a rare sample can turn the whole policy in one or two steps (measured on the tiny model: a step
+    that moved the next mini-batch's tokens by 1.5 nats and emptied every answer; docs/learning.md, round 9)."""
+    total = torch.zeros(2, dtype=torch.float64)
+    for rows, before in probes:
+        b = data.rows(rows)
+        after, _ = actor_outputs(actor, b.input_ids, b.attention_mask, with_entropy=False,
+                                 temperature=settings.temperature, chunk_size=settings.logits_chunk_size,
+                                 skip=first_target(b.loss_mask), share_prefix=settings.share_prefix)
+        d = (after.float() - before).clamp(-20.0, 20.0)
+        mask = b.loss_mask.to(d.dtype)
+        total += torch.stack([((d.exp() - d - 1.0) * mask).sum(), mask.sum()]).double().cpu()
+    if world()[1] > 1:
+        total = all_reduce_(total.to(data.input_ids.device), "sum").cpu()
+    kl = float(total[0] / total[1]) if total[1] > 0 else 0.0
+    limit = settings.max_step_kl
+    return kl, (f"step KL {kl:.4g} > --model.max_step_kl {limit:g}" if limit is not None and kl > limit else None)
 
 
 def critic_micro_loss(critic: nn.Module, batch: UpdateBatch, *, clip_range: float, normalizer: torch.Tensor,
@@ -170,8 +199,10 @@ def ppo_update(data: UpdateBatch, actor: nn.Module | None, critic: nn.Module | N
             if actor is None:
                 continue
             norm = agg_normalizer(padded.loss_mask[mb], policy_loss.loss_agg_mode, horizon=width)
+            guard = {} if policy_loss.max_step_kl is None else {
+                "check": lambda probes, d=padded: step_kl(actor, d, probes, policy_loss)}
             result = step("actor", rows, lambda m, n=norm, first=epoch == 0: actor_micro_loss(
-                actor, padded.rows(m), policy_loss, normalizer=n, horizon=width, first_pass=first))
+                actor, padded.rows(m), policy_loss, normalizer=n, horizon=width, first_pass=first), **guard)
             _merge(logs, result, "actor")
             seen += result.outputs
     means = {k: sum(v) / len(v) for k, v in logs.items()} | adv_logs

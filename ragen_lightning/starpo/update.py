@@ -55,6 +55,7 @@ class MicroOutput:
     terms: dict[str, torch.Tensor] = field(default_factory=dict)
     stats: dict[str, torch.Tensor] = field(default_factory=dict)
     outputs: tuple[torch.Tensor, ...] = ()
+    probe: torch.Tensor | None = None  # per-token values a post-step check compares (the actor's log-probs)
 
 
 @dataclass
@@ -75,6 +76,8 @@ class StepResult:
 
 
 LossFn = Callable[[torch.Tensor], MicroOutput]
+# [(micro-batch rows, probe)] after the step -> (measured value, reason to undo the step or None)
+StepCheck = Callable[[list[tuple[torch.Tensor, torch.Tensor]]], tuple[float, str | None]]
 
 
 def mini_batches(n: int, size: int, *, shuffle: bool, epoch: int, iteration: int,
@@ -138,7 +141,8 @@ def clip_grad_norm(module: L.LightningModule, params, max_norm: float, every_par
 
 
 def accumulate(module, opt, rows: torch.Tensor, loss_fn: LossFn, *, micro_batch_size: int, max_norm: float,
-               pad_row: int = -1, on_step: Callable[[object], None] | None = None, threads: int = 1) -> StepResult:
+               pad_row: int = -1, on_step: Callable[[object], None] | None = None, threads: int = 1,
+               check: StepCheck | None = None) -> StepResult:
     """zero_grad -> backward over micro-batches of ``rows`` -> clip -> step.
 
     The step is skipped when a loss, the gradient norm, the learning rate or the updated weights are non-finite
@@ -147,7 +151,9 @@ def accumulate(module, opt, rows: torch.Tensor, loss_fn: LossFn, *, micro_batch_
     micro-batches whatever their losses (a rank leaving the loop early would hang the gradient collectives), the
     loss is scaled by the world size (DDP/FSDP average gradients, the normaliser is already global), the finite flag
     is agreed by all ranks and metrics are combined across them (micro-batches of ``pad_row`` only log nothing).
-    ``on_step(opt)`` runs after a successful step (the learning-rate schedule).
+    ``on_step(opt)`` runs after a successful step (the learning-rate schedule). ``check(probes)`` runs after the
+    step with every micro-batch's ``(rows, probe)``; it returns ``(value, reason)`` and a reason undoes the step
+    (:func:`~ragen_lightning.starpo.optim.guarded_step`'s ``after``); the value is logged as ``step_kl``.
 
     ``threads > 1`` (one process only; ignored with several ranks) runs the micro-batches' forward and backward
     on that many CPU threads (:func:`~ragen_lightning.parallel.threads.map_threads`). Their backward calls autograd
@@ -159,6 +165,7 @@ def accumulate(module, opt, rows: torch.Tensor, loss_fn: LossFn, *, micro_batch_
     terms: dict[str, list[float]] = {}
     stats: dict[str, list[float]] = {}
     outputs = []
+    probes: list[tuple[torch.Tensor, torch.Tensor]] = []
     finite = True
     micros = list(micro_slices(rows, micro_batch_size))
     if size == 1 and threads > 1 and len(micros) > 1:
@@ -176,6 +183,8 @@ def accumulate(module, opt, rows: torch.Tensor, loss_fn: LossFn, *, micro_batch_
         out = loss_fn(micro) if done is None else done[i]
         if out.outputs:
             outputs.append((micro, out.outputs))
+        if out.probe is not None:
+            probes.append((micro, out.probe))
         if not torch.isfinite(out.loss):
             finite = False
             if size == 1:
@@ -194,7 +203,13 @@ def accumulate(module, opt, rows: torch.Tensor, loss_fn: LossFn, *, micro_batch_
     else:
         norm = clip_grad_norm(module, params, max_norm) if finite else float("nan")
     reason = "non-finite loss" if not finite else "" if math.isfinite(norm) else "non-finite gradient norm"
-    reason = reason or guarded_step(opt, params) or ""  # collectives inside: ranks agree on the flags above
+    measured: dict[str, float] = {}
+
+    def after() -> str | None:
+        measured["step_kl"], why = check(probes)
+        return why
+
+    reason = reason or guarded_step(opt, params, after=after if check is not None else None) or ""  # collectives inside: ranks agree on the flags above
     stepped = not reason
     if stepped and on_step is not None:
         on_step(opt)
@@ -202,10 +217,12 @@ def accumulate(module, opt, rows: torch.Tensor, loss_fn: LossFn, *, micro_batch_
     metrics = {k: total for k, (total, _) in _across_ranks(terms).items()}
     metrics.update({k: total / count for k, (total, count) in _across_ranks(stats).items()})
     metrics["grad_norm"] = norm
+    metrics.update(measured)
     return StepResult(metrics, stepped, outputs, reason)
 
 
-def network_step(module, network: str, rows: torch.Tensor, loss_fn: LossFn, *, background=None) -> StepResult:
+def network_step(module, network: str, rows: torch.Tensor, loss_fn: LossFn, *, background=None,
+                 check: StepCheck | None = None) -> StepResult:
     """One optimizer step of the StarPO ``module``'s ``network`` (``"actor"`` | ``"critic"``) over ``rows``:
     :func:`accumulate` with the module's micro-batch size, threads, gradient clip and warm-up schedule; the step is
     recorded with ``module.skips`` (which raises after too many skips in a row). With ``background`` (a
@@ -217,7 +234,7 @@ def network_step(module, network: str, rows: torch.Tensor, loss_fn: LossFn, *, b
     target, opt = (module, opt) if background is None else background.worker_view(module, opt)
     result = accumulate(target, opt, rows, loss_fn, micro_batch_size=hp.micro_batch_size, max_norm=hp.grad_clip,
                         pad_row=module._pad_row, on_step=warmup,
-                        threads=hp.micro_batch_threads if background is None else 1)
+                        threads=hp.micro_batch_threads if background is None else 1, check=check)
     module.skips.record(network, result.stepped, result.skip_reason)  # raises after too many in a row
     return result
 

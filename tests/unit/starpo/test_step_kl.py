@@ -1,0 +1,129 @@
+"""The actor step's trust region (``--model.max_step_kl``): a step whose KL on its own rows exceeds the limit is
+undone (weights and optimizer state exactly as before, counted as a skip), the KL is the k3 mean over the step's
+trained tokens, and the flag reaches the actor step through ``ppo_update``."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ragen_lightning.errors import ConfigError
+from ragen_lightning.starpo.checks import MODULE_DOMAINS
+from ragen_lightning.starpo.scoring import actor_outputs
+from ragen_lightning.starpo.steps import PolicyLossSettings, ppo_update, step_kl
+from ragen_lightning.starpo.update import MicroOutput, accumulate
+from ragen_lightning.types import UpdateBatch
+
+X = torch.tensor([[1.0, 1.0]])
+
+
+@pytest.fixture
+def tiny_model(tiny_path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_path).float()
+
+
+def _linear():
+    net = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        net.weight.copy_(torch.tensor([[1.0, 2.0]]))
+    return net
+
+
+def _accumulate(net, opt, check):
+    module = SimpleNamespace(manual_backward=lambda loss: loss.backward(), _trainer=None)
+    # loss = w . x, gradient [1, 1]; the probe is the output before the step
+    return accumulate(module, opt, torch.arange(1), lambda rows: MicroOutput(net(X).sum(), probe=net(X).detach()),
+                      micro_batch_size=1, max_norm=0.0, check=check)
+
+
+def test_a_rejected_step_is_undone_with_its_optimizer_state_and_the_value_is_logged():
+    net = _linear()
+    opt = torch.optim.AdamW(net.parameters(), lr=0.1, weight_decay=0.0)
+    seen = []
+
+    def check(probes):  # the change of the probed output: 3 before, 3 - 0.2 after one Adam step of 0.1 per weight
+        (rows, before), = probes
+        seen.append((rows.tolist(), float(before)))
+        change = float(net(X).detach()) - float(before)
+        return abs(change), ("too far" if abs(change) > 0.15 else None)
+
+    result = _accumulate(net, opt, check)
+    assert seen == [([0], 3.0)]
+    assert not result.stepped and result.skip_reason == "too far (restored)"
+    assert result.metrics["step_kl"] == pytest.approx(0.2, abs=1e-6)
+    assert net.weight.tolist() == [[1.0, 2.0]] and len(opt.state) == 0  # Adam's moments never started
+    opt.param_groups[0]["lr"] = 0.05  # 0.1 of change: inside the limit, applied
+    result = _accumulate(net, opt, check)
+    assert result.stepped and result.metrics["step_kl"] == pytest.approx(0.1, abs=1e-6)
+    assert net.weight.tolist() == [[pytest.approx(0.95), pytest.approx(1.95)]] and int(opt.state[net.weight]["step"]) == 1
+
+
+def test_without_the_check_nothing_is_measured():
+    net = _linear()
+    result = _accumulate(net, torch.optim.SGD(net.parameters(), lr=0.1), None)
+    assert result.stepped and "step_kl" not in result.metrics
+
+
+def _batch(tiny_model):
+    torch.manual_seed(0)
+    ids = torch.randint(3, 200, (3, 7))
+    mask = torch.zeros(3, 6, dtype=torch.bool)
+    mask[:, 3:] = True
+    mask[2, 5] = False  # a row with one token fewer
+    zeros = torch.zeros(3, 6)
+    return UpdateBatch(ids, torch.ones_like(ids), mask, advantages=torch.tensor([[1.0], [-1.0], [0.5]]).expand(3, 6),
+                       engine_logprobs=zeros)
+
+
+def _settings(limit):
+    return PolicyLossSettings(clip_low=0.2, clip_high=0.28, dual_clip=None, loss_agg_mode="token-mean",
+                              entropy_coeff=0.0, kl_coef=0.0, kl_kind="k1", temperature=1.0, tis_cap=None,
+                              logits_chunk_size=None, max_step_kl=limit)
+
+
+@torch.no_grad()
+def test_step_kl_is_the_k3_mean_over_the_trained_tokens(tiny_model):
+    data = _batch(tiny_model)
+    before, _ = actor_outputs(tiny_model, data.input_ids, data.attention_mask, with_entropy=False)
+    tiny_model.lm_head.weight.mul_(1.3)  # tied with the embeddings: every log-prob moves
+    after, _ = actor_outputs(tiny_model, data.input_ids, data.attention_mask, with_entropy=False)
+    d = (after - before)[data.loss_mask]
+    expected = float((d.exp() - d - 1).mean())  # 3 + 3 + 2 tokens
+    assert d.numel() == 8 and expected > 0
+    rows = [torch.tensor([0, 1]), torch.tensor([2])]  # two micro-batches
+    probes = [(r, before[r].detach()) for r in rows]
+    kl, reason = step_kl(tiny_model, data, probes, _settings(expected * 2))
+    assert kl == pytest.approx(expected, rel=1e-5) and reason is None
+    kl, reason = step_kl(tiny_model, data, probes, _settings(expected / 2))
+    assert reason == f"step KL {kl:.4g} > --model.max_step_kl {expected / 2:g}"
+
+
+@pytest.mark.parametrize("limit", [None, 1e-12])
+def test_ppo_update_guards_the_actor_step_only_when_set(tiny_model, limit):
+    data = _batch(tiny_model)
+    start = {k: v.clone() for k, v in tiny_model.state_dict().items()}
+    opt = torch.optim.AdamW(tiny_model.parameters(), lr=1e-2)
+    module = SimpleNamespace(manual_backward=lambda loss: loss.backward(), _trainer=None)
+
+    def step(network, rows, loss_fn, **guard):
+        assert network == "actor" and set(guard) == ({"check"} if limit is not None else set())
+        return accumulate(module, opt, rows, loss_fn, micro_batch_size=2, max_norm=1.0, **guard)
+
+    logs, _ = ppo_update(data, tiny_model, None, policy_loss=_settings(limit), value_clip=0.5, ppo_epochs=1,
+                         mini_batch_size=3, shuffle=False, iteration=0, step=step)
+    moved = any(not torch.equal(v, tiny_model.state_dict()[k]) for k, v in start.items())
+    if limit is None:
+        assert moved and "actor/step_kl" not in logs
+    else:  # any change at all exceeds 1e-12: undone
+        assert not moved and logs["actor/step_kl"] > 1e-12 and math.isfinite(logs["actor/step_kl"])
+
+
+@pytest.mark.parametrize("value", [0.0, -0.1, math.inf, math.nan])
+def test_max_step_kl_domain(value):
+    with pytest.raises(ConfigError, match="max_step_kl"):
+        MODULE_DOMAINS["max_step_kl"].check("max_step_kl", value)
