@@ -77,7 +77,7 @@ INSTRUCTION = (
     "type, its features, the options asked for (colour, size, ...) and the price limit. On the search page search "
     "for keywords; on a results page click a product's ID, or click[next >] / click[< prev] to turn pages; on a "
     "product page click an option value to choose it and click[buy now] to buy; click[back to search] starts over. "
-    "Example: the instruction 'i need a shampoo that is sulfate free, with size: 12 fl oz' starts with "
+    "Example: the instruction 'i need a shampoo that is sulfate free with size: 12 fl oz' starts with "
     "<answer>search[shampoo sulfate free]</answer>. Inside <answer>, output exactly one action: search[<keywords>] or "
     "click[<button>]."
 )
@@ -98,7 +98,7 @@ SUB_PAGES = ("description", "features", "reviews")
 BUY = "buy now"
 MAX_ACTION_LENGTH = 4096
 _ACTION = re.compile(r"(search|click)\[(.*)\]", re.DOTALL | re.IGNORECASE)
-_OPTION_CLAUSE = re.compile(r",\s*(?:with|and)\s+[\w ]+:\s*[^,]*", re.IGNORECASE)
+_OPTION_CLAUSE = re.compile(r",?\s+with\s+[^,:]+:.*$", re.IGNORECASE | re.DOTALL)  # " with color: ..., and ..."
 
 # ----------------------------------------------------------------------------------------------------------------
 # Reward
@@ -247,8 +247,8 @@ def split_goal_index(seed: int, split: str, num_goals: int, split_sizes: tuple[i
 
 
 def search_keywords(instruction: str) -> str:
-    """The instruction without its option clauses (``, with color: black``) and price clause: the expert's
-    search."""
+    """The instruction without its option clause (`` with color: black, and size: large``) and price clause: the
+    expert's search."""
     text = PRICE_CLAUSE.sub("", instruction)
     return " ".join(_OPTION_CLAUSE.sub("", text).split())
 
@@ -280,7 +280,7 @@ class WebShopEnv(TextEnv):
 
     ## Description
     At reset the seed picks a goal of the split (module docstring): an instruction such as ``i need a shampoo that
-    is sulfate free, with size: 12 fl oz, and price lower than 30.00 dollars``. The agent searches, browses result
+    is sulfate free with size: 12 fl oz, and price lower than 30.00 dollars``. The agent searches, browses result
     pages, opens products, chooses options and buys; the bought product is scored against the goal.
 
     ## Action Space

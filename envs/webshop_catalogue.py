@@ -7,7 +7,7 @@ WebShop-like categories (beauty, electronics, fashion, grocery, furniture), each
 the type reward compares), with attributes (the phrases the attribute reward compares), option groups (colour,
 size, flavour, ...: what the option reward compares) and a price; one goal per product, whose instruction names the
 type, one or two of its attributes, one value of each of its option groups and a price bound, in the form of
-WebShop's synthetic instructions (``"i need a shampoo that is sulfate free, with size: 12 fl oz, and price lower
+WebShop's synthetic instructions (``"i need a shampoo that is sulfate free with size: 12 fl oz, and price lower
 than 30.00 dollars"``). Many products share a type, attributes and option values, so other products than the goal's
 can earn the full reward, as in WebShop.
 
@@ -24,12 +24,14 @@ can earn the full reward, as in WebShop.
 * ``items_human_ins*.json`` (optional): ``{asin: [{"instruction": str, "instruction_attributes": [...],
   "instruction_options": [...]}, ...]}``: human-written goals.
 
-Goals are the human goals when that file exists, else synthetic goals built like WebShop's from the products'
-``instruction`` text (one goal per product, one value drawn per option group). A goal whose instruction does not
-state ``price lower than X dollars`` gets a bound drawn as WebShop does (one of the four multiples of 10 above the
-product's price) and the clause appended. Departures: a price range is read as its lower bound (WebShop draws a price
-uniformly in the range at load); a product without a readable price costs 100.0 (as in WebShop); option values are
-lower-cased with ``/`` read as `` | `` (as in WebShop).
+Goals are the human goals when that file exists (those without attributes skipped, as WebShop does), else synthetic
+goals built like WebShop's from the products' ``instruction`` text and WebShop's option clause (``" with color:
+black, and size: large"``). A goal whose instruction does not state ``price lower than X dollars`` gets a bound drawn
+as WebShop does (the larger of two of the first four multiples of 10 above the product's price; no limit when fewer
+than two are left) and the clause appended. Departures: WebShop makes one synthetic goal per combination of option
+values (weighted when sampled); here each product gets one goal, with one value drawn per option group; a price
+range is read as its lower bound (WebShop draws a price uniformly in the range at load). As in WebShop, a product
+without a readable price costs 100.0 and option values are lower-cased with ``/`` read as `` | ``.
 """
 
 from __future__ import annotations
@@ -217,13 +219,23 @@ _SYLLABLES = ("ka", "lu", "mo", "ri", "ven", "sol", "ta", "no", "zen", "ar", "be
               "ho", "is", "jo", "mar", "ny", "pe", "qu", "sa", "tor", "ul", "vi", "wo", "xy", "yu")
 _TAILS = ("", "", "for Women", "for Men", "2 Pack", "Set", "Premium", "Classic", "New Version", "Gift")
 _LEADS = ("i need a", "i am looking for a", "find me a", "i want a", "i would like a", "can you find me a")
-_MAX_UPPERS = 4  # WebShop: the price bound is one of the first four multiples of 10 above the price
+PRICE_RANGE = tuple(10.0 * k for k in range(1, 100))  # WebShop's price bounds: 10, 20, ..., 990
+NO_PRICE_LIMIT = 1_000_000.0  # WebShop's bound when fewer than two candidates remain (no clause in the text)
 
 
-def price_upper_for(price: float, rng: random.Random) -> float:
-    """One of the four multiples of 10 above ``price`` (WebShop's synthetic and human goals)."""
-    first = int(max(price, 0.0) // 10) + 1  # the smallest multiple of 10 strictly above the price
-    return 10.0 * (first + rng.randrange(_MAX_UPPERS))
+def price_upper_for(price: float, rng: random.Random) -> tuple[float, str]:
+    """WebShop's price bound and its clause: the larger of two of the first four bounds above ``price``
+    (``", and price lower than 40.00 dollars"``), or no limit and no clause when fewer than two are left."""
+    candidates = [p for p in PRICE_RANGE if p > price][:4]
+    if len(candidates) < 2:
+        return NO_PRICE_LIMIT, ""
+    upper = max(rng.sample(candidates, 2))
+    return upper, f", and price lower than {upper:.2f} dollars"
+
+
+def option_text(chosen: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> str:
+    """WebShop's option clause: ``" with color: black, and size: large"`` (empty without options)."""
+    return " with " + ", and ".join(f"{name}: {value}" for name, value in chosen) if chosen else ""
 
 
 def _brand(rng: random.Random) -> str:
@@ -260,12 +272,10 @@ def _make_product(index: int, category: str, rng: random.Random) -> Product:
 def _make_goal(product: Product, rng: random.Random) -> Goal:
     k = min(len(product.attributes), rng.randrange(1, 3))
     wanted = tuple(product.attributes[i] for i in sorted(rng.sample(range(len(product.attributes)), k)))
-    chosen = tuple((name, values[rng.randrange(len(values))]) for name, values in product.options)
-    upper = price_upper_for(product.price, rng)
+    chosen = tuple((name, values[rng.randrange(len(values))]) for name, values in sorted(product.options))
+    upper, price_text = price_upper_for(product.price, rng)
     lead = _LEADS[rng.randrange(len(_LEADS))]
-    text = f"{lead} {product.query} that is {' and '.join(wanted)}"
-    text += "".join(f", {'with' if i == 0 else 'and'} {name}: {value}" for i, (name, value) in enumerate(chosen))
-    text += f", and price lower than {upper:.2f} dollars"
+    text = f"{lead} {product.query} that is {' and '.join(wanted)}{option_text(chosen)}{price_text}"
     return Goal(asin=product.asin, instruction=text, name=product.title, query=product.query,
                 product_category=product.product_category, attributes=wanted,
                 options=tuple(v for _, v in chosen), option_groups=tuple(n for n, _ in chosen), price_upper=upper)
@@ -379,8 +389,8 @@ def _goal_for(product: Product, instruction: str, attributes: tuple[str, ...], o
     if match:
         upper = float(match.group(1))
     else:
-        upper = price_upper_for(product.price, prng)
-        instruction = f"{instruction.rstrip('.')}, and price lower than {upper:.2f} dollars"
+        upper, price_text = price_upper_for(product.price, prng)
+        instruction = instruction.rstrip(".") + price_text
     values = tuple(_option_value(o) for o in options)
     return Goal(asin=product.asin, instruction=instruction, name=product.title, query=product.query,
                 product_category=product.product_category, attributes=tuple(a.lower() for a in attributes),
@@ -400,8 +410,10 @@ def _human_goals(path: str, by_asin: dict[str, Product], prng: random.Random) ->
             where = f"{path}: {asin}[{i}]"
             if not isinstance(row, dict) or not isinstance(row.get("instruction"), str):
                 raise ValueError(f"{where}: needs a string 'instruction'")  # noqa: TRY004 - names the file
-            goals.append(_goal_for(product, row["instruction"],
-                                   _strings(row.get("instruction_attributes"), where, "instruction_attributes"),
+            wanted = _strings(row.get("instruction_attributes"), where, "instruction_attributes")
+            if not wanted:  # WebShop skips human goals without attributes
+                continue
+            goals.append(_goal_for(product, row["instruction"], wanted,
                                    _strings(row.get("instruction_options"), where, "instruction_options"), prng))
     return goals
 
@@ -412,11 +424,12 @@ def _synthetic_goals(products: tuple[Product, ...], attributes: dict[str, Any], 
         extra = attributes.get(product.asin)
         if not isinstance(extra, dict) or not isinstance(extra.get("instruction"), str):
             continue
-        chosen = [(name, values[prng.randrange(len(values))]) for name, values in product.options]
-        text = extra["instruction"].strip().rstrip(".")
-        text += "".join(f", {'with' if i == 0 else 'and'} {n}: {v}" for i, (n, v) in enumerate(chosen))
-        goals.append(_goal_for(product, text, _strings(extra.get("instruction_attributes"), product.asin,
-                                                       "instruction_attributes"), tuple(v for _, v in chosen), prng))
+        wanted = _strings(extra.get("instruction_attributes"), product.asin, "instruction_attributes")
+        if not wanted:
+            continue
+        chosen = [(name, values[prng.randrange(len(values))]) for name, values in sorted(product.options)]
+        text = extra["instruction"].strip().rstrip(".") + option_text(chosen)
+        goals.append(_goal_for(product, text, wanted, tuple(v for _, v in chosen), prng))
     return goals
 
 

@@ -32,6 +32,7 @@ from envs.webshop_catalogue import (
     generate_catalogue,
     load_catalogue,
     parse_price,
+    price_upper_for,
 )
 
 FIXTURE = Path(envs.__file__).parent / "data" / "webshop_fixture"
@@ -300,11 +301,12 @@ def test_generated_catalogue():
     for p, g in zip(cat.products[:300], cat.goals[:300]):
         assert g.asin == p.asin and g.name == p.title and set(g.attributes) <= set(p.attributes)
         assert all(v in dict(p.options)[grp] for grp, v in zip(g.option_groups, g.options, strict=True))
-        assert p.price < g.price_upper <= p.price + 40 and g.price_upper % 10 == 0
+        # the larger of two of the first four multiples of 10 above the price: never the first
+        assert p.price + 10 < g.price_upper <= p.price + 40 and g.price_upper % 10 == 0
         assert g.instruction.endswith(f", and price lower than {g.price_upper:.2f} dollars")
         assert webshop_reward(p, g, list(g.options))[0] == 1.0  # the goal's product with its options is perfect
     g = cat.goals[0]
-    assert search_keywords(g.instruction) == g.instruction.split(",")[0]
+    assert " with " in g.instruction and search_keywords(g.instruction) == g.instruction.split(" with ")[0]
 
 
 # ------------------------------------------------------------------------------------------------ WebShop's files
@@ -319,13 +321,13 @@ def test_the_fixture_in_webshops_schema_loads():
     assert by["b0fix00003"].bullet_points == ("Sulfate free and paraben free. Safe for colour treated hair.",)
     assert by["b0fix00001"].attributes == ("natural looking", "easy to use", "heat resistant")
     assert by["b0fix00004"].rating == "N.A." and by["b0fix00001"].rating == "4.3"
-    # five human goals (the one whose asin is not a product is skipped, as WebShop does)
+    # five human goals (one whose asin is not a product and one without attributes are skipped, as WebShop does)
     assert [g.asin for g in cat.goals] == ["B0FIX00001", "B0FIX00003", "B0FIX00005", "B0FIX00005", "B0FIX00006"]
     assert cat.goals[0].price_upper == 30.0 and cat.goals[0].options == ("jet black", "18 inch")
     assert cat.goals[0].option_groups == ("color", "size")
-    # no price in the instruction: one of the four multiples of 10 above 11.49, appended
+    # no price in the instruction: the larger of two of 20, 30, 40, 50 (the bounds above 11.49), appended
     shampoo = cat.goals[1]
-    assert shampoo.price_upper in (20.0, 30.0, 40.0, 50.0)
+    assert shampoo.price_upper in (30.0, 40.0, 50.0)
     assert shampoo.instruction.endswith(f", and price lower than {shampoo.price_upper:.2f} dollars")
 
 
@@ -335,7 +337,8 @@ def test_synthetic_goals_without_the_human_file(tmp_path):
     cat = load_catalogue(tmp_path, seed=3)
     assert len(cat.goals) == 6  # one per product with an instruction
     hair = cat.goals[0]
-    assert hair.instruction.startswith("i want a natural looking clip-in hair extension, with color: ")
+    assert hair.instruction.startswith("i want a natural looking clip-in hair extension with color: ")
+    assert ", and size: " in hair.instruction and hair.instruction.endswith(" dollars")
     assert hair.attributes == ("natural looking",) and len(hair.options) == 2 and hair.option_groups == ("color",
                                                                                                         "size")
     assert webshop_reward(cat.products[0], hair, list(hair.options))[0] == 1.0
@@ -356,6 +359,14 @@ def test_bad_files_are_named(tmp_path):
     (tmp_path / "items_shuffle_1000.json").write_text("[]")
     with pytest.raises(ValueError, match="several files match"):
         load_catalogue(tmp_path)
+
+
+def test_price_bounds_like_webshop():
+    rng = random.Random(0)
+    assert {price_upper_for(11.49, rng)[0] for _ in range(200)} == {30.0, 40.0, 50.0}
+    assert price_upper_for(11.49, random.Random(1))[1] == \
+        f", and price lower than {price_upper_for(11.49, random.Random(1))[0]:.2f} dollars"
+    assert price_upper_for(985.0, rng) == (1_000_000.0, "")  # one bound left (990): no limit, no clause
 
 
 def test_prices_are_parsed_like_webshop():
@@ -386,14 +397,14 @@ def test_the_expert_buys_a_matching_item_in_most_episodes(env):
     assert max(len(a) for a, _, _ in outcomes) <= 9  # RAGEN's max_turn for WebShop
 
 
-def test_the_expert_turns_pages_to_reach_its_choice(env):
-    # seed 119 (the only one of seeds 0-299): the best result is ranked 17th, so the expert clicks next > first
-    seed = 119
-    env.reset(seed=seed)
+def test_the_expert_turns_pages_to_reach_its_choice():
+    # with 2 results per page, seed 85's best result is ranked 5th (page 3): the expert turns two pages first
+    env = WebShopEnv(results_per_page=2)
+    env.reset(seed=85)
     ranked = [d.id for d in env.retriever.search(search_keywords(env.goal.instruction), 50)]
-    assert ranked.index(env._expert_plan()[1]) == 16
-    actions, info, _ = run_expert(env, seed=seed)
-    assert actions[1:3] == ["click[next >]", f"click[{env.results[16].lower()}]"] and info["success"]
+    assert ranked.index(env._expert_plan()[1]) == 4
+    actions, info, _ = run_expert(env, seed=85)
+    assert actions[1:4] == ["click[next >]", "click[next >]", f"click[{ranked[4].lower()}]"] and info["success"]
 
 
 def test_the_expert_several_actions_per_turn_and_on_the_fixture(fixture_env):
