@@ -20,8 +20,8 @@ search when the page has a search bar and the keywords are not empty.
 ``raw = r_type * (n_attr + n_opt + r_price) / (len(goal attributes) + len(goal options) + 1)``, and RAGEN's
 reward is ``1.0`` when ``raw >= 1`` else 0 (``binary_reward=False`` returns ``raw`` itself).
 
-* ``r_price``: 1 when the price is at most the goal's ``price_upper`` (a goal without one drops the term and the
-  ``+ 1``; WebShop would fail on it).
+* ``r_price``: 1 when the price is at most the goal's ``price_upper`` (WebShop's goals always have one: 1,000,000 when
+  unbounded; a goal built with ``price_upper=None`` drops the term and the ``+ 1``, where WebShop would fail).
 * ``n_attr``: goal attributes matched, each by a product attribute with ``token_set_ratio > 85``, else by the
   attribute occurring in the lower-cased title, bullet points or description (as WebShop).
 * ``n_opt``: goal options matched by a chosen option with ``token_set_ratio > 85`` after colour normalisation (as
@@ -31,11 +31,12 @@ reward is ``1.0`` when ``raw >= 1`` else 0 (``binary_reward=False`` returns ``ra
   (``"redwood"`` reads as red there, not here).
 * ``r_type``: 1.0, or 0.5 when neither the scrape query is the same, nor two levels of ``product_category`` are
   shared, nor ``title_score > 0.2``; 0.1 when ``title_score < 0.1``; 0.0 when ``title_score == 0``. ``title_score``
-  is the fraction of the goal product title's words also in the bought product's title (0.2 when the goal title has
-  none). **Departure (no spaCy):** WebShop keeps only the words spaCy tags NOUN/PROPN; here the words are the
-  lower-cased alphabetic tokens of two or more letters outside a short English stop-word list
-  (:func:`title_words`), so adjectives and verbs count too. Buying the goal's own product still scores
-  ``title_score = 1``; a different product of the same type usually shares enough words to pass 0.2.
+  is the number of distinct goal-title words also in the bought product's title over the goal title's word count
+  (repeats counted, as WebShop; 0.2 when the goal title has none). **Departure (no spaCy):** WebShop keeps only
+  the words spaCy tags NOUN/PROPN; here the words are the lower-cased alphabetic tokens of two or more letters
+  outside a short English stop-word list (:func:`title_words`), so adjectives and verbs count too. Buying the
+  goal's own product scores ``title_score = 1`` unless its title repeats a word (as in WebShop); a different product
+  of the same type usually shares enough words to pass 0.2.
 
 ## Other departures
 
@@ -157,9 +158,10 @@ def normalize_color(text: str) -> str:
     return next((c for c in COLOR_WORDS if c in words), text)
 
 
-def title_words(title: str) -> set[str]:
-    """The words the type reward compares (spaCy's nouns in WebShop; module docstring)."""
-    return {w for w in re.findall(r"[a-z]+", title.lower()) if len(w) >= 2 and w not in STOP_WORDS}
+def title_words(title: str) -> list[str]:
+    """The words the type reward compares, in order, repeats kept (spaCy's nouns in WebShop; module docstring)."""
+    words = re.findall(r"[a-z]+", title[:_MAX_FUZZ_CHARS * 4].lower())
+    return [w for w in words if len(w) >= 2 and w not in STOP_WORDS]
 
 
 def type_reward(product: Product, goal: Goal) -> dict[str, Any]:
@@ -169,7 +171,8 @@ def type_reward(product: Product, goal: Goal) -> dict[str, Any]:
     wanted = {x.strip() for x in goal.product_category.split("›") if x.strip()}
     category_match = len(bought & wanted) >= 2
     desired = title_words(goal.name)
-    title_score = len(title_words(product.title) & desired) / len(desired) if desired else 0.2
+    # WebShop divides the distinct shared words by the goal's word count with repeats
+    title_score = len(set(title_words(product.title)) & set(desired)) / len(desired) if desired else 0.2
     r_type = 1.0
     if not (query_match or category_match or title_score > 0.2):
         r_type = 0.5

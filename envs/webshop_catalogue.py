@@ -361,10 +361,10 @@ def _load_product(row: Any, where: str, attributes: dict[str, Any]) -> Product:
     options = []
     custom = row.get("customization_options") or {}
     if not isinstance(custom, dict):
-        raise ValueError(f"{where} ({asin}): 'customization_options' must be an object")  # noqa: TRY004 - names the file
+        raise ValueError(f"{where} ({asin}): 'customization_options' must be an object")  # noqa: TRY004
     for name, entries in custom.items():
         if not isinstance(entries, list):
-            raise ValueError(f"{where} ({asin}): customization_options[{name!r}] must be a list")  # noqa: TRY004 - names the file
+            raise ValueError(f"{where} ({asin}): customization_options[{name!r}] must be a list")  # noqa: TRY004
         values = tuple(dict.fromkeys(_option_value(e["value"] if isinstance(e, dict) else e) for e in entries
                                      if isinstance(e, (dict, str)) and (not isinstance(e, dict) or
                                                                         isinstance(e.get("value"), str))))
@@ -400,7 +400,7 @@ def _goal_for(product: Product, instruction: str, attributes: tuple[str, ...], o
 def _human_goals(path: str, by_asin: dict[str, Product], prng: random.Random) -> list[Goal]:
     data = _read_json(path)
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected an object {{asin: [goal, ...]}}")  # noqa: TRY004 - names the file
+        raise ValueError(f"{path}: expected an object {{asin: [goal, ...]}}")  # noqa: TRY004
     goals = []
     for asin, rows in data.items():
         product = by_asin.get(asin.lower())
@@ -409,7 +409,7 @@ def _human_goals(path: str, by_asin: dict[str, Product], prng: random.Random) ->
         for i, row in enumerate(rows if isinstance(rows, list) else [rows]):
             where = f"{path}: {asin}[{i}]"
             if not isinstance(row, dict) or not isinstance(row.get("instruction"), str):
-                raise ValueError(f"{where}: needs a string 'instruction'")  # noqa: TRY004 - names the file
+                raise ValueError(f"{where}: needs a string 'instruction'")  # noqa: TRY004
             wanted = _strings(row.get("instruction_attributes"), where, "instruction_attributes")
             if not wanted:  # WebShop skips human goals without attributes
                 continue
@@ -441,10 +441,10 @@ def _load_cached(directory: str, stamp: tuple[tuple[str, int, int], ...], seed: 
     assert products_path is not None
     attributes = _read_json(attr_path) if attr_path else {}
     if not isinstance(attributes, dict):
-        raise ValueError(f"{attr_path}: expected an object {{asin: {{attributes, instruction, ...}}}}")  # noqa: TRY004 - names the file
+        raise ValueError(f"{attr_path}: expected an object {{asin: {{attributes, instruction, ...}}}}")  # noqa: TRY004
     rows = _read_json(products_path)
     if not isinstance(rows, list):
-        raise ValueError(f"{products_path}: expected a JSON list of products")  # noqa: TRY004 - names the file
+        raise ValueError(f"{products_path}: expected a JSON list of products")  # noqa: TRY004
     products: list[Product] = []
     seen: set[str] = set()
     for i, row in enumerate(rows):

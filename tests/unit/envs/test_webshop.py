@@ -90,8 +90,8 @@ def test_token_set_ratio_by_hand():
 def test_colour_normalisation_and_title_words():
     assert normalize_color("Jet Black") == "black" and normalize_color("dark brown | auburn") == "brown"
     assert normalize_color("redwood") == "redwood" and normalize_color("12 fl oz") == "12 fl oz"  # words, not subs
-    assert title_words("Orchard Row Sulfate Free Shampoo with Argan Oil, 12 Fl Oz") == {
-        "orchard", "row", "sulfate", "free", "shampoo", "argan", "oil", "fl", "oz"}
+    assert title_words("Orchard Row Sulfate Free Shampoo with Argan Oil, 12 Fl Oz") == [
+        "orchard", "row", "sulfate", "free", "shampoo", "argan", "oil", "fl", "oz"]
 
 
 def test_type_reward_cases():
@@ -110,6 +110,9 @@ def test_type_reward_cases():
     # 1 of 11 (0.09 < 0.1) -> 0.1 even when the query matches; none -> 0.0
     assert type_reward(product(title="Alpha Widget"), g)["r_type"] == 0.1
     assert type_reward(product(title="Widget"), g)["r_type"] == 0.0
+    # repeats count in the goal's word count: "Free Paraben Free Shampoo" has 4 words, 3 distinct, all shared: 0.75
+    assert type_reward(product(title="Paraben Free Shampoo"), goal(name="Free Paraben Free Shampoo"))[
+        "title_score"] == 0.75
     # a goal title without words scores 0.2: 0.5 unless a flag matches
     assert type_reward(product(title="Widget", **far), goal(name="12 of 3"))["r_type"] == 0.5
     assert type_reward(product(title="Widget"), goal(name="12 of 3"))["r_type"] == 1.0
@@ -294,7 +297,8 @@ def test_splits_follow_ragens_rule():
 
 def test_generated_catalogue():
     cat = generate_catalogue(0, 3000)
-    assert generate_catalogue(0, 3000) is cat and generate_catalogue(1, 50).products != generate_catalogue(0, 50).products
+    assert generate_catalogue(0, 3000) is cat
+    assert generate_catalogue(1, 50).products != generate_catalogue(0, 50).products
     assert len(cat.products) == len(cat.goals) == 3000 and len({p.asin for p in cat.products}) == 3000
     assert {p.category for p in cat.products} == {"beauty", "electronics", "fashion", "grocery", "furniture"}
     assert len({p.query for p in cat.products}) == 40
