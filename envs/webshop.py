@@ -98,6 +98,7 @@ NAV = ("back to search", "< prev", "next >")
 SUB_PAGES = ("description", "features", "reviews")
 BUY = "buy now"
 MAX_ACTION_LENGTH = 4096
+MAX_PAGE_CHARS = 32768  # a page's text is cut here (with "..."); a whole observation at twice this (the space's)
 _ACTION = re.compile(r"(search|click)\[(.*)\]", re.DOTALL | re.IGNORECASE)
 _OPTION_CLAUSE = re.compile(r",?\s+with\s+[^,:]+:.*$", re.IGNORECASE | re.DOTALL)  # " with color: ..., and ..."
 
@@ -359,7 +360,8 @@ class WebShopEnv(TextEnv):
         self.show_tips, self.binary_reward = bool(show_tips), bool(binary_reward)
         self.retriever = _index(self.catalogue)
         extra = self.catalogue.characters()
-        self.observation_space = text_space(extra, max_length=65536)
+        self.observation_space = text_space(extra, max_length=2 * MAX_PAGE_CHARS)
+        self._charset = frozenset(self.observation_space.character_set)
         products = self.catalogue.products
         targets = NAV + SUB_PAGES + (BUY,) + tuple(p.asin.lower() for p in products[:200]) + tuple(
             sorted({v for p in products[:200] for _, values in p.options for v in values}))
@@ -481,15 +483,21 @@ class WebShopEnv(TextEnv):
             parts += [f"Average rating: {product.rating}", "No reviews yet."]
         return SEP.join(parts)
 
+    def _page(self) -> str:
+        text = self._page_text()
+        return text if len(text) <= MAX_PAGE_CHARS else text[:MAX_PAGE_CHARS] + "..."
+
     def _observation(self) -> str:
-        lines = [self._page_text()]
+        lines = [self._page()]
         if self._note:
             lines.insert(0, self._note)
         if self.page != "done":
             if self.show_tips:
                 lines += TIPS
             lines.append("You must choose from these actions: " + ", ".join(self.action_strings()) + ".")
-        return "\n".join(lines)
+        text = "\n".join(lines)
+        limit = 2 * MAX_PAGE_CHARS  # the space's max_length (thousands of option values could pass it)
+        return text if len(text) <= limit else text[:limit - 3] + "..."
 
     # ------------------------------------------------------------------------------------------------ step
 
@@ -526,7 +534,8 @@ class WebShopEnv(TextEnv):
             return ""
         target = arg.lower()
         if target not in self.available_actions()["clickables"] or target == "search":
-            return f"{arg[:80]!r} is not a button on this page"
+            shown = "".join(c if c in self._charset else "?" for c in repr(arg[:80]))  # model text, echoed safely
+            return f"{shown} is not a button on this page"
         if target == "back to search":
             self.page, self.results, self.query, self.product, self.selected = "search", [], "", None, {}
         elif target == "next >":

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_FIELD_CHARS = 1000  # a rendered text field (description, bullet point) is cut here
+MAX_BULLETS = 20  # bullet points kept per product
 DEFAULT_PRICE = 100.0  # WebShop's price of a product whose pricing cannot be read
 _PRICE = re.compile(r"\$?\s*(\d+(?:,\d{3})*(?:\.\d+)?)")
 PRICE_CLAUSE = re.compile(r",?\s*and price lower than\s+(\d+(?:\.\d+)?)\s+dollars", re.IGNORECASE)
@@ -376,7 +377,8 @@ def _load_product(row: Any, where: str, attributes: dict[str, Any]) -> Product:
         asin=asin.strip(), title=_cut(title), category=str(row.get("category", "")),
         product_category=str(row.get("product_category", "")), query=str(row.get("query", "")),
         price=parse_price(row.get("pricing")), description=_cut(str(row.get("full_description") or "")),
-        bullet_points=tuple(_cut(b) for b in _strings(row.get("small_description"), where, "small_description")),
+        bullet_points=tuple(_cut(b) for b in _strings(row.get("small_description"), where,
+                                                      "small_description")[:MAX_BULLETS]),
         options=tuple(options), attributes=tuple(a.lower() for a in _strings(
             extra.get("attributes") if isinstance(extra, dict) else None, where, "attributes")),
         rating=f"{float(rating):.1f}" if isinstance(rating, (int, float)) and not isinstance(rating, bool) else "N.A.")

@@ -208,8 +208,10 @@ def test_product_page_options_subpages_and_buy(fixture_env):
     assert "[SEP] Selected: color: jet black, size: 16 inch [SEP]" in env._page_text()
     *_, info = env.step("click[16 inch]")  # valid, but nothing changes
     assert info["action_is_valid"] and not info["action_is_effective"]
-    *_, info = env.step("click[walnut]")  # not an option of this product
-    assert not info["action_is_valid"]
+    obs, _, _, _, info = env.step("click[walnut]")  # not an option of this product
+    assert not info["action_is_valid"] and obs.startswith("Invalid action: 'walnut' is not a button on this page.\n")
+    obs, *_ = env.step("click[\u00e9t\u00e9]")  # model text outside the observation's characters is masked
+    assert obs.startswith("Invalid action: '?t?' is not") and env.observation_space.contains(obs)
     obs, *_ = env.step("click[features]")
     assert obs.splitlines()[0].endswith("< Prev [SEP] NATURAL LOOKING: soft fibre that blends in [SEP] EASY TO USE: "
                                         "clip in within minutes [SEP] HEAT RESISTANT up to 180C")
@@ -363,6 +365,23 @@ def test_bad_files_are_named(tmp_path):
     (tmp_path / "items_shuffle_1000.json").write_text("[]")
     with pytest.raises(ValueError, match="several files match"):
         load_catalogue(tmp_path)
+
+
+def test_a_huge_product_page_is_cut_and_stays_in_the_space(tmp_path):
+    values = [{"value": f"shade {i:05d}"} for i in range(4000)]  # 4000 options: a page of about 48,000 characters
+    rows = [{"asin": "B1", "name": "Paint", "pricing": "$5.00", "customization_options": {"color": values},
+             "small_description": [f"point {i}" for i in range(50)]}]
+    goals = {"B1": [{"instruction": f"paint {i}", "instruction_attributes": ["paint"]} for i in range(3)]}
+    (tmp_path / "items_shuffle.json").write_text(json.dumps(rows))
+    (tmp_path / "items_human_ins.json").write_text(json.dumps(goals))
+    env = WebShopEnv(catalogue_path=tmp_path, split_sizes=(1, 1))
+    assert len(env.catalogue.products[0].bullet_points) == 20  # bullet points kept per product
+    env.reset(seed=0)
+    env.step("search[paint]")
+    obs, *_ = env.step("click[b1]")
+    page = obs.split("\n")[0]
+    assert len(page) == 32768 + 3 and page.endswith("...")
+    assert len(obs) == 65536 and obs.endswith("...") and env.observation_space.contains(obs)  # 4000 actions too
 
 
 def test_price_bounds_like_webshop():
