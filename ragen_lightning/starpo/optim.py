@@ -188,8 +188,11 @@ class SkipGuard:
         self.total += 1
         self.in_a_row[network] = self.in_a_row.get(network, 0) + 1
         if self.max_consecutive and self.in_a_row[network] >= self.max_consecutive:
+            kept = ("every step was undone: a smaller --model.actor_lr takes smaller steps, a larger "
+                    "--model.max_step_kl allows larger ones" if "max_step_kl" in reason else
+                    "nothing non-finite reached the weights")
             raise TrainingStopped(
-                f"{self.in_a_row[network]} {network} optimizer steps in a row were skipped ({reason}); nothing "
-                f"non-finite reached the weights. Check --model.{network}_lr (or --model.{network}_optimizer), "
-                "--model.grad_clip and --data.temperature; --model.max_consecutive_skips sets this limit"
+                f"{self.in_a_row[network]} {network} optimizer steps in a row were skipped ({reason}); {kept}. Check "
+                f"--model.{network}_lr (or --model.{network}_optimizer), --model.grad_clip and --data.temperature; "
+                "--model.max_consecutive_skips sets this limit"
             )

@@ -10,8 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ragen_lightning.errors import ConfigError
+from ragen_lightning.errors import ConfigError, TrainingStopped
 from ragen_lightning.starpo.checks import MODULE_DOMAINS
+from ragen_lightning.starpo.optim import SkipGuard
 from ragen_lightning.starpo.scoring import actor_outputs
 from ragen_lightning.starpo.steps import PolicyLossSettings, ppo_update, step_kl
 from ragen_lightning.starpo.update import MicroOutput, accumulate
@@ -127,3 +128,12 @@ def test_ppo_update_guards_the_actor_step_only_when_set(tiny_model, limit):
 def test_max_step_kl_domain(value):
     with pytest.raises(ConfigError, match="max_step_kl"):
         MODULE_DOMAINS["max_step_kl"].check("max_step_kl", value)
+
+
+def test_steps_undone_by_the_trust_region_stop_the_run_with_their_own_advice():
+    guard = SkipGuard(max_consecutive=2)
+    guard.record("actor", False, "step KL 2.9 > --model.max_step_kl 0.01 (restored)")
+    with pytest.raises(TrainingStopped, match=r"2 actor optimizer steps in a row were skipped \(step KL 3.1 > "
+                       r"--model.max_step_kl 0.01 \(restored\)\); every step was undone: a smaller "
+                       r"--model.actor_lr takes smaller steps, a larger --model.max_step_kl allows larger ones"):
+        guard.record("actor", False, "step KL 3.1 > --model.max_step_kl 0.01 (restored)")
