@@ -77,7 +77,8 @@ class Trajectory:
         num_turns: assistant turns generated.
         num_format_errors: turns charged a format penalty.
         response_tokens: sampled tokens over all turns.
-        info: numeric env info values averaged over turns (``action_is_effective`` etc.).
+        info: numeric env info values averaged over turns, each turn's value its last action's (RAGEN's
+            ``turn_info``; ``action_is_effective`` etc. stay rates in [0, 1] with several actions per turn).
         turn_info: one record per generated turn: ``actions`` (the action words executed), ``format_ok`` (the
             answer matched the tag format), ``penalty`` (format penalty charged), ``reward`` (summed env reward) and
             ``info`` (numeric env info of the turn's last step); what evaluation reports and exports show.

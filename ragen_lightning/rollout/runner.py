@@ -94,8 +94,7 @@ class _Turn:
     names: tuple[str, ...] = ()
     format_ok: bool = False
     executed: list[str] = field(default_factory=list)
-    step_info: dict[str, float] = field(default_factory=dict)
-    info_sums: dict[str, float] = field(default_factory=dict)
+    step_info: dict[str, float] = field(default_factory=dict)  # the turn's last step's info: the turn's info (RAGEN)
     success: bool | None = None  # the last step's info["success"] (None: no step ran)
     terminated: bool = False
     truncated: bool = False
@@ -393,9 +392,6 @@ class RolloutRunner:
         names = current.names
         current.executed.append(names[action] if names and isinstance(action, int) else str(action))
         current.step_info = {k: float(v) for k, v in info.items() if isinstance(v, (int, float, bool, np.number))}
-        for k, v in current.step_info.items():
-            if k != "success":
-                current.info_sums[k] = current.info_sums.get(k, 0.0) + v
         current.terminated, current.truncated = terminated, truncated
 
     def _close_turn(self, ep: _Episode) -> None:
@@ -418,8 +414,9 @@ class RolloutRunner:
         traj.num_actions += len(current.executed)
         if current.success is not None:
             traj.success = current.success
-        for k, v in current.info_sums.items():
-            ep.info_sums[k] = ep.info_sums.get(k, 0.0) + v
+        for k, v in current.step_info.items():  # a rate stays a rate with several actions per turn
+            if k != "success":
+                ep.info_sums[k] = ep.info_sums.get(k, 0.0) + v
         traj.turn_rewards.append(current.reward)
         traj.turn_info.append({"actions": current.executed, "format_ok": current.format_ok,
                                "penalty": current.penalty, "reward": current.reward, "info": current.step_info})

@@ -91,7 +91,9 @@ def test_groups_share_seed_and_actions_execute(tiny_tokenizer):
     assert t.success and t.terminated and not t.truncated and t.penalty == 0.0
     # seed 11 starts at pos 2: done in the first turn
     assert trajs[2].turn_rewards == [1.0] and trajs[2].num_turns == 1
-    assert t.info["action_is_effective"] == pytest.approx(3 / 2)  # summed info over turns / turns
+    # each turn counts its last action's info (RAGEN's turn_info), averaged over turns: a rate stays a rate
+    # (summing the three actions' flags over two turns would read 3 / 2)
+    assert t.info["action_is_effective"] == pytest.approx(1.0)
     # the run's time split is measured (env resets + steps, engine calls), and a new run starts from zero
     assert set(runner.timing) == {"generate", "env"} and runner.timing["env"] > 0 and runner.timing["generate"] > 0
     runner.timing["env"] = 1000.0

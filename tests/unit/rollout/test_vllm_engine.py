@@ -93,23 +93,30 @@ def test_tensor_parallel_splits_env_groups_by_engine_not_by_rank():
 
 def test_tensor_parallel_ranks_roll_out_their_engines_share_and_keep_one_copy(monkeypatch):
     from ragen_lightning.data import datamodule
+    from ragen_lightning.data.mixture import Part
 
     calls = []
 
     class Runner:
+        timing: dict = {}
+
         def run(self, seeds, group_size, params, seed, first_group):
             calls.append((seeds, first_group))
-            return [f"g{first_group}"]
+            return [SimpleNamespace(group_id=first_group, env_index=first_group * group_size, tag="")]
+
+    def parts():
+        return [Part(Runner(), [10, 11, 12, 13], d.train_params, seed=10)]
 
     monkeypatch.setattr(datamodule, "world", lambda: (3, 4))  # rank 3 of 4: worker 1 of engine 1 (ranks 2, 3)
     monkeypatch.setattr(datamodule, "gather_objects", lambda local: [["a"], ["a'"], ["b"], local])
     d = RolloutDataModule(**DATA)
     d.engine = SimpleNamespace(tensor_parallel_size=2)
-    out = d._run(Runner(), [10, 11, 12, 13], 2, d.train_params, seed=10)
+    out = d._run(parts(), 2)
     assert calls == [([12, 13], 2)]  # engine 1's half of the groups, global ids from 2 (ranks 2 and 3 alike)
     assert out == ["a", "b"]  # one copy per engine (ranks 0 and 2), in group order
     d.engine = SimpleNamespace()  # an engine without tensor parallelism: every rank its own quarter
-    assert d._run(Runner(), [10, 11, 12, 13], 2, d.train_params, seed=10) == ["a", "a'", "b", "g3"]
+    out = d._run(parts(), 2)
+    assert out[:3] == ["a", "a'", "b"] and out[3].group_id == 3
     assert calls[-1] == ([13], 3)
 
 
