@@ -18,14 +18,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import envs  # registers the ids
-from tests.unit.envs.test_all_envs import kwargs as backend_kwargs
-from envs.metamathqa import MAX_EXPONENT, MAX_NUMERAL_LENGTH, MetaMathQAEnv, answers_match
+from envs.metamathqa import (
+    MAX_EXPONENT,
+    MAX_NUMERAL_LENGTH,
+    MetaMathQAEnv,
+    answers_match,
+)
 from envs.sudoku import PUZZLE_SEARCH_BUDGET, SudokuEnv
 from ragen_lightning.rollout import prompting
 from ragen_lightning.rollout.engine import Generation, SamplingParams
 from ragen_lightning.rollout.runner import RolloutRunner
 from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.rollout.tokens import ChatTokens
+from tests.unit.envs.test_all_envs import kwargs as backend_kwargs
 from tests.unit.reliability.bounded import run_bounded
 
 HUGE_NUMERALS = ("1e999999999", "1e-999999999", "1e10000000")

@@ -98,7 +98,8 @@ def test_tensor_parallel_ranks_roll_out_their_engines_share_and_keep_one_copy(mo
     calls = []
 
     class Runner:
-        timing: dict = {}
+        def __init__(self):
+            self.timing = {}
 
         def run(self, seeds, group_size, params, seed, first_group):
             calls.append((seeds, first_group))
