@@ -100,6 +100,9 @@ BUY = "buy now"
 MAX_ACTION_LENGTH = 4096
 MAX_PAGE_CHARS = 32768  # a page's text is cut here (with "..."); a whole observation at twice this (the space's)
 _ACTION = re.compile(r"(search|click)\[(.*)\]", re.DOTALL | re.IGNORECASE)
+_REQUEST = re.compile(r"^(?:(?:can|could) you )?(?:please )?(?:i am |i'm |im |i )?(?:looking for|need|want|would like|"
+                      r"find me|search for|get me|buy)(?: an?\b)? ?", re.IGNORECASE)
+_THAT_IS = re.compile(r"\b(?:that|which) (?:is|are)\b", re.IGNORECASE)
 _OPTION_CLAUSE = re.compile(r",?\s+with\s+[^,:]+:.*$", re.IGNORECASE | re.DOTALL)  # " with color: ..., and ..."
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -251,10 +254,12 @@ def split_goal_index(seed: int, split: str, num_goals: int, split_sizes: tuple[i
 
 
 def search_keywords(instruction: str) -> str:
-    """The instruction without its option clause (`` with color: black, and size: large``) and price clause: the
-    expert's search."""
-    text = PRICE_CLAUSE.sub("", instruction)
-    return " ".join(_OPTION_CLAUSE.sub("", text).split())
+    """The expert's search: the instruction without its request words (``i need a``, ``find me a``, ...), ``that
+    is``, its option clause (`` with color: black, and size: large``) and its price clause. BM25 drops such words
+    anyway; a short search is easier for a small model to copy."""
+    text = _OPTION_CLAUSE.sub("", PRICE_CLAUSE.sub("", instruction))
+    text = _THAT_IS.sub(" ", _REQUEST.sub("", " ".join(text.split())))
+    return " ".join(text.split()) or " ".join(instruction.split())
 
 
 class _WebShopActions(spaces.Text):

@@ -312,7 +312,18 @@ def test_generated_catalogue():
         assert g.instruction.endswith(f", and price lower than {g.price_upper:.2f} dollars")
         assert webshop_reward(p, g, list(g.options))[0] == 1.0  # the goal's product with its options is perfect
     g = cat.goals[0]
-    assert " with " in g.instruction and search_keywords(g.instruction) == g.instruction.split(" with ")[0]
+    assert g.instruction == ("i need a shampoo that is long lasting with size: 8 fl oz, and price lower than 50.00 "
+                             "dollars")
+
+
+def test_the_experts_search_keywords():
+    assert search_keywords("i need a shampoo that is long lasting with size: 8 fl oz, and price lower than 50.00 "
+                           "dollars") == "shampoo long lasting"
+    assert search_keywords("can you find me a bed frame that is solid wood and heavy duty, and price lower than "
+                           "300.00 dollars") == "bed frame solid wood and heavy duty"
+    assert search_keywords("I'm looking for an orange blender") == "orange blender"
+    assert search_keywords("i need anchovies") == "anchovies"  # "an" only as a word
+    assert search_keywords("i need") == "i need"  # nothing left: the instruction itself
 
 
 # ------------------------------------------------------------------------------------------------ WebShop's files
