@@ -319,7 +319,8 @@ class WebShopEnv(TextEnv):
 
     ## Arguments
     - ``catalogue_seed`` (0), ``num_products`` (3000): the generated catalogue.
-    - ``catalogue_path``: a directory of WebShop's JSON files (:mod:`envs.webshop_catalogue`) used instead.
+    - ``catalogue_path``: a directory of WebShop's JSON files (:mod:`envs.webshop_catalogue`) used instead;
+      ``catalogue_seed`` then draws what the files leave open (price bounds, synthetic goals' options).
     - ``split`` (``"train"``), ``split_sizes`` ((500, 1000): the test and val goal counts).
     - ``max_steps`` (15), ``results_per_page`` (10), ``max_results`` (50), ``show_tips`` (True: RAGEN's tips under
       every page), ``binary_reward`` (True).
