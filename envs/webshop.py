@@ -613,12 +613,13 @@ class WebShopEnv(TextEnv):
 
     def expert_turn(self, max_actions: int) -> tuple[str, tuple[str, ...]]:
         """The warm start's expert: search the instruction's keywords, open the best matching result (turning pages
-        to reach it), choose the goal's options, buy."""
+        to reach it), choose the goal's options, buy. Its sentences copy nothing long from the page (the action does
+        the copying): a small model imitates short turns sooner."""
         if self.goal is None:
             raise RuntimeError("WebShopEnv: call reset() before expert_turn()")
         query, target = self._expert_plan()
         if self.page == "search":
-            return f"I search for {query}", (f"search[{query}]",)
+            return "I search for the type and features", (f"search[{query}]",)
         if self.page == "results":
             if not target:
                 return "Nothing matches, I search again", ("click[back to search]",)
@@ -627,7 +628,8 @@ class WebShopEnv(TextEnv):
                 return "A better match is on a later page", ("click[next >]",)
             if position < self.page_no:
                 return "A better match is on an earlier page", ("click[< prev]",)
-            return f"{target} matches best, I open it", (f"click[{target.lower()}]",)
+            rank = self.results.index(target) % self.results_per_page + 1
+            return f"Result {rank} on this page matches best", (f"click[{target.lower()}]",)
         if self.page != "item" or self.product is None or self.product.asin != target:
             return "I go back to the product", ("click[< prev]",)
         missing = [v for v in self._expert_options(self.product) if v not in self.selected.values()]

@@ -444,7 +444,10 @@ def test_the_expert_turns_pages_to_reach_its_choice():
 def test_the_expert_several_actions_per_turn_and_on_the_fixture(fixture_env):
     env = fixture_env
     env.reset(options={"goal_index": 0})
+    assert env.expert_turn(1) == ("I search for the type and features",
+                                  ("search[natural looking hair extension in jet black, 18 inch]",))
     env.step("search[natural looking hair extension]")
+    assert env.expert_turn(1) == ("Result 1 on this page matches best", ("click[b0fix00001]",))
     env.step("click[b0fix00001]")
     thought, acts = env.expert_turn(3)
     assert acts == ("click[jet black]", "click[18 inch]", "click[buy now]") and thought == "I choose jet black, 18 inch"
