@@ -274,8 +274,13 @@ class RolloutDataModule(L.LightningDataModule):
         return runners
 
     def teardown(self, stage: str) -> None:
+        """Close the envs and the engine (a vLLM engine holds its KV cache until closed); a later stage in the same
+        process (``validate`` after ``fit``) builds them again."""
         for runner in self._runners + self._val_runners:
             runner.close()
+        if (close := getattr(self.engine, "close", None)) is not None:
+            close()
+        self._runners, self._val_runners, self.engine = [], [], None
 
     def train_dataloader(self) -> DataLoader:
         stream = _Stream(self._next_train_batch, lambda: self.hparams.num_iterations - self.iteration,

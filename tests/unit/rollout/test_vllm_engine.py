@@ -468,3 +468,38 @@ def test_compute_dtype_follows_an_fsdp2_mixed_precision_policy(model):
 
     assert default_probe_threshold("float32", torch.float32) == 1e-3
     assert default_probe_threshold("float32", torch.bfloat16) == default_probe_threshold("bfloat16", torch.float32) == 0.1
+
+
+def test_close_shuts_the_worker_and_scheduler_down_once_and_only_in_one_process(monkeypatch):
+    from ragen_lightning.rollout import vllm_engine
+
+    calls = []
+    def part(name):
+        return SimpleNamespace(shutdown=lambda: calls.append(name))
+
+    core = SimpleNamespace(model_executor=part("executor"), scheduler=part("scheduler"))
+
+    def engine():
+        e = object.__new__(VLLMEngine)
+        e.llm = SimpleNamespace(llm_engine=SimpleNamespace(engine_core=SimpleNamespace(engine_core=core)))
+        return e
+
+    e = engine()
+    e.close()
+    e.close()  # closed already: nothing more
+    assert calls == ["executor", "scheduler"] and e.llm is None
+    monkeypatch.setattr(vllm_engine, "world", lambda: (0, 2))  # several ranks: the trainer's process group stays
+    e = engine()
+    e.close()
+    assert calls == ["executor", "scheduler"] and e.llm is not None
+
+
+def test_the_data_module_closes_its_engine_at_teardown_and_builds_it_again_later():
+    closed = []
+    d = RolloutDataModule(**DATA)
+    d.engine = SimpleNamespace(close=lambda: closed.append(True))
+    d._runners = [SimpleNamespace(close=lambda: closed.append("runner"))]
+    d.teardown("fit")
+    assert closed == ["runner", True] and d.engine is None and d._runners == [] and d._val_runners == []
+    d.teardown("validate")  # an HF engine or none: nothing to close
+    assert closed == ["runner", True]
