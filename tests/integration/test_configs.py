@@ -71,8 +71,12 @@ def backend_args(task: str) -> list[str]:
 @pytest.mark.parametrize("task", [p.stem for p in TASKS])
 def test_task_config_fit_smoke(task, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cli = main(["fit", "--config", str(CONFIGS / f"{task}.yaml"), *backend_args(task), "--trainer.logger", "false",
-                "--trainer.callbacks", "[]", "--trainer.enable_checkpointing", "true", "--model.warm_start", "false",
+    # --validate_first false: the configs that validate at iteration 0 would build and close the rollout engine
+    # twice (~3-5 s of vLLM start-up and garbage collection each); the validation after the iteration still runs
+    # (tests/integration/test_cli.py checks --validate_first itself)
+    cli = main(["fit", "--config", str(CONFIGS / f"{task}.yaml"), *backend_args(task), "--validate_first", "false",
+                "--trainer.logger", "false", "--trainer.callbacks", "[]", "--trainer.enable_checkpointing", "true",
+                "--model.warm_start", "false",
                 "--trainer.max_steps", "2", "--data.num_iterations", "1", "--data.num_groups", "2",
                 "--data.group_size", "2", "--data.episode.max_new_tokens", "12", "--data.episode.max_turns", "2",
                 "--data.val_num_groups", "2", "--trainer.val_check_interval", "1", "--model.mini_batch_size", "4",
