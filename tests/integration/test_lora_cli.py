@@ -14,7 +14,9 @@ from ragen_lightning.starpo.module import StarPOModule
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 RECIPES = sorted((CONFIGS / "recipes").glob("24gb-*.yaml"))
-SHORT = ["--trainer.logger", "false", "--model.warm_start", "false",
+# --validate_first false: bandit.yaml validates at iteration 0, which builds and closes the rollout engine a second
+# time; the checkpoints' own validate runs below (test_cli checks --validate_first)
+SHORT = ["--trainer.logger", "false", "--model.warm_start", "false", "--validate_first", "false",
          "--data.num_groups", "2", "--data.group_size", "2", "--data.episode.max_new_tokens", "12", "--data.val_num_groups",
          "2", "--model.mini_batch_size", "4", "--model.micro_batch_size", "2", "--data.num_iterations", "1",
          "--trainer.val_check_interval", "1"]
