@@ -23,6 +23,10 @@ This is the only module that imports ``vllm``, and only inside functions, so the
   rank and relies on it): the data module gives them the same env groups and seeds, so they receive the same
   generations. Every rank pushes the full weights and vLLM's loaders keep each worker's shard; the probe's max is
   taken over all ranks, so a TP group raises together.
+- **GPU placement**: on CUDA with several training processes every engine is built with ``external_launcher``, also
+  with ``k = 1`` (then each rank is a TP group of one, its own engine), because it puts the worker on ``LOCAL_RANK``
+  = the actor's GPU; vLLM's default ``k = 1`` executor would put every rank's engine on GPU 0
+  (:func:`uses_external_launcher`). On CPU and in one process ``k = 1`` keeps the default in-process executor.
 - **LoRA**: a ``peft`` adapter is merged into the base weights as they are streamed, ``W + scaling * B A`` computed
   from the gathered base and factors one weight at a time, the actor never modified (:func:`merged_lora_weights`;
   the same code for one process and FSDP2 shards; a 4-bit QLoRA base is dequantized first and then every weight is
@@ -279,6 +283,20 @@ def trainer_logprobs(model: torch.nn.Module, sequences: Sequence[Sequence[int]])
 
 
 # -- the engine ---------------------------------------------------------------------------------------------------
+def uses_external_launcher(tensor_parallel_size: int, world_size: int, device: torch.device) -> bool:
+    """Whether this rank's engine is built with vLLM's ``external_launcher`` backend (:func:`external_launcher`)
+    rather than its default in-process executor: for a tensor-parallel engine (``k > 1``), and on CUDA for every
+    engine of a multi-process run (``k = 1`` included).
+
+    Why ``k = 1`` on CUDA: vLLM's default executor for ``k = 1`` (``UniProcExecutor``) takes the worker's GPU from
+    ``device_config.device``, which vLLM sets to ``cuda`` without an index, so every rank's engine would land on
+    GPU 0 (and set it as the process's current device). ``external_launcher`` takes ``LOCAL_RANK`` (the actor's GPU)
+    instead; with ``k = 1`` over ``W`` ranks vLLM's TP groups have size 1, so each rank is its own independent engine.
+    On CPU and in one process the in-process executor stays: it has no device to pick, and it is the tested path.
+    """
+    return tensor_parallel_size > 1 or (world_size > 1 and device.type == "cuda")
+
+
 def external_launcher(device: torch.device) -> str:
     """Prepare this training rank to be one worker of a tensor-parallel engine and return vLLM's backend name.
 
@@ -339,7 +357,8 @@ class VLLMEngine:
         self.device = param.device
         self.sharded = is_sharded(actor)  # FSDP2: pushes gather the shards, the probe runs on every rank
         self.seed = cfg.seed if cfg.seed is not None else seed
-        launcher = {"distributed_executor_backend": external_launcher(self.device)} if tp > 1 else {}
+        launcher = {"distributed_executor_backend": external_launcher(self.device)} \
+            if uses_external_launcher(tp, world()[1], self.device) else {}
         self.llm = LLM(
             model=str(model_path), dtype=self.dtype, seed=self.seed,
             max_model_len=cfg.max_model_len or max_model_len, max_num_seqs=max_batch_size,

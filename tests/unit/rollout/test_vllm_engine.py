@@ -133,6 +133,49 @@ def test_external_launcher_env_names_the_rank_and_the_gpu(monkeypatch):
     assert os.environ["LOCAL_RANK"] == "1"
 
 
+@pytest.mark.parametrize("tp, world_size, device, launcher", [
+    (1, 1, "cpu", False), (1, 2, "cpu", False),  # CPU: vLLM's in-process executor, one engine per rank
+    (1, 1, "cuda:0", False),  # one process: the in-process executor on the actor's only GPU
+    (1, 2, "cuda:1", True),  # k = 1 on several GPUs: the in-process executor would put every engine on GPU 0
+    (1, 8, "cuda", True),
+    (2, 2, "cpu", True), (2, 4, "cuda:3", True),  # tensor parallel: one worker per rank, on any device
+])
+def test_external_launcher_for_tensor_parallel_and_for_every_multi_gpu_engine(tp, world_size, device, launcher):
+    from ragen_lightning.rollout.vllm_engine import uses_external_launcher
+
+    assert uses_external_launcher(tp, world_size, torch.device(device)) is launcher
+
+
+@pytest.mark.parametrize("device, world_size, backend", [("cuda:1", (1, 2), "external_launcher"),
+                                                         ("cpu", (1, 2), None), ("cpu", (0, 1), None)])
+def test_engine_builds_vllm_on_the_actors_gpu_with_k_1(monkeypatch, device, world_size, backend):
+    """A stand-in ``vllm.LLM`` records what the engine builds: rank 1 of 2 on ``cuda:1`` with ``k = 1`` gets the
+    external launcher with ``LOCAL_RANK`` 1 (its own GPU); on CPU the default in-process executor."""
+    import types
+
+    from ragen_lightning.rollout import vllm_engine
+
+    built = []
+
+    class FakeLLM:
+        def __init__(self, **kwargs):
+            built.append(kwargs)
+            self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(get_vocab_size=lambda: 100))
+
+    fake = types.ModuleType("vllm")
+    fake.LLM = FakeLLM
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setattr(vllm_engine, "world", lambda: world_size)
+    for name in ("RANK", "LOCAL_RANK", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE"):
+        monkeypatch.setenv(name, "unset")  # restored after the test; the engine overwrites or keeps them
+    param = SimpleNamespace(device=torch.device(device), dtype=torch.float32)
+    actor = SimpleNamespace(parameters=lambda: iter([param]))
+    VLLMEngine(actor, "unused", [1], 0)
+    assert built[0].get("distributed_executor_backend") == backend and built[0]["tensor_parallel_size"] == 1
+    if backend:
+        assert (os.environ["RANK"], os.environ["LOCAL_RANK"]) == ("1", "1")
+
+
 def test_auto_engine_falling_back_to_hf_refuses_tensor_parallel(monkeypatch, model, tiny_tokenizer):
     from ragen_lightning.rollout import engines
 
