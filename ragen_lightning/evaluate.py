@@ -10,7 +10,8 @@ The policy is a Lightning checkpoint of a fit (``--ckpt``: the actor as trained,
 folder (``--model``: ``--model.export_dir`` of a fit, ``tiny``, a cached hub id) or an OpenAI-compatible endpoint
 (``--api-model``, :class:`~ragen_lightning.rollout.api_engine.APIEngine`; the key is read from ``$OPENAI_API_KEY`` or
 ``--api-key-env``). The suite is a YAML file (``--suite``, :mod:`ragen_lightning.data.suite`) and/or ``--entry``
-flags; with neither, ``--config``'s training env with ``--num-episodes`` episodes. Episodes are shaped by
+flags; with neither, ``--config``'s ``data.val_suite`` (its held-out validation entries), else its ``data.mixture``,
+else its env, each entry with its ``num_groups`` seeds or ``--num-episodes``. Episodes are shaped by
 ``--config``'s ``data.episode`` (or the defaults), then ``--episode``, then each entry's ``episode``.
 
 Every entry runs two passes over the same held-out reset seeds ``episode_seeds(--seed, num_episodes, "eval")`` (the
@@ -318,9 +319,25 @@ def read_suite_and_episode(a: argparse.Namespace) -> tuple[list[SuiteEntry], Epi
             raise ConfigError(f"--episode {a.episode!r}: {e}") from None
     suite = load_suite(a.suite) if a.suite else []
     suite += [as_entry(_yaml("--entry", e), f"--entry {e!r}") for e in a.entry or []]
-    if not suite and data.get("env_id"):
-        suite = [SuiteEntry(data["env_id"], data.get("env_kwargs"), a.num_episodes)]
+    if not suite:
+        suite = config_suite(data, a.num_episodes, a.config)
     return check_suite(suite), episode
+
+
+def config_suite(data: dict[str, Any], num_episodes: int, config: str | None) -> list[SuiteEntry]:
+    """What a training config evaluates on without ``--suite``: its ``val_suite`` (the held-out entries its
+    validation runs), else its ``mixture``, else its ``env_id``. An entry's ``num_groups`` becomes its number of
+    evaluation seeds; entries without one (and the single env) get ``num_episodes``."""
+    for key in ("val_suite", "mixture"):
+        entries = data.get(key)
+        if entries:
+            if not isinstance(entries, list):
+                raise ConfigError(f"--config {config}: data.{key} must be a list of entries, got {entries!r}")
+            return [as_entry(e, f"--config {config}: data.{key}[{i}]", count="num_groups", default_count=num_episodes)
+                    for i, e in enumerate(entries)]
+    if data.get("env_id"):
+        return [SuiteEntry(data["env_id"], data.get("env_kwargs"), num_episodes)]
+    return []
 
 
 def check_run_file(out_dir: Path, run: dict[str, Any]) -> None:
@@ -353,10 +370,11 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--max-retries", type=int, default=5, help="retries of an API request (429, 5xx, timeouts)")
     g.add_argument("--timeout-s", type=float, default=60.0, help="API request timeout")
     g.add_argument("--tokenizer", default="tiny", help="API models: local tokenizer for the conversation budget")
-    p.add_argument("--config", help="a training config: its data.episode settings (and env, without a suite)")
+    p.add_argument("--config", help="a training config: its data.episode settings and, without --suite/--entry, its "
+                   "data.val_suite, else data.mixture, else data.env_id")
     p.add_argument("--suite", help="suite YAML (ragen_lightning/data/suite.py)")
     p.add_argument("--entry", action="append", help="a suite entry as YAML, e.g. '{env_id: ragen/Bandit-v0}'")
-    p.add_argument("--num-episodes", type=int, default=64, help="episodes of --config's env (no suite given)")
+    p.add_argument("--num-episodes", type=int, default=64, help="episodes per entry taken from --config (entries naming num_groups keep theirs)")
     p.add_argument("--episode", help="episode settings over the config's, e.g. '{max_turns: 3}'")
     p.add_argument("--passes", nargs="+", default=list(PASSES), choices=PASSES)
     p.add_argument("--seed", type=int, default=0, help="seed stream of the reset seeds and sampled generation")

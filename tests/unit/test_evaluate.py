@@ -257,3 +257,30 @@ def test_wilson_by_hand():
     assert lo == pytest.approx(0.5 - 0.263411, abs=1e-6) and hi == pytest.approx(0.5 + 0.263411, abs=1e-6)
     lo0, hi0 = wilson(0, 10)  # never below 0, unlike the normal interval
     assert lo0 == pytest.approx(0.0, abs=1e-12) and hi0 == pytest.approx(3.8416 / 13.8416)
+
+
+def test_a_config_without_suite_evaluates_its_val_suite_else_mixture_else_env(tmp_path):
+    """``--config`` alone: the held-out ``val_suite`` entries (``num_groups`` -> seeds, the others
+    ``--num-episodes``), else the training ``mixture``, else the single env; a bad entry names its place."""
+    import argparse
+
+    def read(data, **flags):
+        path = tmp_path / "run.yaml"
+        path.write_text(__import__("yaml").safe_dump({"data": data}))
+        a = argparse.Namespace(config=str(path), episode=None, suite=None, entry=None, num_episodes=5, **flags)
+        return ev.read_suite_and_episode(a)[0]
+
+    mix = [{"env_id": "ragen/Bandit-v0", "tag": "bandit", "num_groups": 4}]
+    val = [{"env_id": "ragen/BanditTest-v0", "tag": "test", "episode": {"max_turns": 1}},
+           {"env_id": "ragen/FrozenLake-v0", "num_groups": 3}]
+    got = read({"env_id": "ragen/Sokoban-v0", "mixture": mix, "val_suite": val})
+    assert got == [SuiteEntry("ragen/BanditTest-v0", None, 5, "test", {"max_turns": 1}),
+                   SuiteEntry("ragen/FrozenLake-v0", None, 3, "ragen/FrozenLake-v0")]
+    assert read({"mixture": mix}) == [SuiteEntry("ragen/Bandit-v0", None, 4, "bandit")]
+    assert read({"env_id": "ragen/Bandit-v0", "env_kwargs": {"a": 1}}) == [SuiteEntry("ragen/Bandit-v0", {"a": 1}, 5)]
+    with pytest.raises(ConfigError, match=r"data.val_suite\[0\]: unknown key\(s\) \['num_episodes'\]"):
+        read({"val_suite": [{"env_id": "x", "num_episodes": 2}]})
+    with pytest.raises(ConfigError, match="data.mixture must be a list of entries"):
+        read({"mixture": {"env_id": "x"}})
+    with pytest.raises(ConfigError, match="the suite is empty"):
+        read({})
