@@ -1,5 +1,6 @@
 """Two CPU processes (gloo) under torchrun: DDP and FSDP2 equal the single-process run; sharded checkpoints reshard;
-FSDP2 with a colocated vLLM engine per rank (weights gathered from the shards and streamed in) passes the sync probe.
+FSDP2 with a colocated vLLM engine per rank (weights gathered from the shards and streamed in) passes the sync probe;
+one tensor-parallel vLLM engine over both ranks (DDP and FSDP2) does too.
 
 Each run is ``tests/integration/dist_worker.py`` in a subprocess (bounded by a timeout, so a collective that hangs
 fails the test instead of blocking CI); every rank writes its full parameters and logged metrics, compared here.
@@ -166,20 +167,22 @@ def test_fsdp2_with_vllm_engines_passes_the_probe_on_every_rank_and_equals_one_p
 
 
 @pytest.mark.skipif(not vllm_installed(), reason="needs vLLM (README install)")
-def test_ddp_with_one_tensor_parallel_vllm_engine_over_both_ranks(tmp_path, vllm_tiny_path):
-    """DDP on 2 ranks with ``--data.vllm.tensor_parallel_size 2``: one vLLM engine (external_launcher) whose two
-    workers are the two training ranks. Both ranks roll out all 4 groups with the same seeds and get the same
-    generations; every push (the second after a real optimizer step) sends the full weights from each rank and the
-    probe passes on both."""
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_tensor_parallel_vllm_engine_over_both_ranks(tmp_path, vllm_tiny_path, strategy):
+    """DDP and FSDP2 on 2 ranks with ``--data.vllm.tensor_parallel_size 2``: one vLLM engine (external_launcher)
+    whose two workers are the two training ranks. Both ranks roll out all 4 groups with the same seeds and get the
+    same generations; every push (the second after a real optimizer step) sends the full weights from each rank
+    (under FSDP2 gathered from the shards tensor by tensor) and the probe passes on both."""
     cfg = {"model": str(vllm_tiny_path), "iterations": 2, "top_k_abs": 2, "estimator": "grpo", "mini": 6, "micro": 3,
            "engine": "vllm", "tp": 2}
-    [(j0, p0), (j1, p1)] = collect(launch(tmp_path, "tp", 2, strategy="ddp", **cfg), timeout=800)
+    [(j0, p0), (j1, p1)] = collect(launch(tmp_path, "tp", 2, strategy=strategy, **cfg), timeout=800)
     g0, g1 = j0["generations"], j1["generations"]
     assert len(g0) == 2 and all(len(call) == 4 * 3 for call in g0)  # one call per iteration, all 12 envs on each rank
     assert g0 == g1 and any(ids for call in g0 for ids in call)  # one engine: the same tokens on both workers
     for rank in (j0, j1):
         probes = rank["probes"]
-        assert [p["step"] for p in probes] == [0, 1] and not any(p["sharded"] for p in probes)
+        assert [p["step"] for p in probes] == [0, 1]
+        assert all(p["sharded"] is (strategy == "fsdp") for p in probes)  # FSDP2: the push gathers the shards
         assert all(p["max"] < 1e-3 and 0 <= p["mean"] <= p["max"] for p in probes)
         assert rank["metrics"][-1]["rollout/probe_max_abs_logprob_diff"] < 1e-3  # the max over ranks, logged
         assert rank["metrics"][-1]["rollout/sync_tensors"] == 27.0  # every tensor, from each rank
