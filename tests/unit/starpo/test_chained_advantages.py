@@ -64,3 +64,25 @@ def test_the_gae_logs_name_how_well_the_critic_predicted_the_returns():
     perfect = torch.tensor([[9.9, 9.9], [10.0, 10.0]])  # the returns themselves (first test)
     _, _, logs = advantages_for(batch, mask, None, None, SETTINGS)(perfect, None)
     assert logs["critic/explained_variance"] == pytest.approx(1.0)
+
+
+def test_the_logged_explained_variance_is_the_batch_one_under_turn_level_gae():
+    """The settings of a PPO run that seemed to log EV 1.5139 and 8.5651 (its CSV held 1.5139579772949219e-05 and
+    8.565187454223633e-05): per-turn rewards on per-turn samples, turn-level GAE with high_level_gamma 0,
+    lam = gamma = 1, advantage_floor 0. The logged EV is the one of all the batch's trained tokens together."""
+    def episode(env: int, rewards: list[float]) -> Trajectory:
+        t = Trajectory(env_index=env, group_id=0, seed=env, turn_rewards=rewards, penalty=0.0, success=False,
+                       num_turns=len(rewards), response_tokens=2 * len(rewards))
+        t.samples = [turn_sample(r) for r in rewards]
+        return t
+
+    batch = build_batch([episode(0, [1.0, 3.0]), episode(1, [0.0, 4.0])], pad_token_id=0, reward_placement="turn")
+    mask = batch.loss_mask[:, 1:].bool()
+    values = torch.tensor([[1.0, 1.0], [2.0, 2.0], [0.0, 0.0], [5.0, 5.0]])
+    settings = {**SETTINGS, "turn_level_gae": True, "high_level_gamma": 0.0, "advantage_floor": 0.0}
+    _, returns, logs = advantages_for(batch, mask, None, None, settings)(values, None)
+    # high_level_gamma 0: each turn's tokens return that turn's reward
+    torch.testing.assert_close(returns, torch.tensor([[1.0, 1.0], [3.0, 3.0], [0.0, 0.0], [4.0, 4.0]]))
+    # returns 1 1 3 3 0 0 4 4: var 20/7; residuals 0 0 1 1 0 0 -1 -1: var 4/7. Episode by episode the EVs are
+    # 1 - (1/3)/(4/3) = 0.75 and 1 - (1/3)/(16/3) = 0.9375: neither their sum (1.6875) nor their mean is logged
+    assert logs["critic/explained_variance"] == pytest.approx(1 - 4 / 20)
