@@ -6,7 +6,8 @@
 
 The policy (a Hugging Face folder) plays ``--episodes`` held-out episodes of the config's env under its
 ``data.episode`` settings (HF engine, ``--temperature``), on the seeds ``benchmarks/learning.py`` evaluates
-(``episode_seeds(--seed, n, "eval")`` minus the demonstration seeds of the config's warm start). Each episode is then
+(``episode_seeds(--seed, n, "eval")`` minus the demonstration seeds of the config's warm start, its ``seed``
+and ``num_episodes``). Each episode is then
 replayed action by action on a fresh env with the same reset seed, and after every action the env's solver
 (``env.unwrapped.solve()``: a shortest solution, None when the state cannot be solved any more) gives the distance
 ``d`` still to go. Printed:
@@ -118,15 +119,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     cfg = yaml.safe_load(Path(a.config).read_text()) or {}
     data, model_cfg = cfg.get("data", {}), cfg.get("model", {})
     ws = model_cfg.get("warm_start")
-    demo = a.demo_episodes if a.demo_episodes is not None else \
-        (ws.get("num_episodes", 512) if isinstance(ws, dict) else 512)
+    ws = ws if isinstance(ws, dict) else {}
+    demo = a.demo_episodes if a.demo_episodes is not None else ws.get("num_episodes", 512)
     episode = as_episode(data.get("episode"))
     env_id, env_kwargs = data["env_id"], data.get("env_kwargs")
     tokenizer, net = models.load_tokenizer(a.model), models.load_causal_lm(a.model).eval()
     engine = HFEngine(net, [tokenizer.eos_token_id], tokenizer.pad_token_id)
     runner = RolloutRunner(env_id, env_kwargs, ChatTokens(tokenizer, enable_think=episode.enable_think), engine,
                            episode)
-    seeds = episode_seeds(a.seed, a.episodes, "eval", exclude=episode_seeds(0, demo, "train"))
+    seeds = episode_seeds(a.seed, a.episodes, "eval", exclude=episode_seeds(ws.get("seed", 0), demo, "train"))
     try:
         trajectories = runner.run(seeds, 1, SamplingParams(temperature=a.temperature,
                                                            max_new_tokens=episode.max_new_tokens), seed=a.seed)
