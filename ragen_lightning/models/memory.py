@@ -4,6 +4,7 @@ The trainer's memory has a static part that lives through the whole iteration an
 overlap in time (the update runs after the rollout):
 
     peak = weights (actor + critic + reference copy) + grads + AdamW states        # static
+         + autocast copies (16-bit mixed precision over fp32 trainable weights)    # static
          + max(update activations + logits,  HF engine KV cache)                  # transient
          + vLLM reservation (gpu_memory_utilization x GPU memory) + runtime overhead
 
@@ -12,6 +13,11 @@ overlap in time (the update runs after the rollout):
   one plus a 4-byte constant per 256 blocks), everything else (embeddings, norms, LM head) stays in ``dtype``.
 - grads and AdamW's two moments: for *trainable* parameters only, in their dtype (LoRA adapters are fp32: peft
   up-casts 16-bit adapters).
+- autocast copies: under 16-bit *mixed* precision autocast keeps a 16-bit copy of every fp32 trainable leaf weight
+  it casts for a matrix multiply (blocks' linear layers, the LM head, LoRA adapters) until its outermost region
+  exits, and the whole training step (rollout, scoring, critic and actor updates) runs inside one region: 2 bytes per
+  such weight, live through the iteration. Measured on an H100 (docs/gpu.md), where a plan without this term sat
+  below the 1.5B recipe's allocator peak.
 - activations: per token and layer the tensors a Qwen2 block keeps for backward, counted as ``10 H + 3 kv_dim + 4 I``
   elements (norm inputs/outputs, q/k/v, attention output, residuals; the MLP's gate, up, SiLU and product), in the
   activation dtype (2 bytes under 16-bit precision, else 4), at ``micro_batch_size x max_model_len`` tokens. With
@@ -143,10 +149,11 @@ class MemoryPlan:
     engine_reserved: int
     overhead: int
     notes: list[str] = field(default_factory=list)
+    autocast_copies: int = 0
 
     @property
     def static(self) -> int:
-        return sum(self.weights.values()) + self.grads + self.optimizer
+        return sum(self.weights.values()) + self.grads + self.optimizer + self.autocast_copies
 
     @property
     def peak(self) -> int:
@@ -158,7 +165,10 @@ class MemoryPlan:
 
     def table(self, gpu_gib: float | None = None) -> str:
         rows = [(f"weights: {k}", v) for k, v in self.weights.items()]
-        rows += [("grads (trainable)", self.grads), ("AdamW states (trainable)", self.optimizer),
+        rows += [("grads (trainable)", self.grads), ("AdamW states (trainable)", self.optimizer)]
+        if self.autocast_copies:
+            rows.append(("autocast 16-bit copies (fp32 trainable)", self.autocast_copies))
+        rows += [
                  ("update activations (micro-batch)", self.activations), ("logits + log-softmax", self.logits),
                  ("HF engine KV cache (rollout, not during update)", self.engine_kv_cache),
                  ("vLLM reservation", self.engine_reserved), ("runtime overhead", self.overhead),
@@ -179,7 +189,8 @@ def plan(arch: Architecture, *, dtype: str = "float32", activation_bytes: int = 
          max_model_len: int = 2048, logits_chunk_size: int | None = None, activation_checkpointing: bool = False,
          with_critic: bool = True, with_reference: bool = False, lora: dict[str, Any] | None = None,
          engine: str = "hf", max_batch_size: int = 128, gpu_memory_utilization: float = 0.0,
-         gpu_gib: float | None = None, overhead_gib: float = 1.0, optimizer_8bit: bool = False) -> MemoryPlan:
+         gpu_gib: float | None = None, overhead_gib: float = 1.0, optimizer_8bit: bool = False,
+         mixed_precision: bool = False) -> MemoryPlan:
     """Estimate one GPU's peak memory (see the module docstring for every term).
 
     Args:
@@ -200,6 +211,8 @@ def plan(arch: Architecture, *, dtype: str = "float32", activation_bytes: int = 
         gpu_gib: the GPU's memory (needed for a vLLM reservation).
         overhead_gib: CUDA context, allocator fragmentation, library workspaces.
         optimizer_8bit: an 8-bit AdamW (bitsandbytes ``AdamW8bit``): one byte per moment for full fine-tuning.
+        mixed_precision: 16-bit mixed precision (``bf16-mixed`` / ``16-mixed``): autocast caches 16-bit copies of
+            the fp32 trainable weights it casts.
     """
     pbytes = DTYPE_BYTES[dtype]
     lm, backbone = arch.causal_lm_params(), arch.backbone_params()
@@ -213,6 +226,9 @@ def plan(arch: Architecture, *, dtype: str = "float32", activation_bytes: int = 
         if with_reference:
             weights["reference (copy)"] = lm * pbytes
         grads, opt = trainable * pbytes, 2 * trainable * (1 if optimizer_8bit else pbytes)
+        # matmul weights autocast casts: blocks' linear layers and the LM head (tied or not), the critic's blocks
+        cast = arch.block_linear_weights() + arch.embedding_params()
+        cast += arch.block_linear_weights() + arch.hidden_size if with_critic else 0
     else:
         quant = lora.get("quantization", "none") == "nf4"
         linear = arch.block_linear_weights()
@@ -233,6 +249,7 @@ def plan(arch: Architecture, *, dtype: str = "float32", activation_bytes: int = 
             weights["value head"] = (arch.hidden_size + 1) * pbytes
         trainable_bytes = n_adapters * adapter * 4 + ((arch.hidden_size + 1) * pbytes if with_critic else 0)
         grads, opt = trainable_bytes, 2 * trainable_bytes
+        cast = n_adapters * adapter  # fp32 adapters; the 16-bit (or nf4) bases are frozen, never cached
         if with_reference:
             notes.append("reference = actor with adapters disabled: no extra weights")
         if shared:
@@ -252,9 +269,12 @@ def plan(arch: Architecture, *, dtype: str = "float32", activation_bytes: int = 
         if gpu_gib is None:
             raise ConfigError("the memory plan of a vLLM engine needs the GPU's memory (--gpu_memory_gb)")
         reserved = int(gpu_memory_utilization * gpu_gib * GIB)
+    # LoRA adapters are fp32 whatever the dtype; full fine-tuning casts only fp32 weights
+    copies = 2 * cast if mixed_precision and (lora is not None or pbytes == 4) else 0
     return MemoryPlan(weights={k: int(v) for k, v in weights.items()}, grads=int(grads), optimizer=int(opt),
                       activations=int(activations), logits=int(logits), engine_kv_cache=int(kv_cache),
-                      engine_reserved=reserved, overhead=int(overhead_gib * GIB), notes=notes)
+                      engine_reserved=reserved, overhead=int(overhead_gib * GIB), notes=notes,
+                      autocast_copies=int(copies))
 
 
 def _activation_bytes(precision: Any, dtype: str) -> int:
@@ -291,6 +311,7 @@ def plan_from_config(model: dict[str, Any], data: dict[str, Any], trainer: dict[
         engine=data.get("engine", "hf") or "hf", max_batch_size=data.get("max_batch_size", 128),
         gpu_memory_utilization=float(data.get("gpu_memory_utilization") or 0.0), gpu_gib=gpu_gib,
         optimizer_8bit=bool(optimizers[0]) and all("8bit" in o for o in optimizers if o),
+        mixed_precision="mixed" in str(trainer.get("precision") or ""),
     )
 
 

@@ -40,7 +40,7 @@ def test_hf_engine_greedy_on_cuda_equals_cpu(tiny_path, tiny_tokenizer):
 
 @pytest.mark.parametrize("precision, dtype", [("32-true", "float32"), ("bf16-mixed", "float32"),
                                               ("bf16-true", "bfloat16")])
-def test_one_starpo_iteration_on_cuda(tmp_path, tiny_path, precision, dtype):
+def test_one_starpo_iteration_on_cuda(tmp_path, tiny_path, precision, dtype, training_devices):
     module = StarPOModule(model=str(tiny_path), dtype=dtype, mini_batch_size=8, micro_batch_size=4, actor_lr=1e-3,
                           critic_lr=1e-3)
     dm = RolloutDataModule(env_id="ragen/Bandit-v0", num_groups=2, group_size=4, num_iterations=1,
@@ -49,12 +49,12 @@ def test_one_starpo_iteration_on_cuda(tmp_path, tiny_path, precision, dtype):
                            val_num_groups=2)
     trainer = L.Trainer(accelerator="gpu", devices=1, precision=precision, max_epochs=1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, num_sanity_val_steps=0,
-                        limit_val_batches=0, default_root_dir=tmp_path)
+                        limit_val_batches=0, default_root_dir=tmp_path, callbacks=[training_devices])
     trainer.strategy.connect(module)
     module.configure_model()
     before = {k: v.detach().clone() for k, v in module.actor.named_parameters()}
     trainer.fit(module, dm)
-    assert next(module.actor.parameters()).device.type == "cuda"
+    assert training_devices.seen == {"cuda"}  # after fit Lightning moves the module back to the CPU
     assert trainer.global_step == 2  # one actor and one critic step
     assert any(not torch.equal(before[k], v.cpu().to(before[k].dtype)) for k, v in module.actor.named_parameters())
     assert module.skips.total == 0

@@ -73,6 +73,27 @@ def test_full_finetune_plan_by_hand():
     assert ck.activations == 2 * 4 * 8 * 4 + 2496  # block inputs (2 layers x 4 tokens x H 8 x 4 B) + one block
 
 
+def test_autocast_copies_of_fp32_trainable_matmul_weights_under_mixed_precision_only():
+    """Autocast keeps a 16-bit copy of each fp32 trainable weight it casts until its outermost region exits (the
+    whole training step): measured on an H100 (docs/gpu.md) and on CPU (a 256 MiB fp32 Linear under bf16 autocast
+    holds +136 MiB until the region exits, +0 with ``cache_enabled=False``)."""
+    full = memory.plan(SMALL, dtype="float32", with_critic=True, mixed_precision=True, overhead_gib=0)
+    # actor: blocks' linears 1152 + the tied LM head 10x8 = 80; critic: blocks 1152 + value head 8 -> 2392 x 2 bytes
+    assert full.autocast_copies == 2 * (1152 + 80 + 1152 + 8) == 4784
+    assert full.static == memory.plan(SMALL, dtype="float32", with_critic=True, overhead_gib=0).static + 4784
+    assert memory.plan(SMALL, dtype="float32", with_critic=False, mixed_precision=True).autocast_copies == 2 * 1232
+    assert memory.plan(SMALL, dtype="bfloat16", mixed_precision=True).autocast_copies == 0  # nothing fp32 to cast
+    assert memory.plan(SMALL, dtype="float32").autocast_copies == 0  # fp32 (or *-true) precision: no autocast
+    lora = memory.plan(SMALL, dtype="bfloat16", lora={"rank": 2}, mixed_precision=True)
+    assert lora.autocast_copies == 2 * 2 * 512  # the fp32 adapters of actor and critic; frozen bases never cached
+    assert "autocast 16-bit copies" in full.table() and "autocast" not in memory.plan(SMALL).table()
+    model = {"model": "Qwen/Qwen2.5-0.5B-Instruct", "dtype": "float32", "adv_estimator": "grpo"}
+    planned = {prec: memory.plan_from_config(model, {}, {"precision": prec}) for prec in ("bf16-mixed", "32-true")}
+    assert planned["32-true"].autocast_copies == 0
+    # 0.5B: per block q, o 896x896, k, v 896x128, gate, up, down 896x4864 = 14,909,440 x 24 blocks + head 151936x896
+    assert planned["bf16-mixed"].autocast_copies == 2 * (24 * 14_909_440 + 151_936 * 896)
+
+
 def test_reference_costs_a_copy_only_without_lora():
     full = memory.plan(SMALL, with_reference=True)
     assert full.weights["reference (copy)"] == full.weights["actor"]
