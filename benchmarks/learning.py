@@ -43,6 +43,7 @@ VARIANTS: dict[str, list[str]] = {
     "default": [],
     "ppo": ["--model.adv_estimator", "gae"],
     "grpo": ["--model.adv_estimator", "grpo"],
+    "rft": ["--model.adv_estimator", "rft"],  # rejection-sampling fine-tuning (set --model.rft_threshold)
     "drgrpo": ["--model.adv_estimator", "drgrpo"],
     "drgrpo_filter": ["--model.adv_estimator", "drgrpo", "--data.filter",
                       "{strategy: top_p, value: 0.9, include_zero: false}"],

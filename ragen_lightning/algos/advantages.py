@@ -57,6 +57,7 @@ __all__ = [
     "length_weight",
     "masked_whiten",
     "outcome_advantages",
+    "rft_advantages",
     "soft_advantage_reweight",
     "turn_ends_from_mask",
     "turn_level_gae",
@@ -419,3 +420,28 @@ def adaptive_kl_coef(kl_coef: float, current_kl: float, n_steps: int, *, target_
     """Adaptive KL controller (Ziegler et al. 2019): ``β ← β·(1 + clip(KL/target − 1, ±0.2)·n/horizon)``."""
     error = min(max(float(current_kl) / target_kl - 1.0, -0.2), 0.2)
     return float(kl_coef) * (1.0 + error * n_steps / horizon)
+
+
+def rft_advantages(rewards: torch.Tensor, mask: torch.Tensor, turn_ends: torch.Tensor, threshold: float
+                   ) -> torch.Tensor:
+    """Rejection-sampling fine-tuning (RFT / expert iteration): advantage 1 on every trained token of a turn whose
+    reward exceeds ``threshold``, 0 elsewhere; no baseline, no normalisation. At ratio 1 the PPO loss of a kept
+    token is then the supervised loss on it, so an update is a supervised step on the model's own samples that the
+    env scored above the threshold, and a sample below it is never pushed down.
+
+    Args:
+        rewards: ``[B, T]``; each turn's reward on its end position (an episode score: on the last trained token).
+        mask: ``[B, T]`` loss mask.
+        turn_ends: ``[B, T]`` bool; the positions that end a turn (trained positions).
+        threshold: a turn is kept when its reward is strictly greater.
+
+    A token belongs to the turn whose end is the first turn end at or after it in its row.
+    """
+    ends = turn_ends.bool() & as_bool_mask(mask)
+    owner = torch.zeros(rewards.shape[0], dtype=rewards.dtype, device=rewards.device)
+    kept = torch.zeros_like(rewards)
+    for t in range(rewards.shape[1] - 1, -1, -1):  # the reward of the next turn end, carried backwards
+        owner = torch.where(ends[:, t], rewards[:, t], owner)
+        kept[:, t] = (owner > threshold).to(rewards.dtype)
+    return kept * mask.to(rewards.dtype)
+

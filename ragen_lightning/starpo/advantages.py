@@ -1,7 +1,8 @@
 """Step 3 of a StarPO iteration: token rewards -> advantages and returns (orchestrates ``algos.advantages``).
 
-GAE (optionally turn-level) with batch whitening when there is a critic; otherwise a GRPO-family outcome estimator
-on one score per episode (windowed context modes repeat an episode over several samples, RAGEN counts it once),
+GAE (optionally turn-level) with batch whitening when there is a critic; ``rft`` (rejection-sampling fine-tuning:
+advantage 1 on the turns or episodes scored above ``rft_threshold``, 0 elsewhere); otherwise a GRPO-family outcome
+estimator on one score per episode (windowed context modes repeat an episode over several samples, RAGEN counts it once),
 broadcast to the episode's trained tokens. Then the SPEC 4.6 modifiers in RAGEN's order. All tensors are on the
 target axis (``[B, T - 1]``).
 """
@@ -18,7 +19,7 @@ from ragen_lightning.types import RolloutBatch
 # the keyword settings of starpo_advantages: the module passes its hyperparameters of the same names
 ADVANTAGE_SETTINGS = ("adv_estimator", "gamma", "lam", "turn_level_gae", "high_level_gamma", "kl_in_reward_coef",
                       "kl_kind", "soft_advantage_reweight", "filter_loss_scaling", "length_weight",
-                      "zero_task_advantage", "advantage_floor")
+                      "zero_task_advantage", "advantage_floor", "rft_threshold")
 
 
 def starpo_advantages(
@@ -40,6 +41,7 @@ def starpo_advantages(
     length_weight: bool,
     zero_task_advantage: bool,
     advantage_floor: float | None = None,
+    rft_threshold: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """``(advantages, returns, logs)`` for a rollout batch; ``mask`` is the loss mask on the target axis."""
     logs: dict[str, float] = {}
@@ -47,7 +49,11 @@ def starpo_advantages(
     if kl_in_reward_coef > 0:
         rewards, kl_logs = A.apply_kl_in_reward(rewards, old_logprobs, ref_logprobs, mask, kl_in_reward_coef, kl_kind)
         logs["actor/reward_kl"] = float(kl_logs["kl"])
-    if adv_estimator == "gae":
+    if adv_estimator == "rft":  # per-turn rewards: each turn by its own reward; else every turn by the episode score
+        ends = batch.turn_ends[:, 1:] if batch.per_turn_rewards else A.turn_ends_from_mask(mask)
+        scored = rewards if batch.per_turn_rewards else A.broadcast_to_tokens(batch.scores.float(), mask)
+        adv = returns = A.rft_advantages(scored, mask, ends, rft_threshold)
+    elif adv_estimator == "gae":
         r, v, ends, m = rewards, values, batch.turn_ends[:, 1:] & mask, mask
         chained = batch.chains_turns
         if chained:  # per-turn rewards on per-turn samples: GAE over each episode's samples in turn order

@@ -41,7 +41,7 @@ from ragen_lightning.starpo.steps import PolicyLossSettings, ppo_update
 from ragen_lightning.starpo.update import network_step, score_sharded
 from ragen_lightning.types import RolloutBatch, UpdateBatch
 
-AdvEstimator = Literal["gae", "grpo", "drgrpo", "brpo", "arpo"]
+AdvEstimator = Literal["gae", "grpo", "drgrpo", "brpo", "arpo", "rft"]
 
 
 class StarPOModule(L.LightningModule):
@@ -53,7 +53,7 @@ class StarPOModule(L.LightningModule):
         dtype: parameter dtype (``float32`` on CPU; ``bfloat16`` on GPUs).
         warm_start: supervised warm start from the env's expert before RL (``true``, or a dict of
             ``ragen_lightning.sft.warm_start`` arguments such as ``steps``); cached per setting.
-        adv_estimator: ``gae`` (PPO, needs the critic) | ``grpo`` | ``drgrpo`` | ``brpo`` | ``arpo``.
+        adv_estimator: ``gae`` (PPO, needs the critic) | ``grpo`` | ``drgrpo`` | ``brpo`` | ``arpo`` | ``rft``.
         gamma: token-level discount.
         lam: GAE lambda.
         turn_level_gae: bi-level GAE over turn ends (GAE only) with ``high_level_gamma`` between turns.
@@ -80,14 +80,14 @@ class StarPOModule(L.LightningModule):
         length_weight: divide GRPO advantages by relative response length.
         zero_task_advantage: zero the task advantage (entropy/KL-only ablation).
         advantage_floor: clamp advantages from below after normalisation (null: off; 0: learn from successes only).
+        rft_threshold: ``rft`` (rejection-sampling fine-tuning): advantage 1 on turns / episodes scored above it, else 0.
         actor_lr: actor learning rate (AdamW) when ``actor_optimizer`` is not given.
         critic_lr: critic learning rate (AdamW) when ``critic_optimizer`` is not given.
         weight_decay: AdamW weight decay.
         actor_optimizer: optimizer factory for the actor (overrides ``actor_lr``).
         critic_optimizer: optimizer factory for the critic (overrides ``critic_lr``).
         grad_clip: max global grad norm per network (0 disables clipping).
-        lr_warmup_steps: linear learning-rate warm-up over each network's first N optimizer steps (0 = off): Adam's
-            first steps move every weight by about ``lr``, which can break a small model's answer format.
+        lr_warmup_steps: linear lr warm-up over each network's first N steps (0: off; Adam's first steps can break a format).
         max_step_kl: undo an actor step whose KL on its own rows exceeds this (null: off; ``steps.step_kl``).
         logprob_micro_batch_size: micro-batch size of the no-grad scoring passes (defaults to ``micro_batch_size``).
         logits_chunk_size: rows per chunk when computing log-probs/entropy from logits (bounds memory).
@@ -135,6 +135,7 @@ class StarPOModule(L.LightningModule):
         length_weight: bool = False,
         zero_task_advantage: bool = False,
         advantage_floor: float | None = None,
+        rft_threshold: float = 0.0,
         actor_lr: float = 1e-6,
         critic_lr: float = 1e-5,
         weight_decay: float = 0.01,
@@ -208,8 +209,7 @@ class StarPOModule(L.LightningModule):
         nets = build_networks(path, self.hparams.critic_model, self.hparams.dtype, self._lora,
                               with_critic=self.uses_critic, with_reference=self.uses_reference,
                               activation_checkpointing=self.hparams.activation_checkpointing)
-        self.actor, self.critic = nets.actor, nets.critic
-        self._reference = [nets.reference] if nets.reference is not None else []
+        self.actor, self.critic, self._reference = nets.actor, nets.critic, [nets.reference] if nets.reference else []
         if self._device_mesh is not None:  # FSDP2 (ModelParallelStrategy): shard per transformer block
             engine = resolve_engine(getattr(self.trainer.datamodule, "hparams", {}).get("engine", "hf"),
                                     quantized=lora_mod.is_quantized(self.actor))  # auto: QLoRA samples with HF

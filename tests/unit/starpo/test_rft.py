@@ -1,0 +1,87 @@
+"""``adv_estimator: rft`` (rejection-sampling fine-tuning): advantage 1 on the turns / episodes the env scored above
+``rft_threshold``, 0 elsewhere; with it the PPO loss at ratio 1 is the supervised loss on the kept tokens."""
+
+import pytest
+import torch
+
+from ragen_lightning.algos import advantages as A
+from ragen_lightning.algos.losses import ppo_policy_loss
+from ragen_lightning.data.batching import build_batch
+from ragen_lightning.errors import ConfigError
+from ragen_lightning.starpo.advantages import advantages_for
+from ragen_lightning.starpo.module import StarPOModule
+from ragen_lightning.types import Conversation, Sample, Trajectory
+
+SETTINGS = {"adv_estimator": "rft", "gamma": 1.0, "lam": 1.0, "turn_level_gae": False, "high_level_gamma": 0.95,
+            "kl_in_reward_coef": 0.0, "kl_kind": "k1", "soft_advantage_reweight": False, "filter_loss_scaling": "none",
+            "length_weight": False, "zero_task_advantage": False, "advantage_floor": None}
+
+
+def test_each_token_takes_the_verdict_of_its_own_turn():
+    # positions:      0  1  2  3  4  5  6   (two turns: trained 1-2 and 4-6; 0 and 3 are prompt / env tokens; 7 pad)
+    mask = torch.tensor([[0, 1, 1, 0, 1, 1, 1, 0]])
+    ends = torch.tensor([[0, 0, 1, 0, 0, 0, 1, 0]], dtype=torch.bool)
+    rewards = torch.tensor([[0.0, 0.0, 0.9, 0.0, 0.0, 0.0, -1.1, 0.0]])
+    torch.testing.assert_close(A.rft_advantages(rewards, mask, ends, 0.0),
+                               torch.tensor([[0.0, 1, 1, 0, 0, 0, 0, 0]]))
+    torch.testing.assert_close(A.rft_advantages(rewards, mask, ends, -2.0),  # both turns above -2
+                               torch.tensor([[0.0, 1, 1, 0, 1, 1, 1, 0]]))
+    torch.testing.assert_close(A.rft_advantages(rewards, mask, ends, 0.9),  # strictly greater: 0.9 is not kept
+                               torch.zeros(1, 8))
+
+
+def two_turn_episode(index: int, turn_rewards: list[float]) -> Trajectory:
+    c = Conversation()
+    c.extend([1], sampled=False)
+    c.extend([2, 3], sampled=True, logprobs=[-0.5, -0.5])
+    c.turn_spans.append((1, 3))
+    c.extend([4], sampled=False)
+    c.extend([5, 6, 7], sampled=True, logprobs=[-0.5] * 3)
+    c.turn_spans.append((4, 7))
+    score = sum(turn_rewards)
+    t = Trajectory(env_index=index, group_id=0, seed=0, turn_rewards=list(turn_rewards), penalty=0.0,
+                   success=score > 0, num_turns=2, response_tokens=5)
+    t.samples = [Sample(c, list(turn_rewards))]
+    return t
+
+
+def trained_advantages(placement: str, threshold: float, episodes: list[list[float]]) -> torch.Tensor:
+    batch = build_batch([two_turn_episode(i, r) for i, r in enumerate(episodes)], pad_token_id=0,
+                        reward_placement=placement)
+    mask = batch.loss_mask[:, 1:].bool()
+    adv, returns, _ = advantages_for(batch, mask, None, None, {**SETTINGS, "rft_threshold": threshold})(None, None)
+    assert torch.equal(adv, returns)
+    return adv[mask].reshape(len(episodes), 5)  # per episode: turn 1's two tokens, then turn 2's three
+
+
+def test_per_turn_rewards_keep_the_turns_scored_above_the_threshold():
+    adv = trained_advantages("turn", 0.0, [[0.9, -1.1], [-0.1, 1.8]])
+    torch.testing.assert_close(adv, torch.tensor([[1.0, 1, 0, 0, 0], [0, 0, 1, 1, 1]]))
+    adv = trained_advantages("turn", 1.0, [[0.9, -1.1], [-0.1, 1.8]])  # the flag moves the line
+    torch.testing.assert_close(adv, torch.tensor([[0.0, 0, 0, 0, 0], [0, 0, 1, 1, 1]]))
+
+
+def test_an_episode_score_keeps_or_drops_every_turn_of_the_episode():
+    # scores -0.2 and 1.7 (the sums): the second episode's turns are all kept, its first turn's -0.1 included
+    adv = trained_advantages("last", 0.0, [[0.9, -1.1], [-0.1, 1.8]])
+    torch.testing.assert_close(adv, torch.tensor([[0.0] * 5, [1.0] * 5]))
+
+
+def test_at_ratio_one_the_policy_loss_of_kept_tokens_is_the_supervised_loss():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 7, requires_grad=True)
+    targets = torch.randint(0, 7, (2, 3))
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    kept = torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]])
+    logprobs = torch.log_softmax(logits, -1).gather(-1, targets[..., None]).squeeze(-1)
+    loss, _ = ppo_policy_loss(logprobs, logprobs.detach(), kept * mask, mask)
+    (grad,) = torch.autograd.grad(loss, logits, retain_graph=True)
+    sft = -(logprobs * kept).sum() / mask.sum()  # cross-entropy on the kept tokens, over the same token count
+    (sft_grad,) = torch.autograd.grad(sft, logits)
+    torch.testing.assert_close(grad, sft_grad)
+
+
+def test_rft_trains_no_critic_and_refuses_turn_level_gae(tiny_path):
+    assert not StarPOModule(model=str(tiny_path), adv_estimator="rft").uses_critic
+    with pytest.raises(ConfigError, match="--model.turn_level_gae needs --model.adv_estimator gae"):
+        StarPOModule(model=str(tiny_path), adv_estimator="rft", turn_level_gae=True)
