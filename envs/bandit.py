@@ -110,6 +110,8 @@ class BanditEnv(TextEnv):
     draw). Same seed and same ``t`` => identical episodes.
     """
 
+    branchable = True  # small in-process state: turns may branch (--data.branches)
+
     transition_seeded = True
 
     def __init__(

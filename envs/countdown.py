@@ -199,6 +199,8 @@ class CountdownEnv(TextEnv):
     ``reset(options={"target": int, "nums": list[int]})`` plays a given instance instead of a generated one.
     """
 
+    branchable = True  # small in-process state: turns may branch (--data.branches)
+
     def __init__(
         self,
         format_score: float = 0.1,

@@ -105,6 +105,8 @@ class Game2048Env(TextEnv):
     ``reset(options={"grid": g})`` starts from a given ``size`` x ``size`` grid (0 or powers of two >= 2).
     """
 
+    branchable = True  # small in-process state: turns may branch (--data.branches)
+
     action_names = ACTION_NAMES
 
     def __init__(

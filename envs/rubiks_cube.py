@@ -174,6 +174,8 @@ class RubiksCubeEnv(TextEnv):
     of a random scramble; the result must not be solved.
     """
 
+    branchable = True  # small in-process state: turns may branch (--data.branches)
+
     action_names = ACTION_NAMES
     # Pure helpers on sticker arrays, reachable from an env instance (used by solvers that only see the env).
     apply_move = staticmethod(apply_move)

@@ -316,6 +316,8 @@ class SudokuEnv(TextEnv):
     (about 3 s): a puzzle whose uniqueness is not settled by then is refused with a ``ValueError``.
     """
 
+    branchable = True  # small in-process state: turns may branch (--data.branches)
+
     def __init__(
         self,
         grid_size: int = 9,

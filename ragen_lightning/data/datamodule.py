@@ -68,7 +68,7 @@ DATA_DOMAINS: dict[str, Domain] = {
     "val_group_size": _COUNT, "max_batch_size": _COUNT,
     "temperature": Domain(low=0), "val_temperature": Domain(low=0),  # 0 = greedy
     "top_p": Domain(0, 1, low_open=True), "top_k": Domain(low=1, integer=True, special=(-1,)),
-    "empty_stop_steps": Domain(low=0, integer=True), "train_seed": _SEED, "val_seed": _SEED,
+    "empty_stop_steps": Domain(low=0, integer=True), "train_seed": _SEED, "val_seed": _SEED, "branches": _COUNT,
 }
 
 
@@ -81,6 +81,10 @@ def check_rollout_settings(hp: dict[str, Any]) -> None:
     if hp.get("reward_placement") == "turn" and hp.get("norm_method", "identity") != "identity":
         raise ConfigError("--data.norm_method must be 'identity' with --data.reward_placement turn")
     engine, episode = hp.get("engine", "hf"), as_episode(hp.get("episode"))
+    if hp.get("branches", 1) > 1 and (hp.get("reward_placement") != "turn" or episode.context_window == "full"):
+        raise ConfigError("--data.branches > 1 needs --data.reward_placement turn and a windowed "
+                          "--data.episode.context_window (limited or single_turn): each branch is a one-turn sample "
+                          "scored by its own turn reward")
     lists = [(train_entries(hp), "--data.mixture" if is_mixture(hp) else "")]
     if hp.get("val_suite") is not None:  # else validation runs the training entries
         lists.append((val_entries(hp), "--data.val_suite"))
@@ -89,11 +93,16 @@ def check_rollout_settings(hp: dict[str, Any]) -> None:
             where = f"{flag}[{i}]." if flag else "--data."
             check_entry_episode(entry, episode, where[:-1])
             try:  # an unknown id or bad env kwargs fail here, naming the flag, not in the first rollout
-                make_env(entry.env_id, entry.env_kwargs).close()
+                env = make_env(entry.env_id, entry.env_kwargs)
+                branchable = bool(getattr(env.unwrapped, "branchable", False))
+                env.close()
             except UnknownEnvError as e:
                 raise ConfigError(f"{where}env_id: {e}") from None
             except (TypeError, ValueError, OSError, ImportError) as e:  # OSError: a data file named there is missing
                 raise ConfigError(f"{where}env_kwargs for {entry.env_id}: {e}") from None
+            if hp.get("branches", 1) > 1 and not branchable and flag != "--data.val_suite":
+                raise ConfigError(f"--data.branches {hp['branches']}: {entry.env_id} does not declare branchable = "
+                                  "True (its state must be an in-process object that copy.deepcopy duplicates)")
     if engine not in ENGINES:
         raise ConfigError(f"--data.engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if engine == "vllm":
@@ -165,6 +174,10 @@ class RolloutDataModule(L.LightningDataModule):
         top_p: training nucleus sampling mass.
         top_k: training top-k (-1 = off).
         reward_placement: ``last`` (episode score on the last sampled token) or ``turn`` (each turn's reward at its end).
+        branches: training responses sampled per turn (``RolloutRunner``, "Branching"): the episode continues with
+            the first; each other one runs that turn on a copy of the env and is an extra one-turn sample scored by
+            its own turn reward. > 1 needs ``reward_placement: turn``, a windowed ``episode.context_window``, an env
+            with ``branchable = True`` and ``--model.adv_estimator rft``. Validation never branches.
         norm_grouping: score normalisation groups: ``state`` (per group), ``env`` (all episodes of one mixture
             entry; RAGEN's ``inductive``) or ``batch``.
         norm_method: ``identity`` | ``mean`` | ``mean_std`` | ``asym_clip``.
@@ -199,6 +212,7 @@ class RolloutDataModule(L.LightningDataModule):
         top_p: float = 1.0,
         top_k: int = -1,
         reward_placement: RewardPlacement = "last",
+        branches: int = 1,
         norm_grouping: NormGrouping = "state",
         norm_method: NormMethod = "identity",
         filter: FilterConfig | None = None,
@@ -259,10 +273,11 @@ class RolloutDataModule(L.LightningDataModule):
         engine = module.make_engine(max_batch_size=hp.max_batch_size, **extra)
         self.engine = engine
         self.chat = chat
-        self._runners = self._make_runners(self.train_entries, chat, engine)
+        self._runners = self._make_runners(self.train_entries, chat, engine, hp.branches)
         self._val_runners = self._make_runners(self.val_entries, chat, engine)
 
-    def _make_runners(self, entries: list[SuiteEntry], chat: ChatTokens, engine: Any) -> list[RolloutRunner]:
+    def _make_runners(self, entries: list[SuiteEntry], chat: ChatTokens, engine: Any, branches: int = 1
+                      ) -> list[RolloutRunner]:
         """One runner per entry with the entry's episode settings (its own ``ChatTokens`` when it turns thinking
         on or off)."""
         runners = []
@@ -270,7 +285,7 @@ class RolloutDataModule(L.LightningDataModule):
             episode = entry.episode_settings(self.episode)
             own = chat if episode.enable_think == chat.enable_think else \
                 ChatTokens(chat.tokenizer, enable_think=episode.enable_think)
-            runners.append(RolloutRunner(entry.env_id, entry.env_kwargs, own, engine, episode))
+            runners.append(RolloutRunner(entry.env_id, entry.env_kwargs, own, engine, episode, branches=branches))
         return runners
 
     def teardown(self, stage: str) -> None:

@@ -30,10 +30,19 @@ reward is unknown): the trajectory keeps the turns before it, token-exact and tr
 turn limit (``truncated``); an env that failed at reset or in its first turn leaves a trajectory with no training
 sample (score 0, counted by the ``env_errors`` metric). A timed-out env is abandoned with its worker thread (a thread
 cannot be killed) and a fresh env takes its place at the next reset.
+
+Branching (``branches`` K > 1, training rollouts in the windowed modes): every turn of an episode samples K responses
+to the same prompt. The episode continues with the first, exactly the response the unbranched rollout samples (its
+generation seed is unchanged); each other one is executed for that turn alone on a deep copy of the env in the
+same state and becomes an extra one-turn training sample of the episode, scored by its own turn reward. So each
+visited state is answered K times, and a per-turn estimator (``adv_estimator: rft``) learns from the best answers
+the policy finds in the states it reaches, the hard ones included. Envs opt in with ``branchable = True``
+(in-process state that ``copy.deepcopy`` duplicates; a remote env cannot be copied).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -68,9 +77,11 @@ def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None) -> gym.Env:
         ) from None
 
 
-def request_seed(base: int, env_index: int, turn: int) -> int:
-    """A generation seed for (rollout, env, turn), independent of batch composition."""
-    return int(np.random.SeedSequence([base % 2**63, env_index, turn]).generate_state(1, dtype=np.uint64)[0])
+def request_seed(base: int, env_index: int, turn: int, branch: int = 0) -> int:
+    """A generation seed for (rollout, env, turn[, branch]), independent of batch composition; branch 0 is the
+    episode's own response."""
+    key = [base % 2**63, env_index, turn] + ([branch] if branch else [])
+    return int(np.random.SeedSequence(key).generate_state(1, dtype=np.uint64)[0])
 
 
 def transition_seed(group_seed: int, member: int) -> int:
@@ -126,6 +137,8 @@ class RolloutRunner:
         episode: the episode settings (turns, action budgets, context mode, limits, answer format); default
             :class:`EpisodeSettings`. The sampling cap of a turn is the ``SamplingParams`` passed to :meth:`run`.
         max_response_tokens: the response length announced in the prompt (defaults to the sampling cap).
+        branches: responses sampled per turn (module docstring, "Branching"); > 1 needs a windowed context mode and
+            an env with ``branchable = True``.
     """
 
     def __init__(
@@ -137,6 +150,7 @@ class RolloutRunner:
         episode: EpisodeSettings | None = None,
         *,
         max_response_tokens: int | None = None,
+        branches: int = 1,
     ):
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
         self.chat, self.engine = chat, engine
@@ -145,7 +159,18 @@ class RolloutRunner:
         self._envs: list[gym.Env | None] = []
         self._pool: WorkerPool | None = None
         self.timing = {"generate": 0.0, "env": 0.0}  # seconds spent in the last run()
-        make_env(env_id, self.env_kwargs).close()  # fail now, with the id in the message, not mid-rollout
+        probe = make_env(env_id, self.env_kwargs)  # fail now, with the id in the message, not mid-rollout
+        branchable = bool(getattr(probe.unwrapped, "branchable", False))
+        probe.close()
+        if isinstance(branches, bool) or not isinstance(branches, int) or branches < 1:
+            raise ValueError(f"branches must be an int >= 1, got {branches!r}")
+        if branches > 1 and self.episode.context_window == "full":
+            raise ValueError("branches > 1 needs a windowed context (context_window limited or single_turn): a "
+                             "branch is a one-turn sample")
+        if branches > 1 and not branchable:
+            raise ValueError(f"branches > 1: {env_id} does not declare branchable = True (its state must be an "
+                             "in-process object that copy.deepcopy duplicates)")
+        self.branches = branches
 
     # -- env pool ---------------------------------------------------------------------------------------------
     def _env(self, i: int) -> gym.Env:
@@ -226,14 +251,22 @@ class RolloutRunner:
                 fitting.append((ep, prompt))
             if not fitting:
                 break
-            seeds = [request_seed(seed, ep.traj.env_index, turn) for ep, _ in fitting]
+            K = self.branches
+            seeds = [request_seed(seed, ep.traj.env_index, turn, k) for ep, _ in fitting for k in range(K)]
             # scripted/expert engines (demonstrations, oracles) answer from the env state instead of the prompt
-            extra = {"envs": [ep.env.unwrapped for ep, _ in fitting]} if getattr(self.engine, "needs_envs", False) else {}
+            extra = ({"envs": [ep.env.unwrapped for ep, _ in fitting for _ in range(K)]}
+                     if getattr(self.engine, "needs_envs", False) else {})
             if getattr(self.engine, "needs_messages", False):  # text-in/text-out engines (API models) get the chat
-                extra["messages"] = [list(ep.conv.messages) for ep, _ in fitting]
+                extra["messages"] = [list(ep.conv.messages) for ep, _ in fitting for _ in range(K)]
             t0 = time.perf_counter()
-            outs = self.engine.generate([p for _, p in fitting], params, seeds, **extra)
+            outs = self.engine.generate([p for _, p in fitting for _ in range(K)], params, seeds, **extra)
             self.timing["generate"] += time.perf_counter() - t0
+            if K > 1:  # the other responses, each for one turn on a copy of the env, before the episode moves on
+                t0 = time.perf_counter()
+                for i, (ep, _) in enumerate(fitting):
+                    self._branch(ep, outs[i * K + 1:(i + 1) * K])
+                self.timing["env"] += time.perf_counter() - t0
+                outs = outs[::K]
             for (ep, _), out in zip(fitting, outs):
                 self._respond(ep, out.token_ids, out.logprobs)
             t0 = time.perf_counter()
@@ -356,13 +389,40 @@ class RolloutRunner:
         current.sampled, current.logprobs = list(sampled), list(logprobs)
         text = self.chat.add_response(ep.conv, sampled, logprobs)
         current.response = prompting.generation_prefix(self.episode.enable_think) + text
+        current.names = tuple(getattr(ep.env.unwrapped, "action_names", ()) or ())
+        current.plan, current.penalty, current.format_ok = self._parse(text, current.names, ep.actions_left)
+
+    def _parse(self, text: str, names: tuple[str, ...], actions_left: int) -> tuple[list[Any], float, bool]:
+        """``(actions to execute, format penalty, format ok)`` of a response's text."""
         parsed = prompting.parse_response(text, enable_think=self.episode.enable_think,
                                           max_actions_per_turn=self.episode.max_actions_per_turn)
-        current.names = tuple(getattr(ep.env.unwrapped, "action_names", ()) or ())
-        valid = [a for a in prompting.map_actions(parsed.actions, current.names) if a is not None and a != ""]
-        current.penalty = prompting.turn_format_penalty(len(valid), len(parsed.actions), self.episode.format_penalty)
-        current.format_ok = parsed.format_ok
-        current.plan = valid[: ep.actions_left]
+        valid = [a for a in prompting.map_actions(parsed.actions, names) if a is not None and a != ""]
+        penalty = prompting.turn_format_penalty(len(valid), len(parsed.actions), self.episode.format_penalty)
+        return valid[:actions_left], penalty, parsed.format_ok
+
+    def _branch(self, ep: _Episode, outs: list) -> None:
+        """The extra responses of a branching turn (``ep.conv`` is still the bare prompt): each runs for this turn on
+        a deep copy of the env and is added to the episode as a one-turn sample scored by its own turn reward. A copy
+        whose step raises drops that response only (logged); the episode itself is not affected."""
+        names = tuple(getattr(ep.env.unwrapped, "action_names", ()) or ())
+        for out in outs:
+            conv = copy.deepcopy(ep.conv)
+            plan, penalty, _ = self._parse(self.chat.add_response(conv, out.token_ids, out.logprobs), names,
+                                           ep.actions_left)
+            env, reward = copy.deepcopy(ep.env), 0.0
+            try:
+                for action in plan:
+                    _obs, r, terminated, truncated, _info = _step(env, action)
+                    reward += r
+                    if terminated or truncated:
+                        break
+            except Exception as e:  # noqa: BLE001  (a failing copy costs one extra sample, never the episode)
+                log.warning("env %s: a branch of the episode with seed %d failed (%s: %s); that response is dropped",
+                            self.env_id, ep.traj.seed, type(e).__name__, e)
+                continue
+            finally:
+                env.close()
+            ep.traj.samples.append(Sample(conv, [reward + penalty]))
 
     def _execute(self, episodes: list[_Episode]) -> None:
         """Run the planned actions of this turn: the k-th action of every episode that is still running together on

@@ -68,6 +68,10 @@ def check_data_settings(hp: Mapping[str, Any], data_hp: Mapping[str, Any] | None
     """Combinations of the module's and the data module's settings that cannot work."""
     if data_hp is not None and hp["adv_estimator"] in ("grpo", "drgrpo") and data_hp["group_size"] < 2:
         raise ConfigError(f"--data.group_size must be >= 2 for --model.adv_estimator {hp['adv_estimator']}")
+    if data_hp is not None and data_hp.get("branches", 1) > 1 and hp["adv_estimator"] != "rft":
+        raise ConfigError(f"--data.branches {data_hp['branches']} needs --model.adv_estimator rft (the estimator that "
+                          "scores every sample by its own turn reward; GAE chains an episode's samples and the GRPO "
+                          "family reads the episode score)")
 
 
 def check_threads_precision(threads: int, precision: Any) -> None:

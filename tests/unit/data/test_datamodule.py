@@ -60,3 +60,28 @@ def test_stream_length_is_fixed_and_every_iteration_is_yielded(monkeypatch):
         # Lightning counts the epoch from this, including the batch done before the resume; it must not shrink
         assert len(loader) == 5
     assert seen == [1, 2, 3, 4] and d.iteration == 5
+
+
+def test_branches_are_refused_where_a_branch_cannot_be_a_scored_one_turn_sample():
+    from ragen_lightning.errors import ConfigError
+    from ragen_lightning.starpo.checks import check_data_settings
+
+    windowed = {"context_window": "single_turn", "window_turns": 1}
+    with pytest.raises(ConfigError, match="--data.branches must be"):
+        dm(branches=0)
+    with pytest.raises(ConfigError, match="needs --data.reward_placement turn and a windowed"):
+        dm(branches=2, episode=windowed)  # the episode score would not say which branch did well
+    with pytest.raises(ConfigError, match="needs --data.reward_placement turn and a windowed"):
+        dm(branches=2, reward_placement="turn")  # full context: one sample per episode
+    import gymnasium as gym
+
+    from envs.bandit import BanditEnv
+
+    if "test/FixedBandit-v0" not in gym.registry:  # an env that does not opt in
+        gym.register("test/FixedBandit-v0", entry_point=type("FixedBandit", (BanditEnv,), {"branchable": False}))
+    with pytest.raises(ConfigError, match="test/FixedBandit-v0 does not declare branchable = True"):
+        dm(branches=2, reward_placement="turn", episode=windowed, env_id="test/FixedBandit-v0")
+    d = dm(branches=2, reward_placement="turn", episode=windowed)  # Bandit's state deep-copies: accepted
+    check_data_settings({"adv_estimator": "rft"}, d.hparams)
+    with pytest.raises(ConfigError, match="--data.branches 2 needs --model.adv_estimator rft"):
+        check_data_settings({"adv_estimator": "gae"}, d.hparams)

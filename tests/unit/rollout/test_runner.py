@@ -219,3 +219,65 @@ def test_transition_seeds_only_for_envs_that_declare_them(tiny_tokenizer):
                           EpisodeSettings(max_turns=1))
     plain.run([5], group_size=2, params=PARAMS)  # an env that does not declare it gets no options at all
     assert [env.unwrapped.options for env in plain._envs] == [None, None]
+
+
+class BranchableLineEnv(LineEnv):
+    branchable = True
+
+
+if "test/BranchLine-v0" not in gym.registry:
+    gym.register("test/BranchLine-v0", entry_point=BranchableLineEnv)
+
+
+class SeededEngine(ScriptedEngine):
+    """Answers each request with ``script(seed)``."""
+
+    def generate(self, prompts, params, seeds=None):
+        script = iter(seeds)
+        self.script = lambda prompt: self.by_seed(next(script))
+        return super().generate(prompts, params, seeds)
+
+
+def test_branches_answer_each_state_k_times_and_score_each_answer_by_its_own_turn(tiny_tokenizer):
+    own_seeds = {request_seed(0, 0, turn) for turn in (1, 2, 3)}
+    engine = SeededEngine(tiny_tokenizer, None)
+    # the episode's own response (branch 0) always moves Right; the others Left (odd seed) or out of format
+    engine.by_seed = lambda seed: "go</think><answer>" + (
+        "Right" if seed in own_seeds else "Left" if seed % 2 else "Jump") + "</answer>"
+    runner = RolloutRunner("test/BranchLine-v0", None, ChatTokens(tiny_tokenizer), engine,
+                           EpisodeSettings(max_turns=3, max_actions_per_turn=1, context_window="single_turn",
+                                           window_turns=1), branches=3)
+    (t,) = runner.run([0], group_size=1, params=PARAMS, seed=0)  # start at 0: three Rights reach 3, not 4
+    assert engine.seeds == [[request_seed(0, 0, turn, k) for k in range(3)] for turn in (1, 2, 3)]
+    assert {s % 2 for seeds in engine.seeds for s in seeds[1:]} == {0, 1}  # both kinds of branch answer ran
+    assert all(p[0] == p[1] == p[2] for p in engine.prompts)  # the same prompt three times per turn
+    # the episode is the unbranched one (three Rights, rewards 0); per turn 2 branch samples, then its own
+    assert t.num_turns == 3 and t.turn_rewards == [0.0, 0.0, 0.0] and t.num_actions == 3 and len(t.samples) == 9
+    for turn, seeds in enumerate(engine.seeds):
+        *branches, own = t.samples[3 * turn:3 * turn + 3]
+        assert own.turn_rewards == [0.0]
+        prompt = engine.prompts[turn][0]
+        for sample, seed in zip(branches, seeds[1:]):
+            assert sample.conversation.input_ids[:len(prompt)] == prompt and len(sample.conversation.turn_spans) == 1
+            # Left from pos 0 / 1 / 2: reward 0 (no penalty); "Jump" is no action: the format penalty -0.1
+            assert sample.turn_rewards == [pytest.approx(0.0 if seed % 2 else -0.1)]
+    # branches ran on copies: the env itself only saw the episode's own three Rights
+    assert runner._envs[0].unwrapped.pos == 3
+    # with branches the episode's own samples equal the unbranched rollout's, token for token
+    plain = RolloutRunner("test/BranchLine-v0", None, ChatTokens(tiny_tokenizer), engine,
+                          EpisodeSettings(max_turns=3, max_actions_per_turn=1, context_window="single_turn",
+                                          window_turns=1))
+    (u,) = plain.run([0], group_size=1, params=PARAMS, seed=0)
+    assert [s.conversation.input_ids for s in u.samples] == [s.conversation.input_ids for s in t.samples[2::3]]
+
+
+def test_branching_needs_a_windowed_context_and_a_branchable_env(tiny_tokenizer):
+    with pytest.raises(ValueError, match="branches > 1 needs a windowed context"):
+        RolloutRunner("test/BranchLine-v0", None, ChatTokens(tiny_tokenizer), ScriptedEngine(tiny_tokenizer, str),
+                      EpisodeSettings(), branches=2)
+    with pytest.raises(ValueError, match="does not declare branchable = True"):
+        RolloutRunner("test/Line-v0", None, ChatTokens(tiny_tokenizer), ScriptedEngine(tiny_tokenizer, str),
+                      EpisodeSettings(context_window="single_turn"), branches=2)
+    with pytest.raises(ValueError, match="branches must be an int >= 1"):
+        RolloutRunner("test/BranchLine-v0", None, ChatTokens(tiny_tokenizer), ScriptedEngine(tiny_tokenizer, str),
+                      EpisodeSettings(context_window="single_turn"), branches=0)
