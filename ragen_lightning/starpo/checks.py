@@ -42,7 +42,7 @@ def check_module_settings(hp: Mapping[str, Any], lora) -> None:
         raise ConfigError(f"--model.micro_batch_size ({micro}) must be <= --model.mini_batch_size ({mini})")
     if hp["turn_level_gae"] and estimator != "gae":
         raise ConfigError("--model.turn_level_gae needs --model.adv_estimator gae")
-    if (hp["soft_advantage_reweight"] or hp["length_weight"]) and estimator == "gae":
+    if (hp["soft_advantage_reweight"] or hp["length_weight"]) and estimator in ("gae", "rft"):
         raise ConfigError("--model.soft_advantage_reweight / --model.length_weight apply to GRPO-family estimators")
     if not hp["temperature"] > 0 or hp["temperature"] == float("inf"):  # NaN fails the first test
         raise ConfigError(f"--data.temperature must be a number > 0 for training rollouts, got {hp['temperature']}: "

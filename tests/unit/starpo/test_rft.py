@@ -85,3 +85,5 @@ def test_rft_trains_no_critic_and_refuses_turn_level_gae(tiny_path):
     assert not StarPOModule(model=str(tiny_path), adv_estimator="rft").uses_critic
     with pytest.raises(ConfigError, match="--model.turn_level_gae needs --model.adv_estimator gae"):
         StarPOModule(model=str(tiny_path), adv_estimator="rft", turn_level_gae=True)
+    with pytest.raises(ConfigError, match="--model.length_weight apply to GRPO-family estimators"):
+        StarPOModule(model=str(tiny_path), adv_estimator="rft", length_weight=True)  # a kept token's advantage is 1
