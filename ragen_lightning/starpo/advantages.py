@@ -50,9 +50,11 @@ def starpo_advantages(
         rewards, kl_logs = A.apply_kl_in_reward(rewards, old_logprobs, ref_logprobs, mask, kl_in_reward_coef, kl_kind)
         logs["actor/reward_kl"] = float(kl_logs["kl"])
     if adv_estimator == "rft":  # per-turn rewards: each turn by its own reward; else every turn by the episode score
-        ends = batch.turn_ends[:, 1:] if batch.per_turn_rewards else A.turn_ends_from_mask(mask)
-        scored = rewards if batch.per_turn_rewards else A.broadcast_to_tokens(batch.scores.float(), mask)
-        adv = returns = A.rft_advantages(scored, mask, ends, rft_threshold)
+        if batch.per_turn_rewards:
+            adv = A.rft_advantages(rewards, mask, batch.turn_ends[:, 1:], rft_threshold)
+        else:
+            adv = A.broadcast_to_tokens((batch.scores > rft_threshold).to(rewards.dtype), mask)
+        returns = adv
     elif adv_estimator == "gae":
         r, v, ends, m = rewards, values, batch.turn_ends[:, 1:] & mask, mask
         chained = batch.chains_turns
