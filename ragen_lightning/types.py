@@ -52,10 +52,13 @@ class Sample:
     Attributes:
         conversation: the exact token stream, loss mask on the sampled tokens of this sample's trained turns.
         turn_rewards: reward assigned to each trained turn, in order (one per trained assistant span).
+        turn: the episode turn this sample answers (windowed context modes; the K responses of a branching turn share
+            it, so they answer the same state); None for a whole-episode sample (``full`` context mode).
     """
 
     conversation: Conversation
     turn_rewards: list[float]
+    turn: int | None = None
 
 
 @dataclass
@@ -135,6 +138,8 @@ class RolloutBatch:
         scores: the episode score of each sample (after reward normalisation).  # [B]
         group_index: group id of each sample.  # [B]
         episode_index: episode (trajectory) id of each sample; several samples share it in turn-level modes.  # [B]
+        state_index: id of the state each sample answers: the responses of one branching turn share it, every other
+            sample has its own (None: every sample its own).  # [B]
         per_turn_rewards: ``rewards`` hold each turn's own reward (``reward_placement: turn``), not the episode score;
             GAE then runs over an episode's samples as one sequence (:attr:`chains_turns`).
         metrics: rollout and filter statistics to log (floats).
@@ -153,6 +158,7 @@ class RolloutBatch:
     per_turn_rewards: bool = False
     metrics: dict[str, float] = field(default_factory=dict)
     trajectories: list[Trajectory] = field(default_factory=list)
+    state_index: torch.Tensor | None = None
 
     _TENSORS = ("input_ids", "attention_mask", "loss_mask", "rewards", "turn_ends", "engine_logprobs", "scores",
                 "group_index", "episode_index")
@@ -166,12 +172,15 @@ class RolloutBatch:
         must include the later turns' rewards, so GAE chains the episode's samples in turn order."""
         return self.per_turn_rewards and int(self.episode_index.unique().numel()) < len(self)
 
+    def _tensors(self) -> list[str]:
+        return [*self._TENSORS, *(["state_index"] if self.state_index is not None else [])]
+
     def to(self, device: torch.device | str) -> "RolloutBatch":
-        return replace(self, **{k: getattr(self, k).to(device) for k in self._TENSORS})
+        return replace(self, **{k: getattr(self, k).to(device) for k in self._tensors()})
 
     def select(self, index: torch.Tensor | slice) -> "RolloutBatch":
         """Rows ``index`` of every tensor (metrics and trajectories are shared)."""
-        return replace(self, **{k: getattr(self, k)[index] for k in self._TENSORS})
+        return replace(self, **{k: getattr(self, k)[index] for k in self._tensors()})
 
 
 @dataclass

@@ -422,6 +422,25 @@ def adaptive_kl_coef(kl_coef: float, current_kl: float, n_steps: int, *, target_
     return float(kl_coef) * (1.0 + error * n_steps / horizon)
 
 
+def share_by_state(adv: torch.Tensor, mask: torch.Tensor, state_index: torch.Tensor) -> torch.Tensor:
+    """``adv`` with each row divided by the number of rows of its state that train anything (a non-zero advantage
+    on a trained token): the kept responses of one state share one unit of weight. With ``rft`` on branching
+    rollouts, a state whose K responses were all kept then counts as much as one where a single response was, so the
+    update is a supervised step on a good answer of every state where one was found, not weighted by how often the
+    policy already finds it (the plain sum weights states by that rate and starves the hard ones).
+
+    Args:
+        adv: ``[B, T]`` advantages.
+        mask: ``[B, T]`` loss mask.
+        state_index: ``[B]`` state id of each row (rows answering the same prompt share it).
+    """
+    trains = ((adv != 0) & as_bool_mask(mask)).any(dim=-1).to(adv.dtype)
+    _, inverse = torch.unique(state_index, return_inverse=True)
+    count = torch.zeros(int(inverse.max()) + 1 if inverse.numel() else 0, dtype=adv.dtype, device=adv.device)
+    count.index_add_(0, inverse, trains)
+    return adv / count[inverse].clamp(min=1.0).unsqueeze(-1)
+
+
 def rft_advantages(rewards: torch.Tensor, mask: torch.Tensor, turn_ends: torch.Tensor, threshold: float
                    ) -> torch.Tensor:
     """Rejection-sampling fine-tuning (RFT / expert iteration): advantage 1 on every trained token of a turn whose

@@ -96,6 +96,10 @@ def build_batch(trajectories: Sequence[Trajectory], *, pad_token_id: int, reward
                                env_index=env_index[ep_rows])
     by_episode = {int(episode_index[r]): float(v) for r, v in zip(ep_rows.tolist(), ep_norm.tolist())}
     scores = torch.tensor([by_episode[int(e)] for e in episode_index.tolist()], dtype=torch.float32)
+    # a branching turn's responses answer one state: (episode, turn); every other sample is its own state
+    states = [(e, s.turn) if s.turn is not None else (e, "row", i) for i, (e, _, s) in enumerate(rows)]
+    state_ids = {key: i for i, key in enumerate(dict.fromkeys(states))}
+    state_index = torch.tensor([state_ids[key] for key in states], dtype=torch.long)
 
     for i, (_, _, sample) in enumerate(rows):
         conv = sample.conversation
@@ -118,6 +122,7 @@ def build_batch(trajectories: Sequence[Trajectory], *, pad_token_id: int, reward
         input_ids=input_ids, attention_mask=attention, loss_mask=loss_mask, rewards=rewards, turn_ends=turn_ends,
         engine_logprobs=engine_logprobs, scores=scores, group_index=group_index, episode_index=episode_index,
         per_turn_rewards=reward_placement == "turn", metrics=dict(metrics or {}), trajectories=list(trajectories),
+        state_index=state_index,
     )
 
 

@@ -422,7 +422,7 @@ class RolloutRunner:
                 continue
             finally:
                 env.close()
-            ep.traj.samples.append(Sample(conv, [reward + penalty]))
+            ep.traj.samples.append(Sample(conv, [reward + penalty], turn=len(ep.turns)))
 
     def _execute(self, episodes: list[_Episode]) -> None:
         """Run the planned actions of this turn: the k-th action of every episode that is still running together on
@@ -482,7 +482,7 @@ class RolloutRunner:
                                "penalty": current.penalty, "reward": current.reward, "info": current.step_info})
         ep.warn_invalid = not current.plan
         if self.episode.context_window != "full":
-            traj.samples.append(Sample(ep.conv, [current.reward + current.penalty]))
+            traj.samples.append(Sample(ep.conv, [current.reward + current.penalty], turn=len(ep.turns)))
         if current.terminated or current.truncated:
             traj.terminated, traj.truncated = current.terminated, current.truncated
             self._finish(ep)

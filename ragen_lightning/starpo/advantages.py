@@ -19,7 +19,7 @@ from ragen_lightning.types import RolloutBatch
 # the keyword settings of starpo_advantages: the module passes its hyperparameters of the same names
 ADVANTAGE_SETTINGS = ("adv_estimator", "gamma", "lam", "turn_level_gae", "high_level_gamma", "kl_in_reward_coef",
                       "kl_kind", "soft_advantage_reweight", "filter_loss_scaling", "length_weight",
-                      "zero_task_advantage", "advantage_floor", "rft_threshold")
+                      "zero_task_advantage", "advantage_floor", "rft_threshold", "rft_per_state")
 
 
 def starpo_advantages(
@@ -42,6 +42,7 @@ def starpo_advantages(
     zero_task_advantage: bool,
     advantage_floor: float | None = None,
     rft_threshold: float = 0.0,
+    rft_per_state: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """``(advantages, returns, logs)`` for a rollout batch; ``mask`` is the loss mask on the target axis."""
     logs: dict[str, float] = {}
@@ -54,6 +55,8 @@ def starpo_advantages(
             adv = A.rft_advantages(rewards, mask, batch.turn_ends[:, 1:], rft_threshold)
         else:
             adv = A.broadcast_to_tokens((batch.scores > rft_threshold).to(rewards.dtype), mask)
+        if rft_per_state and batch.state_index is not None:
+            adv = A.share_by_state(adv, mask, batch.state_index)
         returns = adv
     elif adv_estimator == "gae":
         r, v, ends, m = rewards, values, batch.turn_ends[:, 1:] & mask, mask

@@ -44,6 +44,8 @@ def check_module_settings(hp: Mapping[str, Any], lora) -> None:
         raise ConfigError("--model.turn_level_gae needs --model.adv_estimator gae")
     if (hp["soft_advantage_reweight"] or hp["length_weight"]) and estimator in ("gae", "rft"):
         raise ConfigError("--model.soft_advantage_reweight / --model.length_weight apply to GRPO-family estimators")
+    if hp.get("rft_per_state") and estimator != "rft":
+        raise ConfigError("--model.rft_per_state needs --model.adv_estimator rft")
     if not hp["temperature"] > 0 or hp["temperature"] == float("inf"):  # NaN fails the first test
         raise ConfigError(f"--data.temperature must be a number > 0 for training rollouts, got {hp['temperature']}: "
                           "the trained log-probs are those of logits / temperature (0 divides by zero); greedy "
@@ -68,6 +70,9 @@ def check_data_settings(hp: Mapping[str, Any], data_hp: Mapping[str, Any] | None
     """Combinations of the module's and the data module's settings that cannot work."""
     if data_hp is not None and hp["adv_estimator"] in ("grpo", "drgrpo") and data_hp["group_size"] < 2:
         raise ConfigError(f"--data.group_size must be >= 2 for --model.adv_estimator {hp['adv_estimator']}")
+    if data_hp is not None and hp.get("rft_per_state") and data_hp.get("branches", 1) == 1:
+        warnings.warn("--model.rft_per_state has no effect without --data.branches > 1 (every state then has one "
+                      "response)", stacklevel=2)
     if data_hp is not None and data_hp.get("branches", 1) > 1 and hp["adv_estimator"] != "rft":
         raise ConfigError(f"--data.branches {data_hp['branches']} needs --model.adv_estimator rft (the estimator that "
                           "scores every sample by its own turn reward; GAE chains an episode's samples and the GRPO "

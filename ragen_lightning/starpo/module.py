@@ -81,6 +81,7 @@ class StarPOModule(L.LightningModule):
         zero_task_advantage: zero the task advantage (entropy/KL-only ablation).
         advantage_floor: clamp advantages from below after normalisation (null: off; 0: learn from successes only).
         rft_threshold: ``rft`` (rejection-sampling fine-tuning): advantage 1 on turns / episodes scored above it, else 0.
+        rft_per_state: ``rft`` with ``--data.branches``: the kept responses of one state share one unit of weight.
         actor_lr: actor learning rate (AdamW) when ``actor_optimizer`` is not given.
         critic_lr: critic learning rate (AdamW) when ``critic_optimizer`` is not given.
         weight_decay: AdamW weight decay.
@@ -136,6 +137,7 @@ class StarPOModule(L.LightningModule):
         zero_task_advantage: bool = False,
         advantage_floor: float | None = None,
         rft_threshold: float = 0.0,
+        rft_per_state: bool = False,
         actor_lr: float = 1e-6,
         critic_lr: float = 1e-5,
         weight_decay: float = 0.01,
@@ -170,10 +172,9 @@ class StarPOModule(L.LightningModule):
         self.critic: torch.nn.Module | None = None  # GAE only
         self._reference: list[torch.nn.Module] = []  # kept out of state_dict: it is rebuilt from the model folder
         self._rollout_actor: list[torch.nn.Module] = []  # FSDP2 + HF engine: an unsharded copy to generate with
-        self._pad_row = -1  # data parallel: index of the inert row that pads short per-rank shares
         self.tokenizer, self.skips, self._background = None, SkipGuard(max_consecutive_skips), BackgroundSteps(self)
         self._force_scoring_pass = False  # tests: always run the separate old-log-prob and value passes
-        self.early_stops = EarlyStops(stops)
+        self.early_stops, self._pad_row = EarlyStops(stops), -1  # _pad_row: data parallel, the inert padding row
         self.last_rollout: RolloutBatch | None = None  # the last trained iteration's batch (.trajectories included)
         self.last_logs: dict[str, float] = {}  # and its logged values; callbacks read both in on_train_batch_end
 
@@ -283,8 +284,7 @@ class StarPOModule(L.LightningModule):
             old_logprobs, entropy = seen
         logs["actor/entropy"] = float(masked_mean(entropy, mask))
         logs["rollout/engine_logprob_abs_diff"] = float(masked_mean((data.engine_logprobs - old_logprobs).abs(), mask))
-        logs["train/skipped_steps"] = float(self.skips.total)
-        logs["timing_s/update"] = time.perf_counter() - t0
+        logs.update({"train/skipped_steps": float(self.skips.total), "timing_s/update": time.perf_counter() - t0})
         if reason := self.early_stops.after_iteration(logs.get("rollout/in_group_reward_std", 0.0)):
             logs["early_stopped/reward_variance_collapse"] = 1.0
             self._stop(reason)

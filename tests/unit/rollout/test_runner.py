@@ -256,6 +256,7 @@ def test_branches_answer_each_state_k_times_and_score_each_answer_by_its_own_tur
     for turn, seeds in enumerate(engine.seeds):
         *branches, own = t.samples[3 * turn:3 * turn + 3]
         assert own.turn_rewards == [0.0]
+        assert [s.turn for s in (*branches, own)] == [turn + 1] * 3  # all three answer this turn's state
         prompt = engine.prompts[turn][0]
         for sample, seed in zip(branches, seeds[1:]):
             assert sample.conversation.input_ids[:len(prompt)] == prompt and len(sample.conversation.turn_spans) == 1

@@ -87,3 +87,53 @@ def test_rft_trains_no_critic_and_refuses_turn_level_gae(tiny_path):
         StarPOModule(model=str(tiny_path), adv_estimator="rft", turn_level_gae=True)
     with pytest.raises(ConfigError, match="--model.length_weight apply to GRPO-family estimators"):
         StarPOModule(model=str(tiny_path), adv_estimator="rft", length_weight=True)  # a kept token's advantage is 1
+
+
+def one_turn_sample(reward: float, turn: int) -> Sample:
+    c = Conversation()
+    c.extend([1], sampled=False)
+    c.extend([2, 3], sampled=True, logprobs=[-0.5, -0.5])
+    c.turn_spans.append((1, 3))
+    return Sample(c, [reward], turn=turn)
+
+
+def branched_episode(turns: list[list[float]]) -> Trajectory:
+    """One episode whose turn k sampled ``len(turns[k])`` responses (a branching rollout: all answer turn k's state)."""
+    t = Trajectory(env_index=0, group_id=0, seed=0, turn_rewards=[r[0] for r in turns], num_turns=len(turns))
+    t.samples = [one_turn_sample(r, k + 1) for k, rewards in enumerate(turns) for r in rewards]
+    return t
+
+
+def test_per_state_sharing_gives_each_state_with_a_kept_response_one_unit_of_weight():
+    # turn 1: 3 of 4 responses above 0.5; turn 2: 1 of 4; turn 3: none
+    episode = branched_episode([[0.9, 0.9, -1.1, 0.9], [-0.1, 0.9, -1.1, -0.1], [-0.1, -0.1, -1.1, -1.1]])
+    batch = build_batch([episode], pad_token_id=0, reward_placement="turn")
+    assert batch.state_index.tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    mask = batch.loss_mask[:, 1:].bool()
+    settings = {**SETTINGS, "rft_threshold": 0.5}
+    plain, _, _ = advantages_for(batch, mask, None, None, settings)(None, None)
+    shared, returns, _ = advantages_for(batch, mask, None, None, {**settings, "rft_per_state": True})(None, None)
+    per_row = lambda a: a[mask].reshape(12, 2)[:, 0].tolist()  # noqa: E731  (both tokens of a row are equal)
+    assert per_row(plain) == [1, 1, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0]
+    assert per_row(shared) == pytest.approx([1 / 3, 1 / 3, 0, 1 / 3, 0, 1, 0, 0, 0, 0, 0, 0])
+    # the weight each state gets: 1 wherever a response was kept, however many were
+    assert [sum(per_row(shared)[4 * k:4 * k + 4]) for k in range(3)] == pytest.approx([1, 1, 0])
+    assert torch.equal(shared, returns)
+
+
+def test_per_state_sharing_leaves_unbranched_samples_alone():
+    # two episodes, one response per turn: every sample is its own state, so sharing changes nothing
+    episodes = [branched_episode([[0.9], [-1.1]]), branched_episode([[-0.1], [0.9]])]
+    episodes[1].env_index = 1
+    batch = build_batch(episodes, pad_token_id=0, reward_placement="turn")
+    assert batch.state_index.tolist() == [0, 1, 2, 3]
+    mask = batch.loss_mask[:, 1:].bool()
+    settings = {**SETTINGS, "rft_threshold": 0.5}
+    plain, _, _ = advantages_for(batch, mask, None, None, settings)(None, None)
+    shared, _, _ = advantages_for(batch, mask, None, None, {**settings, "rft_per_state": True})(None, None)
+    assert torch.equal(plain, shared) and plain.sum() == 4  # two kept turns of two tokens
+
+
+def test_rft_per_state_needs_rft(tiny_path):
+    with pytest.raises(ConfigError, match="--model.rft_per_state needs --model.adv_estimator rft"):
+        StarPOModule(model=str(tiny_path), adv_estimator="grpo", rft_per_state=True)
