@@ -100,6 +100,21 @@ def starpo_advantages(
     return adv, returns, logs
 
 
+def kept_rows(batch: RolloutBatch, settings: dict) -> tuple[RolloutBatch, float]:
+    """``rft``: the rows of ``batch`` with a kept token, and their share of its rows. Every other row has advantage 0
+    on every token, so the policy loss gives it no gradient; leaving it out of the update makes each mini-batch
+    ``mini_batch_size`` kept samples (a supervised step on that many, as in SFT, not on the few kept among many zero
+    rows, whose steps broke the policy: docs/learning.md, round 13) and skips its forward and backward passes. The
+    entropy bonus and KL loss of the dropped rows go with them. The batch is returned as is when the rewards need
+    log-probs first (``kl_in_reward_coef`` > 0)."""
+    if settings["kl_in_reward_coef"] > 0 or len(batch) == 0:
+        return batch, 1.0
+    mask = batch.loss_mask[:, 1:].bool()
+    adv, _, _ = starpo_advantages(batch, mask, old_logprobs=None, ref_logprobs=None, values=None, **settings)
+    rows = torch.nonzero((adv != 0).any(dim=-1)).squeeze(-1)
+    return batch.select(rows), rows.numel() / len(batch)
+
+
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
     """``1 - Var(returns - values) / Var(returns)`` over the trained tokens: 1 for a critic that predicts every
     return, 0 for one no better than the batch's mean return, negative for a worse one; NaN (not logged) when the

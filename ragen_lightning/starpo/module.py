@@ -2,10 +2,9 @@
 
 :meth:`StarPOModule.training_step` reads top to bottom as the numbered steps of DESIGN section 3: rollout batch ->
 no-grad scoring -> advantages (:mod:`.advantages`) -> ``ppo_epochs`` x mini-batches of critic then actor steps
-(:mod:`.update`, losses in :mod:`.steps`) -> logs. ``last_rollout`` / ``last_logs`` hold the iteration's batch and
-logged values for callbacks. Manual optimisation with one optimizer per network, so ``trainer.global_step`` counts
-optimizer steps and the run length is ``--data.num_iterations``. Under data parallelism every rank holds the same
-global batch and the update splits rows across ranks (:mod:`ragen_lightning.parallel.ranks`).
+(:mod:`.update`, losses in :mod:`.steps`) -> logs; ``last_rollout`` / ``last_logs``: batch and logs, for callbacks.
+Manual optimisation, one optimizer per network: ``trainer.global_step`` counts optimizer steps, the run length is
+``--data.num_iterations``. Data parallel: every rank holds the global batch, the update splits its rows (``parallel``).
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from ragen_lightning.models.build import build_networks
 from ragen_lightning.parallel import shard_networks
 from ragen_lightning.rollout.engines import build_engine, resolve_engine
 from ragen_lightning.sft.warm_start import warm_started_path
-from ragen_lightning.starpo.advantages import ADVANTAGE_SETTINGS, advantages_for
+from ragen_lightning.starpo.advantages import ADVANTAGE_SETTINGS, advantages_for, kept_rows
 from ragen_lightning.starpo.background import BackgroundSteps
 from ragen_lightning.starpo.checks import check_data_settings, check_module_settings
 from ragen_lightning.starpo.early_stop import EarlyStops, EarlyStopSettings
@@ -249,9 +248,11 @@ class StarPOModule(L.LightningModule):
         batch, _, _ = next(dataloader_iter)
         logs = {**self._background.join(), **batch.metrics}  # the critic's steps of the last iteration (in background)
         self.last_rollout, self.last_logs = batch, logs  # for callbacks; logs fills up below
+        batch, hp, t0 = batch.to(self.device), self.hparams, time.perf_counter()
+        if hp.adv_estimator == "rft":  # only the kept rows train (the others' advantages are 0 everywhere)
+            batch, logs["train/rft_kept_rows"] = kept_rows(batch, {k: hp[k] for k in ADVANTAGE_SETTINGS})
         if len(batch) == 0:
             return self._log(logs)
-        batch, hp, t0 = batch.to(self.device), self.hparams, time.perf_counter()
         ids, att, mask = batch.input_ids, batch.attention_mask, batch.loss_mask[:, 1:].bool()  # mask: target axis
         # 2. scoring passes (no grad). With one epoch over one mini-batch the update's own forward pass runs on the
         #    rollout weights, so it supplies old_logprobs (ratio 1) and the separate actor pass is skipped.
@@ -280,8 +281,7 @@ class StarPOModule(L.LightningModule):
                                      step=functools.partial(network_step, self), advantages_of=adv_of,
                                      iteration=batch.metrics.get("iteration", self.global_step))
         logs.update(step_logs)
-        if old_logprobs is None:  # entropy and log-probs came from the update's forward pass (each rank: its rows)
-            old_logprobs, entropy = seen
+        old_logprobs, entropy = seen if old_logprobs is None else (old_logprobs, entropy)  # seen: update's pass
         logs["actor/entropy"] = float(masked_mean(entropy, mask))
         logs["rollout/engine_logprob_abs_diff"] = float(masked_mean((data.engine_logprobs - old_logprobs).abs(), mask))
         logs.update({"train/skipped_steps": float(self.skips.total), "timing_s/update": time.perf_counter() - t0})

@@ -248,3 +248,14 @@ def test_lr_warmup_ramps_each_network_per_optimizer_step(tmp_path, tiny_path):
     assert [o.optimizer.param_groups[0]["lr"] for o in off._optimizers()] == [1e-3, 2e-3]
     with pytest.raises(ConfigError, match="--model.lr_warmup_steps"):
         ScriptedStarPO(lr_warmup_steps=-1)
+
+
+def test_rft_steps_on_the_kept_rows_only(tmp_path, tiny_path):
+    # one sample per mini-batch: one optimizer step per kept sample, none for the rows scored at or below the line
+    module = ScriptedStarPO(model=str(tiny_path), adv_estimator="rft", rft_threshold=0.0, mini_batch_size=1,
+                            micro_batch_size=1, actor_lr=1e-3)
+    rec = Recorder()
+    t = fit(tmp_path, module, data(), [rec])
+    kept = rec.rows[-1]["train/rft_kept_rows"] * 8
+    assert kept == round(kept) and 0 < kept < 8  # these seeds: some of the 8 episodes score above 0, not all
+    assert t.global_step == round(kept) and rec.rows[-1]["train/batch_size"] == 8.0

@@ -137,3 +137,20 @@ def test_per_state_sharing_leaves_unbranched_samples_alone():
 def test_rft_per_state_needs_rft(tiny_path):
     with pytest.raises(ConfigError, match="--model.rft_per_state needs --model.adv_estimator rft"):
         StarPOModule(model=str(tiny_path), adv_estimator="grpo", rft_per_state=True)
+
+
+def test_only_the_kept_rows_enter_the_update_and_keep_their_state_weights():
+    from ragen_lightning.starpo.advantages import kept_rows
+    # turn 1: 2 of 3 responses kept (weight 1/2 each), turn 2: none, turn 3: 1 of 3
+    batch = build_batch([branched_episode([[0.9, -1.1, 0.9], [-0.1, -0.1, -1.1], [-1.1, 0.9, -0.1]])], pad_token_id=0,
+                        reward_placement="turn")
+    settings = {**SETTINGS, "rft_threshold": 0.5, "rft_per_state": True}
+    kept, share = kept_rows(batch, settings)
+    assert len(kept) == 3 and share == pytest.approx(3 / 9)
+    assert kept.state_index.tolist() == [0, 0, 2] and [r[0] for r in kept.turn_ends.nonzero().tolist()] == [0, 1, 2]
+    mask = kept.loss_mask[:, 1:].bool()
+    adv, _, _ = advantages_for(kept, mask, None, None, settings)(None, None)
+    assert adv[mask].reshape(3, 2)[:, 0].tolist() == pytest.approx([0.5, 0.5, 1.0])  # the same as in the full batch
+    # a batch with nothing kept leaves nothing to train; log-prob-shaped rewards keep the batch whole
+    assert len(kept_rows(batch, {**settings, "rft_threshold": 5.0})[0]) == 0
+    assert kept_rows(batch, {**settings, "kl_in_reward_coef": 0.1}) == (batch, 1.0)
