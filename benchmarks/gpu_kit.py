@@ -55,8 +55,9 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script: the library, envs and callbacks live at the repository root
-    sys.path.insert(0, str(ROOT))
+# Run as a script, sys.path[0] is benchmarks/, whose envs.py would shadow the project's ``envs`` package: the repository
+# root (the library, envs, callbacks) goes first even when it is on the path already (PYTHONPATH, no install).
+sys.path[:] = [str(ROOT)] + [p for p in sys.path if p != str(ROOT)]
 
 from ragen_lightning.models.memory import PUBLISHED, Architecture  # torch-free
 

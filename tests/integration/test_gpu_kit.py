@@ -2,6 +2,8 @@
 through the command line on random-weight stand-ins and the written table holds their planned and measured figures;
 a recipe that fails or runs out of time is a row, not the kit's end."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,3 +68,15 @@ def test_a_recipe_over_its_time_budget_is_stopped_and_reported(kit, tmp_path):
     row = table_rows(out)["24gb-qwen2.5-0.5b-full"]
     assert row["status"] == "time budget: stopped after 1 s" and row["iterations"] == "0"
     assert float(row["wall s"]) < 60  # stopped, not waited for
+
+
+def test_the_kit_imports_the_projects_envs_not_the_benchmark_of_that_name(tmp_path):
+    """Run as a script, ``benchmarks/`` is ``sys.path[0]`` and holds ``envs.py``; with the repository root on the path
+    already (PYTHONPATH, no pip install: how the kit first ran on a GPU machine) the kit's worker imported that
+    benchmark instead of the project's ``envs`` and every recipe failed with an unknown ``ragen/*`` env id."""
+    code = (f"import sys, runpy; sys.path[:0] = [{str(ROOT / 'benchmarks')!r}, {str(ROOT)!r}]; "
+            f"runpy.run_path({str(ROOT / 'benchmarks' / 'gpu_kit.py')!r}, run_name='kit'); "
+            "import envs, gymnasium; print(envs.__file__); print('ragen/SimpleSokoban-v0' in gymnasium.registry)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(ROOT / "envs" / "__init__.py"), "True"]
