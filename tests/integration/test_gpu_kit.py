@@ -77,6 +77,7 @@ def test_the_kit_imports_the_projects_envs_not_the_benchmark_of_that_name(tmp_pa
     code = (f"import sys, runpy; sys.path[:0] = [{str(ROOT / 'benchmarks')!r}, {str(ROOT)!r}]; "
             f"runpy.run_path({str(ROOT / 'benchmarks' / 'gpu_kit.py')!r}, run_name='kit'); "
             "import envs, gymnasium; print(envs.__file__); print('ragen/SimpleSokoban-v0' in gymnasium.registry)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(ROOT / "envs" / "__init__.py"), "True"]
