@@ -44,6 +44,8 @@ VARIANTS: dict[str, list[str]] = {
     "ppo": ["--model.adv_estimator", "gae"],
     "grpo": ["--model.adv_estimator", "grpo"],
     "rft": ["--model.adv_estimator", "rft"],  # rejection-sampling fine-tuning (set --model.rft_threshold)
+    "state_baseline": ["--model.adv_estimator", "state_baseline"],  # branching: turn reward minus the state's mean
+    "state_grpo": ["--model.adv_estimator", "state_grpo"],  # branching: ... over the state's std
     "drgrpo": ["--model.adv_estimator", "drgrpo"],
     "drgrpo_filter": ["--model.adv_estimator", "drgrpo", "--data.filter",
                       "{strategy: top_p, value: 0.9, include_zero: false}"],

@@ -1,9 +1,10 @@
 """Step 3 of a StarPO iteration: token rewards -> advantages and returns (orchestrates ``algos.advantages``).
 
 GAE (optionally turn-level) with batch whitening when there is a critic; ``rft`` (rejection-sampling fine-tuning:
-advantage 1 on the turns or episodes scored above ``rft_threshold``, 0 elsewhere); otherwise a GRPO-family outcome
-estimator on one score per episode (windowed context modes repeat an episode over several samples, RAGEN counts it once),
-broadcast to the episode's trained tokens. Then the SPEC 4.6 modifiers in RAGEN's order. All tensors are on the
+advantage 1 on the turns or episodes scored above ``rft_threshold``, 0 elsewhere); ``state_baseline`` / ``state_grpo``
+(branching rollouts: each one-turn row's reward minus the mean of its state's K responses, / their std for
+``state_grpo``); otherwise a GRPO-family outcome estimator on one score per episode (windowed context modes repeat an
+episode over several samples, RAGEN counts it once), broadcast to the episode's trained tokens. Then the SPEC 4.6 modifiers in RAGEN's order. All tensors are on the
 target axis (``[B, T - 1]``).
 """
 
@@ -14,12 +15,15 @@ import torch
 from ragen_lightning.algos import advantages as A
 from ragen_lightning.algos.losses import KLKind
 from ragen_lightning.algos.masked import masked_mean, masked_var, masked_whiten
+from ragen_lightning.starpo.checks import STATE_ESTIMATORS
 from ragen_lightning.types import RolloutBatch
 
 # the keyword settings of starpo_advantages: the module passes its hyperparameters of the same names
 ADVANTAGE_SETTINGS = ("adv_estimator", "gamma", "lam", "turn_level_gae", "high_level_gamma", "kl_in_reward_coef",
                       "kl_kind", "soft_advantage_reweight", "filter_loss_scaling", "length_weight",
                       "zero_task_advantage", "advantage_floor", "rft_threshold", "rft_per_state")
+# estimators whose advantage is 0 on every token of many rows (kept_rows leaves those out of the update)
+ROW_ESTIMATORS = ("rft", *STATE_ESTIMATORS)
 
 
 def starpo_advantages(
@@ -57,6 +61,13 @@ def starpo_advantages(
             adv = A.broadcast_to_tokens((batch.scores > rft_threshold).to(rewards.dtype), mask)
         if rft_per_state and batch.state_index is not None:
             adv = A.share_by_state(adv, mask, batch.state_index)
+        returns = adv
+    elif adv_estimator in STATE_ESTIMATORS:  # each row trains one turn: its reward against its state's responses
+        if batch.state_index is None or not batch.per_turn_rewards:
+            raise ValueError(f"{adv_estimator} needs per-turn rewards and the batch's state_index (branching rollouts)")
+        turn_reward = (rewards * mask.to(rewards.dtype)).sum(dim=-1)
+        by_state = A.drgrpo if adv_estimator == "state_baseline" else A.grpo
+        adv = A.broadcast_to_tokens(by_state(turn_reward, batch.state_index), mask)
         returns = adv
     elif adv_estimator == "gae":
         r, v, ends, m = rewards, values, batch.turn_ends[:, 1:] & mask, mask

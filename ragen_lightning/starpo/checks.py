@@ -8,6 +8,9 @@ from typing import Any
 
 from ragen_lightning.errors import ConfigError, Domain, check_domains
 
+# branching rollouts' estimators that score a response against the other responses to its state
+STATE_ESTIMATORS = ("state_baseline", "state_grpo")
+
 _UNIT = Domain(0, 1)
 _POSITIVE = Domain(low=0, low_open=True)
 _NON_NEGATIVE = Domain(low=0)
@@ -73,10 +76,16 @@ def check_data_settings(hp: Mapping[str, Any], data_hp: Mapping[str, Any] | None
     if data_hp is not None and hp.get("rft_per_state") and data_hp.get("branches", 1) == 1:
         warnings.warn("--model.rft_per_state has no effect without --data.branches > 1 (every state then has one "
                       "response)", stacklevel=2)
-    if data_hp is not None and data_hp.get("branches", 1) > 1 and hp["adv_estimator"] != "rft":
-        raise ConfigError(f"--data.branches {data_hp['branches']} needs --model.adv_estimator rft (the estimator that "
-                          "scores every sample by its own turn reward; GAE chains an episode's samples and the GRPO "
-                          "family reads the episode score)")
+    estimator, branches = hp["adv_estimator"], (data_hp or {}).get("branches", 1)
+    if data_hp is not None and branches > 1 and estimator not in ("rft", *STATE_ESTIMATORS):
+        raise ConfigError(f"--data.branches {branches} needs --model.adv_estimator rft, state_baseline or state_grpo "
+                          "(the estimators that score every sample by its own turn reward; GAE chains an episode's "
+                          "samples and the GRPO family reads the episode score)")
+    placement = (data_hp or {}).get("reward_placement")
+    if data_hp is not None and estimator in STATE_ESTIMATORS and (branches < 2 or placement != "turn"):
+        raise ConfigError(f"--model.adv_estimator {estimator} compares the K responses of each visited state by their "
+                          "turn rewards: it needs --data.branches >= 2 and --data.reward_placement turn (got branches "
+                          f"{branches}, reward_placement {placement!r})")
 
 
 def check_threads_precision(threads: int, precision: Any) -> None:

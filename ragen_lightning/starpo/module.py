@@ -30,7 +30,7 @@ from ragen_lightning.models.build import build_networks
 from ragen_lightning.parallel import shard_networks
 from ragen_lightning.rollout.engines import build_engine, resolve_engine
 from ragen_lightning.sft.warm_start import warm_started_path
-from ragen_lightning.starpo.advantages import ADVANTAGE_SETTINGS, advantages_for, kept_rows
+from ragen_lightning.starpo.advantages import ADVANTAGE_SETTINGS, ROW_ESTIMATORS, advantages_for, kept_rows
 from ragen_lightning.starpo.background import BackgroundSteps
 from ragen_lightning.starpo.checks import check_data_settings, check_module_settings
 from ragen_lightning.starpo.early_stop import EarlyStops, EarlyStopSettings
@@ -40,7 +40,7 @@ from ragen_lightning.starpo.steps import PolicyLossSettings, ppo_update
 from ragen_lightning.starpo.update import network_step, score_sharded
 from ragen_lightning.types import RolloutBatch, UpdateBatch
 
-AdvEstimator = Literal["gae", "grpo", "drgrpo", "brpo", "arpo", "rft"]
+AdvEstimator = Literal["gae", "grpo", "drgrpo", "brpo", "arpo", "rft", "state_baseline", "state_grpo"]
 
 
 class StarPOModule(L.LightningModule):
@@ -52,7 +52,7 @@ class StarPOModule(L.LightningModule):
         dtype: parameter dtype (``float32`` on CPU; ``bfloat16`` on GPUs).
         warm_start: supervised warm start from the env's expert before RL (``true``, or a dict of
             ``ragen_lightning.sft.warm_start`` arguments such as ``steps``); cached per setting.
-        adv_estimator: ``gae`` (PPO, needs the critic) | ``grpo`` | ``drgrpo`` | ``brpo`` | ``arpo`` | ``rft``.
+        adv_estimator: ``gae`` (PPO, critic) | ``grpo`` | ``drgrpo`` | ``brpo`` | ``arpo`` | ``rft`` | ``state_[baseline|grpo]``.
         gamma: token-level discount.
         lam: GAE lambda.
         turn_level_gae: bi-level GAE over turn ends (GAE only) with ``high_level_gamma`` between turns.
@@ -249,8 +249,8 @@ class StarPOModule(L.LightningModule):
         logs = {**self._background.join(), **batch.metrics}  # the critic's steps of the last iteration (in background)
         self.last_rollout, self.last_logs = batch, logs  # for callbacks; logs fills up below
         batch, hp, t0 = batch.to(self.device), self.hparams, time.perf_counter()
-        if hp.adv_estimator == "rft":  # only the kept rows train (the others' advantages are 0 everywhere)
-            batch, logs["train/rft_kept_rows"] = kept_rows(batch, {k: hp[k] for k in ADVANTAGE_SETTINGS})
+        if hp.adv_estimator in ROW_ESTIMATORS:  # only rows with an advantage train (the others' are 0 everywhere)
+            batch, logs["train/kept_rows"] = kept_rows(batch, {k: hp[k] for k in ADVANTAGE_SETTINGS})
         if len(batch) == 0:
             return self._log(logs)
         ids, att, mask = batch.input_ids, batch.attention_mask, batch.loss_mask[:, 1:].bool()  # mask: target axis

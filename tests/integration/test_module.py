@@ -256,6 +256,6 @@ def test_rft_steps_on_the_kept_rows_only(tmp_path, tiny_path):
                             micro_batch_size=1, actor_lr=1e-3)
     rec = Recorder()
     t = fit(tmp_path, module, data(), [rec])
-    kept = rec.rows[-1]["train/rft_kept_rows"] * 8
+    kept = rec.rows[-1]["train/kept_rows"] * 8
     assert kept == round(kept) and 0 < kept < 8  # these seeds: some of the 8 episodes score above 0, not all
     assert t.global_step == round(kept) and rec.rows[-1]["train/batch_size"] == 8.0
