@@ -4,8 +4,8 @@ GAE (optionally turn-level) with batch whitening when there is a critic; ``rft``
 advantage 1 on the turns or episodes scored above ``rft_threshold``, 0 elsewhere); ``state_baseline`` / ``state_grpo``
 (branching rollouts: each one-turn row's reward minus the mean of its state's K responses, / their std for
 ``state_grpo``); otherwise a GRPO-family outcome estimator on one score per episode (windowed context modes repeat an
-episode over several samples, RAGEN counts it once), broadcast to the episode's trained tokens. Then the SPEC 4.6 modifiers in RAGEN's order. All tensors are on the
-target axis (``[B, T - 1]``).
+episode over several samples, RAGEN counts it once), broadcast to the episode's trained tokens. Then the SPEC 4.6
+modifiers in RAGEN's order. All tensors are on the target axis (``[B, T - 1]``).
 """
 
 from __future__ import annotations
@@ -112,17 +112,22 @@ def starpo_advantages(
 
 
 def kept_rows(batch: RolloutBatch, settings: dict) -> tuple[RolloutBatch, float]:
-    """``rft``: the rows of ``batch`` with a kept token, and their share of its rows. Every other row has advantage 0
+    """``rft`` / ``state_*``: the rows of ``batch`` with a kept token, and their share of its rows. Every other row has advantage 0
     on every token, so the policy loss gives it no gradient; leaving it out of the update makes each mini-batch
     ``mini_batch_size`` kept samples (a supervised step on that many, as in SFT, not on the few kept among many zero
     rows, whose steps broke the policy: docs/learning.md, round 13) and skips its forward and backward passes. The
     entropy bonus and KL loss of the dropped rows go with them. The batch is returned as is when the rewards need
-    log-probs first (``kl_in_reward_coef`` > 0)."""
+    log-probs first (``kl_in_reward_coef`` > 0). ``state_grpo`` keeps every response of a state with spread: a
+    state's std counts its responses at the mean too, so dropping them would change the others' advantages."""
     if settings["kl_in_reward_coef"] > 0 or len(batch) == 0:
         return batch, 1.0
     mask = batch.loss_mask[:, 1:].bool()
     adv, _, _ = starpo_advantages(batch, mask, old_logprobs=None, ref_logprobs=None, values=None, **settings)
-    rows = torch.nonzero((adv != 0).any(dim=-1)).squeeze(-1)
+    trains = (adv != 0).any(dim=-1)
+    if settings["adv_estimator"] == "state_grpo":
+        _, state = torch.unique(batch.state_index, return_inverse=True)
+        trains = torch.zeros(int(state.max()) + 1, dtype=torch.long).index_add_(0, state, trains.long())[state] > 0
+    rows = torch.nonzero(trains).squeeze(-1)
     return batch.select(rows), rows.numel() / len(batch)
 
 

@@ -57,6 +57,15 @@ def test_the_update_takes_the_rows_with_an_advantage_and_their_values_do_not_cha
     assert per_row(kept) == pytest.approx([1, -1])  # the state's mean is unchanged without its mean response
 
 
+def test_state_grpo_keeps_a_states_response_at_the_mean_so_its_std_does_not_change():
+    # 2, 0, 1: mean 1, std 1 -> advantages 1, -1, 0; without the response at the mean the std would be sqrt(2)
+    batch = build_batch([branched_episode([[2.0, 0.0, 1.0], [0.5, 0.5, 0.5]])], pad_token_id=0, reward_placement="turn")
+    settings = {**STATE, "adv_estimator": "state_grpo"}
+    kept, share = kept_rows(batch, settings)
+    assert kept.state_index.tolist() == [0, 0, 0] and share == pytest.approx(3 / 6)
+    assert per_row(kept, settings) == per_row(batch, settings)[:3] == pytest.approx([1, -1, 0], abs=1e-5)
+
+
 def test_a_batch_without_branches_is_refused():
     episodes = [branched_episode([[1.0], [0.0]])]
     with pytest.raises(ValueError, match="state_baseline needs per-turn rewards"):
