@@ -2,6 +2,7 @@
 
     python scripts/plot_run.py outputs/sokoban/csv --out dashboard.png
     python scripts/plot_run.py path/to/metrics.csv --out dashboard.png --title "sokoban, top_p 0.9"
+    python scripts/plot_run.py outputs/sokoban/csv --success --out success.png   # validation/training success only
 
 The task configs log with a ``CSVLogger`` next to wandb (wandb's offline run files are a binary protobuf stream;
 ``wandb sync`` them and use wandb's own charts, or point this script at the CSV). Given a folder, the newest
@@ -169,6 +170,27 @@ def _quadrant(ax, series, h_split, i_split) -> None:
     ax.figure.colorbar(sc, ax=ax, label="iteration")
 
 
+def success_plot(series: dict[str, list[tuple[float, float]]], out: str | Path,
+                 title: str = "success per iteration") -> Path:
+    """One panel: validation success (the fixed validation levels; with ``--validate_first`` the first point is the
+    model before any update) and training success per iteration; returns the PNG's path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if "val/success" not in series:
+        raise ValueError("no val/success in the metrics: the run logged no validation")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    _plot(ax, series, ["val/success", "train/success"], title, ylabel="success rate",
+          styles={"train/success": {"alpha": 0.35}})
+    ax.set_ylim(0, 1)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return Path(out)
+
+
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("metrics", help="metrics.csv or a folder holding one (e.g. outputs/sokoban/csv)")
@@ -176,8 +198,14 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--title", default=None)
     parser.add_argument("--h-split", type=float, default=None, help=f"H(Z|X) quadrant split (default {DEFAULT_H_SPLIT})")
     parser.add_argument("--i-split", type=float, default=None, help="I(X;Z) quadrant split")
+    parser.add_argument("--success", action="store_true",
+                        help="draw only validation and training success per iteration (the README's learning plot)")
     args = parser.parse_args(argv)
     csv_path = find_csv(args.metrics)
+    if args.success:
+        out = success_plot(read_metrics(csv_path), args.out, args.title or f"success per iteration: {csv_path}")
+        print(out)
+        return out
     out = dashboard(read_metrics(csv_path), args.out, args.title or f"collapse dashboard: {csv_path}",
                     args.h_split, args.i_split)
     print(out)

@@ -53,3 +53,23 @@ def test_dashboard_png_is_written(tmp_path):
     assert img.shape[:2] == (1080, 1350)  # 15 x 12 inches at 90 dpi
     with pytest.raises(FileNotFoundError, match="no metrics.csv"):
         plot_run.find_csv(tmp_path / "nothing")
+
+
+@pytest.mark.slow
+def test_success_plot_draws_validation_and_training_success(tmp_path, monkeypatch):
+    csv_text = CSV.replace("rollout/filter_kept_ratio\n", "rollout/filter_kept_ratio,val/success,train/success\n", 1)
+    lines = csv_text.splitlines()
+    lines = [lines[0]] + [line + (",0.25,0.5" if i == 0 else ",,0.5") for i, line in enumerate(lines[1:])]
+    (tmp_path / "metrics.csv").write_text("\n".join(lines) + "\n")
+    drawn = []
+    real = plot_run._plot
+    monkeypatch.setattr(plot_run, "_plot", lambda ax, series, keys, *a, **k: drawn.append(
+        {key: series.get(key) for key in keys}) or real(ax, series, keys, *a, **k))
+    out = plot_run.main([str(tmp_path / "metrics.csv"), "--success", "--out", str(tmp_path / "s.png")])
+    import matplotlib.image
+
+    assert matplotlib.image.imread(out).shape[:2] == (440, 770)  # 7 x 4 inches at 110 dpi
+    assert drawn == [{"val/success": [(1.0, 0.25)], "train/success": [(1.0, 0.5), (2.0, 0.5), (3.0, 0.5), (4.0, 0.5)]}]
+    (tmp_path / "metrics.csv").write_text(CSV)
+    with pytest.raises(ValueError, match="no val/success"):
+        plot_run.main([str(tmp_path / "metrics.csv"), "--success", "--out", str(tmp_path / "s2.png")])
