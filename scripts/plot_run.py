@@ -202,12 +202,11 @@ def main(argv: list[str] | None = None) -> Path:
                         help="draw only validation and training success per iteration (the README's learning plot)")
     args = parser.parse_args(argv)
     csv_path = find_csv(args.metrics)
+    series = read_metrics(csv_path)
     if args.success:
-        out = success_plot(read_metrics(csv_path), args.out, args.title or f"success per iteration: {csv_path}")
-        print(out)
-        return out
-    out = dashboard(read_metrics(csv_path), args.out, args.title or f"collapse dashboard: {csv_path}",
-                    args.h_split, args.i_split)
+        out = success_plot(series, args.out, args.title or f"success per iteration: {csv_path}")
+    else:
+        out = dashboard(series, args.out, args.title or f"collapse dashboard: {csv_path}", args.h_split, args.i_split)
     print(out)
     return out
 
