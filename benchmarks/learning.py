@@ -13,7 +13,9 @@ For every task (``configs/<task>.yaml``) and variant:
    (default 1.0, the training temperature: the policy RL actually optimises);
 2. ``python main.py fit --config configs/<task>.yaml <variant flags>`` runs in a subprocess with its own CSV logger
    and ``--model.export_dir`` (no checkpoints, no wandb);
-3. the exported actor is evaluated on the same episodes.
+3. the exported actor is evaluated on the same episodes; with ``--select best`` also the actor of the run's best
+   validation success (``callbacks.BestActorExport``: model selection on the validation seeds, which are not
+   evaluation seeds), as a second row ``<variant>@best(it N)``.
 
 The table gives success before and after, the difference with its 95 % interval (normal approximation for the
 difference of two independent proportions: d +- 1.96 sqrt(p1 (1 - p1) / n + p2 (1 - p2) / n)), mean env return,
@@ -129,12 +131,16 @@ def with_warm_start(cfg: dict[str, Any], spec: str | None) -> tuple[dict[str, An
     return cfg, ["--model.warm_start", json.dumps(value)]
 
 
-def overlay(cfg: dict[str, Any], run_dir: Path) -> Path:
-    """A config overlay: CSV logging into ``run_dir``, the task's callbacks minus checkpointing."""
+def overlay(cfg: dict[str, Any], run_dir: Path, best: bool = False) -> Path:
+    """A config overlay: CSV logging into ``run_dir``, the task's callbacks minus checkpointing (plus, with
+    ``best``, ``callbacks.BestActorExport`` into ``run_dir/best_actor``)."""
     import yaml
 
     callbacks = [c for c in cfg.get("trainer", {}).get("callbacks", [])
-                 if not str(c.get("class_path", "")).endswith("ModelCheckpoint")]
+                 if not str(c.get("class_path", "")).endswith(("ModelCheckpoint", "BestActorExport"))]
+    if best:
+        callbacks.append({"class_path": "callbacks.BestActorExport",
+                          "init_args": {"dirpath": str(run_dir / "best_actor"), "monitor": "val_success"}})
     doc = {"trainer": {"default_root_dir": str(run_dir), "enable_checkpointing": False,
                        "logger": [{"class_path": "lightning.pytorch.loggers.CSVLogger",
                                    "init_args": {"save_dir": str(run_dir), "name": "csv"}}],
@@ -169,7 +175,8 @@ def indicators(run_dir: Path) -> dict[str, float]:
     return out
 
 
-def run_fit(task: str, cfg: dict[str, Any], variant: str, extra: list[str], out: Path) -> tuple[Path, float]:
+def run_fit(task: str, cfg: dict[str, Any], variant: str, extra: list[str], out: Path,
+            best: bool = False) -> tuple[Path, float]:
     run_dir = (out / f"{Path(task).stem}-{variant}").resolve()
     if run_dir.exists():
         import shutil
@@ -177,7 +184,7 @@ def run_fit(task: str, cfg: dict[str, Any], variant: str, extra: list[str], out:
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     cmd = [sys.executable, str(ROOT / "main.py"), "fit", "--config", str(config_path(task)),
-           "--config", str(overlay(cfg, run_dir)), *VARIANTS[variant], *extra,
+           "--config", str(overlay(cfg, run_dir, best)), *VARIANTS[variant], *extra,
            "--model.export_dir", str(run_dir / "actor")]
     (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
     print("$", " ".join(cmd), flush=True)
@@ -222,6 +229,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warm-start", default=None,
                    help="replace the config's model.warm_start, e.g. '{steps: 2000, num_episodes: 2048}'")
     p.add_argument("--no-fit", action="store_true", help="only build and evaluate the warm start")
+    p.add_argument("--select", choices=["last", "best"], default="last",
+                   help="best: also evaluate the actor of the best validation success (callbacks.BestActorExport; "
+                        "validation seeds are not evaluation seeds), reported as a second row '<variant>@best'")
     p.add_argument("--fit-args", nargs=argparse.REMAINDER, default=[], help="extra main.py flags (put last)")
     a = p.parse_args(argv)
 
@@ -243,17 +253,23 @@ def main(argv: list[str] | None = None) -> None:
         if a.no_fit:
             continue
         for variant in a.variants:
-            run_dir, wall = run_fit(task, cfg, variant, [*warm_args, *a.fit_args], out)
-            after = evaluate(str(run_dir / "actor"), cfg, a.eval_episodes, a.temperature, a.seed, demo_seeds)
-            d, lo, hi = diff_interval(before["success_rate"], a.eval_episodes, after["success_rate"],
-                                      a.eval_episodes)
-            row = {"task": task, "variant": variant, "fit_args": [*warm_args, *a.fit_args], "eval_episodes": a.eval_episodes,
-                   "temperature": a.temperature, "before": before, "after": after, "diff": d, "diff_lo": lo,
-                   "diff_hi": hi, "fit_s": wall, "indicators": indicators(run_dir), "run_dir": str(run_dir)}
-            print(f"{task}/{variant}: {after}; diff {d:+.3f} [{lo:+.3f}, {hi:+.3f}]", flush=True)
-            with open(out / "results.jsonl", "a") as f:
-                f.write(json.dumps(row) + "\n")
-            rows.append(row)
+            run_dir, wall = run_fit(task, cfg, variant, [*warm_args, *a.fit_args], out, best=a.select == "best")
+            actors = {variant: run_dir / "actor"}
+            if a.select == "best":
+                record = json.loads((run_dir / "best_actor" / "best.json").read_text())
+                actors[f"{variant}@best(it {record['iteration']})"] = run_dir / "best_actor"
+            for name, folder in actors.items():
+                after = evaluate(str(folder), cfg, a.eval_episodes, a.temperature, a.seed, demo_seeds)
+                d, lo, hi = diff_interval(before["success_rate"], a.eval_episodes, after["success_rate"],
+                                          a.eval_episodes)
+                row = {"task": task, "variant": name, "fit_args": [*warm_args, *a.fit_args],
+                       "eval_episodes": a.eval_episodes, "temperature": a.temperature, "before": before,
+                       "after": after, "diff": d, "diff_lo": lo, "diff_hi": hi, "fit_s": wall,
+                       "indicators": indicators(run_dir), "run_dir": str(run_dir)}
+                print(f"{task}/{name}: {after}; diff {d:+.3f} [{lo:+.3f}, {hi:+.3f}]", flush=True)
+                with open(out / "results.jsonl", "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                rows.append(row)
     print(HEADER)
     for r in rows:
         print(fmt_row(r))

@@ -11,8 +11,10 @@ Each is independent of the others and of their order, reads the iteration's data
 - :class:`RolloutThroughput`: tokens/s and the rollout / update / env time split.
 - :class:`PeakMemory`: each iteration's peak memory (CUDA allocator and device; process RSS on CPU).
 - :class:`RolloutStatistics`: TorchMetrics (pass@k, reasoning length, valid-thinking rate) of the kept rollouts.
+- :class:`BestActorExport`: the actor of the best validation so far, kept as a model folder (model selection).
 """
 
+from callbacks.best_actor import BestActorExport
 from callbacks.collapse import CollapseMonitor
 from callbacks.gradients import GradientAnalysis
 from callbacks.memory import PeakMemory
@@ -20,5 +22,5 @@ from callbacks.stats import RolloutStatistics
 from callbacks.throughput import RolloutThroughput
 from callbacks.trajectories import TrajectoryLogger
 
-__all__ = ["CollapseMonitor", "GradientAnalysis", "PeakMemory", "RolloutStatistics", "RolloutThroughput",
-           "TrajectoryLogger"]
+__all__ = ["BestActorExport", "CollapseMonitor", "GradientAnalysis", "PeakMemory", "RolloutStatistics",
+           "RolloutThroughput", "TrajectoryLogger"]

@@ -66,10 +66,11 @@ class StarPOCLI(LightningCLI):
         if config.get("validate_first") and not config.get("ckpt_path"):
             loop = self.trainer.validate_loop
             previous, loop.inference_mode = loop.inference_mode, False  # a vLLM engine built under inference
+            self.model.validating_first = True  # part of the fit (callbacks.BestActorExport counts it)
             try:  # mode holds inference tensors, which the first weight sync of the fit may not update in place
                 self.trainer.validate(self.model, datamodule=self.datamodule, verbose=False)
             finally:
-                loop.inference_mode = previous
+                loop.inference_mode, self.model.validating_first = previous, False
 
     def _set_seed(self) -> None:
         level = _SEED_LOG.level

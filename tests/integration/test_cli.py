@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 import envs  # noqa: F401
+from ragen_lightning import models
 from ragen_lightning.cli import main
 
 pytestmark = pytest.mark.slow
@@ -25,8 +27,10 @@ def test_fit_validate_and_export(tmp_path, monkeypatch):
               "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", "logs",
               "--data.num_groups", "2", "--data.group_size", "4", "--data.episode.max_new_tokens", "12",
               "--data.val_num_groups", "4", "--model.mini_batch_size", "8", "--model.micro_batch_size", "4"]
+    best_export = ["--trainer.callbacks+",
+                   '{"class_path": "callbacks.BestActorExport", "init_args": {"dirpath": "best"}}']
     main(["fit", *common, "--data.num_iterations", "2", "--trainer.val_check_interval", "2",
-          "--model.export_dir", "exported", "--validate_first", "true"])
+          "--model.export_dir", "exported", "--validate_first", "true", *best_export])
     ckpt = tmp_path / "outputs" / "bandit" / "checkpoints" / "last.ckpt"
     assert ckpt.is_file()
     rows = list(csv.DictReader(open(next((tmp_path / "logs").rglob("metrics.csv")))))
@@ -45,7 +49,20 @@ def test_fit_validate_and_export(tmp_path, monkeypatch):
     for name, p in exported.named_parameters():
         torch.testing.assert_close(p, state[f"actor.{name}"])
 
-    cli = main(["validate", *common, "--ckpt_path", str(ckpt)])
+    # callbacks.BestActorExport: the folder holds the actor of the best validation (ties: the earlier, here the
+    # starting model at iteration 0), with its record
+    successes = [float(r["val/success"]) for r in rows if r.get("val/success")]
+    record = json.loads((tmp_path / "best" / "best.json").read_text())
+    best_at = 0 if successes[0] >= successes[1] else 1
+    assert record["value"] == pytest.approx(successes[best_at]) and record["iteration"] == [0, 2][best_at]
+    best = AutoModelForCausalLM.from_pretrained(tmp_path / "best")
+    start = AutoModelForCausalLM.from_pretrained(models.resolve_model_path("tiny")) if best_at == 0 else exported
+    for (name, p), q in zip(best.named_parameters(), start.parameters(), strict=True):
+        torch.testing.assert_close(p, q, msg=name)
+    stamp = (tmp_path / "best" / "best.json").stat().st_mtime_ns
+
+    cli = main(["validate", *common, *best_export, "--ckpt_path", str(ckpt)])
+    assert (tmp_path / "best" / "best.json").stat().st_mtime_ns == stamp  # validate alone never exports
     results = cli.trainer.callback_metrics
     assert "val/success" in results and 0.0 <= float(results["val/success"]) <= 1.0
     assert float(results["val/num_turns"]) == 1.0  # bandit is single-turn
