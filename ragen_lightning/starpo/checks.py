@@ -26,7 +26,7 @@ MODULE_DOMAINS: dict[str, Domain] = {
     "entropy_coeff": _NON_NEGATIVE, "kl_coef": _NON_NEGATIVE, "kl_in_reward_coef": _NON_NEGATIVE,
     "actor_lr": _POSITIVE, "critic_lr": _POSITIVE, "weight_decay": _NON_NEGATIVE,
     "grad_clip": _NON_NEGATIVE,  # 0 turns clipping off
-    "lr_warmup_steps": Domain(low=0, integer=True),
+    "lr_warmup_steps": Domain(low=0, integer=True), "lr_decay_iterations": Domain(low=0, integer=True),
     "logprob_micro_batch_size": Domain(low=1, integer=True, none=True),
     "logits_chunk_size": Domain(low=1, integer=True, none=True),
     "tis_cap": Domain(low=0, low_open=True, none=True),

@@ -35,7 +35,7 @@ from ragen_lightning.starpo.background import BackgroundSteps
 from ragen_lightning.starpo.checks import check_data_settings, check_module_settings
 from ragen_lightning.starpo.early_stop import EarlyStops, EarlyStopSettings
 from ragen_lightning.starpo.export import export_actor
-from ragen_lightning.starpo.optim import SkipGuard, build_optimizers
+from ragen_lightning.starpo.optim import LRSchedule, SkipGuard, build_optimizers, start_iteration
 from ragen_lightning.starpo.steps import PolicyLossSettings, ppo_update
 from ragen_lightning.starpo.update import network_step, score_sharded
 from ragen_lightning.types import RolloutBatch, UpdateBatch
@@ -88,6 +88,7 @@ class StarPOModule(L.LightningModule):
         critic_optimizer: optimizer factory for the critic (overrides ``critic_lr``).
         grad_clip: max global grad norm per network (0 disables clipping).
         lr_warmup_steps: linear lr warm-up over each network's first N steps (0: off; Adam's first steps can break a format).
+        lr_decay_iterations: cosine decay of both rates to 10 % over the first N iterations, then held (0: constant).
         max_step_kl: undo an actor step whose KL on its own rows exceeds this (null: off; ``steps.step_kl``).
         logprob_micro_batch_size: micro-batch size of the no-grad scoring passes (defaults to ``micro_batch_size``).
         logits_chunk_size: rows per chunk when computing log-probs/entropy from logits (bounds memory).
@@ -97,10 +98,8 @@ class StarPOModule(L.LightningModule):
         export_dir: save the trained actor there as a HF folder when fit ends (under LoRA: the peft adapter).
         activation_checkpointing: recompute each transformer block in backward (less memory, one more forward).
         lora: LoRA / QLoRA (``models.lora.LoraSettings``; null: all weights train); the KL reference is adapters-off.
-        tis_cap: truncated importance sampling (off when null): each token's policy-gradient term is weighted by
-            ``min(exp(old_logprobs - engine_logprobs), tis_cap)``; needs ``--data.temperature 1``.
-        max_consecutive_skips: stop the run when one network skips this many optimizer steps in a row (a step
-            whose loss, gradient norm, learning rate or updated weights are non-finite is not applied); 0 never stops.
+        tis_cap: truncated importance sampling (null: off): token weights ``min(exp(old - engine log-probs), tis_cap)``.
+        max_consecutive_skips: stop after N steps of one network in a row skipped as non-finite (loss, grads, weights).
     """
 
     def __init__(
@@ -144,6 +143,7 @@ class StarPOModule(L.LightningModule):
         critic_optimizer: OptimizerCallable | None = None,
         grad_clip: float = 1.0,
         lr_warmup_steps: int = 0,
+        lr_decay_iterations: int = 0,
         max_step_kl: float | None = None,
         logprob_micro_batch_size: int | None = None,
         logits_chunk_size: int | None = None,
@@ -240,7 +240,7 @@ class StarPOModule(L.LightningModule):
         return build_optimizers(actor_params, critic_params, actor_factory=self._actor_opt_factory,
                                 critic_factory=self._critic_opt_factory, actor_lr=hp.actor_lr, critic_lr=hp.critic_lr,
                                 weight_decay=hp.weight_decay, with_critic=self.critic is not None,
-                                warmup_steps=hp.lr_warmup_steps)
+                                schedule=LRSchedule(hp.lr_warmup_steps, hp.lr_decay_iterations))
 
     # -- the iteration --------------------------------------------------------------------------------------------
     def training_step(self, dataloader_iter) -> None:
@@ -249,6 +249,7 @@ class StarPOModule(L.LightningModule):
         logs = {**self._background.join(), **batch.metrics}  # the critic's steps of the last iteration (in background)
         self.last_rollout, self.last_logs = batch, logs  # for callbacks; logs fills up below
         batch, hp, t0 = batch.to(self.device), self.hparams, time.perf_counter()
+        start_iteration(self.lr_schedulers(), iteration := batch.metrics.get("iteration", self.global_step))  # lr decay
         if hp.adv_estimator in ROW_ESTIMATORS:  # only rows with an advantage train (the others' are 0 everywhere)
             batch, logs["train/kept_rows"] = kept_rows(batch, {k: hp[k] for k in ADVANTAGE_SETTINGS})
         if len(batch) == 0:
@@ -278,8 +279,7 @@ class StarPOModule(L.LightningModule):
         step_logs, seen = ppo_update(data, self.actor, self.critic, policy_loss=self._policy_loss,
                                      value_clip=hp.value_clip, ppo_epochs=hp.ppo_epochs,
                                      mini_batch_size=hp.mini_batch_size, shuffle=hp.shuffle, background=background,
-                                     step=functools.partial(network_step, self), advantages_of=adv_of,
-                                     iteration=batch.metrics.get("iteration", self.global_step))
+                                     step=functools.partial(network_step, self), advantages_of=adv_of, iteration=iteration)
         logs.update(step_logs)
         old_logprobs, entropy = seen if old_logprobs is None else (old_logprobs, entropy)  # seen: update's pass
         logs["actor/entropy"] = float(masked_mean(entropy, mask))

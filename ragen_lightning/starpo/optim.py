@@ -1,8 +1,8 @@
-"""The two optimizers of a StarPO run (actor, critic), their optional linear learning-rate warm-up, and the guard
-that keeps non-finite values out of the weights.
+"""The two optimizers of a StarPO run (actor, critic), their optional learning-rate schedule (linear warm-up per
+step, cosine decay per iteration: :class:`LRSchedule`), and the guard that keeps non-finite values out of the weights.
 
 With manual optimisation Lightning does not step schedulers: :func:`step_warmup` advances the schedule of the
-network whose optimizer just stepped.
+network whose optimizer just stepped, :func:`start_iteration` moves the decay to the new iteration.
 
 Non-finite guard (:func:`guarded_step`): a step is not applied when its inputs are non-finite (loss, gradient norm:
 checked by :func:`~ragen_lightning.starpo.update.accumulate`; learning rate: checked here before the step) or when
@@ -29,11 +29,40 @@ from ragen_lightning.parallel import all_reduce_, world
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 
 
+MIN_LR_RATIO = 0.1  # where the cosine decay ends (as the supervised warm start's cosine schedule)
+
+
+@dataclass
+class LRSchedule:
+    """The learning-rate multiplier of a network at its optimizer step ``step``: a linear warm-up over its first
+    ``warmup_steps`` steps (``(step + 1) / warmup_steps``), times a cosine decay over the run's first
+    ``decay_iterations`` StarPO iterations from 1 to :data:`MIN_LR_RATIO`, held there after (0: no decay).
+
+    The decay follows iterations, not steps: with rejection sampling or a filter the number of optimizer steps per
+    iteration varies, while the iteration count is the run's length (``--data.num_iterations``). ``iteration``
+    (0-based) is set by :func:`start_iteration` before each iteration's first step."""
+
+    warmup_steps: int = 0
+    decay_iterations: int = 0
+    iteration: int = 0
+
+    @property
+    def active(self) -> bool:
+        return self.warmup_steps > 0 or self.decay_iterations > 0
+
+    def __call__(self, step: int) -> float:
+        warm = min(1.0, (step + 1) / self.warmup_steps) if self.warmup_steps > 0 else 1.0
+        if self.decay_iterations <= 0:
+            return warm
+        progress = min(1.0, self.iteration / self.decay_iterations)
+        return warm * (MIN_LR_RATIO + (1.0 - MIN_LR_RATIO) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
 def build_optimizers(actor_params, critic_params, *, actor_factory: OptimizerFactory | None,
                      critic_factory: OptimizerFactory | None, actor_lr: float, critic_lr: float, weight_decay: float,
-                     with_critic: bool, warmup_steps: int):
-    """``[actor_opt, critic_opt?]`` (AdamW unless a factory is given), plus one ``LambdaLR`` each when
-    ``warmup_steps > 0``: optimizer step ``k`` uses ``lr * min(1, (k + 1) / warmup_steps)``."""
+                     with_critic: bool, schedule: LRSchedule):
+    """``[actor_opt, critic_opt?]`` (AdamW unless a factory is given), plus one ``LambdaLR`` each following
+    ``schedule`` when it warms up or decays."""
 
     def build(factory, params, lr):
         return factory(params) if factory is not None else torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
@@ -41,17 +70,32 @@ def build_optimizers(actor_params, critic_params, *, actor_factory: OptimizerFac
     opts = [build(actor_factory, actor_params, actor_lr)]
     if with_critic:
         opts.append(build(critic_factory, critic_params, critic_lr))
-    if warmup_steps > 0:
-        return opts, [torch.optim.lr_scheduler.LambdaLR(o, lambda k: min(1.0, (k + 1) / warmup_steps)) for o in opts]
+    if schedule.active:
+        return opts, [torch.optim.lr_scheduler.LambdaLR(o, schedule) for o in opts]
     return opts
+
+
+def _schedulers(schedulers) -> list:
+    return schedulers if isinstance(schedulers, list) else [] if schedulers is None else [schedulers]
 
 
 def step_warmup(schedulers, opt) -> None:
     """One scheduler step for the network of ``opt`` (a ``LightningOptimizer`` or a plain optimizer)."""
     inner = getattr(opt, "optimizer", opt)
-    for sched in schedulers if isinstance(schedulers, list) else [schedulers]:
+    for sched in _schedulers(schedulers):
         if sched.optimizer is inner:
             sched.step()
+
+
+def start_iteration(schedulers, iteration: int) -> None:
+    """Set every :class:`LRSchedule` to the 0-based ``iteration`` and apply the rate it gives now, so the iteration's
+    first step already runs at it (a scheduler recomputes the rate only when it steps)."""
+    for sched in _schedulers(schedulers):
+        for group, base, schedule in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True):
+            if isinstance(schedule, LRSchedule):
+                schedule.iteration = int(iteration)
+                group["lr"] = base * schedule(sched.last_epoch)
+        sched._last_lr = [group["lr"] for group in sched.optimizer.param_groups]
 
 
 def _inner(opt) -> torch.optim.Optimizer:

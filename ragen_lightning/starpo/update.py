@@ -230,7 +230,7 @@ def network_step(module, network: str, rows: torch.Tensor, loss_fn: LossFn, *, b
     directly and steps the raw optimizer, on one thread (the other core runs the rollout)."""
     hp = module.hparams
     opt = module._optimizers()[0 if network == "actor" else 1]
-    warmup = (lambda o: step_warmup(module.lr_schedulers(), o)) if hp.lr_warmup_steps > 0 else None
+    warmup = (lambda o: step_warmup(module.lr_schedulers(), o)) if hp.lr_warmup_steps or hp.lr_decay_iterations else None
     target, opt = (module, opt) if background is None else background.worker_view(module, opt)
     result = accumulate(target, opt, rows, loss_fn, micro_batch_size=hp.micro_batch_size, max_norm=hp.grad_clip,
                         pad_row=module._pad_row, on_step=warmup,

@@ -250,6 +250,23 @@ def test_lr_warmup_ramps_each_network_per_optimizer_step(tmp_path, tiny_path):
         ScriptedStarPO(lr_warmup_steps=-1)
 
 
+def test_lr_decay_follows_iterations_not_steps(tmp_path, tiny_path):
+    # three iterations of two actor steps each, cosine over 2 iterations: iteration 0 at 1.0 lr, 1 at 0.55 lr,
+    # 2 at 0.1 lr (held); the rate an iteration's steps ran at is read in the next iteration's first step
+    seen = []
+
+    class Spy(L.Callback):
+        def on_train_batch_end(self, trainer, module, *args):
+            seen.append(module._optimizers()[0].optimizer.param_groups[0]["lr"])
+
+    module = ScriptedStarPO(model=str(tiny_path), adv_estimator="grpo", mini_batch_size=4, micro_batch_size=4,
+                            actor_lr=1e-3, lr_decay_iterations=2)
+    t = fit(tmp_path, module, data(num_iterations=3), [Spy()])
+    assert t.global_step == 6 and seen == pytest.approx([1e-3, 0.55e-3, 0.1e-3])
+    with pytest.raises(ConfigError, match="--model.lr_decay_iterations"):
+        ScriptedStarPO(lr_decay_iterations=-2)
+
+
 def test_rft_steps_on_the_kept_rows_only(tmp_path, tiny_path):
     # one sample per mini-batch: one optimizer step per kept sample, none for the rows scored at or below the line
     module = ScriptedStarPO(model=str(tiny_path), adv_estimator="rft", rft_threshold=0.0, mini_batch_size=1,

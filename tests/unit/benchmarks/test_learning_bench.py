@@ -31,6 +31,12 @@ def test_overlay_drops_checkpointing_and_logs_csv_into_the_run(tmp_path):
     assert doc["trainer"]["enable_checkpointing"] is False
     assert doc["trainer"]["logger"] == [{"class_path": "lightning.pytorch.loggers.CSVLogger",
                                          "init_args": {"save_dir": str(tmp_path), "name": "csv"}}]
+    # --select best: the run keeps its best-validation actor in run_dir/best_actor (once, whatever the config had)
+    cfg["trainer"]["callbacks"].append({"class_path": "callbacks.BestActorExport", "init_args": {"dirpath": "x"}})
+    best = yaml.safe_load(bench.overlay(cfg, tmp_path, best=True).read_text())["trainer"]["callbacks"]
+    assert [c for c in best if c["class_path"] == "callbacks.BestActorExport"] == [
+        {"class_path": "callbacks.BestActorExport",
+         "init_args": {"dirpath": str(tmp_path / "best_actor"), "monitor": "val_success"}}]
 
 
 def test_config_path_accepts_a_task_name_or_a_yaml(tmp_path):
