@@ -98,8 +98,8 @@ class StarPOModule(L.LightningModule):
         export_dir: save the trained actor there as a HF folder when fit ends (under LoRA: the peft adapter).
         activation_checkpointing: recompute each transformer block in backward (less memory, one more forward).
         lora: LoRA / QLoRA (``models.lora.LoraSettings``; null: all weights train); the KL reference is adapters-off.
-        tis_cap: truncated importance sampling (null: off): token weights ``min(exp(old - engine log-probs), tis_cap)``.
-        max_consecutive_skips: stop after N steps of one network in a row skipped as non-finite (loss, grads, weights).
+        tis_cap: truncated importance sampling (null: off): token weights ``min(exp(old - engine log-probs), tis_cap)``; T = 1.
+        max_consecutive_skips: stop after N skipped steps of one network in a row (non-finite, or over max_step_kl); 0: never.
     """
 
     def __init__(
