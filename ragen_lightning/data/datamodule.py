@@ -54,7 +54,7 @@ from ragen_lightning.parallel import (
 )
 from ragen_lightning.rollout.engine import SamplingParams
 from ragen_lightning.rollout.engines import ENGINES
-from ragen_lightning.rollout.runner import RolloutRunner, UnknownEnvError, make_env
+from ragen_lightning.rollout.runner import BranchFollow, RolloutRunner, UnknownEnvError, make_env
 from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
 from ragen_lightning.rollout.tokens import ChatTokens
 from ragen_lightning.rollout.vllm_engine import VLLMConfig, require_vllm
@@ -85,6 +85,9 @@ def check_rollout_settings(hp: dict[str, Any]) -> None:
         raise ConfigError("--data.branches > 1 needs --data.reward_placement turn and a windowed "
                           "--data.episode.context_window (limited or single_turn): each branch is a one-turn sample "
                           "scored by its own turn reward")
+    if hp.get("branch_follow", "first") == "best" and hp.get("branches", 1) == 1:
+        raise ConfigError("--data.branch_follow best needs --data.branches > 1: it picks among the responses "
+                          "sampled for one state")
     lists = [(train_entries(hp), "--data.mixture" if is_mixture(hp) else "")]
     if hp.get("val_suite") is not None:  # else validation runs the training entries
         lists.append((val_entries(hp), "--data.val_suite"))
@@ -178,6 +181,10 @@ class RolloutDataModule(L.LightningDataModule):
             the first; each other one runs that turn on a copy of the env and is an extra one-turn sample scored by
             its own turn reward. > 1 needs ``reward_placement: turn``, a windowed ``episode.context_window``, an env
             with ``branchable = True`` and ``--model.adv_estimator rft``. Validation never branches.
+        branch_follow: the response a branching episode continues with: ``first`` (the policy's plain play) or
+            ``best`` (the best-scored of the ``branches``, first on ties: the episode follows the best path the
+            policy's samples find and reaches the later states of a level; training success then measures that
+            search, not the policy).
         norm_grouping: score normalisation groups: ``state`` (per group), ``env`` (all episodes of one mixture
             entry; RAGEN's ``inductive``) or ``batch``.
         norm_method: ``identity`` | ``mean`` | ``mean_std`` | ``asym_clip``.
@@ -213,6 +220,7 @@ class RolloutDataModule(L.LightningDataModule):
         top_k: int = -1,
         reward_placement: RewardPlacement = "last",
         branches: int = 1,
+        branch_follow: BranchFollow = "first",
         norm_grouping: NormGrouping = "state",
         norm_method: NormMethod = "identity",
         filter: FilterConfig | None = None,
@@ -273,11 +281,11 @@ class RolloutDataModule(L.LightningDataModule):
         engine = module.make_engine(max_batch_size=hp.max_batch_size, **extra)
         self.engine = engine
         self.chat = chat
-        self._runners = self._make_runners(self.train_entries, chat, engine, hp.branches)
+        self._runners = self._make_runners(self.train_entries, chat, engine, hp.branches, hp.branch_follow)
         self._val_runners = self._make_runners(self.val_entries, chat, engine)
 
-    def _make_runners(self, entries: list[SuiteEntry], chat: ChatTokens, engine: Any, branches: int = 1
-                      ) -> list[RolloutRunner]:
+    def _make_runners(self, entries: list[SuiteEntry], chat: ChatTokens, engine: Any, branches: int = 1,
+                      branch_follow: BranchFollow = "first") -> list[RolloutRunner]:
         """One runner per entry with the entry's episode settings (its own ``ChatTokens`` when it turns thinking
         on or off)."""
         runners = []
@@ -285,7 +293,8 @@ class RolloutDataModule(L.LightningDataModule):
             episode = entry.episode_settings(self.episode)
             own = chat if episode.enable_think == chat.enable_think else \
                 ChatTokens(chat.tokenizer, enable_think=episode.enable_think)
-            runners.append(RolloutRunner(entry.env_id, entry.env_kwargs, own, engine, episode, branches=branches))
+            runners.append(RolloutRunner(entry.env_id, entry.env_kwargs, own, engine, episode, branches=branches,
+                                         branch_follow=branch_follow))
         return runners
 
     def teardown(self, stage: str) -> None:

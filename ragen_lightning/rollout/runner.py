@@ -37,17 +37,24 @@ generation seed is unchanged); each other one is executed for that turn alone on
 same state and becomes an extra one-turn training sample of the episode, scored by its own turn reward. So each
 visited state is answered K times, and a per-turn estimator (``adv_estimator: rft``) learns from the best answers
 the policy finds in the states it reaches, the hard ones included. Envs opt in with ``branchable = True``
-(in-process state that ``copy.deepcopy`` duplicates; a remote env cannot be copied).
+(in-process state that ``copy.deepcopy`` duplicates; a remote env cannot be copied). With ``branch_follow="best"``
+every response of the turn runs on a copy and the episode continues with the best-scored one (turn reward plus
+format penalty; the first on ties, so a turn whose answers all score alike continues as unbranched): the episode then
+follows the best path the policy's own samples find, and reaches the later, still solvable states of a level that a
+policy making one mistake in K never sees. The chosen response runs again on the env itself (a deep copy carries the
+env's random state, so that run repeats the copy's); the training episode is then a search, not the policy's plain
+play, so its success is not the policy's (validation never branches).
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import math
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -58,6 +65,8 @@ from ragen_lightning.rollout.env_pool import Outcome, WorkerPool
 from ragen_lightning.rollout.settings import ContextWindow, EpisodeSettings  # noqa: F401 (re-export)
 from ragen_lightning.rollout.tokens import ChatTokens
 from ragen_lightning.types import Conversation, Sample, Trajectory
+
+BranchFollow = Literal["first", "best"]
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +148,8 @@ class RolloutRunner:
         max_response_tokens: the response length announced in the prompt (defaults to the sampling cap).
         branches: responses sampled per turn (module docstring, "Branching"); > 1 needs a windowed context mode and
             an env with ``branchable = True``.
+        branch_follow: the response a branching episode continues with: ``first`` (the one the unbranched rollout
+            samples) or ``best`` (the best-scored of the K; module docstring).
     """
 
     def __init__(
@@ -151,6 +162,7 @@ class RolloutRunner:
         *,
         max_response_tokens: int | None = None,
         branches: int = 1,
+        branch_follow: BranchFollow = "first",
     ):
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
         self.chat, self.engine = chat, engine
@@ -170,7 +182,9 @@ class RolloutRunner:
         if branches > 1 and not branchable:
             raise ValueError(f"branches > 1: {env_id} does not declare branchable = True (its state must be an "
                              "in-process object that copy.deepcopy duplicates)")
-        self.branches = branches
+        if branch_follow not in ("first", "best"):
+            raise ValueError(f"branch_follow must be 'first' or 'best', got {branch_follow!r}")
+        self.branches, self.branch_follow = branches, branch_follow
 
     # -- env pool ---------------------------------------------------------------------------------------------
     def _env(self, i: int) -> gym.Env:
@@ -263,10 +277,8 @@ class RolloutRunner:
             self.timing["generate"] += time.perf_counter() - t0
             if K > 1:  # the other responses, each for one turn on a copy of the env, before the episode moves on
                 t0 = time.perf_counter()
-                for i, (ep, _) in enumerate(fitting):
-                    self._branch(ep, outs[i * K + 1:(i + 1) * K])
+                outs = [self._branch(ep, outs[i * K:(i + 1) * K]) for i, (ep, _) in enumerate(fitting)]
                 self.timing["env"] += time.perf_counter() - t0
-                outs = outs[::K]
             for (ep, _), out in zip(fitting, outs):
                 self._respond(ep, out.token_ids, out.logprobs)
             t0 = time.perf_counter()
@@ -400,29 +412,41 @@ class RolloutRunner:
         penalty = prompting.turn_format_penalty(len(valid), len(parsed.actions), self.episode.format_penalty)
         return valid[:actions_left], penalty, parsed.format_ok
 
-    def _branch(self, ep: _Episode, outs: list) -> None:
-        """The extra responses of a branching turn (``ep.conv`` is still the bare prompt): each runs for this turn on
-        a deep copy of the env and is added to the episode as a one-turn sample scored by its own turn reward. A copy
-        whose step raises drops that response only (logged); the episode itself is not affected."""
+    def _branch(self, ep: _Episode, outs: list) -> Any:
+        """The K responses of a branching turn (``ep.conv`` is still the bare prompt): returns the one the episode
+        continues with (``branch_follow``); each other one runs for this turn on a deep copy of the env and is added to
+        the episode as a one-turn sample scored by its own turn reward. A copy whose step raises drops that response
+        only (logged); the episode itself is not affected."""
+        best = self.branch_follow == "best"
+        tried = [self._try_branch(ep, out) for out in (outs if best else outs[1:])]
+        scores = [-math.inf if result is None else result[1] for result in tried]
+        pick = scores.index(max(scores)) if best else 0  # the first on ties
+        for j, result in enumerate(tried):
+            if result is not None and (not best or j != pick):
+                ep.traj.samples.append(Sample(result[0], [result[1]], turn=len(ep.turns)))
+        return outs[pick]
+
+    def _try_branch(self, ep: _Episode, out: Any) -> tuple[Conversation, float] | None:
+        """Run ``out`` for this turn on a deep copy of the env: its one-turn conversation and score (turn reward plus
+        format penalty), or None when the copy's step raised (logged)."""
         names = tuple(getattr(ep.env.unwrapped, "action_names", ()) or ())
-        for out in outs:
-            conv = copy.deepcopy(ep.conv)
-            plan, penalty, _ = self._parse(self.chat.add_response(conv, out.token_ids, out.logprobs), names,
-                                           ep.actions_left)
-            env, reward = copy.deepcopy(ep.env), 0.0
-            try:
-                for action in plan:
-                    _obs, r, terminated, truncated, _info = _step(env, action)
-                    reward += r
-                    if terminated or truncated:
-                        break
-            except Exception as e:  # noqa: BLE001  (a failing copy costs one extra sample, never the episode)
-                log.warning("env %s: a branch of the episode with seed %d failed (%s: %s); that response is dropped",
-                            self.env_id, ep.traj.seed, type(e).__name__, e)
-                continue
-            finally:
-                env.close()
-            ep.traj.samples.append(Sample(conv, [reward + penalty], turn=len(ep.turns)))
+        conv = copy.deepcopy(ep.conv)
+        plan, penalty, _ = self._parse(self.chat.add_response(conv, out.token_ids, out.logprobs), names,
+                                       ep.actions_left)
+        env, reward = copy.deepcopy(ep.env), 0.0
+        try:
+            for action in plan:
+                _obs, r, terminated, truncated, _info = _step(env, action)
+                reward += r
+                if terminated or truncated:
+                    break
+        except Exception as e:  # noqa: BLE001  (a failing copy costs one extra sample, never the episode)
+            log.warning("env %s: a branch of the episode with seed %d failed (%s: %s); that response is dropped",
+                        self.env_id, ep.traj.seed, type(e).__name__, e)
+            return None
+        finally:
+            env.close()
+        return conv, reward + penalty
 
     def _execute(self, episodes: list[_Episode]) -> None:
         """Run the planned actions of this turn: the k-th action of every episode that is still running together on

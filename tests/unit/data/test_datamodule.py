@@ -82,6 +82,9 @@ def test_branches_are_refused_where_a_branch_cannot_be_a_scored_one_turn_sample(
     with pytest.raises(ConfigError, match="test/FixedBandit-v0 does not declare branchable = True"):
         dm(branches=2, reward_placement="turn", episode=windowed, env_id="test/FixedBandit-v0")
     d = dm(branches=2, reward_placement="turn", episode=windowed)  # Bandit's state deep-copies: accepted
+    with pytest.raises(ConfigError, match="--data.branch_follow best needs --data.branches > 1"):
+        dm(branch_follow="best", reward_placement="turn", episode=windowed)  # nothing to pick from
+    assert dm(branches=2, reward_placement="turn", episode=windowed, branch_follow="best").hparams.branch_follow == "best"
     check_data_settings({"adv_estimator": "rft"}, d.hparams)
     with pytest.raises(ConfigError, match="--data.branches 2 needs --model.adv_estimator rft"):
         check_data_settings({"adv_estimator": "gae"}, d.hparams)

@@ -272,6 +272,50 @@ def test_branches_answer_each_state_k_times_and_score_each_answer_by_its_own_tur
     assert [s.conversation.input_ids for s in u.samples] == [s.conversation.input_ids for s in t.samples[2::3]]
 
 
+class ShapedLineEnv(BranchableLineEnv):
+    """BranchLine with a shaped reward: the move's change of position, plus 1 at the goal."""
+
+    def step(self, action):
+        before = self.pos
+        obs, reward, done, truncated, info = super().step(action)
+        return obs, reward + self.pos - before, done, truncated, info
+
+
+if "test/ShapedLine-v0" not in gym.registry:
+    gym.register("test/ShapedLine-v0", entry_point=ShapedLineEnv)
+
+
+def test_branch_follow_best_continues_with_the_best_scored_answer_and_the_first_on_ties(tiny_tokenizer):
+    answers = ("Left", "Jump", "Right")  # branch k answers answers[k]; "Jump" is out of format (penalty -0.1)
+    by_branch = {request_seed(0, 0, turn, k): answers[k] for turn in range(1, 6) for k in range(3)}
+    engine = SeededEngine(tiny_tokenizer, None)
+    engine.by_seed = lambda seed: f"go</think><answer>{by_branch[seed]}</answer>"
+    windowed = EpisodeSettings(max_turns=5, max_actions_per_turn=1, context_window="single_turn", window_turns=1)
+    runner = RolloutRunner("test/ShapedLine-v0", None, ChatTokens(tiny_tokenizer), engine, windowed, branches=3,
+                           branch_follow="best")
+    (t,) = runner.run([2], group_size=1, params=PARAMS, seed=0)  # start at 2
+    # scores at pos 2: Left -1, Jump -0.1, Right +1 -> Right; at pos 3: Left -1, Jump -0.1, Right 1 + 1 (goal)
+    assert t.turn_rewards == [1.0, 2.0] and t.success and t.num_turns == 2 and runner._envs[0].unwrapped.pos == 4
+    assert t.num_format_errors == 0  # the episode's own answers are the chosen Rights
+    for turn in range(2):  # the two others first, then the episode's own (chosen) answer of that state
+        left, jump, own = t.samples[3 * turn:3 * turn + 3]
+        assert [left.turn_rewards, own.turn_rewards] == [[-1.0], [[1.0], [2.0]][turn]]
+        assert jump.turn_rewards == [pytest.approx(-0.1)]
+        assert "<answer>Right</answer>" in tiny_tokenizer.decode(own.conversation.input_ids)
+    # the same answers without shaping: Left and Right both score 0 until the goal, so every tie follows branch 0
+    flat = RolloutRunner("test/BranchLine-v0", None, ChatTokens(tiny_tokenizer), engine, windowed, branches=3,
+                         branch_follow="best")
+    (f,) = flat.run([2], group_size=1, params=PARAMS, seed=0)
+    assert flat._envs[0].unwrapped.pos == 0 and not f.success and f.num_turns == 5  # Left from 2 to 0, then stays
+    first = RolloutRunner("test/BranchLine-v0", None, ChatTokens(tiny_tokenizer), engine, windowed, branches=3)
+    (g,) = first.run([2], group_size=1, params=PARAMS, seed=0)
+    assert [s.conversation.input_ids for s in g.samples] == [s.conversation.input_ids for s in f.samples]
+    assert [s.turn_rewards for s in g.samples] == [s.turn_rewards for s in f.samples]
+    with pytest.raises(ValueError, match="branch_follow must be 'first' or 'best', got 'top'"):
+        RolloutRunner("test/BranchLine-v0", None, ChatTokens(tiny_tokenizer), engine, windowed, branches=3,
+                      branch_follow="top")
+
+
 def test_branching_needs_a_windowed_context_and_a_branchable_env(tiny_tokenizer):
     with pytest.raises(ValueError, match="branches > 1 needs a windowed context"):
         RolloutRunner("test/BranchLine-v0", None, ChatTokens(tiny_tokenizer), ScriptedEngine(tiny_tokenizer, str),
