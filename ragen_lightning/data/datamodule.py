@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
@@ -52,9 +53,10 @@ from ragen_lightning.parallel import (
     tp_leaders,
     world,
 )
+from ragen_lightning.rollout.branching import BRANCH_FOLLOW, BranchFollow
 from ragen_lightning.rollout.engine import SamplingParams
 from ragen_lightning.rollout.engines import ENGINES
-from ragen_lightning.rollout.runner import BranchFollow, RolloutRunner, UnknownEnvError, make_env
+from ragen_lightning.rollout.runner import RolloutRunner, UnknownEnvError, make_env
 from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
 from ragen_lightning.rollout.tokens import ChatTokens
 from ragen_lightning.rollout.vllm_engine import VLLMConfig, require_vllm
@@ -85,6 +87,8 @@ def check_rollout_settings(hp: dict[str, Any]) -> None:
         raise ConfigError("--data.branches > 1 needs --data.reward_placement turn and a windowed "
                           "--data.episode.context_window (limited or single_turn): each branch is a one-turn sample "
                           "scored by its own turn reward")
+    if hp.get("branch_follow", "first") not in BRANCH_FOLLOW:
+        raise ConfigError(f"--data.branch_follow must be 'first' or 'best', got {hp['branch_follow']!r}")
     if hp.get("branch_follow", "first") == "best" and hp.get("branches", 1) == 1:
         raise ConfigError("--data.branch_follow best needs --data.branches > 1: it picks among the responses "
                           "sampled for one state")

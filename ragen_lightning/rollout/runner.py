@@ -50,23 +50,21 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Literal, Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from ragen_lightning.rollout import prompting
+from ragen_lightning.rollout import branching, prompting
 from ragen_lightning.rollout.engine import GenerationEngine, SamplingParams
 from ragen_lightning.rollout.env_pool import Outcome, WorkerPool
 from ragen_lightning.rollout.settings import ContextWindow, EpisodeSettings  # noqa: F401 (re-export)
 from ragen_lightning.rollout.tokens import ChatTokens
 from ragen_lightning.types import Conversation, Sample, Trajectory
-
-BranchFollow = Literal["first", "best"]
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +160,7 @@ class RolloutRunner:
         *,
         max_response_tokens: int | None = None,
         branches: int = 1,
-        branch_follow: BranchFollow = "first",
+        branch_follow: branching.BranchFollow = "first",
     ):
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
         self.chat, self.engine = chat, engine
@@ -182,7 +180,7 @@ class RolloutRunner:
         if branches > 1 and not branchable:
             raise ValueError(f"branches > 1: {env_id} does not declare branchable = True (its state must be an "
                              "in-process object that copy.deepcopy duplicates)")
-        if branch_follow not in ("first", "best"):
+        if branch_follow not in branching.BRANCH_FOLLOW:
             raise ValueError(f"branch_follow must be 'first' or 'best', got {branch_follow!r}")
         self.branches, self.branch_follow = branches, branch_follow
 
@@ -419,34 +417,24 @@ class RolloutRunner:
         only (logged); the episode itself is not affected."""
         best = self.branch_follow == "best"
         tried = [self._try_branch(ep, out) for out in (outs if best else outs[1:])]
-        scores = [-math.inf if result is None else result[1] for result in tried]
-        pick = scores.index(max(scores)) if best else 0  # the first on ties
+        pick = branching.followed([None if t is None else t[1] for t in tried], self.branch_follow)
         for j, result in enumerate(tried):
             if result is not None and (not best or j != pick):
                 ep.traj.samples.append(Sample(result[0], [result[1]], turn=len(ep.turns)))
         return outs[pick]
 
     def _try_branch(self, ep: _Episode, out: Any) -> tuple[Conversation, float] | None:
-        """Run ``out`` for this turn on a deep copy of the env: its one-turn conversation and score (turn reward plus
-        format penalty), or None when the copy's step raised (logged)."""
-        names = tuple(getattr(ep.env.unwrapped, "action_names", ()) or ())
+        """``out`` played for this turn on a deep copy of the env: its one-turn conversation and score (turn reward
+        plus format penalty), or None when the copy's step raised (logged)."""
         conv = copy.deepcopy(ep.conv)
-        plan, penalty, _ = self._parse(self.chat.add_response(conv, out.token_ids, out.logprobs), names,
-                                       ep.actions_left)
-        env, reward = copy.deepcopy(ep.env), 0.0
+        plan, penalty, _ = self._parse(self.chat.add_response(conv, out.token_ids, out.logprobs),
+                                       tuple(getattr(ep.env.unwrapped, "action_names", ()) or ()), ep.actions_left)
         try:
-            for action in plan:
-                _obs, r, terminated, truncated, _info = _step(env, action)
-                reward += r
-                if terminated or truncated:
-                    break
+            return conv, branching.play_on_copy(ep.env, plan, _step) + penalty
         except Exception as e:  # noqa: BLE001  (a failing copy costs one extra sample, never the episode)
             log.warning("env %s: a branch of the episode with seed %d failed (%s: %s); that response is dropped",
                         self.env_id, ep.traj.seed, type(e).__name__, e)
             return None
-        finally:
-            env.close()
-        return conv, reward + penalty
 
     def _execute(self, episodes: list[_Episode]) -> None:
         """Run the planned actions of this turn: the k-th action of every episode that is still running together on

@@ -84,6 +84,8 @@ def test_branches_are_refused_where_a_branch_cannot_be_a_scored_one_turn_sample(
     d = dm(branches=2, reward_placement="turn", episode=windowed)  # Bandit's state deep-copies: accepted
     with pytest.raises(ConfigError, match="--data.branch_follow best needs --data.branches > 1"):
         dm(branch_follow="best", reward_placement="turn", episode=windowed)  # nothing to pick from
+    with pytest.raises(ConfigError, match="--data.branch_follow must be 'first' or 'best', got 'top'"):
+        dm(branches=2, reward_placement="turn", episode=windowed, branch_follow="top")
     assert dm(branches=2, reward_placement="turn", episode=windowed, branch_follow="best").hparams.branch_follow == "best"
     check_data_settings({"adv_estimator": "rft"}, d.hparams)
     with pytest.raises(ConfigError, match="--data.branches 2 needs --model.adv_estimator rft"):
