@@ -9,7 +9,7 @@
 it, as in ``benchmarks/learning.py``): roll the model out on ``--si-levels`` training levels x ``--si-group`` episodes
 at temperature 1 (seeds disjoint from the demonstrations' and the held-out ones), fine-tune on the turn samples of
 the solved episodes (``--si-steps`` AdamW steps, batch 32, ``--si-lr`` constant), evaluate on the held-out
-episodes. That is where positive-only RL on the policy's own successes (``--model.advantage_floor 0``) heads,
+episodes. That is where positive-only RL on the policy's own successes (``--model.advantage.floor 0``) heads,
 without RL's per-step noise: if held-out success does not rise here, RL from its own successes has no easy gain.
 
 For every (task, tokenizer, preset, steps) the tiny model with that spec is built (``tiny_model_path``), warm-started

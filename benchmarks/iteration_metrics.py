@@ -8,7 +8,7 @@ for one or more source trees, and whether the trees agree.
 Each tree runs ``python <tree>/main.py fit --config <tree>/<config> --data.num_iterations 1`` (plus
 ``--extra-args`` and its own ``--tree-args``) in a fresh scratch directory, so the config's relative ``outputs/``
 land there; the CSV logger's ``metrics.csv`` is read back. Wall-clock values (``timing_s/*``, ``throughput/*``,
-anything per second) are left out: they are the only logged values that may differ between two runs of the same
+anything per second, any ``*_s``) are left out: they are the only logged values that may differ between two runs of the same
 code on the same machine. Refactors that must not change behaviour are checked with this script: every other value
 must be identical (``--tolerance 0``, the default).
 """
@@ -30,7 +30,7 @@ CLOCK_WORDS = ("timing", "throughput", "_per_s", "per_second", "tok_s", "/time",
 
 
 def is_clock(key: str) -> bool:
-    return any(word in key for word in CLOCK_WORDS)
+    return any(word in key for word in CLOCK_WORDS) or key.endswith("_s")  # "rollout/sync_s": seconds
 
 
 def read_metrics(metrics_csv: Path) -> dict[str, float]:

@@ -43,22 +43,22 @@ sys.path.insert(0, str(ROOT / "scripts"))
 # variant name -> extra main.py flags
 VARIANTS: dict[str, list[str]] = {
     "default": [],
-    "ppo": ["--model.adv_estimator", "gae"],
-    "grpo": ["--model.adv_estimator", "grpo"],
-    "rft": ["--model.adv_estimator", "rft"],  # rejection-sampling fine-tuning (set --model.rft_threshold)
-    "state_baseline": ["--model.adv_estimator", "state_baseline"],  # branching: turn reward minus the state's mean
-    "state_grpo": ["--model.adv_estimator", "state_grpo"],  # branching: ... over the state's std
-    "drgrpo": ["--model.adv_estimator", "drgrpo"],
-    "drgrpo_filter": ["--model.adv_estimator", "drgrpo", "--data.filter",
+    "ppo": ["--model.advantage.estimator", "gae"],
+    "grpo": ["--model.advantage.estimator", "grpo"],
+    "rft": ["--model.advantage.estimator", "rft"],  # rejection-sampling fine-tuning (set --model.advantage.rft_threshold)
+    "state_baseline": ["--model.advantage.estimator", "state_baseline"],  # branching: turn reward minus the state's mean
+    "state_grpo": ["--model.advantage.estimator", "state_grpo"],  # branching: ... over the state's std
+    "drgrpo": ["--model.advantage.estimator", "drgrpo"],
+    "drgrpo_filter": ["--model.advantage.estimator", "drgrpo", "--data.filter",
                       "{strategy: top_p, value: 0.9, include_zero: false}"],
-    "ppo_filter": ["--model.adv_estimator", "gae", "--data.filter", "{strategy: top_p, value: 0.9, include_zero: false}"],
-    "ppo_nofilter": ["--model.adv_estimator", "gae", "--data.filter", "{strategy: top_p, value: 1.0}"],
-    "grpo_filter": ["--model.adv_estimator", "grpo", "--data.filter",
+    "ppo_filter": ["--model.advantage.estimator", "gae", "--data.filter", "{strategy: top_p, value: 0.9, include_zero: false}"],
+    "ppo_nofilter": ["--model.advantage.estimator", "gae", "--data.filter", "{strategy: top_p, value: 1.0}"],
+    "grpo_filter": ["--model.advantage.estimator", "grpo", "--data.filter",
                     "{strategy: top_p, value: 0.9, include_zero: false}"],
     # StarPO vs StarPO-S (docs/starpo_s.md), both GRPO without KL: no filter and clip 0.2/0.2, against the
     # reward-variance filter and clip-higher 0.2/0.28
-    "starpo": ["--model.adv_estimator", "grpo", "--model.clip_high", "0.2"],
-    "starpo_s": ["--model.adv_estimator", "grpo", "--model.clip_high", "0.28", "--data.filter",
+    "starpo": ["--model.advantage.estimator", "grpo", "--model.loss.clip_high", "0.2"],
+    "starpo_s": ["--model.advantage.estimator", "grpo", "--model.loss.clip_high", "0.28", "--data.filter",
                  "{strategy: top_p, value: 0.9, include_zero: false}"],
 }
 

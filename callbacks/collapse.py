@@ -239,10 +239,10 @@ class CollapseMonitor(Callback):
                 flt.value = max(self.filter_value_min, flt.value * self.filter_value_factor)
                 self.adjusted["filter_value"] = flt.value
             elif action == "adjust_entropy":
-                coeff = pl_module.hparams.entropy_coeff
+                coeff = pl_module.loss.entropy_coeff
                 coeff = self.entropy_coeff_start if coeff == 0 else coeff * self.entropy_coeff_factor
-                pl_module.hparams.entropy_coeff = min(coeff, self.entropy_coeff_max)
-                self.adjusted["entropy_coeff"] = pl_module.hparams.entropy_coeff
+                pl_module.set_entropy_coeff(min(coeff, self.entropy_coeff_max))
+                self.adjusted["entropy_coeff"] = pl_module.loss.entropy_coeff
         return out
 
     def _describe(self, rule: str) -> str:
@@ -256,7 +256,7 @@ class CollapseMonitor(Callback):
         if "filter_value" in self.adjusted and getattr(trainer, "datamodule", None) is not None:
             trainer.datamodule.filter.value = self.adjusted["filter_value"]
         if "entropy_coeff" in self.adjusted:
-            pl_module.hparams.entropy_coeff = self.adjusted["entropy_coeff"]
+            pl_module.set_entropy_coeff(self.adjusted["entropy_coeff"])
 
     # -- MI diagnostics -----------------------------------------------------------------------------------------
     def mi_values(self, pl_module: Any, trajectories: list[Any], iteration: int) -> dict[str, float]:
@@ -296,7 +296,7 @@ class CollapseMonitor(Callback):
         values.update(logged)
         logged.update(self.act(trainer, pl_module, iteration, self.observe(values)))
         logged["collapse_monitor/warnings"] = float(len(self.fired))
-        logged["collapse_monitor/entropy_coeff"] = float(pl_module.hparams.entropy_coeff)
+        logged["collapse_monitor/entropy_coeff"] = float(pl_module.loss.entropy_coeff)
         if getattr(trainer, "datamodule", None) is not None and hasattr(trainer.datamodule, "filter"):
             logged["collapse_monitor/filter_value"] = float(trainer.datamodule.filter.value)
         log_values(trainer, logged)

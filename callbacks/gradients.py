@@ -3,7 +3,7 @@
 RAGEN-2's SNR argument says low-reward-variance groups carry a weak task gradient while the regularisers (entropy,
 KL) keep theirs. This callback measures it: every ``every_n`` iterations (and at iteration 1) it takes the iteration's
 kept batch, recomputes old log-probs / reference log-probs / values and the advantages exactly as the module does
-(``scoring.score_batch``, ``starpo.advantages.starpo_advantages``), splits the groups into buckets by their reward std and, per
+(``scoring.score_batch``, ``starpo.estimators.starpo_advantages``), splits the groups into buckets by their reward std and, per
 bucket and per component, backpropagates that component alone over micro-batches and records the global grad norm
 of the actor. No optimizer step is taken and the gradients are cleared afterwards.
 
@@ -39,7 +39,7 @@ from ragen_lightning.algos.losses import (
 )
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.metrics.functional import within_group_reward_std
-from ragen_lightning.starpo.advantages import ADVANTAGE_SETTINGS, starpo_advantages
+from ragen_lightning.starpo.estimators import starpo_advantages
 from ragen_lightning.starpo.scoring import (
     actor_outputs,
     micro_slices,
@@ -91,48 +91,48 @@ class GradientAnalysis(Callback):
 
     @torch.no_grad()
     def _prepare(self, pl_module: Any, batch: Any) -> dict[str, Any]:
-        hp = pl_module.hparams
+        s = pl_module.settings
         batch = batch.to(pl_module.device)
         ids, att = batch.input_ids, batch.attention_mask
         mask = batch.loss_mask[:, 1:].bool()
-        micro = hp.logprob_micro_batch_size or hp.micro_batch_size
-        old, _ = score_batch(pl_module.actor, ids, att, micro, kind="actor", temperature=hp.temperature,
-                             chunk_size=hp.logits_chunk_size)
+        micro, chunk = s.update.scoring_micro_batch_size, s.update.logits_chunk_size
+        old, _ = score_batch(pl_module.actor, ids, att, micro, kind="actor", temperature=s.temperature, chunk_size=chunk)
         ref = None
         if pl_module.reference is not None:
-            ref, _ = score_batch(pl_module.reference, ids, att, micro, kind="actor", temperature=hp.temperature,
-                                 chunk_size=hp.logits_chunk_size)
+            ref, _ = score_batch(pl_module.reference, ids, att, micro, kind="actor", temperature=s.temperature,
+                                 chunk_size=chunk)
         values = (score_batch(pl_module.critic, ids, att, micro, kind="critic")[0]
                   if pl_module.critic is not None else None)
         advantages, _, _ = starpo_advantages(batch, mask, old_logprobs=old, ref_logprobs=ref, values=values,
-                                             **{k: hp[k] for k in ADVANTAGE_SETTINGS})
+                                             settings=s.advantage)
         return {"batch": batch, "ids": ids, "att": att, "mask": mask, "old": old, "ref": ref, "adv": advantages}
 
     def _component_norm(self, pl_module: Any, d: dict[str, Any], rows: torch.Tensor, component: str) -> tuple[float,
                                                                                                              float]:
         """Backward ``component`` over the micro-batches of ``rows``; returns (grad norm, loss value)."""
-        hp = pl_module.hparams
+        s = pl_module.settings
+        loss_s, agg_mode = s.loss, s.loss.agg_mode
         actor = pl_module.actor
         actor.zero_grad(set_to_none=True)
         horizon = d["mask"].shape[1]
-        norm = agg_normalizer(d["mask"][rows], hp.loss_agg_mode, horizon=horizon)
+        norm = agg_normalizer(d["mask"][rows], agg_mode, horizon=horizon)
         total = 0.0
-        for micro in micro_slices(rows, hp.micro_batch_size):
+        for micro in micro_slices(rows, s.update.micro_batch_size):
             L = trimmed(d["att"], micro)
             with torch.enable_grad():
                 lp, ent = actor_outputs(actor, d["ids"][micro, :L], d["att"][micro, :L],
-                                        with_entropy=component == "entropy", temperature=hp.temperature,
-                                        chunk_size=hp.logits_chunk_size)
+                                        with_entropy=component == "entropy", temperature=s.temperature,
+                                        chunk_size=s.update.logits_chunk_size)
                 old, adv, mask = d["old"][micro, : L - 1], d["adv"][micro, : L - 1], d["mask"][micro, : L - 1]
                 agg = {"normalizer": norm, "horizon": horizon}
                 if component == "task":
-                    loss, _ = ppo_policy_loss(lp, old, adv, mask, clip_low=hp.clip_low, clip_high=hp.clip_high,
-                                              dual_clip=hp.dual_clip, agg=hp.loss_agg_mode, **agg)
+                    loss, _ = ppo_policy_loss(lp, old, adv, mask, clip_low=loss_s.clip_low, clip_high=loss_s.clip_high,
+                                              dual_clip=loss_s.dual_clip, agg=agg_mode, **agg)
                 elif component == "entropy":
-                    loss = -hp.entropy_coeff * aggregate(ent, mask, hp.loss_agg_mode, **agg)
+                    loss = -loss_s.entropy_coeff * aggregate(ent, mask, agg_mode, **agg)
                 else:
-                    loss = hp.kl_coef * aggregate(kl_penalty(lp, d["ref"][micro, : L - 1], hp.kl_kind), mask,
-                                                  hp.loss_agg_mode, **agg)
+                    loss = loss_s.kl_coef * aggregate(kl_penalty(lp, d["ref"][micro, : L - 1], loss_s.kl_kind), mask,
+                                                  agg_mode, **agg)
                 loss.backward()
             total += float(loss.detach())
         grads = [p.grad for p in actor.parameters() if p.grad is not None]
@@ -143,14 +143,14 @@ class GradientAnalysis(Callback):
 
     def analyse(self, pl_module: Any, batch: Any) -> dict[str, float]:
         """The logged ``grad_norm/*`` values of one kept batch (no optimizer step; gradients cleared after)."""
-        hp = pl_module.hparams
         d = self._prepare(pl_module, batch)
         group_index = d["batch"].group_index.cpu()
         groups = sorted(set(group_index.tolist()))
         scores = {g: d["batch"].scores.cpu()[group_index == g] for g in groups}
         stds = [float(within_group_reward_std(scores[g][None, :])[0]) for g in groups]
         std_of = dict(zip(groups, stds))
-        components = ["task"] + (["entropy"] if hp.entropy_coeff != 0 else []) + (["kl"] if hp.use_kl_loss else [])
+        loss = pl_module.loss
+        components = ["task"] + (["entropy"] if loss.entropy_coeff != 0 else []) + (["kl"] if loss.kl_coef > 0 else [])
         loss_name = {"task": "policy", "entropy": "entropy", "kl": "kl"}
         out: dict[str, float] = {}
         for name, members in group_buckets(groups, stds, self.bucket_mode, self.num_buckets).items():

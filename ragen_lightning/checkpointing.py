@@ -41,7 +41,8 @@ _EOCD_SIZE = 22
 _DIGEST_RE = re.compile(rb"ragen-sha256:([0-9a-f]{64})")
 _CHUNK = 1 << 20
 # module settings that only steer the run around the training (changing them on resume changes no math)
-RUN_CONTROL_SETTINGS = ("export_dir", "max_consecutive_skips", "early_stop", "lora.export_merged")
+RUN_CONTROL_SETTINGS = ("export_dir", "optim.max_consecutive_skips", "early_stop", "lora.export_merged")
+_WHOLE = ("warm_start",)  # compared as one value: its keys are one cached warm start
 # settings linked from another flag (the message names the flag the user sets)
 _FLAG_OF = {"temperature": "--data.temperature"}
 
@@ -210,22 +211,28 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+def _differences(now: Any, before: Any, key: str, ignore: tuple[str, ...]) -> list[tuple[str, Any, Any]]:
+    """``(flag name, before, now)`` of every differing setting under ``key``: a settings group (a dict on both sides)
+    field by field, anything else (a group on one side only, e.g. LoRA on vs off) as one value."""
+    if key in ignore:
+        return []
+    now, before = _plain(now), _plain(before)
+    if isinstance(now, dict) and isinstance(before, dict) and key not in _WHOLE:
+        return [d for k in sorted(set(now) | set(before))
+                for d in _differences(now.get(k), before.get(k), f"{key}.{k}", ignore)]
+    return [] if _same(before, now) else [(key, before, now)]
+
+
 def changed_settings(current: Mapping[str, Any], saved: Mapping[str, Any],
                      ignore: tuple[str, ...] = RUN_CONTROL_SETTINGS) -> list[str]:
-    """``"--model.adv_estimator (checkpoint 'gae', now 'grpo')"`` for every model setting present in both the
+    """``"--model.advantage.estimator (checkpoint 'gae', now 'grpo')"`` for every model setting present in both the
     checkpoint's hyperparameters ``saved`` and the module's ``current`` ones whose values differ (settings that only
-    steer the run, :data:`RUN_CONTROL_SETTINGS`, are not compared)."""
+    steer the run, :data:`RUN_CONTROL_SETTINGS`, are not compared; a settings group's fields one by one)."""
     out = []
     for key in sorted(set(current) & set(saved)):
-        if key.startswith("_") or key in ignore:
-            continue
-        old, new = _plain(saved[key]), _plain(current[key])
-        for value in (old, new):  # nested run-control fields ("lora.export_merged")
-            for name in ignore:
-                if name.startswith(f"{key}.") and isinstance(value, dict):
-                    value.pop(name.split(".", 1)[1], None)
-        if not _same(old, new):
-            out.append(f"{_FLAG_OF.get(key, '--model.' + key)} (checkpoint {old!r}, now {new!r})")
+        if not key.startswith("_"):
+            out += [f"{_FLAG_OF.get(k, '--model.' + k)} (checkpoint {old!r}, now {new!r})"
+                    for k, old, new in _differences(current[key], saved[key], key, ignore)]
     return out
 
 

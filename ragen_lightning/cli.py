@@ -21,7 +21,7 @@ from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.errors import ConfigError, TrainingStopped
 from ragen_lightning.harmless import filter_harmless_warnings
 from ragen_lightning.starpo.module import StarPOModule
-
+from ragen_lightning.starpo.settings import renamed_flag_error
 
 _SEED_LOG = logging.getLogger("lightning.fabric.utilities.seed")
 
@@ -106,7 +106,7 @@ class StarPOCLI(LightningCLI):
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as e:
-            raise ConfigError(preflight.parse_error_line(str(e))) from None
+            raise ConfigError(renamed_flag_error(str(e)) or preflight.parse_error_line(str(e))) from None
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         preflight.check_settings(config, run=subcommand is not None)

@@ -43,6 +43,7 @@ from ragen_lightning.starpo.checks import (
     check_threads_precision,
 )
 from ragen_lightning.starpo.early_stop import EarlyStopSettings
+from ragen_lightning.starpo.settings import GROUPS, ModuleSettings, as_group
 
 WANDB_TIMEOUT_S = 3.0  # how long the wandb server may take to accept a connection before the run logs offline
 
@@ -69,17 +70,22 @@ def check_settings(config: Any, run: bool = True) -> None:
         VLLMConfig(**(data.get("vllm") or {}))
     if model:
         check_model_name("--model.model", model["model"])
-        if model.get("critic_model") is not None:
-            check_model_name("--model.critic_model", model["critic_model"])
+        settings = module_settings(model, data)
+        if settings.critic.model is not None:
+            check_model_name("--model.critic.model", settings.critic.model)
         check_dtype("--model.dtype", model["dtype"])
         check_warm_start_setting(model.get("warm_start"))
-        EarlyStopSettings(**(model.get("early_stop") or {}))
-        lora = lora_mod.as_settings(model.get("lora"))
-        check_module_settings({"temperature": data.get("temperature", 1.0), **model}, lora)
-        check_threads_precision(model.get("micro_batch_threads", 1), trainer.get("precision"))
-        check_data_settings(model, data or None)
+        as_group(EarlyStopSettings, model.get("early_stop"), "--model.early_stop")
+        check_module_settings(settings, lora_mod.as_settings(model.get("lora")))
+        check_threads_precision(settings.update.micro_batch_threads, trainer.get("precision"))
+        check_data_settings(settings.advantage, data or None)
     if data and (size := world_size(trainer)) is not None:
         check_world_size(data, size)
+
+
+def module_settings(model: dict[str, Any], data: dict[str, Any]) -> ModuleSettings:
+    """The settings groups of a parsed ``model`` section (plain dicts), each checked as it is built."""
+    return ModuleSettings.build(data.get("temperature", 1.0), **{name: model.get(name) for name in GROUPS})
 
 
 def world_size(trainer: dict[str, Any]) -> int | None:
@@ -100,9 +106,10 @@ def world_size(trainer: dict[str, Any]) -> int | None:
 def check_models_loadable(config: Any) -> None:
     """Before a run (not a parse or a memory plan): hub ids must be in the Hugging Face cache when offline."""
     model = _plain(config.get("model")) or {}
-    for flag in ("model", "critic_model"):
-        if model.get(flag) is not None:
-            check_model_name(f"--model.{flag}", model[flag], cached=True)
+    names = {"--model.model": model.get("model"), "--model.critic.model": (model.get("critic") or {}).get("model")}
+    for flag, name in names.items():
+        if name is not None:
+            check_model_name(flag, name, cached=True)
 
 
 def check_run(config: Any) -> None:

@@ -41,7 +41,6 @@ from .masked import as_bool_mask, masked_mean, masked_whiten
 
 __all__ = [
     "FilterLossScaling",
-    "OutcomeEstimator",
     "adaptive_kl_coef",
     "apply_kl_in_reward",
     "arpo",
@@ -56,7 +55,6 @@ __all__ = [
     "grpo",
     "length_weight",
     "masked_whiten",
-    "outcome_advantages",
     "rft_advantages",
     "soft_advantage_reweight",
     "turn_ends_from_mask",
@@ -300,26 +298,6 @@ def brpo(scores: torch.Tensor, group_index: torch.Tensor | None = None, *, eps: 
 def arpo(scores: torch.Tensor, group_index: torch.Tensor | None = None, *, eps: float = 1e-6) -> torch.Tensor:
     """Raw outcome advantage: ``A_i = s_i`` (no baseline, no normalisation)."""
     return scores.to(_float_dtype(scores)).clone()
-
-
-OutcomeEstimator = Literal["grpo", "drgrpo", "brpo", "arpo"]
-_OUTCOME_ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {
-    "grpo": grpo,
-    "drgrpo": drgrpo,
-    "brpo": brpo,
-    "arpo": arpo,
-}
-
-
-def outcome_advantages(
-    scores: torch.Tensor, group_index: torch.Tensor, estimator: OutcomeEstimator = "grpo", *, eps: float = 1e-6
-) -> torch.Tensor:
-    """``[B]`` outcome advantages by the named estimator (the one place the critic-free variant is chosen)."""
-    try:
-        fn = _OUTCOME_ESTIMATORS[estimator]
-    except KeyError:
-        raise ValueError(f"estimator must be one of {sorted(_OUTCOME_ESTIMATORS)}, got {estimator!r}") from None
-    return fn(scores, group_index, eps=eps)
 
 
 def broadcast_to_tokens(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,8 @@ A batch of rollouts is ``num_groups`` groups x ``group_size`` samples; the sampl
 state. ``group_scores`` reduces a per-trajectory matrix ``[G, N]`` to one score per group (by default the in-group
 reward std: RAGEN-2's signal-to-noise proxy), and ``select_groups`` picks the groups to train on.
 
-Selection (``select_groups``, SPEC §5.3, ties broken towards the lower group index by stable sorts):
+Selection (``select_groups``, SPEC §5.3, ties broken towards the lower group index by stable sorts) by a strategy of
+the table :data:`FILTER_STRATEGIES` (one function each; :func:`register_filter` adds a user's own):
 0. ``include_zero=False`` first drops groups with ``|score| <= 1e-10``.
 1. ``top_p``: ``value >= 1`` keeps every remaining group. Otherwise
    - ``softmax``: ``p = softmax(±scores)`` sorted descending, keep the first k with ``k = 1 + #{cumsum(p) < value}``;
@@ -27,19 +28,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
+from ragen_lightning.errors import ConfigError, Domain
+
 __all__ = [
+    "DEFAULT_STRATEGY",
+    "FILTER_STRATEGIES",
     "SCORE_METRICS",
     "ZERO_TOL",
+    "FilterStrategy",
     "ScoreMetric",
-    "Strategy",
     "filter_metrics",
+    "get_filter",
     "group_scores",
     "in_group_std",
     "kept_sample_mask",
+    "register_filter",
     "select_groups",
 ]
 
@@ -115,8 +123,51 @@ def group_scores(rewards: torch.Tensor, metric: ScoreMetric = "reward_variance")
 # Selection
 # ----------------------------------------------------------------------------------------------------------------
 
-Strategy = Literal["top_p", "top_k", "top_k_abs", "min_p"]
 _TOP_P_MODES = ("linear", "softmax")
+# strategy(scores [C] of the candidate groups, value, *, largest, num_groups, top_p_mode, eps) -> positions in scores
+SelectFn = Callable[..., torch.Tensor]
+
+
+@dataclass(frozen=True)
+class FilterStrategy:
+    """One group-selection strategy (``--data.filter.strategy``).
+
+    Args:
+        name: the strategy's name.
+        select: ``select(scores, value, *, largest, num_groups, top_p_mode, eps) -> positions``: which of the
+            candidate groups' ``scores`` ``[C]`` to keep (any order; ``num_groups`` counts every group, before zero
+            scores were dropped).
+        value_domain: the allowed ``value`` (checked with the settings).
+        value_help: what ``value`` means, for messages.
+        keeps_all: ``keeps_all(value)`` True when the strategy keeps every group whatever the scores (the filter
+            is then skipped, and with ``include_zero`` keeps everything).
+        whole_value: ``value`` must be a whole number.
+    """
+
+    name: str
+    select: SelectFn
+    value_domain: Domain = Domain()  # noqa: RUF009 (frozen)
+    value_help: str = ""
+    keeps_all: Callable[[float], bool] | None = None
+    whole_value: bool = False
+
+
+FILTER_STRATEGIES: dict[str, FilterStrategy] = {}
+
+
+def register_filter(name: str, select: SelectFn, **options) -> FilterStrategy:
+    """Add (or replace) the group-selection strategy ``name`` (``options``: the fields of :class:`FilterStrategy`)."""
+    FILTER_STRATEGIES[name] = FilterStrategy(name, select, **options)
+    return FILTER_STRATEGIES[name]
+
+
+def get_filter(name: str) -> FilterStrategy:
+    """The registered strategy ``name``; else a :class:`~ragen_lightning.errors.ConfigError` listing them."""
+    try:
+        return FILTER_STRATEGIES[name]
+    except KeyError:
+        raise ConfigError(f"--data.filter.strategy must be one of {', '.join(FILTER_STRATEGIES)} (or one registered "
+                          f"with ragen_lightning.algos.filtering.register_filter), got {name!r}") from None
 
 
 def _order(scores: torch.Tensor, largest: bool) -> torch.Tensor:
@@ -146,11 +197,27 @@ def _top_p_linear(scores: torch.Tensor, value: float, largest: bool, eps: float)
     return order[:count] if cumulative >= threshold else order[:0]
 
 
-def _top_k(scores: torch.Tensor, k: int, largest: bool) -> torch.Tensor:
-    return _order(scores, largest)[:k]
+def top_p(scores: torch.Tensor, value: float, *, largest: bool, top_p_mode: str, eps: float, **_) -> torch.Tensor:
+    """Score mass: ``value >= 1`` keeps every candidate; else ``linear`` or ``softmax`` (module docstring)."""
+    if value >= 1.0:
+        return torch.arange(scores.numel(), device=scores.device)
+    if top_p_mode == "softmax":
+        return _top_p_softmax(scores, value, largest)
+    return _top_p_linear(scores, value, largest, eps)
 
 
-def _min_p(scores: torch.Tensor, value: float, largest: bool) -> torch.Tensor:
+def top_k(scores: torch.Tensor, value: float, *, largest: bool, num_groups: int, **_) -> torch.Tensor:
+    """``k = max(1, min(int(value * G), #candidates))`` best groups."""
+    return _order(scores, largest)[: max(1, min(int(value * num_groups), scores.numel()))]
+
+
+def top_k_abs(scores: torch.Tensor, value: float, *, largest: bool, **_) -> torch.Tensor:
+    """``k = max(1, min(int(value), #candidates))`` best groups."""
+    return _order(scores, largest)[: max(1, min(int(value), scores.numel()))]
+
+
+def min_p(scores: torch.Tensor, value: float, *, largest: bool, **_) -> torch.Tensor:
+    """Largest: keep ``s >= max * value - 1e-10``; smallest: keep ``s <= min / (value + 1e-10) + 1e-10``."""
     if largest:
         keep = scores >= scores.max() * value - _MIN_P_TOL
     else:
@@ -158,9 +225,16 @@ def _min_p(scores: torch.Tensor, value: float, largest: bool) -> torch.Tensor:
     return keep.nonzero(as_tuple=True)[0]
 
 
+DEFAULT_STRATEGY = register_filter("top_p", top_p, value_domain=Domain(low=0), value_help="score mass (>= 1 keeps all)",
+                                   keeps_all=lambda value: value >= 1.0).name
+register_filter("top_k", top_k, value_domain=Domain(0, 1, low_open=True), value_help="fraction of the groups")
+register_filter("top_k_abs", top_k_abs, value_domain=Domain(low=1), value_help="a number of groups", whole_value=True)
+register_filter("min_p", min_p, value_domain=Domain(0, 1), value_help="ratio to the best score")
+
+
 def select_groups(
     scores: torch.Tensor,
-    strategy: Strategy,
+    strategy: str,
     value: float,
     *,
     largest: bool = True,
@@ -172,15 +246,14 @@ def select_groups(
 
     Args:
         scores: ``[G]`` group scores (``group_scores``).
-        strategy: ``top_p`` | ``top_k`` | ``top_k_abs`` | ``min_p``.
+        strategy: a registered strategy (:data:`FILTER_STRATEGIES`): ``top_p`` | ``top_k`` | ``top_k_abs`` | ``min_p``.
         value: top_p mass; top_k fraction of G; top_k_abs count; min_p ratio.
         largest: keep the largest scores (False: the smallest).
         include_zero: False drops groups with ``|score| <= 1e-10`` before selecting.
         top_p_mode: ``linear`` (score mass with ``eps``) or ``softmax``.
         eps: slack subtracted from the linear top_p threshold.
     """
-    if strategy not in ("top_p", "top_k", "top_k_abs", "min_p"):
-        raise ValueError(f"strategy must be one of ['top_p', 'top_k', 'top_k_abs', 'min_p'], got {strategy!r}")
+    select = get_filter(strategy).select
     if top_p_mode not in _TOP_P_MODES:
         raise ValueError(f"top_p_mode must be one of {list(_TOP_P_MODES)}, got {top_p_mode!r}")
     if scores.dim() != 1:
@@ -198,22 +271,7 @@ def select_groups(
         candidates = candidates[scores.abs() > ZERO_TOL]
     if candidates.numel() == 0:
         return candidates
-    cand_scores = scores[candidates]
-    n_candidates = candidates.numel()
-
-    if strategy == "top_p":
-        if value >= 1.0:
-            picked = torch.arange(n_candidates, device=scores.device)
-        elif top_p_mode == "softmax":
-            picked = _top_p_softmax(cand_scores, value, largest)
-        else:
-            picked = _top_p_linear(cand_scores, value, largest, eps)
-    elif strategy == "top_k":
-        picked = _top_k(cand_scores, max(1, min(int(value * num_groups), n_candidates)), largest)
-    elif strategy == "top_k_abs":
-        picked = _top_k(cand_scores, max(1, min(int(value), n_candidates)), largest)
-    else:
-        picked = _min_p(cand_scores, value, largest)
+    picked = select(scores[candidates], value, largest=largest, num_groups=num_groups, top_p_mode=top_p_mode, eps=eps)
     return torch.sort(candidates[picked]).values
 
 

@@ -19,7 +19,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
@@ -141,6 +141,15 @@ def check_world_size(hp: dict[str, Any], size: int) -> None:
             raise ConfigError(f"{flag} ({groups}) must be divisible by the number of {where} runs whole env groups")
 
 
+class RolloutPolicy(Protocol):
+    """What the data module needs of the policy it rolls out (``StarPOModule`` is one): its tokenizer and an engine
+    that samples with its current weights (``engine.sync_weights()`` before every rollout)."""
+
+    tokenizer: Any
+
+    def make_engine(self, max_batch_size: int = 128, **engine_settings: Any) -> Any: ...
+
+
 class _Stream(IterableDataset):
     """Yields ``produce()`` until ``remaining()`` is 0. Its length is the run's total number of batches, fixed when
     the loader is built: Lightning reads it to count the epoch, and a run resumed mid-epoch counts the batches done
@@ -184,7 +193,7 @@ class RolloutDataModule(L.LightningDataModule):
         branches: training responses sampled per turn (``RolloutRunner``, "Branching"): the episode continues with
             the first; each other one runs that turn on a copy of the env and is an extra one-turn sample scored by
             its own turn reward. > 1 needs ``reward_placement: turn``, a windowed ``episode.context_window``, an env
-            with ``branchable = True`` and ``--model.adv_estimator rft``. Validation never branches.
+            with ``branchable = True`` and ``--model.advantage.estimator rft``. Validation never branches.
         branch_follow: the response a branching episode continues with: ``first`` (the policy's plain play) or
             ``best`` (the best-scored of the ``branches``, first on ties: the episode follows the best path the
             policy's samples find and reaches the later states of a level; training success then measures that
@@ -252,6 +261,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.consecutive_empty = 0
         self._runners: list[RolloutRunner] = []
         self.engine = None
+        self.policy: RolloutPolicy | None = None  # connect()
         self._val_runners: list[RolloutRunner] = []
 
     # -- wiring ---------------------------------------------------------------------------------------------------
@@ -274,19 +284,27 @@ class RolloutDataModule(L.LightningDataModule):
         """Validation on entries with per-tag seeds and ``val/<tag>/*`` metrics (a mixture or ``--data.val_suite``)."""
         return self.mixture or self.hparams.val_suite is not None
 
+    def connect(self, policy: RolloutPolicy) -> None:
+        """The policy whose rollouts this module streams (``StarPOModule.setup`` connects itself): its tokenizer and
+        its engine (``policy.make_engine``) are read at the first rollout, after the policy built its models."""
+        self.policy = policy
+
     def _ensure_runners(self) -> None:
         if self._runners:
             return
-        module = self.trainer.lightning_module
+        if self.policy is None:
+            raise RuntimeError("RolloutDataModule has no policy to roll out: connect(module) first (StarPOModule.setup "
+                               "connects itself to the trainer's data module)")
         hp = self.hparams
-        chat = ChatTokens(module.tokenizer, enable_think=self.episode.enable_think)
+        chat = ChatTokens(self.policy.tokenizer, enable_think=self.episode.enable_think)
         extra = {} if hp.engine == "hf" else {"engine": hp.engine, "vllm": self.vllm,
                                               "max_model_len": self.episode.max_model_len, "seed": hp.train_seed}
-        engine = module.make_engine(max_batch_size=hp.max_batch_size, **extra)
+        engine = self.policy.make_engine(max_batch_size=hp.max_batch_size, **extra)
         self.engine = engine
         self.chat = chat
         self._runners = self._make_runners(self.train_entries, chat, engine, hp.branches, hp.branch_follow)
         self._val_runners = self._make_runners(self.val_entries, chat, engine)
+        self._check_budget(self._runners, self._val_runners)  # the first prompt must fit (the CLI checked it too)
 
     def _make_runners(self, entries: list[SuiteEntry], chat: ChatTokens, engine: Any, branches: int = 1,
                       branch_follow: BranchFollow = "first") -> list[RolloutRunner]:
@@ -427,28 +445,28 @@ class RolloutDataModule(L.LightningDataModule):
         With ``tokenizer`` it runs stand-alone (the CLI calls it before anything is written); otherwise it uses the
         module's tokenizer through the rollout runners.
         """
-        if tokenizer is not None:
-            chat = ChatTokens(tokenizer, enable_think=self.episode.enable_think)
-            train, val = self._make_runners(self.train_entries, chat, None), self._make_runners(self.val_entries,
-                                                                                               chat, None)
-        else:
-            self._ensure_runners()
-            train, val = self._runners, self._val_runners
-        firsts = [s[0] for s in self.entry_seeds(0)] + [s[0] for s in self.val_entry_seeds()]
+        if tokenizer is None:
+            self._ensure_runners()  # checks the budget with the policy's tokenizer
+            return
+        chat = ChatTokens(tokenizer, enable_think=self.episode.enable_think)
+        train, val = self._make_runners(self.train_entries, chat, None), self._make_runners(self.val_entries, chat, None)
         try:
-            for runner, seed in zip(train + val, firsts):
-                ep = runner.episode
-                need = runner.first_prompt_length(seed) + ep.max_new_tokens
-                if need > ep.max_model_len:
-                    raise ConfigError(
-                        f"--data.episode.max_model_len={ep.max_model_len} is too small for the first prompt of "
-                        f"{runner.env_id}: it needs {need} tokens (prompt + --data.episode.max_new_tokens="
-                        f"{ep.max_new_tokens})"
-                    )
+            self._check_budget(train, val)
         finally:
-            if tokenizer is not None:
-                for runner in train + val:
-                    runner.close()
+            for runner in train + val:
+                runner.close()
+
+    def _check_budget(self, train: list[RolloutRunner], val: list[RolloutRunner]) -> None:
+        firsts = [s[0] for s in self.entry_seeds(0)] + [s[0] for s in self.val_entry_seeds()]
+        for runner, seed in zip(train + val, firsts):
+            ep = runner.episode
+            need = runner.first_prompt_length(seed) + ep.max_new_tokens
+            if need > ep.max_model_len:
+                raise ConfigError(
+                    f"--data.episode.max_model_len={ep.max_model_len} is too small for the first prompt of "
+                    f"{runner.env_id}: it needs {need} tokens (prompt + --data.episode.max_new_tokens="
+                    f"{ep.max_new_tokens})"
+                )
 
     def _sync_engine(self) -> dict[str, float]:
         """Bring the engine's weights up to the actor's before a rollout; its stats (sync time, probe) as metrics."""

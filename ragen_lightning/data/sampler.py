@@ -12,20 +12,24 @@ sampled response tokens.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 import torch
 
-from ragen_lightning.algos.filtering import filter_metrics, group_scores, select_groups
+from ragen_lightning.algos.filtering import (
+    DEFAULT_STRATEGY,
+    filter_metrics,
+    get_filter,
+    group_scores,
+    select_groups,
+)
 from ragen_lightning.data.batching import sampled_entropy, trajectory_matrix
 from ragen_lightning.errors import ConfigError, Domain
 from ragen_lightning.types import Trajectory
 
 _METRIC_ALIASES = {"reward_std": "reward_variance", "entropy_std": "entropy_variance"}
-# top_p: score mass (>= 1 keeps all); top_k: fraction of the groups; top_k_abs: a count; min_p: ratio to the best score
-_VALUE_DOMAINS = {"top_p": Domain(low=0), "top_k": Domain(0, 1, low_open=True), "top_k_abs": Domain(low=1),
-                  "min_p": Domain(0, 1)}
 _METRIC_SOURCE = {"reward_variance": "reward", "reward": "reward", "reward_sum": "reward",
                   "entropy": "entropy", "entropy_variance": "entropy", "length": "length"}
 
@@ -35,7 +39,8 @@ class FilterConfig:
     """Rollout filter settings (RAGEN's ``rollout_filter_*``; the defaults keep every group).
 
     Args:
-        strategy: ``top_p`` | ``top_k`` (fraction of groups) | ``top_k_abs`` (count) | ``min_p``.
+        strategy: a registered strategy (``algos.filtering.FILTER_STRATEGIES``): ``top_p`` | ``top_k`` (fraction of
+            groups) | ``top_k_abs`` (count) | ``min_p``, or your own (``register_filter``).
         value: the strategy's threshold; ``top_p`` with ``value >= 1`` keeps every (non-zero) group.
         metric: group score: ``reward_variance`` (in-group reward std, default), ``reward`` (mean), ``reward_sum``,
             ``entropy``, ``entropy_variance``, ``length``.
@@ -45,7 +50,7 @@ class FilterConfig:
         eps: slack of the linear top_p threshold.
     """
 
-    strategy: Literal["top_p", "top_k", "top_k_abs", "min_p"] = "top_p"
+    strategy: str = DEFAULT_STRATEGY
     value: float = 1.0
     metric: Literal["reward_variance", "reward_std", "reward", "reward_sum", "entropy", "entropy_variance",
                     "entropy_std", "length"] = "reward_variance"
@@ -58,16 +63,18 @@ class FilterConfig:
         self.metric = _METRIC_ALIASES.get(self.metric, self.metric)
         if self.metric not in _METRIC_SOURCE:
             raise ConfigError(f"--data.filter.metric must be one of {sorted(_METRIC_SOURCE)}, got {self.metric!r}")
-        if self.strategy not in ("top_p", "top_k", "top_k_abs", "min_p"):
-            raise ConfigError(f"--data.filter.strategy must be top_p|top_k|top_k_abs|min_p, got {self.strategy!r}")
-        _VALUE_DOMAINS[self.strategy].check("--data.filter.value", self.value, f"--data.filter.strategy {self.strategy}")
-        if self.strategy == "top_k_abs" and self.value != int(self.value):
-            raise ConfigError(f"--data.filter.value must be a whole number of groups for top_k_abs, got {self.value}")
+        strategy = get_filter(self.strategy)
+        strategy.value_domain.check("--data.filter.value", self.value,
+                                    f"--data.filter.strategy {strategy.name}: {strategy.value_help}")
+        if strategy.whole_value and self.value != int(self.value):
+            raise ConfigError(f"--data.filter.value must be a whole number for --data.filter.strategy {strategy.name} "
+                              f"({strategy.value_help}), got {self.value}")
         Domain(low=0).check("--data.filter.eps", self.eps)
 
     @property
     def keeps_everything(self) -> bool:
-        return self.strategy == "top_p" and self.value >= 1.0 and self.include_zero
+        keeps_all = get_filter(self.strategy).keeps_all
+        return keeps_all is not None and keeps_all(self.value) and self.include_zero
 
 
 def _per_trajectory(trajectories: Sequence[Trajectory], group_size: int, source: str) -> torch.Tensor:

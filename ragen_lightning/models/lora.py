@@ -35,7 +35,7 @@ class LoraSettings:
     """LoRA / QLoRA of the actor and critic (``--model.lora``; ``null`` = full fine-tuning).
 
     Learning rates: adapters need larger steps than full fine-tuning; RAGEN v1's recipe is rank 64, alpha 64,
-    ``all-linear`` with ``--model.actor_lr`` / ``--model.critic_lr`` x10 (configs/lora.yaml: 1e-5 / 1e-4).
+    ``all-linear`` with ``--model.optim.actor_lr`` / ``--model.optim.critic_lr`` x10 (configs/lora.yaml: 1e-5 / 1e-4).
 
     Args:
         rank: LoRA rank ``r`` of every adapted layer.
@@ -47,7 +47,7 @@ class LoraSettings:
             computed in ``--model.dtype``; needs ``pip install bitsandbytes``).
         double_quant: with ``nf4``, also quantize the quantization constants (~0.4 bits/param less).
         shared_base: actor and critic share ONE frozen base as two adapters (``actor``, ``critic``) plus the critic's
-            fully trained value head; the critic then uses the actor's model (``--model.critic_model`` must be unset).
+            fully trained value head; the critic then uses the actor's model (``--model.critic.model`` must be unset).
         export_merged: when exporting (``--model.export_dir``) also write merged full HF weights to ``<dir>/merged``.
     """
 

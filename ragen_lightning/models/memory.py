@@ -330,8 +330,8 @@ def check_memory(config: Any, *, print_plan: bool, refuse: bool = True) -> Memor
         if print_plan:
             print(result.table(gpu))
         raise ConfigError(f"--gpu_memory_gb {gpu:g}: the estimated peak {result.peak / GIB:.1f} GiB does not fit "
-                          "(see --memory_plan true); lower --model.micro_batch_size / --data.episode.max_model_len, set "
-                          "--model.activation_checkpointing true or --model.logits_chunk_size, or use LoRA/QLoRA "
+                          "(see --memory_plan true); lower --model.update.micro_batch_size / --data.episode.max_model_len, set "
+                          "--model.update.activation_checkpointing true or --model.update.logits_chunk_size, or use LoRA/QLoRA "
                           "(configs/lora.yaml, configs/qlora.yaml)")
     if print_plan:
         print(result.table(gpu))

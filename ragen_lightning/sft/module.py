@@ -283,7 +283,7 @@ class SFTModule(L.LightningModule):
         if lr <= 0:
             raise ConfigError(f"--model.lr must be > 0, got {lr}")
         if warmup_steps < 0:
-            raise ConfigError(f"--model.warmup_steps must be >= 0, got {warmup_steps}")
+            raise ConfigError(f"--model.optim.warmup_steps must be >= 0, got {warmup_steps}")
         if lr_schedule not in ("constant", "cosine"):
             raise ConfigError(f"--model.lr_schedule must be 'constant' or 'cosine', got {lr_schedule!r}")
         self.save_hyperparameters()

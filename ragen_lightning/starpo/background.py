@@ -1,5 +1,5 @@
 """The critic's optimizer steps on a worker thread, overlapping the next iteration's rollout
-(``--model.critic_in_background``).
+(``--model.critic.in_background``).
 
 The rollout of iteration k + 1 needs the actor's new weights, not the critic's, and on CPU it keeps one core busy
 (vLLM and the HF engine run one torch thread) while the other idles. Here the critic's steps of iteration k (every
@@ -31,7 +31,7 @@ from typing import Any
 
 
 class _DirectBackward:
-    """The module as :func:`~ragen_lightning.starpo.update.accumulate` sees it on the worker: autograd's backward
+    """The module as :func:`~ragen_lightning.starpo.optimizer_steps.accumulate` sees it on the worker: autograd's backward
     in place of Lightning's ``manual_backward``."""
 
     def __init__(self, module: Any):
@@ -65,14 +65,14 @@ class BackgroundSteps:
         self._logs: dict[str, float] = {}  # of a job waited for but not joined yet
 
     def active(self) -> BackgroundSteps | None:
-        """This object when the module's critic steps may run here (``critic_in_background`` on, a critic, one
+        """This object when the module's critic steps may run here (``--model.critic.in_background`` on, a critic, one
         process, no shared LoRA base), else None: the sequential update."""
         from ragen_lightning.parallel import world
 
         m = self._module
-        lora = getattr(m, "_lora", None)
-        on = bool(m.hparams.get("critic_in_background")) and getattr(m, "critic", None) is not None
-        return self if on and world()[1] == 1 and not (lora is not None and lora.shared_base) else None
+        lora = m.hparams.get("lora")
+        on = m.settings.critic.in_background and getattr(m, "critic", None) is not None
+        return self if on and world()[1] == 1 and not (lora or {}).get("shared_base") else None
 
     @property
     def pending(self) -> bool:

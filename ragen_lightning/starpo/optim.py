@@ -5,7 +5,7 @@ With manual optimisation Lightning does not step schedulers: :func:`step_warmup`
 network whose optimizer just stepped, :func:`start_iteration` moves the decay to the new iteration.
 
 Non-finite guard (:func:`guarded_step`): a step is not applied when its inputs are non-finite (loss, gradient norm:
-checked by :func:`~ragen_lightning.starpo.update.accumulate`; learning rate: checked here before the step) or when
+checked by :func:`~ragen_lightning.starpo.optimizer_steps.accumulate`; learning rate: checked here before the step) or when
 the weights it produces are (an absurd finite learning rate overflows): up to :data:`SNAPSHOT_LIMIT` trainable
 elements per rank the trainable weights and the optimizer state are copied to host memory before the step and put
 back when any weight comes out non-finite, so a skipped step leaves the network and its optimizer exactly as they
@@ -170,10 +170,10 @@ def guarded_step(opt, params, snapshot_limit: int = SNAPSHOT_LIMIT,
     step is undoable: weights and optimizer state are copied to host memory first and put back when the step
     produced a non-finite weight. Above it (a full fine-tune of a large model, where that copy would cost three
     times the shard in host memory and time every step) only the finite checks before the step run (learning
-    rate here, loss and gradient norm in :func:`~ragen_lightning.starpo.update.accumulate`); a step that still
+    rate here, loss and gradient norm in :func:`~ragen_lightning.starpo.optimizer_steps.accumulate`); a step that still
     produces a non-finite weight (a finite but absurd learning rate) stops the run before anything is saved.
 
-    ``after()`` (the step-KL trust region, ``--model.max_step_kl``) runs once the step produced finite weights; a
+    ``after()`` (the step-KL trust region, ``--model.optim.max_step_kl``) runs once the step produced finite weights; a
     reason it returns undoes the step like a non-finite weight. Above the snapshot limit the step cannot be undone:
     it is kept, with a warning."""
     if reason := learning_rate_problem(opt):
@@ -186,7 +186,7 @@ def guarded_step(opt, params, snapshot_limit: int = SNAPSHOT_LIMIT,
             raise
         if snapshot is None:
             raise TrainingStopped(f"an optimizer step overflowed ({exc}); stopped before anything was saved. Lower "
-                                  "the learning rate or --model.grad_clip") from exc
+                                  "the learning rate or --model.optim.grad_clip") from exc
         snapshot.restore()  # a multi-tensor step may have updated some parameters already
         return f"optimizer step overflowed ({exc})"
     if weights_finite(params):
@@ -202,7 +202,7 @@ def guarded_step(opt, params, snapshot_limit: int = SNAPSHOT_LIMIT,
     if snapshot is None:
         raise TrainingStopped("an optimizer step produced non-finite weights (the learning rate is finite but too "
                               "large for these gradients); stopped before anything was saved. Lower the learning "
-                              "rate or --model.grad_clip")
+                              "rate or --model.optim.grad_clip")
     snapshot.restore()
     return "non-finite weights after the step (restored)"
 
@@ -232,11 +232,11 @@ class SkipGuard:
         self.total += 1
         self.in_a_row[network] = self.in_a_row.get(network, 0) + 1
         if self.max_consecutive and self.in_a_row[network] >= self.max_consecutive:
-            kept = ("every step was undone: a smaller --model.actor_lr takes smaller steps, a larger "
-                    "--model.max_step_kl allows larger ones" if "max_step_kl" in reason else
+            kept = ("every step was undone: a smaller --model.optim.actor_lr takes smaller steps, a larger "
+                    "--model.optim.max_step_kl allows larger ones" if "max_step_kl" in reason else
                     "nothing non-finite reached the weights")
             raise TrainingStopped(
                 f"{self.in_a_row[network]} {network} optimizer steps in a row were skipped ({reason}); {kept}. Check "
-                f"--model.{network}_lr (or --model.{network}_optimizer), --model.grad_clip and --data.temperature; "
-                "--model.max_consecutive_skips sets this limit"
+                f"--model.{network}_lr (or --model.{network}_optimizer), --model.optim.grad_clip and --data.temperature; "
+                "--model.optim.max_consecutive_skips sets this limit"
             )

@@ -1,4 +1,4 @@
-"""``--model.activation_checkpointing``: activations recomputed in backward, the same update as without."""
+"""``--model.update.activation_checkpointing``: activations recomputed in backward, the same update as without."""
 
 from __future__ import annotations
 

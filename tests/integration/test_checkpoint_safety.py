@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 COMMON = ["--config", str(CONFIGS / "bandit.yaml"), "--model.warm_start", "false", "--trainer.logger", "false",
           "--data.num_groups", "2", "--data.group_size", "4", "--data.episode.max_new_tokens", "12",
-          "--data.val_num_groups", "2", "--model.mini_batch_size", "8", "--model.micro_batch_size", "4",
+          "--data.val_num_groups", "2", "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "4",
           "--trainer.val_check_interval", "1", "--data.engine", "hf"]
 
 
@@ -31,15 +31,15 @@ def test_resume_refuses_other_model_settings_and_damaged_files(tmp_path, monkeyp
 
     # Before: LightningCLI put the checkpoint's model settings over these flags and trained on, silently.
     with pytest.raises(ConfigError) as info:
-        main([*resume, "--model.adv_estimator", "grpo", "--model.gamma", "0.9"])
+        main([*resume, "--model.advantage.estimator", "grpo", "--model.advantage.gamma", "0.9"])
     assert str(info.value).startswith(
-        f"--ckpt_path {ckpt} was trained with other model settings: --model.adv_estimator (checkpoint 'gae', now "
-        "'grpo'); --model.gamma (checkpoint 1.0, now 0.9). Resume with the run's settings")
+        f"--ckpt_path {ckpt} was trained with other model settings: --model.advantage.estimator (checkpoint 'gae', now "
+        "'grpo'); --model.advantage.gamma (checkpoint 1.0, now 0.9). Resume with the run's settings")
     with pytest.raises(ConfigError, match=r"--model\.lora \(checkpoint None, now \{"):
         main([*resume, "--config", str(CONFIGS / "lora.yaml")])
 
     # explicitly allowed: the checkpoint is restored and the new setting is the one in force
-    cli = main([*resume, "--model.entropy_coeff", "0.01", "--allow_changed_settings", "true"])
+    cli = main([*resume, "--model.loss.entropy_coeff", "0.01", "--allow_changed_settings", "true"])
     assert cli.model.hparams.entropy_coeff == 0.01 and cli.trainer.global_step >= 1
 
     data = bytearray(ckpt.read_bytes())

@@ -17,7 +17,7 @@ from ragen_lightning.cli import main
 pytestmark = pytest.mark.slow
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 SMALL_RUN = ["--data.num_groups", "2", "--data.group_size", "4", "--data.episode.max_new_tokens", "12",
-             "--data.val_num_groups", "2", "--model.mini_batch_size", "8", "--model.micro_batch_size", "4",
+             "--data.val_num_groups", "2", "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "4",
              "--data.num_iterations", "1"]
 
 
@@ -26,7 +26,7 @@ def test_fit_validate_and_export(tmp_path, monkeypatch):
     common = ["--config", str(CONFIGS / "bandit.yaml"), "--model.warm_start", "false",
               "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", "logs",
               "--data.num_groups", "2", "--data.group_size", "4", "--data.episode.max_new_tokens", "12",
-              "--data.val_num_groups", "4", "--model.mini_batch_size", "8", "--model.micro_batch_size", "4"]
+              "--data.val_num_groups", "4", "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "4"]
     best_export = ["--trainer.callbacks+",
                    '{"class_path": "callbacks.BestActorExport", "init_args": {"dirpath": "best"}}']
     main(["fit", *common, "--data.num_iterations", "2", "--trainer.val_check_interval", "2",
@@ -69,10 +69,10 @@ def test_fit_validate_and_export(tmp_path, monkeypatch):
 
 
 BAD_END_TO_END = [
-    (["--model.adv_estimator", "grpo", "--data.group_size", "1"], "error: --data.group_size must be >= 2"),
+    (["--model.advantage.estimator", "grpo", "--data.group_size", "1"], "error: --data.group_size must be >= 2"),
     (["--data.episode.max_model_len", "64"], "error: --data.episode.max_model_len=64 is too small for the first prompt"),
     (["--data.env_id", "ragen/Nope-v0"], "error: --data.env_id: unknown env id 'ragen/Nope-v0'"),
-    (["--model.micro_batch_size", "64"], "error: --model.micro_batch_size (64) must be <="),
+    (["--model.update.micro_batch_size", "64"], "error: --model.update.micro_batch_size (64) must be <="),
     (["--trainer.devices", "3", "--data.num_groups", "4"],  # checked before any process is launched
      "error: --data.num_groups (4) must be divisible by the number of processes (3)"),
     # each of these was a traceback, a crash after training started or a usage dump (issue 15)

@@ -71,7 +71,7 @@ def update_args(task: str) -> list[str]:
     """A task config on rejection-sampling fine-tuning (configs/sokoban.yaml) trains only the turns scored above its
     threshold, and the untrained tiny model of this test scores none (no kept row: no optimizer step); keeping every
     turn makes the one iteration update, as the other estimators do."""
-    return ["--model.rft_threshold=-1e9"] if "adv_estimator: rft" in (CONFIGS / f"{task}.yaml").read_text() else []
+    return ["--model.advantage.rft_threshold=-1e9"] if "adv_estimator: rft" in (CONFIGS / f"{task}.yaml").read_text() else []
 
 
 @pytest.mark.slow
@@ -87,8 +87,8 @@ def test_task_config_fit_smoke(task, tmp_path, monkeypatch):
                 "--model.warm_start", "false",
                 "--trainer.max_steps", "2", "--data.num_iterations", "1", "--data.num_groups", "2",
                 "--data.group_size", "2", "--data.episode.max_new_tokens", "12", "--data.episode.max_turns", "2",
-                "--data.val_num_groups", "2", "--trainer.val_check_interval", "1", "--model.mini_batch_size", "4",
-                "--model.micro_batch_size", "2"])
+                "--data.val_num_groups", "2", "--trainer.val_check_interval", "1", "--model.update.mini_batch_size", "4",
+                "--model.update.micro_batch_size", "2"])
     m = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
     # the rollout generated tokens and the episodes were scored
     assert m["rollout/generated_tokens"] > 0 and m["train/response_length"] > 0, task

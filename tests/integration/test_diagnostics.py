@@ -50,8 +50,8 @@ def test_fit_with_every_callback_then_resume(tmp_path, monkeypatch):
               "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", "logs",
               "--model.warm_start", "false", "--data.num_groups", "2", "--data.group_size", "4",
               "--data.episode.max_new_tokens", "12", "--trainer.limit_val_batches", "0", "--trainer.val_check_interval", "1",
-              "--model.mini_batch_size", "8", "--model.micro_batch_size", "4",
-              "--model.adv_estimator", "gae",  # the step counts below assume a critic
+              "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "4",
+              "--model.advantage.estimator", "gae",  # the step counts below assume a critic
               # a mid-epoch checkpoint after every iteration (GAE: two optimizer steps each) to resume from
               "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint", "--trainer.callbacks.dirpath=steps",
               "--trainer.callbacks.every_n_train_steps=2", "--trainer.callbacks.save_top_k=-1",

@@ -18,7 +18,7 @@ RECIPES = sorted((CONFIGS / "recipes").glob("24gb-*.yaml"))
 # time; the checkpoints' own validate runs below (test_cli checks --validate_first)
 SHORT = ["--trainer.logger", "false", "--model.warm_start", "false", "--validate_first", "false",
          "--data.num_groups", "2", "--data.group_size", "2", "--data.episode.max_new_tokens", "12", "--data.val_num_groups",
-         "2", "--model.mini_batch_size", "4", "--model.micro_batch_size", "2", "--data.num_iterations", "1",
+         "2", "--model.update.mini_batch_size", "4", "--model.update.micro_batch_size", "2", "--data.num_iterations", "1",
          "--trainer.val_check_interval", "1"]
 
 
@@ -77,7 +77,7 @@ def test_lora_fit_exports_a_peft_adapter_and_the_checkpoint_validates(tmp_path, 
 
     monkeypatch.chdir(tmp_path)
     common = ["--config", str(CONFIGS / "bandit.yaml"), "--config", str(CONFIGS / "lora.yaml"), *SHORT,
-              "--model.use_kl_loss", "true", "--model.kl_coef", "0.1"]
+              "--model.use_kl_loss", "true", "--model.loss.kl_coef", "0.1"]
     cli = main(["fit", *common, "--model.export_dir", "exported", "--model.lora.export_merged", "true"])
     module = cli.model
     assert module.reference is not None and not list(module.reference.parameters())  # a view, no copy
@@ -108,7 +108,7 @@ def test_qlora_shared_base_fit_on_the_embedded_tiny_model(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     common = ["--config", str(CONFIGS / "bandit.yaml"), "--config", str(CONFIGS / "qlora.yaml"), *SHORT,
               "--model.lora.shared_base", "true", "--model.lora.rank", "8", "--model.lora.alpha", "16",
-              "--model.adv_estimator", "gae"]  # this test needs the critic, whatever bandit.yaml trains with
+              "--model.advantage.estimator", "gae"]  # this test needs the critic, whatever bandit.yaml trains with
     cli = main(["fit", *common])
     module = cli.model
     assert isinstance(module.critic, lora.SharedBaseCritic)

@@ -19,7 +19,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 SHORT = ["--model.warm_start", "false", "--validate_first", "false", "--trainer.callbacks", "[]",
          "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", "logs",
          "--data.group_size", "2", "--data.val_num_groups", "2", "--data.num_iterations", "1",
-         "--trainer.val_check_interval", "1", "--model.mini_batch_size", "8", "--model.micro_batch_size", "4"]
+         "--trainer.val_check_interval", "1", "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "4"]
 
 
 def _rows(tmp_path):

@@ -124,7 +124,7 @@ def test_empty_filter_skips_update_and_stops(tmp_path, tiny_path):
 
 
 def test_bad_config_errors(tiny_path):
-    with pytest.raises(ValueError, match="micro_batch_size .* must be <= --model.mini_batch_size"):
+    with pytest.raises(ValueError, match="micro_batch_size .* must be <= --model.update.mini_batch_size"):
         StarPOModule(model=str(tiny_path), mini_batch_size=2, micro_batch_size=4)
     with pytest.raises(ValueError, match="unknown env id 'ragen/Nope-v0'"):
         data(env_id="ragen/Nope-v0")
@@ -246,7 +246,7 @@ def test_lr_warmup_ramps_each_network_per_optimizer_step(tmp_path, tiny_path):
     off = ScriptedStarPO(model=str(tiny_path), mini_batch_size=4, micro_batch_size=4, actor_lr=1e-3, critic_lr=2e-3)
     fit(tmp_path / "off", off, data())
     assert [o.optimizer.param_groups[0]["lr"] for o in off._optimizers()] == [1e-3, 2e-3]
-    with pytest.raises(ConfigError, match="--model.lr_warmup_steps"):
+    with pytest.raises(ConfigError, match="--model.optim.warmup_steps"):
         ScriptedStarPO(lr_warmup_steps=-1)
 
 
@@ -263,7 +263,7 @@ def test_lr_decay_follows_iterations_not_steps(tmp_path, tiny_path):
                             actor_lr=1e-3, lr_decay_iterations=2)
     t = fit(tmp_path, module, data(num_iterations=3), [Spy()])
     assert t.global_step == 6 and seen == pytest.approx([1e-3, 0.55e-3, 0.1e-3])
-    with pytest.raises(ConfigError, match="--model.lr_decay_iterations"):
+    with pytest.raises(ConfigError, match="--model.optim.decay_iterations"):
         ScriptedStarPO(lr_decay_iterations=-2)
 
 

@@ -25,7 +25,7 @@ def _module(tiny_path, critic_lr: float, **kw):
 
 
 def test_inf_critic_lr_leaves_finite_unchanged_critic_and_counts_skips(tmp_path, tiny_path):
-    # Before: --model.critic_lr .inf finished with rc 0 and a last.ckpt holding NaN/inf critic tensors (the flag is
+    # Before: --model.optim.critic_lr .inf finished with rc 0 and a last.ckpt holding NaN/inf critic tensors (the flag is
     # now refused by the settings check; an infinite rate reaching the optimizer is what the guard must stop).
     module = _module(tiny_path, critic_lr=math.inf, max_consecutive_skips=0)
     rec = Recorder()
@@ -49,7 +49,7 @@ def test_n_skips_in_a_row_stop_the_run_with_one_message(tmp_path, tiny_path):
     with pytest.raises(TrainingStopped) as info:
         trainer(tmp_path, [rec]).fit(module, data(num_iterations=5))
     assert str(info.value).startswith("2 critic optimizer steps in a row were skipped (non-finite learning rate "
-                                      "(inf)); nothing non-finite reached the weights. Check --model.critic_lr")
+                                      "(inf)); nothing non-finite reached the weights. Check --model.optim.critic_lr")
     assert "\n" not in str(info.value)
     assert len(rec.rows) == 1  # iteration 2 raised in its critic step, before its logs
     assert all(torch.isfinite(p).all() for p in module.critic.parameters())

@@ -21,7 +21,6 @@ from ragen_lightning.algos.advantages import (
     grpo,
     length_weight,
     masked_whiten,
-    outcome_advantages,
     soft_advantage_reweight,
     turn_ends_from_mask,
     turn_level_gae,
@@ -269,7 +268,7 @@ def test_grpo_non_contiguous_group_ids():
     close(grpo(T([1.0, 10.0, 3.0, 20.0]), T([7, 3, 7, 3])), [-r, -r, r, r], atol=1e-5)
 
 
-def test_brpo_arpo_and_dispatch():
+def test_brpo_arpo_and_the_group_outcome_signature():
     scores = T([1.0, 2.0, 3.0, 6.0])
     groups = T([0, 0, 1, 1])
     # batch mean 3, unbiased var (4 + 1 + 0 + 9)/3 = 14/3, std 2.1602469
@@ -277,14 +276,23 @@ def test_brpo_arpo_and_dispatch():
     expected_brpo = [-2 / std, -1 / std, 0.0, 3 / std]
     close(brpo(scores), expected_brpo, atol=1e-5)
     close(arpo(scores), scores)
-    close(outcome_advantages(scores, groups, "brpo"), expected_brpo, atol=1e-5)
-    close(outcome_advantages(scores, groups, "arpo"), scores)
+    # the estimator registry calls each one as fn(scores, group_index): the batch-wide ones ignore the groups
+    close(brpo(scores, groups), expected_brpo, atol=1e-5)
+    close(arpo(scores, groups), scores)
     # groups: [1,2] -> -+0.7071, [3,6] -> -+0.7071
     r = 1.0 / math.sqrt(2.0)
-    close(outcome_advantages(scores, groups, "grpo"), [-r, r, -r, r], atol=1e-5)
-    close(outcome_advantages(scores, groups, "drgrpo"), [-0.5, 0.5, -1.5, 1.5])
-    with pytest.raises(ValueError, match="estimator"):
-        outcome_advantages(scores, groups, "reinforce")  # type: ignore[arg-type]
+    close(grpo(scores, groups), [-r, r, -r, r], atol=1e-5)
+    close(drgrpo(scores, groups), [-0.5, 0.5, -1.5, 1.5])
+
+
+def test_registry_names_the_group_outcome_estimators_and_refuses_an_unknown_one():
+    from ragen_lightning.errors import ConfigError
+    from ragen_lightning.starpo.estimators import estimators_where, get_estimator
+
+    assert set(estimators_where(outcome=True)) >= {"grpo", "drgrpo", "brpo", "arpo"}
+    assert [get_estimator(n).groups for n in ("grpo", "drgrpo", "brpo", "arpo")] == [True, True, False, False]
+    with pytest.raises(ConfigError, match="--model.advantage.estimator must be one of .*got 'reinforce'"):
+        get_estimator("reinforce")
 
 
 def test_broadcast_to_tokens():

@@ -88,5 +88,5 @@ def test_branches_are_refused_where_a_branch_cannot_be_a_scored_one_turn_sample(
         dm(branches=2, reward_placement="turn", episode=windowed, branch_follow="top")
     assert dm(branches=2, reward_placement="turn", episode=windowed, branch_follow="best").hparams.branch_follow == "best"
     check_data_settings({"adv_estimator": "rft"}, d.hparams)
-    with pytest.raises(ConfigError, match="--data.branches 2 needs --model.adv_estimator rft"):
+    with pytest.raises(ConfigError, match="--data.branches 2 needs --model.advantage.estimator rft"):
         check_data_settings({"adv_estimator": "gae"}, d.hparams)

@@ -158,7 +158,7 @@ def test_changed_settings_names_each_differing_model_setting():
     current = {"adv_estimator": "grpo", "model": "tiny", "lora": {"rank": 8}, "actor_lr": 1e-3, "temperature": 0.7,
                "export_dir": "out", "only_now": 2, "_instantiator": "y"}
     assert changed_settings(current, saved) == [
-        "--model.adv_estimator (checkpoint 'gae', now 'grpo')",
+        "--model.advantage.estimator (checkpoint 'gae', now 'grpo')",
         "--model.lora (checkpoint None, now {'rank': 8})",
         "--data.temperature (checkpoint 1.0, now 0.7)",
     ]
@@ -175,7 +175,7 @@ def test_check_resume_settings_refuses_unless_allowed():
     with pytest.raises(ConfigError) as info:
         check_resume_settings(current, "out/last.ckpt", saved, allow=False)
     assert str(info.value) == (
-        "--ckpt_path out/last.ckpt was trained with other model settings: --model.adv_estimator (checkpoint 'gae', "
-        "now 'grpo'); --model.gamma (checkpoint 1.0, now 0.99). Resume with the run's settings, or pass "
+        "--ckpt_path out/last.ckpt was trained with other model settings: --model.advantage.estimator (checkpoint 'gae', "
+        "now 'grpo'); --model.advantage.gamma (checkpoint 1.0, now 0.99). Resume with the run's settings, or pass "
         "--allow_changed_settings true to continue with the new ones")
     check_resume_settings(current, "out/last.ckpt", saved, allow=True)  # allowed: no error

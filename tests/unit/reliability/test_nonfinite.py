@@ -13,7 +13,7 @@ import torch
 from ragen_lightning.errors import ConfigError, TrainingStopped
 from ragen_lightning.starpo.module import StarPOModule
 from ragen_lightning.starpo.optim import SkipGuard, guarded_step, learning_rate_problem, local_numel
-from ragen_lightning.starpo.update import MicroOutput, accumulate
+from ragen_lightning.starpo.optimizer_steps import MicroOutput, accumulate
 
 X = torch.tensor([[1.0, 1.0]])
 
@@ -116,8 +116,8 @@ def test_skip_guard_counts_and_stops_after_n_in_a_row_per_network():
         guard.record("critic", False, "non-finite learning rate (inf)")
     assert str(info.value) == (
         "3 critic optimizer steps in a row were skipped (non-finite learning rate (inf)); nothing non-finite reached "
-        "the weights. Check --model.critic_lr (or --model.critic_optimizer), --model.grad_clip and "
-        "--data.temperature; --model.max_consecutive_skips sets this limit")
+        "the weights. Check --model.optim.critic_lr (or --model.optim.critic_optimizer), --model.optim.grad_clip and "
+        "--data.temperature; --model.optim.max_consecutive_skips sets this limit")
     guard = SkipGuard(max_consecutive=2)
     for stepped in (False, True, False, True, False):  # never two in a row
         guard.record("actor", stepped, "non-finite loss")
@@ -149,5 +149,5 @@ def test_training_temperature_must_be_positive_and_finite(temperature):
 
 @pytest.mark.parametrize("value", [-1, 1.5, True])
 def test_max_consecutive_skips_domain(value):
-    with pytest.raises(ConfigError, match=r"--model.max_consecutive_skips must be an int >= 0"):
+    with pytest.raises(ConfigError, match=r"--model.optim.max_consecutive_skips must be an int >= 0"):
         StarPOModule(max_consecutive_skips=value)

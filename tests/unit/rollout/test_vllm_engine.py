@@ -186,9 +186,9 @@ def test_auto_engine_falling_back_to_hf_refuses_tensor_parallel(monkeypatch, mod
 
 
 def test_tis_needs_temperature_one():
-    with pytest.raises(ConfigError, match="--model.tis_cap"):
+    with pytest.raises(ConfigError, match="--model.loss.tis_cap"):
         StarPOModule(tis_cap=2.0, temperature=0.7)
-    with pytest.raises(ConfigError, match="--model.tis_cap"):
+    with pytest.raises(ConfigError, match="--model.loss.tis_cap"):
         StarPOModule(tis_cap=0.0)
     assert StarPOModule(tis_cap=2.0).hparams.tis_cap == 2.0
 

@@ -1,4 +1,4 @@
-"""StarPO step 3 with ``advantage_floor``: advantages clamped from below after the estimator's normalisation."""
+"""StarPO step 3 with ``--model.advantage.floor``: advantages clamped from below after the estimator's normalisation."""
 
 import math
 
@@ -6,12 +6,10 @@ import pytest
 import torch
 
 from ragen_lightning.data.batching import build_batch
-from ragen_lightning.starpo.advantages import advantages_for
+from ragen_lightning.starpo.estimators import advantages_for
+from ragen_lightning.starpo.settings import AdvantageSettings
 from ragen_lightning.types import Conversation, Sample, Trajectory
 
-SETTINGS = {"adv_estimator": "grpo", "gamma": 1.0, "lam": 1.0, "turn_level_gae": False, "high_level_gamma": 0.95,
-            "kl_in_reward_coef": 0.0, "kl_kind": "k1", "soft_advantage_reweight": False, "filter_loss_scaling": "none",
-            "length_weight": False, "zero_task_advantage": False}
 
 
 def episode(index: int, score: float) -> Trajectory:
@@ -28,7 +26,7 @@ def episode(index: int, score: float) -> Trajectory:
 def advantages(estimator: str, floor: float | None, values: torch.Tensor | None = None) -> torch.Tensor:
     batch = build_batch([episode(i, s) for i, s in enumerate([0.0, 0.0, 10.0, 10.0])], pad_token_id=0)
     mask = batch.loss_mask[:, 1:].bool()
-    settings = {**SETTINGS, "adv_estimator": estimator, "advantage_floor": floor}
+    settings = AdvantageSettings(estimator=estimator, floor=floor)
     adv, _, _ = advantages_for(batch, mask, None, None, settings)(values, None)
     return adv[mask].reshape(4, 2)
 

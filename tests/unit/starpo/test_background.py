@@ -1,4 +1,4 @@
-"""The critic's steps on a worker thread (``--model.critic_in_background``): joining, counting, errors."""
+"""The critic's steps on a worker thread (``--model.critic.in_background``): joining, counting, errors."""
 
 import threading
 from types import SimpleNamespace

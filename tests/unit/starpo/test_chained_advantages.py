@@ -1,15 +1,16 @@
 """StarPO step 3 on per-turn samples with per-turn rewards: GAE over the episode, per-row returns refused."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from ragen_lightning.data.batching import build_batch
-from ragen_lightning.starpo.advantages import advantages_for
+from ragen_lightning.starpo.estimators import advantages_for
+from ragen_lightning.starpo.settings import AdvantageSettings
 from ragen_lightning.types import Conversation, Sample, Trajectory
 
-SETTINGS = {"adv_estimator": "gae", "gamma": 1.0, "lam": 1.0, "turn_level_gae": False, "high_level_gamma": 0.95,
-            "kl_in_reward_coef": 0.0, "kl_kind": "k1", "soft_advantage_reweight": False, "filter_loss_scaling": "none",
-            "length_weight": False, "zero_task_advantage": False}
+SETTINGS = AdvantageSettings(estimator="gae", gamma=1.0, lam=1.0)
 
 
 def turn_sample(reward: float) -> Sample:
@@ -40,7 +41,7 @@ def test_turn_samples_get_the_returns_of_the_whole_episode_and_rows_alone_are_re
 
 
 def test_explained_variance_by_hand():
-    from ragen_lightning.starpo.advantages import explained_variance
+    from ragen_lightning.starpo.estimators import explained_variance
 
     returns = torch.tensor([[0.0, 2.0, 4.0, 99.0]])
     mask = torch.tensor([[True, True, True, False]])  # the last position is not trained: never read
@@ -69,7 +70,7 @@ def test_the_gae_logs_name_how_well_the_critic_predicted_the_returns():
 def test_the_logged_explained_variance_is_the_batch_one_under_turn_level_gae():
     """The settings of a PPO run that seemed to log EV 1.5139 and 8.5651 (its CSV held 1.5139579772949219e-05 and
     8.565187454223633e-05): per-turn rewards on per-turn samples, turn-level GAE with high_level_gamma 0,
-    lam = gamma = 1, advantage_floor 0. The logged EV is the one of all the batch's trained tokens together."""
+    lam = gamma = 1, advantage floor 0. The logged EV is the one of all the batch's trained tokens together."""
     def episode(env: int, rewards: list[float]) -> Trajectory:
         t = Trajectory(env_index=env, group_id=0, seed=env, turn_rewards=rewards, penalty=0.0, success=False,
                        num_turns=len(rewards), response_tokens=2 * len(rewards))
@@ -79,7 +80,7 @@ def test_the_logged_explained_variance_is_the_batch_one_under_turn_level_gae():
     batch = build_batch([episode(0, [1.0, 3.0]), episode(1, [0.0, 4.0])], pad_token_id=0, reward_placement="turn")
     mask = batch.loss_mask[:, 1:].bool()
     values = torch.tensor([[1.0, 1.0], [2.0, 2.0], [0.0, 0.0], [5.0, 5.0]])
-    settings = {**SETTINGS, "turn_level_gae": True, "high_level_gamma": 0.0, "advantage_floor": 0.0}
+    settings = dataclasses.replace(SETTINGS, turn_level_gae=True, high_level_gamma=0.0, floor=0.0)
     _, returns, logs = advantages_for(batch, mask, None, None, settings)(values, None)
     # high_level_gamma 0: each turn's tokens return that turn's reward
     torch.testing.assert_close(returns, torch.tensor([[1.0, 1.0], [3.0, 3.0], [0.0, 0.0], [4.0, 4.0]]))

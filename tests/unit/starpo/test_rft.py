@@ -83,9 +83,9 @@ def test_at_ratio_one_the_policy_loss_of_kept_tokens_is_the_supervised_loss():
 
 def test_rft_trains_no_critic_and_refuses_turn_level_gae(tiny_path):
     assert not StarPOModule(model=str(tiny_path), adv_estimator="rft").uses_critic
-    with pytest.raises(ConfigError, match="--model.turn_level_gae needs --model.adv_estimator gae"):
+    with pytest.raises(ConfigError, match="--model.advantage.turn_level_gae needs --model.advantage.estimator gae"):
         StarPOModule(model=str(tiny_path), adv_estimator="rft", turn_level_gae=True)
-    with pytest.raises(ConfigError, match="--model.length_weight apply to GRPO-family estimators"):
+    with pytest.raises(ConfigError, match="--model.advantage.length_weight apply to GRPO-family estimators"):
         StarPOModule(model=str(tiny_path), adv_estimator="rft", length_weight=True)  # a kept token's advantage is 1
 
 
@@ -135,7 +135,7 @@ def test_per_state_sharing_leaves_unbranched_samples_alone():
 
 
 def test_rft_per_state_needs_rft(tiny_path):
-    with pytest.raises(ConfigError, match="--model.rft_per_state needs --model.adv_estimator rft"):
+    with pytest.raises(ConfigError, match="--model.advantage.rft_per_state needs --model.advantage.estimator rft"):
         StarPOModule(model=str(tiny_path), adv_estimator="grpo", rft_per_state=True)
 
 

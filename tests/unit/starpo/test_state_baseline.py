@@ -80,5 +80,5 @@ def test_the_settings_it_needs_are_checked(tiny_path):
         check_data_settings(hp, {"group_size": 1, "branches": 1, "reward_placement": "turn"})
     with pytest.raises(ConfigError, match=r"reward_placement 'last'"):
         check_data_settings(hp, {"group_size": 1, "branches": 8, "reward_placement": "last"})
-    with pytest.raises(ConfigError, match="needs --model.adv_estimator rft, state_baseline or state_grpo"):
+    with pytest.raises(ConfigError, match="needs --model.advantage.estimator rft, state_baseline or state_grpo"):
         check_data_settings({**hp, "adv_estimator": "grpo"}, {"group_size": 4, "branches": 8, "reward_placement": "turn"})

@@ -1,4 +1,4 @@
-"""The actor step's trust region (``--model.max_step_kl``): a step whose KL on its own rows exceeds the limit is
+"""The actor step's trust region (``--model.optim.max_step_kl``): a step whose KL on its own rows exceeds the limit is
 undone (weights and optimizer state exactly as before, counted as a skip), the KL is the k3 mean over the step's
 trained tokens, and the flag reaches the actor step through ``ppo_update``."""
 
@@ -14,8 +14,8 @@ from ragen_lightning.errors import ConfigError, TrainingStopped
 from ragen_lightning.starpo.checks import MODULE_DOMAINS
 from ragen_lightning.starpo.optim import SkipGuard
 from ragen_lightning.starpo.scoring import actor_outputs
-from ragen_lightning.starpo.steps import PolicyLossSettings, ppo_update, step_kl
-from ragen_lightning.starpo.update import MicroOutput, accumulate
+from ragen_lightning.starpo.ppo import PolicyLossSettings, ppo_update, step_kl
+from ragen_lightning.starpo.optimizer_steps import MicroOutput, accumulate
 from ragen_lightning.types import UpdateBatch
 
 X = torch.tensor([[1.0, 1.0]])
@@ -101,7 +101,7 @@ def test_step_kl_is_the_k3_mean_over_the_trained_tokens(tiny_model):
     kl, reason = step_kl(tiny_model, data, probes, _settings(expected * 2))
     assert kl == pytest.approx(expected, rel=1e-5) and reason is None
     kl, reason = step_kl(tiny_model, data, probes, _settings(expected / 2))
-    assert reason == f"step KL {kl:.4g} > --model.max_step_kl {expected / 2:g}"
+    assert reason == f"step KL {kl:.4g} > --model.optim.max_step_kl {expected / 2:g}"
 
 
 @pytest.mark.parametrize("limit", [None, 1e-12])
@@ -132,8 +132,8 @@ def test_max_step_kl_domain(value):
 
 def test_steps_undone_by_the_trust_region_stop_the_run_with_their_own_advice():
     guard = SkipGuard(max_consecutive=2)
-    guard.record("actor", False, "step KL 2.9 > --model.max_step_kl 0.01 (restored)")
+    guard.record("actor", False, "step KL 2.9 > --model.optim.max_step_kl 0.01 (restored)")
     with pytest.raises(TrainingStopped, match=r"2 actor optimizer steps in a row were skipped \(step KL 3.1 > "
-                       r"--model.max_step_kl 0.01 \(restored\)\); every step was undone: a smaller "
-                       r"--model.actor_lr takes smaller steps, a larger --model.max_step_kl allows larger ones"):
-        guard.record("actor", False, "step KL 3.1 > --model.max_step_kl 0.01 (restored)")
+                       r"--model.optim.max_step_kl 0.01 \(restored\)\); every step was undone: a smaller "
+                       r"--model.optim.actor_lr takes smaller steps, a larger --model.optim.max_step_kl allows larger ones"):
+        guard.record("actor", False, "step KL 3.1 > --model.optim.max_step_kl 0.01 (restored)")

@@ -1,4 +1,4 @@
-"""Micro-batches on CPU threads (``--model.micro_batch_threads``): the same step, outputs and scores as the loop."""
+"""Micro-batches on CPU threads (``--model.update.micro_batch_threads``): the same step, outputs and scores as the loop."""
 
 import math
 import threading
@@ -11,7 +11,7 @@ from ragen_lightning.errors import ConfigError
 from ragen_lightning.parallel.threads import map_threads
 from ragen_lightning.starpo.checks import check_threads_precision
 from ragen_lightning.starpo.scoring import score_batch
-from ragen_lightning.starpo.update import MicroOutput, accumulate
+from ragen_lightning.starpo.optimizer_steps import MicroOutput, accumulate
 
 X = torch.arange(1.0, 13.0).reshape(6, 2)  # row r of the batch: (2r + 1, 2r + 2)
 
@@ -100,7 +100,7 @@ def test_threads_need_a_precision_without_autocast_or_loss_scaling():
     for ok in (None, "32-true", "bf16-true", 32):
         check_threads_precision(2, ok)
     check_threads_precision(1, "bf16-mixed")  # the loop goes through Lightning's plugin
-    with pytest.raises(ConfigError, match="--model.micro_batch_threads 2 .* --trainer.precision bf16-mixed"):
+    with pytest.raises(ConfigError, match="--model.update.micro_batch_threads 2 .* --trainer.precision bf16-mixed"):
         check_threads_precision(2, "bf16-mixed")
     with pytest.raises(ConfigError, match="16-mixed"):
         check_threads_precision(4, "16-mixed")

@@ -162,40 +162,8 @@ def accumulate(module, opt, rows: torch.Tensor, loss_fn: LossFn, *, micro_batch_
     """
     size = world()[1]
     opt.zero_grad()
-    terms: dict[str, list[float]] = {}
-    stats: dict[str, list[float]] = {}
-    outputs = []
-    probes: list[tuple[torch.Tensor, torch.Tensor]] = []
-    finite = True
-    micros = list(micro_slices(rows, micro_batch_size))
-    if size == 1 and threads > 1 and len(micros) > 1:
-        check_threads_precision(threads, module._trainer.precision if module._trainer is not None else None)
-        def forward_backward(micro: torch.Tensor) -> MicroOutput:
-            out = loss_fn(micro)
-            if torch.isfinite(out.loss):  # a non-finite loss skips the step: its gradient would only be discarded
-                out.loss.backward()
-            return out
-
-        done = map_threads(forward_backward, micros, threads)
-    else:
-        done = None
-    for i, micro in enumerate(micros):
-        out = loss_fn(micro) if done is None else done[i]
-        if out.outputs:
-            outputs.append((micro, out.outputs))
-        if out.probe is not None:
-            probes.append((micro, out.probe))
-        if not torch.isfinite(out.loss):
-            finite = False
-            if size == 1:
-                break
-        if done is None:
-            module.manual_backward(out.loss * size if size > 1 else out.loss)
-        if size > 1 and bool((micro == pad_row).all()):
-            continue  # a micro-batch of padding only: no metrics
-        for acc, values in ((terms, out.terms), (stats, out.stats)):
-            for k, v in values.items():
-                acc.setdefault(k, []).append(float(v))
+    seen = _backward_micro_batches(module, rows, loss_fn, micro_batch_size, pad_row, threads)
+    finite = seen.finite
     params = [p for g in opt.param_groups for p in g["params"]]  # a shared LoRA base holds both adapters
     if size > 1:
         finite = bool(all_reduce_(torch.tensor(float(finite), device=module.device), "min"))
@@ -206,19 +174,69 @@ def accumulate(module, opt, rows: torch.Tensor, loss_fn: LossFn, *, micro_batch_
     measured: dict[str, float] = {}
 
     def after() -> str | None:
-        measured["step_kl"], why = check(probes)
+        measured["step_kl"], why = check(seen.probes)
         return why
 
-    reason = reason or guarded_step(opt, params, after=after if check is not None else None) or ""  # collectives inside: ranks agree on the flags above
+    # collectives inside: the ranks agree on the flags above
+    reason = reason or guarded_step(opt, params, after=after if check is not None else None) or ""
     stepped = not reason
     if stepped and on_step is not None:
         on_step(opt)
     opt.zero_grad()  # FSDP1 clips every gradient of the wrapped root: leave none behind for the other network
-    metrics = {k: total for k, (total, _) in _across_ranks(terms).items()}
-    metrics.update({k: total / count for k, (total, count) in _across_ranks(stats).items()})
+    metrics = {k: total for k, (total, _) in _across_ranks(seen.terms).items()}
+    metrics.update({k: total / count for k, (total, count) in _across_ranks(seen.stats).items()})
     metrics["grad_norm"] = norm
     metrics.update(measured)
-    return StepResult(metrics, stepped, outputs, reason)
+    return StepResult(metrics, stepped, seen.outputs, reason)
+
+
+@dataclass
+class _Backward:
+    """What the backward passes of one step's micro-batches left: their loss terms and statistics (lists per name,
+    combined across ranks later), outputs and probes by rows, and whether every loss was finite."""
+
+    terms: dict[str, list[float]] = field(default_factory=dict)
+    stats: dict[str, list[float]] = field(default_factory=dict)
+    outputs: list = field(default_factory=list)
+    probes: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    finite: bool = True
+
+
+def _backward_micro_batches(module, rows: torch.Tensor, loss_fn: LossFn, micro_batch_size: int, pad_row: int,
+                            threads: int) -> _Backward:
+    """Forward and backward every micro-batch of ``rows`` (on ``threads`` CPU threads in one process), in order."""
+    size = world()[1]
+    seen = _Backward()
+    micros = list(micro_slices(rows, micro_batch_size))
+    done = None
+    if size == 1 and threads > 1 and len(micros) > 1:
+        check_threads_precision(threads, module._trainer.precision if module._trainer is not None else None)
+
+        def forward_backward(micro: torch.Tensor) -> MicroOutput:
+            out = loss_fn(micro)
+            if torch.isfinite(out.loss):  # a non-finite loss skips the step: its gradient would only be discarded
+                out.loss.backward()
+            return out
+
+        done = map_threads(forward_backward, micros, threads)
+    for i, micro in enumerate(micros):
+        out = loss_fn(micro) if done is None else done[i]
+        if out.outputs:
+            seen.outputs.append((micro, out.outputs))
+        if out.probe is not None:
+            seen.probes.append((micro, out.probe))
+        if not torch.isfinite(out.loss):
+            seen.finite = False
+            if size == 1:
+                break
+        if done is None:
+            module.manual_backward(out.loss * size if size > 1 else out.loss)
+        if size > 1 and bool((micro == pad_row).all()):
+            continue  # a micro-batch of padding only: no metrics
+        for acc, values in ((seen.terms, out.terms), (seen.stats, out.stats)):
+            for k, v in values.items():
+                acc.setdefault(k, []).append(float(v))
+    return seen
 
 
 def network_step(module, network: str, rows: torch.Tensor, loss_fn: LossFn, *, background=None,
@@ -228,13 +246,14 @@ def network_step(module, network: str, rows: torch.Tensor, loss_fn: LossFn, *, b
     recorded with ``module.skips`` (which raises after too many skips in a row). With ``background`` (a
     :class:`~ragen_lightning.starpo.background.BackgroundSteps`, called on its worker thread) the step backpropagates
     directly and steps the raw optimizer, on one thread (the other core runs the rollout)."""
-    hp = module.hparams
-    opt = module._optimizers()[0 if network == "actor" else 1]
-    warmup = (lambda o: step_warmup(module.lr_schedulers(), o)) if hp.lr_warmup_steps or hp.lr_decay_iterations else None
+    update, optim = module.settings.update, module.settings.optim
+    opt = module.network_optimizer(network)
+    scheduled = optim.warmup_steps or optim.decay_iterations
+    warmup = (lambda o: step_warmup(module.lr_schedulers(), o)) if scheduled else None
     target, opt = (module, opt) if background is None else background.worker_view(module, opt)
-    result = accumulate(target, opt, rows, loss_fn, micro_batch_size=hp.micro_batch_size, max_norm=hp.grad_clip,
-                        pad_row=module._pad_row, on_step=warmup,
-                        threads=hp.micro_batch_threads if background is None else 1, check=check)
+    result = accumulate(target, opt, rows, loss_fn, micro_batch_size=update.micro_batch_size,
+                        max_norm=optim.grad_clip, pad_row=module.pad_row, on_step=warmup,
+                        threads=update.micro_batch_threads if background is None else 1, check=check)
     module.skips.record(network, result.stepped, result.skip_reason)  # raises after too many in a row
     return result
 

@@ -4,12 +4,13 @@
 :mod:`ragen_lightning.algos.losses` to the networks for one micro-batch: a teacher-forced forward on its rows (cut to
 their longest row), then the loss with the mini-batch's normaliser, so the terms add up over micro-batches to the
 mini-batch value whatever the micro-batch size. The optimizer mechanics (accumulate, clip, step, data-parallel
-shares) are :mod:`.update`'s.
+shares) are :mod:`.optimizer_steps`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,18 +27,19 @@ from ragen_lightning.algos.losses import (
     value_loss,
 )
 from ragen_lightning.parallel import all_reduce_, world
+from ragen_lightning.starpo.optimizer_steps import (
+    MicroOutput,
+    StepResult,
+    mini_batches,
+    scatter_outputs,
+)
 from ragen_lightning.starpo.scoring import (
     actor_outputs,
     by_length,
     critic_values,
     first_target,
 )
-from ragen_lightning.starpo.update import (
-    MicroOutput,
-    StepResult,
-    mini_batches,
-    scatter_outputs,
-)
+from ragen_lightning.starpo.settings import ModuleSettings
 from ragen_lightning.types import UpdateBatch
 
 # (values [b, T - 1], rows of the batch or None for all) -> (advantages, returns, logs), as starpo_advantages
@@ -46,9 +48,9 @@ _ACTOR_TERMS = ("pg_loss", "entropy_loss", "kl_loss")  # actor_loss's shares of 
 
 
 @dataclass(frozen=True)
-class PolicyLossSettings:
-    """The actor loss of a run (the module's ``--model.*`` flags of the same names; ``kl_coef`` is 0 without
-    ``use_kl_loss``)."""
+class ActorLoss:
+    """What the actor's loss of one iteration needs: the ``--model.loss.*`` settings and how log-probs are computed
+    (:meth:`of` builds it from the module's settings)."""
 
     clip_low: float
     clip_high: float
@@ -64,16 +66,18 @@ class PolicyLossSettings:
     max_step_kl: float | None = None  # undo an actor step whose KL on its own rows exceeds this (step_kl)
 
     @classmethod
-    def from_hparams(cls, hp) -> PolicyLossSettings:
-        """The module's hyperparameters of the same names (the KL term only with ``use_kl_loss``). The shared
-        prefix is off under activation checkpointing: recomputing a block in backward would append its keys to the
-        prefix cache a second time."""
-        names = [f for f in cls.__dataclass_fields__ if f not in ("kl_coef", "share_prefix")]
-        return cls(**{k: hp[k] for k in names}, kl_coef=hp["kl_coef"] if hp["use_kl_loss"] else 0.0,
-                   share_prefix=not hp["activation_checkpointing"])
+    def of(cls, s: ModuleSettings) -> ActorLoss:
+        """From the module's settings. The shared prefix is off under activation checkpointing: recomputing a block
+        in backward would append its keys to the prefix cache a second time."""
+        loss = s.loss
+        return cls(clip_low=loss.clip_low, clip_high=loss.clip_high, dual_clip=loss.dual_clip,
+                   loss_agg_mode=loss.agg_mode, entropy_coeff=loss.entropy_coeff, kl_coef=loss.kl_coef,
+                   kl_kind=loss.kl_kind, temperature=s.temperature, tis_cap=loss.tis_cap,
+                   logits_chunk_size=s.update.logits_chunk_size,
+                   share_prefix=not s.update.activation_checkpointing, max_step_kl=s.optim.max_step_kl)
 
 
-def actor_micro_loss(actor: nn.Module, batch: UpdateBatch, settings: PolicyLossSettings, *,
+def actor_micro_loss(actor: nn.Module, batch: UpdateBatch, settings: ActorLoss, *,
                      normalizer: torch.Tensor, horizon: int, first_pass: bool) -> MicroOutput:
     """PPO loss of one micro-batch (``batch`` = its rows). On the first pass of an on-policy update
     (``batch.old_logprobs is None``) this forward's log-probs are the old log-probs (ratio 1) and are returned,
@@ -100,7 +104,7 @@ def actor_micro_loss(actor: nn.Module, batch: UpdateBatch, settings: PolicyLossS
 
 @torch.no_grad()
 def step_kl(actor: nn.Module, data: UpdateBatch, probes: list[tuple[torch.Tensor, torch.Tensor]],
-            settings: PolicyLossSettings) -> tuple[float, str | None]:
+            settings: ActorLoss) -> tuple[float, str | None]:
     """``(KL, reason)`` of an actor step: the mean over the step's trained tokens of the k3 estimate of
     KL(before || after), ``exp(d) - d - 1`` with ``d = logp_after - logp_before`` (tokens sampled near the
     before-policy; >= 0 token by token), from the log-probs its loss forward recorded (``probes``) and a no-grad
@@ -122,7 +126,7 @@ def step_kl(actor: nn.Module, data: UpdateBatch, probes: list[tuple[torch.Tensor
         total = all_reduce_(total.to(data.input_ids.device), "sum").cpu()
     kl = float(total[0] / total[1]) if total[1] > 0 else 0.0
     limit = settings.max_step_kl
-    return kl, (f"step KL {kl:.4g} > --model.max_step_kl {limit:g}" if limit is not None and kl > limit else None)
+    return kl, (f"step KL {kl:.4g} > --model.optim.max_step_kl {limit:g}" if limit is not None and kl > limit else None)
 
 
 def critic_micro_loss(critic: nn.Module, batch: UpdateBatch, *, clip_range: float, normalizer: torch.Tensor,
@@ -143,14 +147,14 @@ def critic_micro_loss(critic: nn.Module, batch: UpdateBatch, *, clip_range: floa
     return MicroOutput(loss, terms, {"vf_clipfrac": metrics["vf_clipfrac"]}, () if batch.values is not None else (values,))
 
 
-def ppo_update(data: UpdateBatch, actor: nn.Module | None, critic: nn.Module | None, *, policy_loss: PolicyLossSettings,
+def ppo_update(data: UpdateBatch, actor: nn.Module | None, critic: nn.Module | None, *, policy_loss: ActorLoss,
                value_clip: float, ppo_epochs: int, mini_batch_size: int, shuffle: bool, iteration: int,
                step: Callable[..., StepResult], advantages_of: AdvantagesOf | None = None, background=None):
     """``ppo_epochs`` x mini-batches of a critic step (when there is a critic) then an actor step (when there is an
     actor: ``actor=None`` runs the critic's steps alone, e.g. on a worker thread, :mod:`.background`).
 
     ``step(network, rows, loss_fn)`` runs one optimizer step of ``"actor"`` or ``"critic"`` over this rank's
-    ``rows`` (:func:`~.update.accumulate`). With a critic and ``data.values`` None (on-policy: one epoch over one
+    ``rows`` (:func:`~.optimizer_steps.accumulate`). With a critic and ``data.values`` None (on-policy: one epoch over one
     mini-batch) the critic step's own forward supplies the values, so no separate value pass runs: its targets come
     from ``advantages_of(values, rows)`` per micro-batch, then ``advantages_of(values, None)`` gives the batch's
     advantages and returns for the actor (their logs are returned with the step metrics).
@@ -159,32 +163,26 @@ def ppo_update(data: UpdateBatch, actor: nn.Module | None, critic: nn.Module | N
     submitted to its worker thread after the actor's (``step(..., background=background)`` there; ``data.values``
     must be given) and their metrics come from ``background.join()`` later.
 
-    Returns the step metrics averaged over steps (``actor/<name>``, ``critic/<name>``) and, for an on-policy update
-    (``data.old_logprobs is None``), the first pass's ``(logprobs, entropy)`` of every row ``[B, T - 1]`` (summed
-    over ranks: each rank fills its rows); else None.
+    Returns the step metrics averaged over steps (``actor/<name>``, ``critic/<name>``) and, on-policy
+    (``data.old_logprobs is None``), the first pass's ``(logprobs, entropy)`` ``[B, T - 1]`` (summed over ranks), else None.
     """
     if background is not None and critic is not None:
-        if data.values is None:
-            raise ValueError("critic steps in the background need the values of a separate value pass")
-        settings = {"policy_loss": policy_loss, "value_clip": value_clip, "ppo_epochs": ppo_epochs, "shuffle": shuffle,
-                    "mini_batch_size": mini_batch_size, "iteration": iteration, "advantages_of": advantages_of}
-        result = ppo_update(data, actor, None, step=step, **settings)
-        steps = ppo_epochs * len(range(0, len(data), mini_batch_size))
-        background.submit(lambda: ppo_update(data, None, critic, **settings, step=lambda *a: step(
-            *a, background=background))[0], steps=steps)
-        return result
+        update = functools.partial(ppo_update, data, policy_loss=policy_loss, value_clip=value_clip,
+                                   ppo_epochs=ppo_epochs, mini_batch_size=mini_batch_size, shuffle=shuffle,
+                                   iteration=iteration, advantages_of=advantages_of)
+        steps = ppo_epochs * len(range(0, len(data), mini_batch_size))  # the critic's, counted when submitted
+        return _critic_in_background(data, update, actor, critic, step, background, steps)
     B, width = len(data), data.loss_mask.shape[1]
     if critic is not None and data.values is None and (ppo_epochs > 1 or B > mini_batch_size or advantages_of is None):
         raise ValueError("values from the critic step's own forward need one epoch over one mini-batch and advantages_of")
     padded = data.with_inert_row() if world()[1] > 1 else data  # row B pads short per-rank shares of a mini-batch
-    lengths = padded.attention_mask.sum(-1)
     logs: dict[str, list[float]] = {}
     adv_logs: dict[str, float] = {}
-    seen: list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = []
+    seen: list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = []  # (rows, first-pass outputs) of the actor's steps
     for epoch in range(ppo_epochs):
         for mb, rows in mini_batches(B, mini_batch_size, shuffle=shuffle, epoch=epoch, iteration=iteration,
                                      device=data.input_ids.device):
-            rows = by_length(rows, lengths)
+            rows = by_length(rows, padded.attention_mask.sum(-1))
             if critic is not None:
                 norm = agg_normalizer(padded.loss_mask[mb], "token-mean")
                 result = step("critic", rows, lambda m, n=norm: critic_micro_loss(
@@ -209,6 +207,17 @@ def ppo_update(data: UpdateBatch, actor: nn.Module | None, critic: nn.Module | N
     if data.old_logprobs is not None or actor is None:
         return means, None
     return means, scatter_outputs(seen, 2, padded.loss_mask, B)
+
+
+def _critic_in_background(data: UpdateBatch, update: Callable, actor, critic, step: Callable[..., StepResult],
+                          background, steps: int):
+    """The actor's steps now, the critic's ``steps`` submitted to ``background``'s worker (``update``:
+    :func:`ppo_update` bound to ``data`` and the settings)."""
+    if data.values is None:
+        raise ValueError("critic steps in the background need the values of a separate value pass")
+    result = update(actor, None, step=step)
+    background.submit(lambda: update(None, critic, step=lambda *a: step(*a, background=background))[0], steps=steps)
+    return result
 
 
 def _widen(values: torch.Tensor, width: int) -> torch.Tensor:

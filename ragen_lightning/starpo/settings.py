@@ -1,0 +1,303 @@
+"""The settings of a StarPO run, in typed groups: ``--model.<group>.<name>`` on the command line, nested in YAML
+like ``data.episode`` (``model: {advantage: {estimator: grpo}, loss: {clip_high: 0.28}}``).
+
+Each group is a frozen dataclass that checks its own values when it is built (:class:`~ragen_lightning.errors.ConfigError`
+naming the flag), so a bad value fails while the command line is parsed, before anything is built. A group given as a
+plain dict (a checkpoint's hyperparameters, a test) is turned into its dataclass by :func:`as_group`, which names an
+unknown key. Combinations across groups (or with the data module's settings) are checked in :mod:`.checks`.
+
+:data:`RENAMED` maps every flat ``--model.*`` flag of earlier versions to its place in a group: the command line
+answers an old flag with one line naming the new spelling (:func:`renamed_flag_error`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import warnings
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from lightning.pytorch.cli import OptimizerCallable
+
+from ragen_lightning.algos.advantages import FilterLossScaling
+from ragen_lightning.algos.losses import AggMode, KLKind
+from ragen_lightning.errors import ConfigError, Domain, check_domains
+from ragen_lightning.starpo.estimators import DEFAULT_ESTIMATOR, get_estimator
+
+_UNIT = Domain(0, 1)
+_POSITIVE = Domain(low=0, low_open=True)
+_NON_NEGATIVE = Domain(low=0)
+_COUNT = Domain(low=1, integer=True)
+_OPTIONAL_COUNT = Domain(low=1, integer=True, none=True)
+_STEPS = Domain(low=0, integer=True)
+
+
+@dataclass(frozen=True)
+class AdvantageSettings:
+    """How rewards become advantages (``--model.advantage.*``).
+
+    Args:
+        estimator: a registered advantage estimator (:mod:`ragen_lightning.starpo.estimators`): ``gae`` (PPO, with a
+            critic), ``grpo``, ``drgrpo``, ``brpo``, ``arpo``, ``rft``, ``state_baseline``, ``state_grpo``, or your own.
+        gamma: token-level discount.
+        lam: GAE lambda.
+        turn_level_gae: bi-level GAE over turn ends (the critic's estimator only) with ``high_level_gamma``.
+        high_level_gamma: discount between turns for ``turn_level_gae``.
+        kl_in_reward_coef: if > 0, subtract ``coef * KL(old || reference)`` from the token rewards.
+        kl_in_reward_kind: the KL estimator of that penalty (``k1``/``kl``, ``abs``, ``k2``/``mse``, ``k3``/``low_var_kl``).
+        soft_reweight: scale group-outcome advantages by group reward std / max std.
+        filter_loss_scaling: scale advantages by the filter's kept ratio: ``none`` | ``linear`` | ``sqrt``.
+        length_weight: divide group-outcome advantages by relative response length.
+        zero_task_advantage: zero the task advantage (entropy/KL-only ablation).
+        floor: clamp advantages from below after normalisation (null: off; 0: learn from successes only).
+        rft_threshold: ``rft`` (rejection-sampling fine-tuning): advantage 1 on turns / episodes scored above it.
+        rft_per_state: ``rft`` with ``--data.branches``: the kept responses of one state share one unit of weight.
+    """
+
+    estimator: str = DEFAULT_ESTIMATOR
+    gamma: float = 1.0
+    lam: float = 1.0
+    turn_level_gae: bool = False
+    high_level_gamma: float = 0.95
+    kl_in_reward_coef: float = 0.0
+    kl_in_reward_kind: KLKind = "k1"
+    soft_reweight: bool = False
+    filter_loss_scaling: FilterLossScaling = "none"
+    length_weight: bool = False
+    zero_task_advantage: bool = False
+    floor: float | None = None
+    rft_threshold: float = 0.0
+    rft_per_state: bool = False
+
+    def __post_init__(self):
+        check_domains("--model.advantage.", self, {
+            "gamma": _UNIT, "lam": _UNIT, "high_level_gamma": _UNIT, "kl_in_reward_coef": _NON_NEGATIVE,
+            "floor": Domain(high=0, none=True),  # a floor above 0 would reward every sample
+            "rft_threshold": Domain()})
+        get_estimator(self.estimator)  # an unknown name: one line listing the registered ones
+
+
+@dataclass(frozen=True)
+class PolicyLossSettings:
+    """The actor's PPO loss (``--model.loss.*``).
+
+    Args:
+        clip_low: PPO ratio floor ``1 - clip_low``.
+        clip_high: PPO ratio ceiling ``1 + clip_high`` (clip-higher: 0.28 > 0.2).
+        dual_clip: dual-clip constant for negative advantages (``null`` disables it).
+        agg_mode: ``token-mean`` | ``seq-mean-token-mean`` | ``seq-mean-token-sum`` | ``seq-mean-token-sum-norm``.
+        entropy_coeff: entropy bonus coefficient.
+        kl_coef: coefficient of a ``KL(actor || reference)`` loss term (0: off, no reference model is built).
+        kl_kind: the KL loss's estimator (``k1``/``kl``, ``abs``, ``k2``/``mse``, ``k3``/``low_var_kl``, ``+`` variants).
+        tis_cap: truncated importance sampling (null: off): token weights ``min(exp(old - engine log-probs), tis_cap)``;
+            needs ``--data.temperature 1``.
+    """
+
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float | None = 3.0
+    agg_mode: AggMode = "token-mean"
+    entropy_coeff: float = 0.001
+    kl_coef: float = 0.0
+    kl_kind: KLKind = "k1"
+    tis_cap: float | None = None
+
+    def __post_init__(self):
+        check_domains("--model.loss.", self, {
+            "clip_low": Domain(0, 1, high_open=True),  # the ratio floor 1 - clip_low must stay > 0
+            "clip_high": _NON_NEGATIVE,
+            "dual_clip": Domain(low=1, low_open=True, none=True),  # the dual-clip bound c * A (A < 0) needs c > 1
+            "entropy_coeff": _NON_NEGATIVE, "kl_coef": _NON_NEGATIVE,
+            "tis_cap": Domain(low=0, low_open=True, none=True)})
+
+
+@dataclass(frozen=True)
+class CriticSettings:
+    """The critic, built only for an estimator that needs one (``--model.critic.*``).
+
+    Args:
+        model: the critic's base model (null: the actor's).
+        value_clip: value clipping range of the critic's loss.
+        in_background: the critic's steps of an iteration run on a worker thread during the next rollout (one
+            process; same math; critic metrics logged one iteration late; :mod:`.background`).
+    """
+
+    model: str | None = None
+    value_clip: float = 0.5
+    in_background: bool = False
+
+    def __post_init__(self):
+        _POSITIVE.check("--model.critic.value_clip", self.value_clip)
+
+
+@dataclass(frozen=True)
+class OptimSettings:
+    """The optimizers and what guards their steps (``--model.optim.*``).
+
+    Args:
+        actor_lr: actor learning rate (AdamW) when ``actor_optimizer`` is not given.
+        critic_lr: critic learning rate (AdamW) when ``critic_optimizer`` is not given.
+        weight_decay: AdamW weight decay.
+        grad_clip: max global grad norm per network (0 disables clipping).
+        warmup_steps: linear warm-up over each network's first N steps (0: off; Adam's first steps can break a format).
+        decay_iterations: cosine decay of both rates to 10 % over the first N iterations, then held (0: constant).
+        max_step_kl: undo an actor step whose KL on its own rows exceeds this (null: off; ``ppo.step_kl``).
+        max_consecutive_skips: stop after N skipped steps of one network in a row (non-finite, or over
+            ``max_step_kl``); 0: never.
+        actor_optimizer: optimizer factory for the actor (overrides ``actor_lr``), e.g. ``torch.optim.SGD``.
+        critic_optimizer: optimizer factory for the critic (overrides ``critic_lr``).
+    """
+
+    actor_lr: float = 1e-6
+    critic_lr: float = 1e-5
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+    decay_iterations: int = 0
+    max_step_kl: float | None = None
+    max_consecutive_skips: int = 5
+    actor_optimizer: OptimizerCallable | None = None
+    critic_optimizer: OptimizerCallable | None = None
+
+    def __post_init__(self):
+        check_domains("--model.optim.", self, {
+            "actor_lr": _POSITIVE, "critic_lr": _POSITIVE, "weight_decay": _NON_NEGATIVE,
+            "grad_clip": _NON_NEGATIVE,  # 0 turns clipping off
+            "warmup_steps": _STEPS, "decay_iterations": _STEPS, "max_consecutive_skips": _STEPS,
+            "max_step_kl": Domain(low=0, low_open=True, none=True)})
+        for name in ("actor_optimizer", "critic_optimizer"):
+            if isinstance(getattr(self, name), str):  # a checkpoint's hyperparameters name the factory: not code
+                warnings.warn(f"--model.optim.{name} {getattr(self, name)} from saved hyperparameters cannot be "
+                              "rebuilt; AdamW with the saved learning rate is used unless you pass it again",
+                              stacklevel=3)
+                object.__setattr__(self, name, None)
+
+    def as_hparams(self) -> dict[str, Any]:
+        """The settings as saved with a checkpoint: the optimizer factories by class path (they are code)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name in ("actor_optimizer", "critic_optimizer"):
+            out[name] = _factory_name(out[name])
+        return out
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """How a rollout batch is split into optimizer steps and forward passes (``--model.update.*``).
+
+    Args:
+        ppo_epochs: passes over each rollout batch.
+        mini_batch_size: samples per optimizer step.
+        micro_batch_size: samples per forward/backward (gradient accumulation inside a mini-batch).
+        shuffle: shuffle samples before splitting into mini-batches (seeded by the iteration).
+        micro_batch_threads: micro-batches run at once on CPU threads (one process, ``*-true`` precision).
+        logprob_micro_batch_size: micro-batch size of the no-grad scoring passes (null: ``micro_batch_size``).
+        logits_chunk_size: rows per chunk when computing log-probs/entropy from logits (bounds memory).
+        activation_checkpointing: recompute each transformer block in backward (less memory, one more forward).
+    """
+
+    ppo_epochs: int = 1
+    mini_batch_size: int = 32
+    micro_batch_size: int = 4
+    shuffle: bool = False
+    micro_batch_threads: int = 1
+    logprob_micro_batch_size: int | None = None
+    logits_chunk_size: int | None = None
+    activation_checkpointing: bool = False
+
+    def __post_init__(self):
+        check_domains("--model.update.", self, {
+            "ppo_epochs": _COUNT, "mini_batch_size": _COUNT, "micro_batch_size": _COUNT, "micro_batch_threads": _COUNT,
+            "logprob_micro_batch_size": _OPTIONAL_COUNT, "logits_chunk_size": _OPTIONAL_COUNT})
+        if self.micro_batch_size > self.mini_batch_size:
+            raise ConfigError(f"--model.update.micro_batch_size ({self.micro_batch_size}) must be <= "
+                              f"--model.update.mini_batch_size ({self.mini_batch_size})")
+
+    @property
+    def scoring_micro_batch_size(self) -> int:
+        return self.logprob_micro_batch_size or self.micro_batch_size
+
+
+G = TypeVar("G")
+GROUPS: dict[str, type] = {"advantage": AdvantageSettings, "loss": PolicyLossSettings, "critic": CriticSettings,
+                           "optim": OptimSettings, "update": UpdateSettings}
+
+
+def as_group(cls: type[G], value: G | dict[str, Any] | None, flag: str) -> G:
+    """``value`` as the settings dataclass ``cls``: an instance as is, a dict (hyperparameters, YAML) field by field
+    (an unknown key is a :class:`ConfigError` naming ``flag.<key>`` and the known ones), None: the defaults."""
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"{flag} must be a mapping of its settings, got {value!r}")
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in value if k not in names]
+    if unknown:
+        raise ConfigError(f"{flag}.{unknown[0]} is not a setting; {flag} has: {', '.join(names)}")
+    return cls(**value)
+
+
+def _factory_name(factory: Any) -> str | None:
+    """An optimizer factory as text for the hyperparameters: ``torch.optim.SGD(lr=0.3, ...)``."""
+    if factory is None:
+        return None
+    target = getattr(factory, "func", factory)
+    args = getattr(factory, "args", ())
+    cls = next((a for a in args if isinstance(a, type)), target)
+    name = f"{getattr(cls, '__module__', '')}.{getattr(cls, '__qualname__', repr(cls))}"
+    keywords = ", ".join(f"{k}={v!r}" for k, v in sorted(getattr(factory, "keywords", {}).items()))
+    return f"{name}({keywords})"
+
+
+# -- the flat flags of earlier versions -----------------------------------------------------------------------------
+_SAME_NAME = {group: [f.name for f in dataclasses.fields(cls)] for group, cls in GROUPS.items()}
+RENAMED: dict[str, str] = {
+    **{name: f"{group}.{name}" for group, names in _SAME_NAME.items() for name in names},
+    "adv_estimator": "advantage.estimator", "soft_advantage_reweight": "advantage.soft_reweight",
+    "advantage_floor": "advantage.floor", "loss_agg_mode": "loss.agg_mode", "critic_model": "critic.model",
+    "critic_in_background": "critic.in_background", "lr_warmup_steps": "optim.warmup_steps",
+    "lr_decay_iterations": "optim.decay_iterations", "use_kl_loss": "loss.kl_coef",
+}
+for _name in ("model", "value_clip"):  # same-named fields of other groups: the flat flag meant this one
+    RENAMED.pop(_name, None)
+RENAMED["value_clip"] = "critic.value_clip"
+_NOTES = {"use_kl_loss": " (a KL loss is on when its coefficient is > 0)",
+          "kl_kind": " (the KL-in-reward penalty has its own: --model.advantage.kl_in_reward_kind)"}
+
+
+def renamed_flag_error(message: str) -> str | None:
+    """The one-line error for a parse error that is about a flat ``--model.<name>`` flag of earlier versions
+    (``--model.adv_estimator was renamed: use --model.advantage.estimator``), else None."""
+    for name in re.findall(r"model\.(\w+)", message):
+        if name in RENAMED and "." not in name:
+            return f"--model.{name} was renamed: use --model.{RENAMED[name]}{_NOTES.get(name, '')}"
+    return None
+
+
+@dataclass(frozen=True)
+class ModuleSettings:
+    """Every settings group of a :class:`~ragen_lightning.starpo.module.StarPOModule`, plus the rollouts' sampling
+    temperature (``--data.temperature``, which the trained log-probs are computed at)."""
+
+    advantage: AdvantageSettings = AdvantageSettings()
+    loss: PolicyLossSettings = PolicyLossSettings()
+    critic: CriticSettings = CriticSettings()
+    optim: OptimSettings = OptimSettings()
+    update: UpdateSettings = UpdateSettings()
+    temperature: float = 1.0
+
+    @classmethod
+    def build(cls, temperature: float = 1.0, **groups: Any) -> ModuleSettings:
+        """From groups given as dataclasses, dicts (parsed YAML, hyperparameters) or None (defaults)."""
+        unknown = sorted(set(groups) - set(GROUPS))
+        if unknown:
+            raise ConfigError(f"--model.{unknown[0]} is not a settings group; the groups are {', '.join(GROUPS)}")
+        return cls(**{name: as_group(kind, groups.get(name), f"--model.{name}") for name, kind in GROUPS.items()},
+                   temperature=temperature)
+
+    @property
+    def uses_reference(self) -> bool:
+        """A KL term (loss or reward penalty) needs the reference model."""
+        return self.loss.kl_coef > 0 or self.advantage.kl_in_reward_coef > 0
