@@ -106,14 +106,19 @@ class Recipe:
 
 
 def load_recipe(path: Path) -> Recipe:
+    # imported here: it imports torch, which the kit's parent process needs only to read a recipe
+    from ragen_lightning.starpo.estimators import get_estimator
+
     config = yaml.safe_load(path.read_text())
     model = config.get("model") or {}
     lora = model.get("lora")
     quant = (lora or {}).get("quantization", "none")
     mode = "full" if lora is None else ("QLoRA" if quant not in (None, "none") else "LoRA")
-    class_paths = [str((model.get(k) or {}).get("class_path", "")) for k in ("actor_optimizer", "critic_optimizer")]
+    optim = model.get("optim") or {}
+    class_paths = [str((optim.get(k) or {}).get("class_path", "")) for k in ("actor_optimizer", "critic_optimizer")]
+    estimator = (model.get("advantage") or {}).get("estimator", "gae")  # the module's default
     return Recipe(name=path.stem, path=path, model=model.get("model", "tiny"), mode=mode,
-                  with_critic=model.get("adv_estimator", "gae") == "gae",
+                  with_critic=get_estimator(estimator).critic,
                   needs_bitsandbytes=mode == "QLoRA" or any(p.startswith("bitsandbytes") for p in class_paths))
 
 

@@ -19,11 +19,12 @@ tokens, all the same length so that neither side pads) with GRPO advantages from
 The settings that make the two the same update (TRL's defaults are bf16 and gradient checkpointing, and
 ``weight_decay`` 0): TRL ``GRPOConfig(bf16=False, gradient_checkpointing=False, loss_type="dapo" (default: token
 mean over the whole batch), beta=0.0, epsilon=0.2, learning_rate=--lr, max_grad_norm=1.0, weight_decay=0.0,
-per_device_train_batch_size=--micro-batch, num_iterations=1)``; this project ``adv_estimator="grpo",
-loss_agg_mode="token-mean", clip_low=clip_high=0.2, dual_clip=None, entropy_coeff=0, actor_lr=--lr, grad_clip=1.0,
-weight_decay=0.0, mini_batch_size=--rows, micro_batch_size=--micro-batch, ppo_epochs=1``, fp32, no KL, no critic, the
+per_device_train_batch_size=--micro-batch, num_iterations=1)``; this project ``advantage.estimator="grpo",
+loss.agg_mode="token-mean", loss.clip_low=loss.clip_high=0.2, loss.dual_clip=None, loss.entropy_coeff=0,
+optim.actor_lr=--lr, optim.grad_clip=1.0, optim.weight_decay=0.0, update.mini_batch_size=--rows,
+update.micro_batch_size=--micro-batch, update.ppo_epochs=1``, fp32, no KL, no critic, the
 same torch thread count (``--check`` takes one step of each from the same weights and prints how far apart they
-land). Two more rows: this project's CPU configuration (``micro_batch_threads 2``, one torch thread per
+land). Two more rows: this project's CPU configuration (``update.micro_batch_threads 2``, one torch thread per
 micro-batch) and TRL with one torch thread. The runs are interleaved (each row's steps in turn, repeated), so a busy
 machine slows all alike; the first step of each is a warm-up and is not counted. Trained tokens = completion tokens;
 the ratios are against TRL at ``--threads``.
@@ -130,10 +131,13 @@ def fixed_batch(tokenizer, rows: int, group_size: int, prompt_len: int, completi
     return batch, trl_inputs
 
 
-def project_settings(a, **extra) -> dict:
-    return dict(adv_estimator="grpo", loss_agg_mode="token-mean", clip_low=0.2, clip_high=0.2, dual_clip=None,
-                entropy_coeff=0.0, actor_lr=a.lr, grad_clip=1.0, weight_decay=0.0, mini_batch_size=a.rows,
-                micro_batch_size=a.micro_batch, ppo_epochs=1, **extra)
+def project_settings(a, micro_batch_threads: int) -> dict:
+    """``StarPOModule``'s settings groups for the update TRL's ``trl_config`` makes."""
+    return {"advantage": {"estimator": "grpo"},
+            "loss": {"agg_mode": "token-mean", "clip_low": 0.2, "clip_high": 0.2, "dual_clip": None, "entropy_coeff": 0.0},
+            "optim": {"actor_lr": a.lr, "grad_clip": 1.0, "weight_decay": 0.0},
+            "update": {"mini_batch_size": a.rows, "micro_batch_size": a.micro_batch, "ppo_epochs": 1,
+                       "micro_batch_threads": micro_batch_threads}}
 
 
 class _Times:

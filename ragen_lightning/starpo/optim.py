@@ -237,6 +237,6 @@ class SkipGuard:
                     "nothing non-finite reached the weights")
             raise TrainingStopped(
                 f"{self.in_a_row[network]} {network} optimizer steps in a row were skipped ({reason}); {kept}. Check "
-                f"--model.{network}_lr (or --model.{network}_optimizer), --model.optim.grad_clip and --data.temperature; "
+                f"--model.optim.{network}_lr (or --model.optim.{network}_optimizer), --model.optim.grad_clip and --data.temperature; "
                 "--model.optim.max_consecutive_skips sets this limit"
             )

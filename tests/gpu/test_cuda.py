@@ -41,8 +41,8 @@ def test_hf_engine_greedy_on_cuda_equals_cpu(tiny_path, tiny_tokenizer):
 @pytest.mark.parametrize("precision, dtype", [("32-true", "float32"), ("bf16-mixed", "float32"),
                                               ("bf16-true", "bfloat16")])
 def test_one_starpo_iteration_on_cuda(tmp_path, tiny_path, precision, dtype, training_devices):
-    module = StarPOModule(model=str(tiny_path), dtype=dtype, mini_batch_size=8, micro_batch_size=4, actor_lr=1e-3,
-                          critic_lr=1e-3)
+    module = StarPOModule(model=str(tiny_path), dtype=dtype, update={"mini_batch_size": 8, "micro_batch_size": 4},
+                          optim={"actor_lr": 1e-3, "critic_lr": 1e-3})
     dm = RolloutDataModule(env_id="ragen/Bandit-v0", num_groups=2, group_size=4, num_iterations=1,
                            episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1,
                                                    max_new_tokens=12, max_model_len=1024),

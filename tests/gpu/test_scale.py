@@ -74,8 +74,8 @@ def _finite_logged(trainer: L.Trainer, *keys: str) -> None:
 
 
 def test_bf16_true_trains_bf16_weights_with_finite_losses(tmp_path, tiny_path, training_devices):
-    module = StarPOModule(model=str(tiny_path), dtype="bfloat16", mini_batch_size=8, micro_batch_size=4,
-                          actor_lr=1e-3, critic_lr=1e-3)
+    module = StarPOModule(model=str(tiny_path), dtype="bfloat16", update={"mini_batch_size": 8, "micro_batch_size": 4},
+                          optim={"actor_lr": 1e-3, "critic_lr": 1e-3})
     trainer = _trainer_for(module, tmp_path, "bf16-true", [training_devices])
     before = {k: v.detach().clone() for k, v in module.actor.named_parameters()}
     _fit(trainer, module)
@@ -92,8 +92,9 @@ def test_lora_and_qlora_iteration_trains_adapters_only(tmp_path, tiny_path, quan
     if quantization == "nf4":
         pytest.importorskip("bitsandbytes", reason="QLoRA needs bitsandbytes (pip install bitsandbytes)")
     settings = LoraSettings(rank=8, alpha=16, quantization=quantization)
-    module = StarPOModule(model=str(tiny_path), dtype="bfloat16", lora=settings, mini_batch_size=8,
-                          micro_batch_size=4, actor_lr=1e-2, critic_lr=1e-2)
+    module = StarPOModule(model=str(tiny_path), dtype="bfloat16", lora=settings,
+                          update={"mini_batch_size": 8, "micro_batch_size": 4},
+                          optim={"actor_lr": 1e-2, "critic_lr": 1e-2})
     trainer = _trainer_for(module, tmp_path, "bf16-mixed", [training_devices])
     named = dict(module.actor.named_parameters())
     adapters = {k for k in named if "lora_" in k}

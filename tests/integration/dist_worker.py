@@ -103,11 +103,11 @@ def main(cfg: dict) -> None:
                 "fsdp": FSDP2Strategy()}[cfg["strategy"]]
     devices = int(os.environ.get("WORLD_SIZE", "1"))
     cls = Scripted if cfg.get("engine", "scripted") == "scripted" else StarPOModule
-    module = cls(model=cfg["model"], adv_estimator=cfg.get("estimator", "gae"), mini_batch_size=cfg.get("mini", 2),
-                 micro_batch_size=cfg.get("micro", 1), entropy_coeff=0.01, use_kl_loss=cfg.get("kl", False),
-                 kl_coef=0.1 if cfg.get("kl") else 0.0, grad_clip=1.0,
-                 actor_optimizer=partial(torch.optim.SGD, lr=0.5, momentum=0.9),
-                 critic_optimizer=partial(torch.optim.SGD, lr=0.5, momentum=0.9),
+    module = cls(model=cfg["model"], advantage={"estimator": cfg.get("estimator", "gae")},
+                 update={"mini_batch_size": cfg.get("mini", 2), "micro_batch_size": cfg.get("micro", 1)},
+                 loss={"entropy_coeff": 0.01, "kl_coef": 0.1 if cfg.get("kl") else 0.0},  # a KL loss: coef > 0
+                 optim={"grad_clip": 1.0, "actor_optimizer": partial(torch.optim.SGD, lr=0.5, momentum=0.9),
+                        "critic_optimizer": partial(torch.optim.SGD, lr=0.5, momentum=0.9)},
                  export_dir=str(out / "export") if cfg.get("export") else None, lora=cfg.get("lora"))
     probes = record_probes(module) if cfg.get("engine") == "vllm" else []
     generations = record_generations() if cfg.get("engine") == "vllm" else []

@@ -18,8 +18,9 @@ def test_activation_checkpointing_gives_the_same_update(tmp_path, tiny_path):
     results = []
     for on in (False, True):
         torch.manual_seed(0)
-        module = StarPOModule(model=str(tiny_path), adv_estimator="gae", mini_batch_size=8, micro_batch_size=4,
-                              actor_lr=1e-2, critic_lr=1e-2, activation_checkpointing=on)
+        module = StarPOModule(model=str(tiny_path), advantage={"estimator": "gae"},
+                              update={"mini_batch_size": 8, "micro_batch_size": 4, "activation_checkpointing": on},
+                              optim={"actor_lr": 1e-2, "critic_lr": 1e-2})
         dm = RolloutDataModule(env_id="ragen/Bandit-v0", num_groups=2, group_size=4, num_iterations=1,
                                episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1,
                                                        max_actions_per_episode=1, max_new_tokens=8, max_model_len=1024),

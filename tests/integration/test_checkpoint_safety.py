@@ -40,7 +40,8 @@ def test_resume_refuses_other_model_settings_and_damaged_files(tmp_path, monkeyp
 
     # explicitly allowed: the checkpoint is restored and the new setting is the one in force
     cli = main([*resume, "--model.loss.entropy_coeff", "0.01", "--allow_changed_settings", "true"])
-    assert cli.model.hparams.entropy_coeff == 0.01 and cli.trainer.global_step >= 1
+    assert cli.model.loss.entropy_coeff == cli.model.hparams["loss"]["entropy_coeff"] == 0.01
+    assert cli.trainer.global_step >= 1
 
     data = bytearray(ckpt.read_bytes())
     middle = len(data) // 2

@@ -84,6 +84,11 @@ BAD_END_TO_END = [
     (["--config", str(CONFIGS / "fsdp.yaml"), "--trainer.devices", "2", "--model.lora", "{rank: 8, shared_base: true}"],
      "error: --model.lora.shared_base is not supported with FSDP2"),
     (["--trainer.default_root_dir", "/proc/nope"], "error: --trainer.default_root_dir '/proc/nope': cannot write in /proc"),
+    # the settings groups: a flat flag of earlier versions names its new spelling; a group's own value check
+    (["--model.adv_estimator", "grpo"], "error: --model.adv_estimator was renamed: use --model.advantage.estimator"),
+    (["--model.use_kl_loss", "true"],
+     "error: --model.use_kl_loss was renamed: use --model.loss.kl_coef (a KL loss is on when its coefficient is > 0)"),
+    (["--model.loss", "{clip_low: 1.0}"], "error: --model.loss.clip_low must be a finite number in [0, 1), got 1.0"),
 ]
 
 

@@ -71,7 +71,10 @@ def update_args(task: str) -> list[str]:
     """A task config on rejection-sampling fine-tuning (configs/sokoban.yaml) trains only the turns scored above its
     threshold, and the untrained tiny model of this test scores none (no kept row: no optimizer step); keeping every
     turn makes the one iteration update, as the other estimators do."""
-    return ["--model.advantage.rft_threshold=-1e9"] if "adv_estimator: rft" in (CONFIGS / f"{task}.yaml").read_text() else []
+    import yaml
+
+    model = yaml.safe_load((CONFIGS / f"{task}.yaml").read_text()).get("model") or {}
+    return ["--model.advantage.rft_threshold=-1e9"] if (model.get("advantage") or {}).get("estimator") == "rft" else []
 
 
 @pytest.mark.slow

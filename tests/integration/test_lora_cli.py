@@ -35,10 +35,10 @@ def parse(*configs: Path):
 def test_overlays_compose_with_task_and_model_overlays():
     cfg = parse(CONFIGS / "bandit.yaml", CONFIGS / "lora.yaml")
     assert cfg.model.model == "tiny" and cfg.model.lora.rank == 64 and cfg.model.lora.alpha == 64
-    assert cfg.model.lora.target_modules == "all-linear" and cfg.model.actor_lr == 1.0e-5  # x10 of full FT's 1e-6
+    assert cfg.model.lora.target_modules == "all-linear" and cfg.model.optim.actor_lr == 1.0e-5  # x10 of full FT's 1e-6
     cfg = parse(CONFIGS / "sokoban.yaml", CONFIGS / "models" / "qwen2.5-3b-instruct.yaml", CONFIGS / "qlora.yaml")
     assert cfg.model.model == "Qwen/Qwen2.5-3B-Instruct" and cfg.model.lora.quantization == "nf4"
-    assert cfg.model.actor_lr == 1.0e-5 and cfg.model.critic_lr == 1.0e-4
+    assert cfg.model.optim.actor_lr == 1.0e-5 and cfg.model.optim.critic_lr == 1.0e-4
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
@@ -46,7 +46,8 @@ def test_recipes_fit_24gb_with_ragen_low_memory_settings(recipe):
     from ragen_lightning.models.memory import check_memory
 
     cfg = parse(CONFIGS / "sokoban.yaml", recipe)
-    assert (cfg.model.micro_batch_size, cfg.model.mini_batch_size) == (1, 8)
+    update = cfg.model["update"]  # (Namespace.update is a method)
+    assert (update.micro_batch_size, update.mini_batch_size) == (1, 8)
     assert (cfg.data.episode.max_model_len, cfg.data.episode.max_new_tokens) == (2048, 128)
     assert cfg.gpu_memory_gb == 24
     plan = check_memory(cfg, print_plan=False)  # raises ConfigError if the estimate exceeds 24 GiB
@@ -77,7 +78,7 @@ def test_lora_fit_exports_a_peft_adapter_and_the_checkpoint_validates(tmp_path, 
 
     monkeypatch.chdir(tmp_path)
     common = ["--config", str(CONFIGS / "bandit.yaml"), "--config", str(CONFIGS / "lora.yaml"), *SHORT,
-              "--model.use_kl_loss", "true", "--model.loss.kl_coef", "0.1"]
+              "--model.loss.kl_coef", "0.1"]  # a KL loss: on when its coefficient is > 0
     cli = main(["fit", *common, "--model.export_dir", "exported", "--model.lora.export_merged", "true"])
     module = cli.model
     assert module.reference is not None and not list(module.reference.parameters())  # a view, no copy

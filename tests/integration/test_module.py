@@ -63,8 +63,8 @@ def fit(tmp_path, module, dm, callbacks=(), **kw):
 
 
 def test_ppo_iteration_updates_actor_and_critic(tmp_path, tiny_path):
-    module = ScriptedStarPO(model=str(tiny_path), mini_batch_size=8, micro_batch_size=4, actor_lr=1e-3,
-                            critic_lr=1e-3)
+    module = ScriptedStarPO(model=str(tiny_path), update={"mini_batch_size": 8, "micro_batch_size": 4},
+                            optim={"actor_lr": 1e-3, "critic_lr": 1e-3})
     rec = Recorder()
     t = trainer(tmp_path, [rec])
     t.strategy.connect(module)
@@ -81,16 +81,16 @@ def test_ppo_iteration_updates_actor_and_critic(tmp_path, tiny_path):
 
 
 def test_grpo_has_no_critic_and_reference_only_with_kl(tmp_path, tiny_path):
-    module = ScriptedStarPO(model=str(tiny_path), adv_estimator="grpo", mini_batch_size=4, micro_batch_size=2,
-                            actor_lr=1e-3)
+    module = ScriptedStarPO(model=str(tiny_path), advantage={"estimator": "grpo"},
+                            update={"mini_batch_size": 4, "micro_batch_size": 2}, optim={"actor_lr": 1e-3})
     rec = Recorder()
     t = fit(tmp_path, module, data(), [rec])
     assert module.critic is None and module.reference is None
     assert t.global_step == 2  # 8 samples / mini-batch 4 = two actor steps, no critic
     assert "critic/vf_loss" not in rec.rows[-1] and rec.rows[-1]["actor/pg_loss"] != 0.0
 
-    kl = ScriptedStarPO(model=str(tiny_path), adv_estimator="grpo", use_kl_loss=True, kl_coef=0.1,
-                        mini_batch_size=8, micro_batch_size=8, actor_lr=1e-3)
+    kl = ScriptedStarPO(model=str(tiny_path), advantage={"estimator": "grpo"}, loss={"kl_coef": 0.1},  # KL loss on
+                        update={"mini_batch_size": 8, "micro_batch_size": 8}, optim={"actor_lr": 1e-3})
     rec = Recorder()
     fit(tmp_path, kl, data(), [rec])
     assert kl.reference is not None
@@ -108,7 +108,8 @@ def test_empty_filter_skips_update_and_stops(tmp_path, tiny_path):
         def make_engine(self, max_batch_size=128):
             return Same(self.tokenizer)
 
-    module = M(model=str(tiny_path), adv_estimator="grpo", mini_batch_size=8, micro_batch_size=8)
+    module = M(model=str(tiny_path), advantage={"estimator": "grpo"},
+               update={"mini_batch_size": 8, "micro_batch_size": 8})
     t = trainer(tmp_path)
     t.strategy.connect(module)
     module.configure_model()
@@ -125,10 +126,10 @@ def test_empty_filter_skips_update_and_stops(tmp_path, tiny_path):
 
 def test_bad_config_errors(tiny_path):
     with pytest.raises(ValueError, match="micro_batch_size .* must be <= --model.update.mini_batch_size"):
-        StarPOModule(model=str(tiny_path), mini_batch_size=2, micro_batch_size=4)
+        StarPOModule(model=str(tiny_path), update={"mini_batch_size": 2, "micro_batch_size": 4})
     with pytest.raises(ValueError, match="unknown env id 'ragen/Nope-v0'"):
         data(env_id="ragen/Nope-v0")
-    module = StarPOModule(model=str(tiny_path), adv_estimator="grpo")
+    module = StarPOModule(model=str(tiny_path), advantage={"estimator": "grpo"})
     with pytest.raises(ValueError, match="--data.group_size must be >= 2"):
         L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False).fit(module, data(group_size=1))
 
@@ -137,8 +138,9 @@ def test_resume_continues_exactly(tmp_path, tiny_path):
     """Stop after iteration 2 of 3, resume: iteration 3 and the final weights equal an uninterrupted run."""
 
     def run(root, ckpt=None, stop_after=None):
-        module = StarPOModule(model=str(tiny_path), adv_estimator="grpo", mini_batch_size=8, micro_batch_size=4,
-                              actor_lr=1e-2, entropy_coeff=0.01)
+        module = StarPOModule(model=str(tiny_path), advantage={"estimator": "grpo"},
+                              update={"mini_batch_size": 8, "micro_batch_size": 4}, optim={"actor_lr": 1e-2},
+                              loss={"entropy_coeff": 0.01})
         rec = Recorder()
         cbs = [rec, ModelCheckpoint(dirpath=root, every_n_train_steps=1, save_top_k=-1,
                                     filename="{step}")]
@@ -157,7 +159,8 @@ def test_resume_continues_exactly(tmp_path, tiny_path):
 
 
 def test_max_model_len_too_small_fails_before_training(tmp_path, tiny_path):
-    module = StarPOModule(model=str(tiny_path), adv_estimator="grpo", mini_batch_size=8, micro_batch_size=8)
+    module = StarPOModule(model=str(tiny_path), advantage={"estimator": "grpo"},
+                          update={"mini_batch_size": 8, "micro_batch_size": 8})
     small = EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1, max_new_tokens=12,
                             max_model_len=64)
     with pytest.raises(ValueError, match=r"--data.episode.max_model_len=64 is too small for the first prompt"):
@@ -172,9 +175,10 @@ def test_single_pass_shortcut_equals_separate_old_logprob_pass(tmp_path, tiny_pa
     results = []
     variants = ((False, 1, False), (True, 1, False), (False, 2, False), (True, 2, False), (False, 2, True))
     for force, threads, background in variants:
-        module = ScriptedStarPO(model=str(tiny_path), mini_batch_size=8, micro_batch_size=4, actor_lr=1e-2,
-                                critic_lr=1e-3, entropy_coeff=0.01, micro_batch_threads=threads,
-                                critic_in_background=background)
+        module = ScriptedStarPO(model=str(tiny_path),
+                                update={"mini_batch_size": 8, "micro_batch_size": 4, "micro_batch_threads": threads},
+                                optim={"actor_lr": 1e-2, "critic_lr": 1e-3}, loss={"entropy_coeff": 0.01},
+                                critic={"in_background": background})
         module._force_scoring_pass = force
         rec = Recorder()
         fit(tmp_path, module, data(num_iterations=3), [rec])
@@ -208,7 +212,8 @@ def test_reward_variance_collapse_stops_the_run(tmp_path, tiny_path):
         def make_engine(self, max_batch_size=128):
             return Collapsing(self.tokenizer)
 
-    module = M(model=str(tiny_path), adv_estimator="grpo", mini_batch_size=8, micro_batch_size=8,
+    module = M(model=str(tiny_path), advantage={"estimator": "grpo"},
+               update={"mini_batch_size": 8, "micro_batch_size": 8},
                early_stop=EarlyStopSettings(rv_collapse_window=1, rv_collapse_ratio=0.1))
     dm = data(num_iterations=5, env_kwargs={"shared_transitions": True})  # equal answers, equal rewards
     rec = Recorder()
@@ -221,8 +226,9 @@ def test_tis_weights_the_policy_gradient_by_trainer_over_engine_probability(tmp_
     rows = {}
     for cap in (None, 2.0):
         torch.manual_seed(0)
-        module = ScriptedStarPO(model=str(tiny_path), adv_estimator="grpo", mini_batch_size=8, micro_batch_size=8,
-                                actor_lr=1e-3, tis_cap=cap)
+        module = ScriptedStarPO(model=str(tiny_path), advantage={"estimator": "grpo"},
+                                update={"mini_batch_size": 8, "micro_batch_size": 8}, optim={"actor_lr": 1e-3},
+                                loss={"tis_cap": cap})
         rec = Recorder()
         fit(tmp_path, module, data(), [rec])
         rows[cap] = rec.rows[-1]
@@ -237,17 +243,18 @@ def test_tis_weights_the_policy_gradient_by_trainer_over_engine_probability(tmp_
 def test_lr_warmup_ramps_each_network_per_optimizer_step(tmp_path, tiny_path):
     # 8 samples, mini-batch 4: two actor and two critic steps in the iteration. With N = 4, step k uses
     # lr * (k + 1) / 4: steps 0 and 1 use 0.25 lr and 0.5 lr, and after them the scheduler stands at 0.75 lr.
-    module = ScriptedStarPO(model=str(tiny_path), mini_batch_size=4, micro_batch_size=4, actor_lr=1e-3,
-                            critic_lr=2e-3, lr_warmup_steps=4)
+    module = ScriptedStarPO(model=str(tiny_path), update={"mini_batch_size": 4, "micro_batch_size": 4},
+                            optim={"actor_lr": 1e-3, "critic_lr": 2e-3, "warmup_steps": 4})
     t = fit(tmp_path, module, data())
-    seen = [opt.optimizer.param_groups[0]["lr"] for opt in module._optimizers()]
+    seen = [module.network_optimizer(n).optimizer.param_groups[0]["lr"] for n in ("actor", "critic")]
     assert t.global_step == 4
     assert seen == pytest.approx([0.75e-3, 1.5e-3])
-    off = ScriptedStarPO(model=str(tiny_path), mini_batch_size=4, micro_batch_size=4, actor_lr=1e-3, critic_lr=2e-3)
+    off = ScriptedStarPO(model=str(tiny_path), update={"mini_batch_size": 4, "micro_batch_size": 4},
+                         optim={"actor_lr": 1e-3, "critic_lr": 2e-3})
     fit(tmp_path / "off", off, data())
-    assert [o.optimizer.param_groups[0]["lr"] for o in off._optimizers()] == [1e-3, 2e-3]
+    assert [off.network_optimizer(n).optimizer.param_groups[0]["lr"] for n in ("actor", "critic")] == [1e-3, 2e-3]
     with pytest.raises(ConfigError, match="--model.optim.warmup_steps"):
-        ScriptedStarPO(lr_warmup_steps=-1)
+        ScriptedStarPO(optim={"warmup_steps": -1})
 
 
 def test_lr_decay_follows_iterations_not_steps(tmp_path, tiny_path):
@@ -257,20 +264,21 @@ def test_lr_decay_follows_iterations_not_steps(tmp_path, tiny_path):
 
     class Spy(L.Callback):
         def on_train_batch_end(self, trainer, module, *args):
-            seen.append(module._optimizers()[0].optimizer.param_groups[0]["lr"])
+            seen.append(module.network_optimizer("actor").optimizer.param_groups[0]["lr"])
 
-    module = ScriptedStarPO(model=str(tiny_path), adv_estimator="grpo", mini_batch_size=4, micro_batch_size=4,
-                            actor_lr=1e-3, lr_decay_iterations=2)
+    module = ScriptedStarPO(model=str(tiny_path), advantage={"estimator": "grpo"},
+                            update={"mini_batch_size": 4, "micro_batch_size": 4},
+                            optim={"actor_lr": 1e-3, "decay_iterations": 2})
     t = fit(tmp_path, module, data(num_iterations=3), [Spy()])
     assert t.global_step == 6 and seen == pytest.approx([1e-3, 0.55e-3, 0.1e-3])
     with pytest.raises(ConfigError, match="--model.optim.decay_iterations"):
-        ScriptedStarPO(lr_decay_iterations=-2)
+        ScriptedStarPO(optim={"decay_iterations": -2})
 
 
 def test_rft_steps_on_the_kept_rows_only(tmp_path, tiny_path):
     # one sample per mini-batch: one optimizer step per kept sample, none for the rows scored at or below the line
-    module = ScriptedStarPO(model=str(tiny_path), adv_estimator="rft", rft_threshold=0.0, mini_batch_size=1,
-                            micro_batch_size=1, actor_lr=1e-3)
+    module = ScriptedStarPO(model=str(tiny_path), advantage={"estimator": "rft", "rft_threshold": 0.0},
+                            update={"mini_batch_size": 1, "micro_batch_size": 1}, optim={"actor_lr": 1e-3})
     rec = Recorder()
     t = fit(tmp_path, module, data(), [rec])
     kept = rec.rows[-1]["train/kept_rows"] * 8

@@ -4,6 +4,8 @@ with one message."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 
 import pytest
@@ -15,12 +17,14 @@ from tests.integration.test_module import Recorder, ScriptedStarPO, data, params
 pytestmark = pytest.mark.slow
 
 
-def _module(tiny_path, critic_lr: float, **kw):
+def _module(tiny_path, critic_lr: float, max_consecutive_skips: int):
     """The settings refuse a non-finite learning rate (one line, before anything runs); the guard is for one that
-    becomes non-finite at run time, simulated by changing the hyperparameter after the checks."""
-    module = ScriptedStarPO(model=str(tiny_path), mini_batch_size=8, micro_batch_size=8, actor_lr=1e-3,
-                            critic_lr=1e-3, **kw)
-    module.hparams.critic_lr = critic_lr  # read by configure_optimizers
+    becomes non-finite at run time, simulated by changing the optim settings after their checks."""
+    module = ScriptedStarPO(model=str(tiny_path), update={"mini_batch_size": 8, "micro_batch_size": 8},
+                            optim={"actor_lr": 1e-3, "critic_lr": 1e-3, "max_consecutive_skips": max_consecutive_skips})
+    optim = copy.copy(module.settings.optim)
+    object.__setattr__(optim, "critic_lr", critic_lr)  # frozen and checked when built: past the check
+    module.settings = dataclasses.replace(module.settings, optim=optim)  # read by configure_optimizers
     return module
 
 

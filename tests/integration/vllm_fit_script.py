@@ -55,8 +55,8 @@ def main(model_dir: str, out_dir: str) -> dict:
             if batch_idx == 1:
                 trainer.datamodule.engine._skip_push = True
 
-    module = StarPOModule(model=model_dir, adv_estimator="grpo", mini_batch_size=4, micro_batch_size=4,
-                          actor_lr=1e-3)
+    module = StarPOModule(model=model_dir, advantage={"estimator": "grpo"},
+                          update={"mini_batch_size": 4, "micro_batch_size": 4}, optim={"actor_lr": 1e-3})
     dm = RolloutDataModule(env_id="ragen/Bandit-v0", num_groups=2, group_size=2, num_iterations=3,
                            episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1,
                                                    max_new_tokens=12, max_model_len=1024),

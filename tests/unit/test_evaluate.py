@@ -212,7 +212,7 @@ def test_a_fit_checkpoint_loads_the_trained_actor(tmp_path, tiny_path):
     from ragen_lightning import checkpointing
     from ragen_lightning.starpo.module import StarPOModule
 
-    module = StarPOModule(model=tiny_path, adv_estimator="grpo")
+    module = StarPOModule(model=tiny_path, advantage={"estimator": "grpo"})
     module.configure_model()
     with torch.no_grad():
         for p in module.actor.parameters():

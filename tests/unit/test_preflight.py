@@ -92,16 +92,17 @@ BAD = [  # (changes, the whole message)
     ({"data__env_id": "ragen/MetaMathQA-v0", "data__env_kwargs": {"path": "/nonexistent/qa.jsonl"}},
      "--data.env_kwargs for ragen/MetaMathQA-v0: no such QA file: /nonexistent/qa.jsonl"),
     ({"data__filter": {"value": -1.0}},
-     "--data.filter.value must be a finite number >= 0, got -1.0 (--data.filter.strategy top_p)"),
+     "--data.filter.value must be a finite number >= 0, got -1.0 (--data.filter.strategy top_p: score mass (>= 1 keeps all))"),
     ({"data__filter": {"strategy": "top_k", "value": 1.5}},
-     "--data.filter.value must be a finite number in (0, 1], got 1.5 (--data.filter.strategy top_k)"),
+     "--data.filter.value must be a finite number in (0, 1], got 1.5 (--data.filter.strategy top_k: fraction of the groups)"),
     ({"data__filter": {"strategy": "top_k_abs", "value": 1.5}},
-     "--data.filter.value must be a whole number of groups for top_k_abs, got 1.5"),
+     ("--data.filter.value must be a whole number for --data.filter.strategy top_k_abs (a number of groups), "
+      "got 1.5")),
     ({"data__vllm": {"gpu_memory_utilization": 2.0}},
      "--data.vllm.gpu_memory_utilization must be a finite number in (0, 1], got 2.0"),
     ({"model__model": "/nonexistent"}, "--model.model '/nonexistent': no such folder, and not 'tiny' or a hub id 'org/name'"),
     ({"model__model": "nonexistent"}, "--model.model 'nonexistent': no such folder, and not 'tiny' or a hub id 'org/name'"),
-    ({"model__critic_model": "/nonexistent"},
+    ({"model__critic__model": "/nonexistent"},
      "--model.critic.model '/nonexistent': no such folder, and not 'tiny' or a hub id 'org/name'"),
     ({"model__model": "tiny:big"}, "--model.model: model 'tiny:big': the embedded model is 'tiny' or 'tiny:' followed by "
      "'+'-joined options, at most one preset of ['small', 'tiny', 'wide'] and 'cells' (e.g. 'tiny:cells', "
@@ -114,37 +115,44 @@ BAD = [  # (changes, the whole message)
     ({"model__warm_start": {"steps": -1}}, "--model.warm_start.steps must be null or an integer >= 1, got -1"),
     ({"model__warm_start": {"lr_schedule": "linear"}},
      "--model.warm_start.lr_schedule must be 'constant' or 'cosine', got 'linear'"),
-    ({"model__grad_clip": -1.0}, "--model.optim.grad_clip must be a finite number >= 0, got -1.0"),
-    ({"model__actor_lr": -1e-3}, "--model.optim.actor_lr must be a finite number > 0, got -0.001"),
-    ({"model__actor_lr": 0.0}, "--model.optim.actor_lr must be a finite number > 0, got 0.0"),
-    ({"model__critic_lr": INF}, "--model.optim.critic_lr must be a finite number > 0, got inf"),
-    ({"model__weight_decay": -1.0}, "--model.optim.weight_decay must be a finite number >= 0, got -1.0"),
-    ({"model__gamma": 1.5}, "--model.advantage.gamma must be a finite number in [0, 1], got 1.5"),
-    ({"model__lam": -0.1}, "--model.advantage.lam must be a finite number in [0, 1], got -0.1"),
-    ({"model__high_level_gamma": 2.0}, "--model.advantage.high_level_gamma must be a finite number in [0, 1], got 2.0"),
-    ({"model__clip_low": 1.0}, "--model.loss.clip_low must be a finite number in [0, 1), got 1.0"),
-    ({"model__clip_high": -1.0}, "--model.loss.clip_high must be a finite number >= 0, got -1.0"),
-    ({"model__dual_clip": 0.5}, "--model.loss.dual_clip must be null or a finite number > 1, got 0.5"),
-    ({"model__value_clip": 0.0}, "--model.critic.value_clip must be a finite number > 0, got 0.0"),
-    ({"model__entropy_coeff": -1.0}, "--model.loss.entropy_coeff must be a finite number >= 0, got -1.0"),
-    ({"model__kl_coef": -1.0}, "--model.loss.kl_coef must be a finite number >= 0, got -1.0"),
-    ({"model__kl_in_reward_coef": -0.5}, "--model.advantage.kl_in_reward_coef must be a finite number >= 0, got -0.5"),
-    ({"model__micro_batch_size": 0}, "--model.update.micro_batch_size must be an integer >= 1, got 0"),
-    ({"model__micro_batch_threads": 0}, "--model.update.micro_batch_threads must be an integer >= 1, got 0"),
-    ({"model__micro_batch_threads": 2, "trainer__precision": "bf16-mixed"},
+    ({"model__optim__grad_clip": -1.0}, "--model.optim.grad_clip must be a finite number >= 0, got -1.0"),
+    ({"model__optim__actor_lr": -1e-3}, "--model.optim.actor_lr must be a finite number > 0, got -0.001"),
+    ({"model__optim__actor_lr": 0.0}, "--model.optim.actor_lr must be a finite number > 0, got 0.0"),
+    ({"model__optim__critic_lr": INF}, "--model.optim.critic_lr must be a finite number > 0, got inf"),
+    ({"model__optim__weight_decay": -1.0}, "--model.optim.weight_decay must be a finite number >= 0, got -1.0"),
+    ({"model__advantage__gamma": 1.5}, "--model.advantage.gamma must be a finite number in [0, 1], got 1.5"),
+    ({"model__advantage__lam": -0.1}, "--model.advantage.lam must be a finite number in [0, 1], got -0.1"),
+    ({"model__advantage__high_level_gamma": 2.0}, "--model.advantage.high_level_gamma must be a finite number in [0, 1], got 2.0"),
+    ({"model__loss__clip_low": 1.0}, "--model.loss.clip_low must be a finite number in [0, 1), got 1.0"),
+    ({"model__loss__clip_high": -1.0}, "--model.loss.clip_high must be a finite number >= 0, got -1.0"),
+    ({"model__loss__dual_clip": 0.5}, "--model.loss.dual_clip must be null or a finite number > 1, got 0.5"),
+    ({"model__critic__value_clip": 0.0}, "--model.critic.value_clip must be a finite number > 0, got 0.0"),
+    ({"model__loss__entropy_coeff": -1.0}, "--model.loss.entropy_coeff must be a finite number >= 0, got -1.0"),
+    ({"model__loss__kl_coef": -1.0}, "--model.loss.kl_coef must be a finite number >= 0, got -1.0"),
+    ({"model__advantage__kl_in_reward_coef": -0.5}, "--model.advantage.kl_in_reward_coef must be a finite number >= 0, got -0.5"),
+    ({"model__update__micro_batch_size": 0}, "--model.update.micro_batch_size must be an integer >= 1, got 0"),
+    ({"model__update__micro_batch_threads": 0}, "--model.update.micro_batch_threads must be an integer >= 1, got 0"),
+    ({"model__update__micro_batch_threads": 2, "trainer__precision": "bf16-mixed"},
      "--model.update.micro_batch_threads 2 runs backward outside Lightning's precision plugin, which --trainer.precision "
      "bf16-mixed needs: use a '*-true' precision or micro_batch_threads 1"),
-    ({"model__ppo_epochs": 0}, "--model.update.ppo_epochs must be an integer >= 1, got 0"),
-    ({"model__lr_warmup_steps": -1}, "--model.optim.warmup_steps must be an integer >= 0, got -1"),
-    ({"model__logprob_micro_batch_size": 0}, "--model.update.logprob_micro_batch_size must be null or an integer >= 1, got 0"),
-    ({"model__logits_chunk_size": 0}, "--model.update.logits_chunk_size must be null or an integer >= 1, got 0"),
-    ({"model__tis_cap": -1.0}, "--model.loss.tis_cap must be null or a finite number > 0, got -1.0"),
-    ({"model__advantage_floor": 0.5}, "--model.advantage.floor must be null or a finite number <= 0, got 0.5"),
-    ({"model__micro_batch_size": 64}, "--model.update.micro_batch_size (64) must be <= --model.update.mini_batch_size (32)"),
+    ({"model__update__ppo_epochs": 0}, "--model.update.ppo_epochs must be an integer >= 1, got 0"),
+    ({"model__optim__warmup_steps": -1}, "--model.optim.warmup_steps must be an integer >= 0, got -1"),
+    ({"model__update__logprob_micro_batch_size": 0}, "--model.update.logprob_micro_batch_size must be null or an integer >= 1, got 0"),
+    ({"model__update__logits_chunk_size": 0}, "--model.update.logits_chunk_size must be null or an integer >= 1, got 0"),
+    ({"model__loss__tis_cap": -1.0}, "--model.loss.tis_cap must be null or a finite number > 0, got -1.0"),
+    ({"model__advantage__floor": 0.5}, "--model.advantage.floor must be null or a finite number <= 0, got 0.5"),
+    ({"model__update__micro_batch_size": 64}, "--model.update.micro_batch_size (64) must be <= --model.update.mini_batch_size (32)"),
     ({"model__lora": {"rank": 0}}, "--model.lora.rank must be an integer >= 1, got 0"),
     ({"model__early_stop": {"rv_collapse_ratio": 2.0}},
      "--model.early_stop.rv_collapse_ratio must be a finite number in [0, 1], got 2.0"),
-    ({"data__group_size": 1, "model__adv_estimator": "grpo"}, "--data.group_size must be >= 2 for --model.advantage.estimator grpo"),
+    ({"data__group_size": 1, "model__advantage__estimator": "grpo"}, "--data.group_size must be >= 2 for --model.advantage.estimator grpo"),
+    # the groups' own checks: an unknown estimator or key, a switch of another estimator, a cross-group combination
+    ({"model__advantage__estimator": "reinforce"}, "--model.advantage.estimator must be one of gae, grpo, drgrpo"),
+    ({"model__advantage__bogus": 1}, "--model.advantage.bogus is not a setting; --model.advantage has: estimator, gamma"),
+    ({"model__advantage__estimator": "grpo", "model__advantage__turn_level_gae": True},
+     "--model.advantage.turn_level_gae needs --model.advantage.estimator gae"),
+    ({"model__loss__tis_cap": 2.0, "data__temperature": 0.7},
+     "--model.loss.tis_cap needs --data.temperature 1 (engine log-probs are the raw model's), got temperature=0.7"),
     ({"trainer__devices": 3, "data__num_groups": 4},
      "--data.num_groups (4) must be divisible by the number of processes (3): every rank runs whole env groups"),
     ({"trainer__devices": "2", "trainer__num_nodes": 2, "data__num_groups": 8, "data__val_num_groups": 6},
@@ -180,10 +188,10 @@ def test_a_run_needs_hub_models_in_the_cache_when_offline(config, monkeypatch):
 
 def test_the_good_config_and_edge_values_pass(config):
     preflight.check_settings(config)
-    edges = {"data__top_p": 1.0, "data__top_k": -1, "data__val_temperature": 0.0, "model__grad_clip": 0.0,
-             "model__dual_clip": None, "model__gamma": 0.0, "model__clip_low": 0.0, "data__train_seed": 0,
+    edges = {"data__top_p": 1.0, "data__top_k": -1, "data__val_temperature": 0.0, "model__optim__grad_clip": 0.0,
+             "model__loss__dual_clip": None, "model__advantage__gamma": 0.0, "model__loss__clip_low": 0.0, "data__train_seed": 0,
              "model__warm_start": {"steps": 3, "lr": 1e-3}, "data__filter": {"strategy": "top_k_abs", "value": 2.0},
-             "model__advantage_floor": 0.0}
+             "model__advantage__floor": 0.0}
     preflight.check_settings(changed(config, **edges))
 
 
@@ -203,12 +211,12 @@ def test_fsdp2_takes_the_vllm_engine_lora_and_qlora_but_not_a_shared_base(config
 
 
 def test_a_k1_kl_loss_warns_that_it_pulls_nothing_back(config):
-    kl = {"model__use_kl_loss": True, "model__kl_coef": 0.1}
+    kl = {"model__loss__kl_coef": 0.1}  # a KL loss is on when its coefficient is > 0
     with pytest.warns(UserWarning, match="gradient is zero in expectation.*low_var_kl"):
         preflight.check_settings(changed(config, **kl))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        preflight.check_settings(changed(config, **kl, model__kl_kind="low_var_kl"))
+        preflight.check_settings(changed(config, **kl, model__loss__kl_kind="low_var_kl"))
 
 
 def test_world_size_from_the_trainer_flags():

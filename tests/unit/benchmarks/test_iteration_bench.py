@@ -32,4 +32,4 @@ def test_task_settings_reads_the_sokoban_config():
     d, m = load("rollout").task_settings(str(ROOT / "configs" / "sokoban.yaml"))
     assert d["num_groups"] * d["group_size"] >= 1 and d["max_turns"] >= 1 and d["max_new_tokens"] >= 1
     assert "temperature" in d and "train_seed" in d  # defaults from RolloutDataModule's signature
-    assert m.get("model") == "tiny:cells" and m.get("adv_estimator") == "rft"
+    assert m.get("model") == "tiny:cells" and m["advantage"]["estimator"] == "rft"  # nested as in the YAML

@@ -6,11 +6,11 @@ import warnings
 from types import SimpleNamespace
 
 import pytest
-from lightning.fabric.utilities.data import AttributeDict
 
 from callbacks import CollapseMonitor
 from ragen_lightning.data.sampler import FilterConfig
 from ragen_lightning.errors import ConfigError
+from ragen_lightning.starpo.module import StarPOModule
 
 RS, ENT, GN, MI = "rollout/in_group_reward_std", "actor/entropy", "actor/grad_norm", "collapse/first_turn/mi"
 
@@ -90,7 +90,7 @@ def _fake(tmp_path, filter_value=0.9, entropy_coeff=0.001):
     saved = []
     trainer = SimpleNamespace(should_stop=False, default_root_dir=str(tmp_path), save_checkpoint=saved.append,
                               datamodule=SimpleNamespace(filter=FilterConfig(value=filter_value)))
-    module = SimpleNamespace(hparams=AttributeDict(entropy_coeff=entropy_coeff))
+    module = StarPOModule(loss={"entropy_coeff": entropy_coeff})  # no model is loaded before configure_model
     return trainer, module, saved
 
 
@@ -121,13 +121,14 @@ def test_each_action_does_what_it_says(tmp_path):
 
     m = _monitor(actions=["adjust_entropy"])
     m.act(trainer, module, 9, ["entropy"])
-    assert module.hparams.entropy_coeff == pytest.approx(0.002)  # 0.001 x 2
-    module.hparams.entropy_coeff = 0.0
+    assert module.loss.entropy_coeff == pytest.approx(0.002)  # 0.001 x 2
+    assert module.hparams["loss"]["entropy_coeff"] == pytest.approx(0.002)  # what a checkpoint saves
+    module.set_entropy_coeff(0.0)
     m.act(trainer, module, 10, ["entropy"])
-    assert module.hparams.entropy_coeff == 1e-3  # zero -> entropy_coeff_start
-    module.hparams.entropy_coeff = 0.04
+    assert module.loss.entropy_coeff == 1e-3  # zero -> entropy_coeff_start
+    module.set_entropy_coeff(0.04)
     m.act(trainer, module, 11, ["entropy"])
-    assert module.hparams.entropy_coeff == 0.05  # 0.08 capped at entropy_coeff_max
+    assert module.loss.entropy_coeff == 0.05  # 0.08 capped at entropy_coeff_max
     assert m.fired == [(9, "entropy"), (10, "entropy"), (11, "entropy")]
 
 
@@ -151,7 +152,7 @@ def test_state_dict_round_trip_continues_the_same_stream(tmp_path):
     third.load_state_dict(first.state_dict())
     trainer2, module2, _ = _fake(tmp_path)
     third.on_train_start(trainer2, module2)
-    assert module2.hparams.entropy_coeff == pytest.approx(0.002) and third.fired == [(6, "entropy")]
+    assert module2.loss.entropy_coeff == pytest.approx(0.002) and third.fired == [(6, "entropy")]
 
 
 def test_bad_settings_raise():

@@ -36,8 +36,8 @@ def _traj(chat, group_id, member, reward, body):
 @pytest.fixture()
 def grpo_module(tiny_path, tiny_tokenizer):
     torch.manual_seed(0)
-    module = StarPOModule(model=str(tiny_path), adv_estimator="grpo", entropy_coeff=0.01, micro_batch_size=2,
-                          mini_batch_size=8)
+    module = StarPOModule(model=str(tiny_path), advantage={"estimator": "grpo"}, loss={"entropy_coeff": 0.01},
+                          update={"micro_batch_size": 2, "mini_batch_size": 8})
     module.configure_model()
     chat = ChatTokens(tiny_tokenizer)
     # group 0: identical rewards (std 0 -> GRPO advantage 0); group 1: rewards 0 / 1 (std 0.707)
@@ -65,7 +65,7 @@ def test_gradient_analysis_zero_variance_bucket_has_no_task_gradient(grpo_module
 
 def test_gradient_analysis_entropy_component_follows_the_flag(grpo_module):
     module, batch = grpo_module
-    module.hparams.entropy_coeff = 0.0
+    module.set_entropy_coeff(0.0)
     out = GradientAnalysis(num_buckets=2).analyse(module, batch)
     assert not any(k.endswith("/entropy") for k in out) and "grad_norm/all/task" in out
 

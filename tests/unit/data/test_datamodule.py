@@ -87,6 +87,9 @@ def test_branches_are_refused_where_a_branch_cannot_be_a_scored_one_turn_sample(
     with pytest.raises(ConfigError, match="--data.branch_follow must be 'first' or 'best', got 'top'"):
         dm(branches=2, reward_placement="turn", episode=windowed, branch_follow="top")
     assert dm(branches=2, reward_placement="turn", episode=windowed, branch_follow="best").hparams.branch_follow == "best"
-    check_data_settings({"adv_estimator": "rft"}, d.hparams)
-    with pytest.raises(ConfigError, match="--data.branches 2 needs --model.advantage.estimator rft"):
-        check_data_settings({"adv_estimator": "gae"}, d.hparams)
+    from ragen_lightning.starpo.settings import AdvantageSettings
+
+    check_data_settings(AdvantageSettings(estimator="rft"), d.hparams)
+    with pytest.raises(ConfigError, match=r"--data.branches 2 needs an estimator that scores every sample by its own "
+                                          r"turn reward \(rft, .*\), not gae"):
+        check_data_settings(AdvantageSettings(estimator="gae"), d.hparams)

@@ -238,8 +238,8 @@ class ArmEngine:
 
 def attach(d, tok):
     engine = ArmEngine(tok)
-    d.trainer = SimpleNamespace(lightning_module=SimpleNamespace(tokenizer=tok, make_engine=lambda **kw: engine),
-                                world_size=1, should_stop=False)
+    d.trainer = SimpleNamespace(world_size=1, should_stop=False)
+    d.connect(SimpleNamespace(tokenizer=tok, make_engine=lambda **kw: engine))  # the policy it rolls out
     return d
 
 

@@ -87,11 +87,32 @@ def test_autocast_copies_of_fp32_trainable_matmul_weights_under_mixed_precision_
     lora = memory.plan(SMALL, dtype="bfloat16", lora={"rank": 2}, mixed_precision=True)
     assert lora.autocast_copies == 2 * 2 * 512  # the fp32 adapters of actor and critic; frozen bases never cached
     assert "autocast 16-bit copies" in full.table() and "autocast" not in memory.plan(SMALL).table()
-    model = {"model": "Qwen/Qwen2.5-0.5B-Instruct", "dtype": "float32", "adv_estimator": "grpo"}
+    model = {"model": "Qwen/Qwen2.5-0.5B-Instruct", "dtype": "float32", "advantage": {"estimator": "grpo"}}
     planned = {prec: memory.plan_from_config(model, {}, {"precision": prec}) for prec in ("bf16-mixed", "32-true")}
     assert planned["32-true"].autocast_copies == 0
     # 0.5B: per block q, o 896x896, k, v 896x128, gate, up, down 896x4864 = 14,909,440 x 24 blocks + head 151936x896
     assert planned["bf16-mixed"].autocast_copies == 2 * (24 * 14_909_440 + 151_936 * 896)
+
+
+def test_plan_from_config_reads_the_model_settings_groups():
+    """A parsed ``model`` section holds the settings groups as nested dicts (``--model.update.*``, ...)."""
+    name, data = "Qwen/Qwen2.5-0.5B-Instruct", {"episode": {"max_model_len": 256}}
+    arch = memory.architecture(name)
+
+    def planned(**groups):
+        return memory.plan_from_config({"model": name, "dtype": "float32", **groups}, data, {})
+
+    assert "critic" in planned().weights  # the default estimator (gae) trains a critic
+    assert "critic" not in planned(advantage={"estimator": "grpo"}).weights
+    assert "reference (copy)" not in planned().weights and "reference (copy)" not in planned(loss={"kl_coef": 0.0}).weights
+    assert "reference (copy)" in planned(loss={"kl_coef": 0.1}).weights  # a KL loss: its coefficient > 0
+    assert "reference (copy)" in planned(advantage={"kl_in_reward_coef": 0.1}).weights
+    update = {"micro_batch_size": 2, "logits_chunk_size": 64, "activation_checkpointing": True}
+    assert planned(update=update) == memory.plan(arch, dtype="float32", activation_bytes=4, micro_batch_size=2,
+                                                 max_model_len=256, logits_chunk_size=64,
+                                                 activation_checkpointing=True, with_critic=True)
+    eight_bit = {"class_path": "bitsandbytes.optim.AdamW8bit"}
+    assert planned(optim={"actor_optimizer": eight_bit, "critic_optimizer": eight_bit}).optimizer < planned().optimizer
 
 
 def test_reference_costs_a_copy_only_without_lora():
@@ -126,8 +147,9 @@ def test_shared_base_holds_one_base_and_two_adapters():
     assert sep.peak - shared.peak == 1304 * 2  # exactly the critic's backbone in bf16
 
 
-def config(**model):
-    return {"model": {"model": "Qwen/Qwen2.5-7B-Instruct", "dtype": "float32", "micro_batch_size": 1, **model},
+def config(update=None, **model):
+    update = {"micro_batch_size": 1, **(update or {})}
+    return {"model": {"model": "Qwen/Qwen2.5-7B-Instruct", "dtype": "float32", "update": update, **model},
             "data": {"episode": {"max_model_len": 2048}, "max_batch_size": 32}, "trainer": {"precision": "bf16-mixed"},
             "gpu_memory_gb": 24.0}
 
@@ -135,7 +157,7 @@ def config(**model):
 def test_refuses_a_config_that_does_not_fit_naming_the_flag():
     with pytest.raises(ConfigError, match=r"--gpu_memory_gb 24: the estimated peak .* GiB does not fit"):
         memory.check_memory(config(), print_plan=False)  # 7B full fine-tune with a critic: ~240 GiB
-    plan = memory.check_memory(config(dtype="bfloat16", activation_checkpointing=True, logits_chunk_size=1024,
+    plan = memory.check_memory(config(dtype="bfloat16", update={"activation_checkpointing": True, "logits_chunk_size": 1024},
                                       lora={"rank": 64, "quantization": "nf4"}), print_plan=False)
     assert plan.fits(24)
 

@@ -29,7 +29,7 @@ from ragen_lightning.errors import ConfigError
 def _checkpoint(seed=0):
     g = torch.Generator().manual_seed(seed)
     return {"state_dict": {"critic.w": torch.randn(64, 64, generator=g)}, "global_step": seed,
-            "hyper_parameters": {"adv_estimator": "gae"}}
+            "hyper_parameters": {"advantage": {"estimator": "gae"}}}
 
 
 def test_saved_file_is_a_plain_torch_zip_with_its_digest_as_the_zip_comment(tmp_path):
@@ -153,10 +153,13 @@ def test_install_replaces_only_lightnings_default_io():
 
 
 def test_changed_settings_names_each_differing_model_setting():
-    saved = {"adv_estimator": "gae", "model": "tiny", "lora": None, "actor_lr": 1e-3, "temperature": 1.0,
+    # the settings groups are plain dicts in the hyperparameters, compared field by field
+    saved = {"advantage": {"estimator": "gae", "gamma": 1.0}, "model": "tiny", "lora": None,
+             "optim": {"actor_lr": 1e-3, "max_consecutive_skips": 5}, "temperature": 1.0,
              "export_dir": None, "only_in_checkpoint": 1, "_instantiator": "x"}
-    current = {"adv_estimator": "grpo", "model": "tiny", "lora": {"rank": 8}, "actor_lr": 1e-3, "temperature": 0.7,
-               "export_dir": "out", "only_now": 2, "_instantiator": "y"}
+    current = {"advantage": {"estimator": "grpo", "gamma": 1.0}, "model": "tiny", "lora": {"rank": 8},
+               "optim": {"actor_lr": 1e-3, "max_consecutive_skips": 0},  # steers the run only: not compared
+               "temperature": 0.7, "export_dir": "out", "only_now": 2, "_instantiator": "y"}
     assert changed_settings(current, saved) == [
         "--model.advantage.estimator (checkpoint 'gae', now 'grpo')",
         "--model.lora (checkpoint None, now {'rank': 8})",
@@ -166,12 +169,13 @@ def test_changed_settings_names_each_differing_model_setting():
     # exporting the merged adapter steers the run's end only: not a change of model settings
     lora = {"rank": 8, "export_merged": False}
     assert changed_settings({"lora": dict(lora, export_merged=True)}, {"lora": lora}) == []
-    assert changed_settings({"lora": dict(lora, rank=16)}, {"lora": lora}) == [
-        "--model.lora (checkpoint {'rank': 8}, now {'rank': 16})"]
+    assert changed_settings({"lora": dict(lora, rank=16)}, {"lora": lora}) == [  # a group: field by field
+        "--model.lora.rank (checkpoint 8, now 16)"]
 
 
 def test_check_resume_settings_refuses_unless_allowed():
-    saved, current = {"adv_estimator": "gae", "gamma": 1.0}, {"adv_estimator": "grpo", "gamma": 0.99}
+    saved = {"advantage": {"estimator": "gae", "gamma": 1.0}}
+    current = {"advantage": {"estimator": "grpo", "gamma": 0.99}}
     with pytest.raises(ConfigError) as info:
         check_resume_settings(current, "out/last.ckpt", saved, allow=False)
     assert str(info.value) == (

@@ -149,5 +149,5 @@ def test_training_temperature_must_be_positive_and_finite(temperature):
 
 @pytest.mark.parametrize("value", [-1, 1.5, True])
 def test_max_consecutive_skips_domain(value):
-    with pytest.raises(ConfigError, match=r"--model.optim.max_consecutive_skips must be an int >= 0"):
-        StarPOModule(max_consecutive_skips=value)
+    with pytest.raises(ConfigError, match=r"^--model\.optim\.max_consecutive_skips must be an integer >= 0, got "):
+        StarPOModule(optim={"max_consecutive_skips": value})

@@ -187,10 +187,11 @@ def test_auto_engine_falling_back_to_hf_refuses_tensor_parallel(monkeypatch, mod
 
 def test_tis_needs_temperature_one():
     with pytest.raises(ConfigError, match="--model.loss.tis_cap"):
-        StarPOModule(tis_cap=2.0, temperature=0.7)
+        StarPOModule(loss={"tis_cap": 2.0}, temperature=0.7)
     with pytest.raises(ConfigError, match="--model.loss.tis_cap"):
-        StarPOModule(tis_cap=0.0)
-    assert StarPOModule(tis_cap=2.0).hparams.tis_cap == 2.0
+        StarPOModule(loss={"tis_cap": 0.0})
+    module = StarPOModule(loss={"tis_cap": 2.0})
+    assert module.loss.tis_cap == 2.0 and module.hparams["loss"]["tis_cap"] == 2.0
 
 
 # -- weights for the push -----------------------------------------------------------------------------------------
@@ -342,7 +343,7 @@ def test_every_rollout_is_preceded_by_a_sync_and_followed_by_sleep(tiny_tokenize
     engine = CountingEngine(tiny_tokenizer.eos_token_id)
     d = RolloutDataModule(**DATA)
     module = SimpleNamespace(tokenizer=tiny_tokenizer, make_engine=lambda max_batch_size: engine)
-    d.trainer = SimpleNamespace(lightning_module=module)
+    d.connect(module)
     b0 = d.train_batch(0)
     assert (engine.syncs, engine.sleeps) == (1, 1)
     assert b0.metrics["rollout/sync_s"] == 0.25 and b0.metrics["rollout/probe_max_abs_logprob_diff"] == 1e-6

@@ -70,9 +70,9 @@ def test_the_worker_backpropagates_directly_and_steps_the_raw_optimizer():
     raw = torch.optim.SGD(net.parameters(), lr=1.0)
     wrapped = SimpleNamespace(optimizer=raw)  # what a LightningOptimizer holds
     module = SimpleNamespace(manual_backward=lambda loss: pytest.fail("Lightning's backward on the worker"),
-                             _pad_row=-1)
+                             pad_row=-1)
     view, opt = BackgroundSteps.worker_view(module, wrapped)
-    assert opt is raw and view._pad_row == -1  # everything else is the module's
+    assert opt is raw and view.pad_row == -1  # everything else is the module's
     loss = net(torch.ones(1, 2)).sum()
     view.manual_backward(loss)
     assert net.weight.grad.tolist() == [[1.0, 1.0]]
@@ -80,12 +80,12 @@ def test_the_worker_backpropagates_directly_and_steps_the_raw_optimizer():
 
 def test_active_only_with_the_flag_a_critic_one_process_and_no_shared_lora_base():
     def module(flag=True, critic=True, lora=None):
-        return SimpleNamespace(hparams={"critic_in_background": flag}, critic=object() if critic else None,
-                               _lora=lora)
+        return SimpleNamespace(settings=SimpleNamespace(critic=SimpleNamespace(in_background=flag)),
+                               hparams={"lora": lora}, critic=object() if critic else None)
 
     bg = BackgroundSteps(module())
     assert bg.active() is bg
     assert BackgroundSteps(module(flag=False)).active() is None
     assert BackgroundSteps(module(critic=False)).active() is None  # GRPO family: nothing to move
-    assert BackgroundSteps(module(lora=SimpleNamespace(shared_base=True))).active() is None
-    assert BackgroundSteps(module(lora=SimpleNamespace(shared_base=False))).active() is not None
+    assert BackgroundSteps(module(lora={"shared_base": True})).active() is None
+    assert BackgroundSteps(module(lora={"shared_base": False})).active() is not None

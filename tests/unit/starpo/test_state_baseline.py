@@ -1,18 +1,20 @@
-"""``adv_estimator: state_baseline`` on branching rollouts: every response is scored by its own turn reward minus the
+"""``--model.advantage.estimator state_baseline`` on branching rollouts: every response is scored by its own turn reward minus the
 mean turn reward of the K responses that answer the same state (its visited state's baseline); two-sided, unlike
 ``rft``, so worse-than-average answers are pushed down."""
+
+from dataclasses import replace
 
 import pytest
 import torch
 
 from ragen_lightning.data.batching import build_batch
 from ragen_lightning.errors import ConfigError
-from ragen_lightning.starpo.advantages import advantages_for, kept_rows
+from ragen_lightning.starpo.estimators import advantages_for, kept_rows
 from ragen_lightning.starpo.checks import check_data_settings
 from ragen_lightning.starpo.module import StarPOModule
 from tests.unit.starpo.test_rft import SETTINGS, branched_episode
 
-STATE = {**SETTINGS, "adv_estimator": "state_baseline"}
+STATE = replace(SETTINGS, estimator="state_baseline")
 
 
 def per_row(batch, settings=STATE) -> list[float]:
@@ -37,7 +39,7 @@ def test_state_grpo_divides_by_the_states_std():
     batch = build_batch([episode], pad_token_id=0, reward_placement="turn")
     std = (10 / 3) ** 0.5
     expected = [1 / std, -1 / std, -2 / std, 2 / std, 0, 0, 0, 0]
-    assert per_row(batch, {**STATE, "adv_estimator": "state_grpo"}) == pytest.approx(expected, rel=1e-5)
+    assert per_row(batch, replace(STATE, estimator="state_grpo")) == pytest.approx(expected, rel=1e-5)
 
 
 def test_states_of_different_episodes_are_never_mixed():
@@ -60,7 +62,7 @@ def test_the_update_takes_the_rows_with_an_advantage_and_their_values_do_not_cha
 def test_state_grpo_keeps_a_states_response_at_the_mean_so_its_std_does_not_change():
     # 2, 0, 1: mean 1, std 1 -> advantages 1, -1, 0; without the response at the mean the std would be sqrt(2)
     batch = build_batch([branched_episode([[2.0, 0.0, 1.0], [0.5, 0.5, 0.5]])], pad_token_id=0, reward_placement="turn")
-    settings = {**STATE, "adv_estimator": "state_grpo"}
+    settings = replace(STATE, estimator="state_grpo")
     kept, share = kept_rows(batch, settings)
     assert kept.state_index.tolist() == [0, 0, 0] and share == pytest.approx(3 / 6)
     assert per_row(kept, settings) == per_row(batch, settings)[:3] == pytest.approx([1, -1, 0], abs=1e-5)
@@ -73,12 +75,15 @@ def test_a_batch_without_branches_is_refused():
 
 
 def test_the_settings_it_needs_are_checked(tiny_path):
-    hp = dict(StarPOModule(model=str(tiny_path), adv_estimator="state_baseline").hparams)
-    assert not StarPOModule(model=str(tiny_path), adv_estimator="state_baseline").uses_critic
-    check_data_settings(hp, {"group_size": 1, "branches": 8, "reward_placement": "turn"})
+    module = StarPOModule(model=str(tiny_path), advantage={"estimator": "state_baseline"})
+    adv = module.advantage
+    assert adv.estimator == "state_baseline" and module.hparams["advantage"]["estimator"] == "state_baseline"
+    assert not module.uses_critic
+    check_data_settings(adv, {"group_size": 1, "branches": 8, "reward_placement": "turn"})
     with pytest.raises(ConfigError, match="needs --data.branches >= 2 and --data.reward_placement turn"):
-        check_data_settings(hp, {"group_size": 1, "branches": 1, "reward_placement": "turn"})
+        check_data_settings(adv, {"group_size": 1, "branches": 1, "reward_placement": "turn"})
     with pytest.raises(ConfigError, match=r"reward_placement 'last'"):
-        check_data_settings(hp, {"group_size": 1, "branches": 8, "reward_placement": "last"})
-    with pytest.raises(ConfigError, match="needs --model.advantage.estimator rft, state_baseline or state_grpo"):
-        check_data_settings({**hp, "adv_estimator": "grpo"}, {"group_size": 4, "branches": 8, "reward_placement": "turn"})
+        check_data_settings(adv, {"group_size": 1, "branches": 8, "reward_placement": "last"})
+    with pytest.raises(ConfigError, match=r"--data.branches 8 needs an estimator that scores every sample by its own "
+                                          r"turn reward \(rft, state_baseline, state_grpo\), not grpo"):
+        check_data_settings(replace(adv, estimator="grpo"), {"group_size": 4, "branches": 8, "reward_placement": "turn"})

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from ragen_lightning.errors import ConfigError, TrainingStopped
-from ragen_lightning.starpo.checks import MODULE_DOMAINS
 from ragen_lightning.starpo.optim import SkipGuard
 from ragen_lightning.starpo.scoring import actor_outputs
-from ragen_lightning.starpo.ppo import PolicyLossSettings, ppo_update, step_kl
+from ragen_lightning.starpo.ppo import ActorLoss, ppo_update, step_kl
 from ragen_lightning.starpo.optimizer_steps import MicroOutput, accumulate
+from ragen_lightning.starpo.settings import ModuleSettings, OptimSettings
 from ragen_lightning.types import UpdateBatch
 
 X = torch.tensor([[1.0, 1.0]])
@@ -82,9 +82,15 @@ def _batch(tiny_model):
 
 
 def _settings(limit):
-    return PolicyLossSettings(clip_low=0.2, clip_high=0.28, dual_clip=None, loss_agg_mode="token-mean",
-                              entropy_coeff=0.0, kl_coef=0.0, kl_kind="k1", temperature=1.0, tis_cap=None,
-                              logits_chunk_size=None, max_step_kl=limit)
+    return ActorLoss(clip_low=0.2, clip_high=0.28, dual_clip=None, loss_agg_mode="token-mean",
+                     entropy_coeff=0.0, kl_coef=0.0, kl_kind="k1", temperature=1.0, tis_cap=None,
+                     logits_chunk_size=None, max_step_kl=limit)
+
+
+def test_the_actor_loss_takes_the_limit_from_the_optim_group():
+    settings = ModuleSettings.build(loss={"entropy_coeff": 0.0, "dual_clip": None}, optim={"max_step_kl": 0.05})
+    assert ActorLoss.of(settings) == _settings(0.05)
+    assert ActorLoss.of(ModuleSettings.build()).max_step_kl is None  # off by default
 
 
 @torch.no_grad()
@@ -126,8 +132,9 @@ def test_ppo_update_guards_the_actor_step_only_when_set(tiny_model, limit):
 
 @pytest.mark.parametrize("value", [0.0, -0.1, math.inf, math.nan])
 def test_max_step_kl_domain(value):
-    with pytest.raises(ConfigError, match="max_step_kl"):
-        MODULE_DOMAINS["max_step_kl"].check("max_step_kl", value)
+    with pytest.raises(ConfigError, match=r"--model\.optim\.max_step_kl"):
+        OptimSettings(max_step_kl=value)
+    assert OptimSettings(max_step_kl=None).max_step_kl is None and OptimSettings(max_step_kl=0.01).max_step_kl == 0.01
 
 
 def test_steps_undone_by_the_trust_region_stop_the_run_with_their_own_advice():
