@@ -366,8 +366,8 @@ class RolloutRunner:
         if not shown:
             return f"Current Turn (Turn {turn}):" if ep.turns else ""
         first = turn - len(shown)
-        lines = [f"Summary: {turn - 1} step(s) completed so far. Showing the last {len(shown)} turn(s) with "
-                 "state/action/reward details. Recent turns:\n---\n"]
+        lines = [(f"Summary: {turn - 1} step(s) completed so far. Showing the last {len(shown)} turn(s) with "
+                  "state/action/reward details. Recent turns:\n---\n")]
         for i, t in enumerate(shown, start=first):
             lines.append(f"Turn {i} State:\n{t.state}\nTurn {i} Action: {t.response}\n"
                          f"Turn {i} Reward: {prompting.reward_text(t.reward)[len('Reward:'):].strip()}\n---\n")
