@@ -20,13 +20,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
 from ragen_lightning.algos.advantages import group_centre
 from ragen_lightning.metrics.functional import pass_at_k
-from ragen_lightning.types import RolloutBatch, Trajectory
+from ragen_lightning.types import RolloutBatch, Sample, Trajectory
 
 RewardPlacement = Literal["last", "turn"]
 NormGrouping = Literal["state", "env", "batch"]
@@ -65,65 +66,100 @@ def build_batch(trajectories: Sequence[Trajectory], *, pad_token_id: int, reward
         ValueError: a trajectory is not trainable (a text-in/text-out engine such as an API model produced it: its
             ids re-encode returned text and carry no sampled log-probs, so no policy-gradient step can use them).
     """
+    _check_trainable(trajectories)
+    if reward_placement not in ("last", "turn"):
+        raise ValueError(f"reward_placement must be 'last' or 'turn', got {reward_placement!r}")
+    if reward_placement == "turn" and norm_method != "identity":
+        raise ValueError("reward normalisation is per episode score; with reward_placement='turn' use 'identity'")
+    rows = [(e, t, s) for e, t in enumerate(trajectories) for s in t.samples]
+    group_index = torch.tensor([t.group_id for _, t, _ in rows], dtype=torch.long)
+    episode_index = torch.tensor([e for e, _, _ in rows], dtype=torch.long)
+    scores = _episode_scores(rows, group_index, episode_index, norm_grouping, norm_method)
+    tokens = _pad_rows(rows, scores, pad_token_id, reward_placement)
+    return RolloutBatch(
+        **vars(tokens), scores=scores, group_index=group_index, episode_index=episode_index,
+        per_turn_rewards=reward_placement == "turn", metrics=dict(metrics or {}), trajectories=list(trajectories),
+        state_index=_state_index(rows),
+    )
+
+
+_Row = tuple[int, Trajectory, Sample]  # (episode index, its trajectory, one of its training samples)
+
+
+def _check_trainable(trajectories: Sequence[Trajectory]) -> None:
+    """Refuse trajectories no policy-gradient step can use (``build_batch``'s Raises)."""
     if untrainable := [t for t in trajectories if not t.trainable]:
         raise ValueError(
             f"{len(untrainable)} of {len(trajectories)} trajectories (first: env {untrainable[0].env_index}, seed "
             f"{untrainable[0].seed}) come from a text-in/text-out engine (an API model): their token ids re-encode "
             "the returned text and have no sampled log-probs, so they cannot be trained on; use them for evaluation "
             "only (python -m ragen_lightning.evaluate)")
-    if reward_placement not in ("last", "turn"):
-        raise ValueError(f"reward_placement must be 'last' or 'turn', got {reward_placement!r}")
-    if reward_placement == "turn" and norm_method != "identity":
-        raise ValueError("reward normalisation is per episode score; with reward_placement='turn' use 'identity'")
-    rows = [(e, t, s) for e, t in enumerate(trajectories) for s in t.samples]
-    B = len(rows)
-    T = max((len(s.conversation) for _, _, s in rows), default=1)
-    input_ids = torch.full((B, T), pad_token_id, dtype=torch.long)
-    attention = torch.zeros((B, T), dtype=torch.long)
-    loss_mask = torch.zeros((B, T), dtype=torch.long)
-    engine_logprobs = torch.zeros((B, T))
-    rewards = torch.zeros((B, T))
-    turn_ends = torch.zeros((B, T), dtype=torch.bool)
-    group_index = torch.tensor([t.group_id for _, t, _ in rows], dtype=torch.long)
-    episode_index = torch.tensor([e for e, _, _ in rows], dtype=torch.long)
+
+
+def _episode_scores(rows: Sequence[_Row], group_index: torch.Tensor, episode_index: torch.Tensor,
+                    grouping: NormGrouping, method: NormMethod) -> torch.Tensor:
+    """``[B]`` each row's episode score, normalised with one score per episode (turn-level modes repeat an episode
+    over several samples, which must not weigh it more in its group's statistics)."""
     raw = torch.tensor([t.score for _, t, _ in rows], dtype=torch.float32)
-    # normalise one score per episode (turn-level modes repeat an episode over several samples)
     first_row = {int(e): i for i, e in reversed(list(enumerate(episode_index.tolist())))}
     ep_rows = torch.tensor(sorted(first_row.values()), dtype=torch.long)
     env_ids = {tag: i for i, tag in enumerate(dict.fromkeys(t.tag for _, t, _ in rows))}  # mixture entries
     env_index = torch.tensor([env_ids[t.tag] for _, t, _ in rows], dtype=torch.long)
-    ep_norm = normalize_scores(raw[ep_rows], group_index[ep_rows], norm_grouping, norm_method,
-                               env_index=env_index[ep_rows])
+    ep_norm = normalize_scores(raw[ep_rows], group_index[ep_rows], grouping, method, env_index=env_index[ep_rows])
     by_episode = {int(episode_index[r]): float(v) for r, v in zip(ep_rows.tolist(), ep_norm.tolist())}
-    scores = torch.tensor([by_episode[int(e)] for e in episode_index.tolist()], dtype=torch.float32)
-    # a branching turn's responses answer one state: (episode, turn); every other sample is its own state
+    return torch.tensor([by_episode[int(e)] for e in episode_index.tolist()], dtype=torch.float32)
+
+
+def _state_index(rows: Sequence[_Row]) -> torch.Tensor:
+    """``[B]`` state ids: a branching turn's responses answer one state, (episode, turn); every other sample is its
+    own state."""
     states = [(e, s.turn) if s.turn is not None else (e, "row", i) for i, (e, _, s) in enumerate(rows)]
     state_ids = {key: i for i, key in enumerate(dict.fromkeys(states))}
-    state_index = torch.tensor([state_ids[key] for key in states], dtype=torch.long)
+    return torch.tensor([state_ids[key] for key in states], dtype=torch.long)
 
+
+@dataclass
+class _TokenTensors:
+    """The ``[B, T]`` per-token tensors of a batch, right-padded (named as the :class:`RolloutBatch` fields)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    engine_logprobs: torch.Tensor
+    rewards: torch.Tensor
+    turn_ends: torch.Tensor
+
+
+def _pad_rows(rows: Sequence[_Row], scores: torch.Tensor, pad_token_id: int,
+              reward_placement: RewardPlacement) -> _TokenTensors:
+    """Each row's conversation padded to the longest, with its rewards on its trained turns' last tokens (module
+    docstring)."""
+    B = len(rows)
+    T = max((len(s.conversation) for _, _, s in rows), default=1)
+    out = _TokenTensors(
+        input_ids=torch.full((B, T), pad_token_id, dtype=torch.long),
+        attention_mask=torch.zeros((B, T), dtype=torch.long), loss_mask=torch.zeros((B, T), dtype=torch.long),
+        engine_logprobs=torch.zeros((B, T)), rewards=torch.zeros((B, T)),
+        turn_ends=torch.zeros((B, T), dtype=torch.bool),
+    )
     for i, (_, _, sample) in enumerate(rows):
         conv = sample.conversation
         n = len(conv)
-        input_ids[i, :n] = torch.tensor(conv.input_ids, dtype=torch.long)
-        attention[i, :n] = 1
-        loss_mask[i, :n] = torch.tensor(conv.loss_mask, dtype=torch.long)
-        engine_logprobs[i, :n] = torch.tensor(conv.sampled_logprobs)
+        out.input_ids[i, :n] = torch.tensor(conv.input_ids, dtype=torch.long)
+        out.attention_mask[i, :n] = 1
+        out.loss_mask[i, :n] = torch.tensor(conv.loss_mask, dtype=torch.long)
+        out.engine_logprobs[i, :n] = torch.tensor(conv.sampled_logprobs)
         if not conv.turn_spans:
             continue
         ends = [end - 1 for _, end in conv.turn_spans]
-        turn_ends[i, ends] = True
+        out.turn_ends[i, ends] = True
         if reward_placement == "last":
-            rewards[i, ends[-1]] = scores[i]
+            out.rewards[i, ends[-1]] = scores[i]
         else:
             if len(sample.turn_rewards) != len(ends):
                 raise ValueError(f"sample has {len(ends)} trained turns but {len(sample.turn_rewards)} turn rewards")
-            rewards[i, ends] = torch.tensor(sample.turn_rewards, dtype=torch.float32)
-    return RolloutBatch(
-        input_ids=input_ids, attention_mask=attention, loss_mask=loss_mask, rewards=rewards, turn_ends=turn_ends,
-        engine_logprobs=engine_logprobs, scores=scores, group_index=group_index, episode_index=episode_index,
-        per_turn_rewards=reward_placement == "turn", metrics=dict(metrics or {}), trajectories=list(trajectories),
-        state_index=state_index,
-    )
+            out.rewards[i, ends] = torch.tensor(sample.turn_rewards, dtype=torch.float32)
+    return out
 
 
 def trajectory_matrix(trajectories: Sequence[Trajectory], group_size: int, field: str) -> torch.Tensor:

@@ -261,45 +261,58 @@ def mutual_information(
         matched, marginal = mi_row_terms(cross_logprobs, prompt_index)
         m, n = cross_logprobs.shape
         zero = matched.new_zeros(())
-        out: dict[str, torch.Tensor] = {}
-        a_mean, b_mean = matched.mean() if m else zero, marginal.mean() if m else zero
-        sigma = _population_std(marginal)
-        diff = matched - marginal  # [M]
-        out["mi"] = a_mean - b_mean
-        out["mi_upper_bound"] = zero + (math.log(n) if n > 0 else 0.0)
-        out["matched_log_prob_mean"] = a_mean
-        out["marginal_log_prob_mean"] = b_mean
-        out["conditional_entropy"] = -a_mean
-        out["marginal_entropy"] = -b_mean
-        out["marginal_std"] = sigma
-        out["mi_zscore"] = (diff / (sigma + std_eps)).mean() if m else zero
-        if m:
-            ema = ema_update(marginal_std_ema, sigma, ema_decay).to(sigma)
-            out["mi_zscore_ema"] = (diff / (ema + std_eps)).mean()
-        else:
-            ema = (
-                zero if marginal_std_ema is None else marginal_std_ema.detach().clone()
-            )
-            out["mi_zscore_ema"] = zero
-        out["marginal_std_ema"] = ema
-
-        topk = (
-            1,
-            *sorted({int(k) for k in topk} - {1}),
-        )  # k = 1 always: retrieval_accuracy is a public key
-        hits, chance, k_eff = retrieval(
-            cross_logprobs, prompt_index, prompt_signature, topk
-        )
-        chance_mean = chance.mean().to(zero) if m else zero
-        for k in topk:
-            acc = hits[k].to(zero.dtype).mean() if m else zero
-            level = (chance_mean * k_eff[k]).clamp(max=1.0)
-            out[_key("retrieval_accuracy", k)] = acc
-            out[_key("retrieval_chance_level", k)] = level
-            out[_key("retrieval_above_chance", k)] = acc - level
+        out = _mi_family(matched, marginal, n, std_eps, marginal_std_ema, ema_decay)
+        out.update(_retrieval_rates(cross_logprobs, prompt_index, prompt_signature, topk, zero))
         out["num_rows"] = zero + m
         out["num_columns"] = zero + n
         return out
+
+
+def _mi_family(matched: torch.Tensor, marginal: torch.Tensor, n: int, std_eps: float,
+               marginal_std_ema: torch.Tensor | None, ema_decay: float) -> dict[str, torch.Tensor]:
+    """``mutual_information``'s MI, entropy, std and z-score keys from the row terms ``a`` (``matched``) and ``b``
+    (``marginal``) of ``n`` columns; with no rows every value is 0 and the EMA state is kept."""
+    m = matched.shape[0]
+    zero = matched.new_zeros(())
+    out: dict[str, torch.Tensor] = {}
+    a_mean, b_mean = matched.mean() if m else zero, marginal.mean() if m else zero
+    sigma = _population_std(marginal)
+    diff = matched - marginal  # [M]
+    out["mi"] = a_mean - b_mean
+    out["mi_upper_bound"] = zero + (math.log(n) if n > 0 else 0.0)
+    out["matched_log_prob_mean"] = a_mean
+    out["marginal_log_prob_mean"] = b_mean
+    out["conditional_entropy"] = -a_mean
+    out["marginal_entropy"] = -b_mean
+    out["marginal_std"] = sigma
+    out["mi_zscore"] = (diff / (sigma + std_eps)).mean() if m else zero
+    if m:
+        ema = ema_update(marginal_std_ema, sigma, ema_decay).to(sigma)
+        out["mi_zscore_ema"] = (diff / (ema + std_eps)).mean()
+    else:
+        ema = zero if marginal_std_ema is None else marginal_std_ema.detach().clone()
+        out["mi_zscore_ema"] = zero
+    out["marginal_std_ema"] = ema
+    return out
+
+
+def _retrieval_rates(cross_logprobs: torch.Tensor, prompt_index: torch.Tensor,
+                     prompt_signature: torch.Tensor | None, topk: Sequence[int],
+                     zero: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``mutual_information``'s ``retrieval_accuracy(@k)``, ``retrieval_chance_level(@k)`` and
+    ``retrieval_above_chance(@k)`` (0 with no rows), as 0-dim tensors like ``zero``."""
+    m = cross_logprobs.shape[0]
+    out: dict[str, torch.Tensor] = {}
+    topk = (1, *sorted({int(k) for k in topk} - {1}))  # k = 1 always: retrieval_accuracy is a public key
+    hits, chance, k_eff = retrieval(cross_logprobs, prompt_index, prompt_signature, topk)
+    chance_mean = chance.mean().to(zero) if m else zero
+    for k in topk:
+        acc = hits[k].to(zero.dtype).mean() if m else zero
+        level = (chance_mean * k_eff[k]).clamp(max=1.0)
+        out[_key("retrieval_accuracy", k)] = acc
+        out[_key("retrieval_chance_level", k)] = level
+        out[_key("retrieval_above_chance", k)] = acc - level
+    return out
 
 
 def _check(cross_logprobs: torch.Tensor, prompt_index: torch.Tensor) -> None:

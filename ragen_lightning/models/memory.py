@@ -215,47 +215,91 @@ def plan(arch: Architecture, *, dtype: str = "float32", activation_bytes: int = 
             the fp32 trainable weights it casts.
     """
     pbytes = DTYPE_BYTES[dtype]
+    if lora is None:
+        model = _full_fine_tuning(arch, pbytes, with_critic, with_reference, optimizer_8bit)
+    else:
+        model = _lora_fine_tuning(arch, pbytes, lora, with_critic, with_reference)
+    activations, logits = _update_bytes(arch, activation_bytes, micro_batch_size, max_model_len, logits_chunk_size,
+                                        activation_checkpointing)
+    kv_cache, reserved = _engine_bytes(arch, engine, activation_bytes, max_batch_size, max_model_len,
+                                       gpu_memory_utilization, gpu_gib)
+    # LoRA adapters are fp32 whatever the dtype; full fine-tuning casts only fp32 weights
+    copies = 2 * model.cast if mixed_precision and (lora is not None or pbytes == 4) else 0
+    return MemoryPlan(weights={k: int(v) for k, v in model.weights.items()}, grads=int(model.grads),
+                      optimizer=int(model.optimizer), activations=int(activations), logits=int(logits),
+                      engine_kv_cache=int(kv_cache), engine_reserved=reserved, overhead=int(overhead_gib * GIB),
+                      notes=model.notes, autocast_copies=int(copies))
+
+
+@dataclass
+class _ModelBytes:
+    """The static part of a plan's models: bytes of the weights per component, of the trainable parameters' grads
+    and of their AdamW states; ``cast`` counts the fp32 trainable weights autocast casts (parameters, not bytes)."""
+
+    weights: dict[str, int]
+    grads: int
+    optimizer: int
+    cast: int
+    notes: list[str] = field(default_factory=list)
+
+
+def _full_fine_tuning(arch: Architecture, pbytes: int, with_critic: bool, with_reference: bool,
+                      optimizer_8bit: bool) -> _ModelBytes:
+    """Every parameter of the actor (and critic) trained, in ``pbytes`` bytes each."""
+    lm, backbone = arch.causal_lm_params(), arch.backbone_params()
+    weights: dict[str, int] = {}
+    weights["actor"] = lm * pbytes
+    trainable = lm + (backbone + arch.hidden_size + 1 if with_critic else 0)
+    if with_critic:
+        weights["critic"] = (backbone + arch.hidden_size + 1) * pbytes
+    if with_reference:
+        weights["reference (copy)"] = lm * pbytes
+    grads, opt = trainable * pbytes, 2 * trainable * (1 if optimizer_8bit else pbytes)
+    # matmul weights autocast casts: blocks' linear layers and the LM head (tied or not), the critic's blocks
+    cast = arch.block_linear_weights() + arch.embedding_params()
+    cast += arch.block_linear_weights() + arch.hidden_size if with_critic else 0
+    return _ModelBytes(weights, grads, opt, cast)
+
+
+def _lora_fine_tuning(arch: Architecture, pbytes: int, lora: dict[str, Any], with_critic: bool,
+                      with_reference: bool) -> _ModelBytes:
+    """fp32 LoRA adapters (and the critic's value head) trained on frozen bases, 4-bit ones under ``nf4``."""
     lm, backbone = arch.causal_lm_params(), arch.backbone_params()
     notes: list[str] = []
     weights: dict[str, int] = {}
-    if lora is None:
-        weights["actor"] = lm * pbytes
-        trainable = lm + (backbone + arch.hidden_size + 1 if with_critic else 0)
-        if with_critic:
-            weights["critic"] = (backbone + arch.hidden_size + 1) * pbytes
-        if with_reference:
-            weights["reference (copy)"] = lm * pbytes
-        grads, opt = trainable * pbytes, 2 * trainable * (1 if optimizer_8bit else pbytes)
-        # matmul weights autocast casts: blocks' linear layers and the LM head (tied or not), the critic's blocks
-        cast = arch.block_linear_weights() + arch.embedding_params()
-        cast += arch.block_linear_weights() + arch.hidden_size if with_critic else 0
-    else:
-        quant = lora.get("quantization", "none") == "nf4"
-        linear = arch.block_linear_weights()
+    quant = lora.get("quantization", "none") == "nf4"
+    linear = arch.block_linear_weights()
 
-        def frozen(n_params: int) -> int:
-            if not quant:
-                return n_params * pbytes
-            return int(_nf4_bytes(linear, lora.get("double_quant", True)) + (n_params - linear) * pbytes)
+    def frozen(n_params: int) -> int:
+        if not quant:
+            return n_params * pbytes
+        return int(_nf4_bytes(linear, lora.get("double_quant", True)) + (n_params - linear) * pbytes)
 
-        adapter = arch.lora_params(int(lora.get("rank", 64)), lora.get("target_modules", "all-linear"))
-        n_adapters = 2 if with_critic else 1
-        shared = bool(lora.get("shared_base")) and with_critic
-        weights["actor base (frozen" + (", nf4)" if quant else ")")] = frozen(lm)
-        if with_critic and not shared:
-            weights["critic base (frozen" + (", nf4)" if quant else ")")] = frozen(backbone)
-        weights["LoRA adapters (fp32)"] = n_adapters * adapter * 4
-        if with_critic:
-            weights["value head"] = (arch.hidden_size + 1) * pbytes
-        trainable_bytes = n_adapters * adapter * 4 + ((arch.hidden_size + 1) * pbytes if with_critic else 0)
-        grads, opt = trainable_bytes, 2 * trainable_bytes
-        cast = n_adapters * adapter  # fp32 adapters; the 16-bit (or nf4) bases are frozen, never cached
-        if with_reference:
-            notes.append("reference = actor with adapters disabled: no extra weights")
-        if shared:
-            notes.append("shared base: actor and critic are two adapters on one frozen model")
+    adapter = arch.lora_params(int(lora.get("rank", 64)), lora.get("target_modules", "all-linear"))
+    n_adapters = 2 if with_critic else 1
+    shared = bool(lora.get("shared_base")) and with_critic
+    weights["actor base (frozen" + (", nf4)" if quant else ")")] = frozen(lm)
+    if with_critic and not shared:
+        weights["critic base (frozen" + (", nf4)" if quant else ")")] = frozen(backbone)
+    weights["LoRA adapters (fp32)"] = n_adapters * adapter * 4
+    if with_critic:
+        weights["value head"] = (arch.hidden_size + 1) * pbytes
+    trainable_bytes = n_adapters * adapter * 4 + ((arch.hidden_size + 1) * pbytes if with_critic else 0)
+    grads, opt = trainable_bytes, 2 * trainable_bytes
+    cast = n_adapters * adapter  # fp32 adapters; the 16-bit (or nf4) bases are frozen, never cached
+    if with_reference:
+        notes.append("reference = actor with adapters disabled: no extra weights")
+    if shared:
+        notes.append("shared base: actor and critic are two adapters on one frozen model")
+    return _ModelBytes(weights, grads, opt, cast, notes)
+
+
+def _update_bytes(arch: Architecture, activation_bytes: int, micro_batch_size: int, seq_len: int,
+                  logits_chunk_size: int | None, activation_checkpointing: bool) -> tuple[int, int]:
+    """``(activations, logits)``: what one micro-batch of ``seq_len``-token samples keeps for backward, blocks and LM
+    head apart."""
     H, I, kv = arch.hidden_size, arch.intermediate_size, arch.kv_dim
-    tokens = micro_batch_size * max_model_len
+    tokens = micro_batch_size * seq_len
     per_layer = tokens * (10 * H + 3 * kv + 4 * I) * activation_bytes
     if activation_checkpointing:
         activations = arch.num_layers * tokens * H * activation_bytes + per_layer
@@ -263,18 +307,21 @@ def plan(arch: Architecture, *, dtype: str = "float32", activation_bytes: int = 
         activations = arch.num_layers * per_layer
     rows = tokens if logits_chunk_size is None else min(tokens, logits_chunk_size)
     logits = 2 * tokens * arch.vocab_size * activation_bytes + 3 * rows * arch.vocab_size * 4
-    kv_cache = 2 * arch.num_layers * kv * activation_bytes * max_batch_size * max_model_len if engine == "hf" else 0
+    return activations, logits
+
+
+def _engine_bytes(arch: Architecture, engine: str, activation_bytes: int, max_batch_size: int, seq_len: int,
+                  gpu_memory_utilization: float, gpu_gib: float | None) -> tuple[int, int]:
+    """``(kv_cache, reserved)``: the HF engine's KV cache of ``max_batch_size`` ``seq_len``-token sequences in the
+    trainer's memory, or vLLM's reservation."""
+    per_token = 2 * arch.num_layers * arch.kv_dim * activation_bytes  # keys and values of every layer
+    kv_cache = per_token * max_batch_size * seq_len if engine == "hf" else 0
     reserved = 0
     if engine == "vllm":
         if gpu_gib is None:
             raise ConfigError("the memory plan of a vLLM engine needs the GPU's memory (--gpu_memory_gb)")
         reserved = int(gpu_memory_utilization * gpu_gib * GIB)
-    # LoRA adapters are fp32 whatever the dtype; full fine-tuning casts only fp32 weights
-    copies = 2 * cast if mixed_precision and (lora is not None or pbytes == 4) else 0
-    return MemoryPlan(weights={k: int(v) for k, v in weights.items()}, grads=int(grads), optimizer=int(opt),
-                      activations=int(activations), logits=int(logits), engine_kv_cache=int(kv_cache),
-                      engine_reserved=reserved, overhead=int(overhead_gib * GIB), notes=notes,
-                      autocast_copies=int(copies))
+    return kv_cache, reserved
 
 
 def _activation_bytes(precision: Any, dtype: str) -> int:

@@ -117,6 +117,31 @@ class _CachedPrefix:
     values: list[torch.Tensor]
 
 
+@dataclass
+class _Sampled:
+    """What a decode batch sampled, per request (original row): ids and their raw-model log-probs
+    ``[B, max_new_tokens]``, and the ids kept (``max_new_tokens`` unless a stop ended the request sooner)."""
+
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+    lengths: torch.Tensor
+
+    @classmethod
+    def empty(cls, batch: int, steps: int, device: torch.device) -> _Sampled:
+        """Room for ``steps`` (the sampling cap) ids per request; every length at the cap until a stop."""
+        return cls(
+            tokens=torch.zeros((batch, steps), dtype=torch.long, device=device),
+            # fp32 whatever the default dtype (bf16-true precision sets it to bf16 around the training step)
+            logprobs=torch.zeros((batch, steps), dtype=torch.float32, device=device),
+            lengths=torch.full((batch,), steps, dtype=torch.long, device=device),
+        )
+
+    def record(self, rows: torch.Tensor, step: int, token: torch.Tensor, logits: torch.Tensor) -> None:
+        """Store the ids ``token`` the live ``rows`` sampled at ``step`` from fp32 ``logits``, with their log-probs."""
+        self.tokens[rows, step] = token
+        self.logprobs[rows, step] = torch.log_softmax(logits, dim=-1).gather(-1, token[:, None]).squeeze(-1)
+
+
 class HFEngine:
     """KV-cached batched sampling with a transformers causal LM.
 
@@ -275,53 +300,56 @@ class HFEngine:
         # sliding-window masks count columns, which the padded layout of reused prefixes would shift
         reusable = self.prefix_cache_tokens > 0 and not getattr(getattr(self.model, "config", None),
                                                                 "use_sliding_window", False)
-        tokens = torch.zeros((B, params.max_new_tokens), dtype=torch.long, device=device)
-        # fp32 whatever the default dtype (bf16-true precision sets it to bf16 around the training step)
-        logprobs = torch.zeros((B, params.max_new_tokens), dtype=torch.float32, device=device)
-        lengths = torch.full((B,), params.max_new_tokens, dtype=torch.long, device=device)
+        sampled = _Sampled.empty(B, params.max_new_tokens, device)
         rows = torch.arange(B, device=device)  # original index of each live row of the decode batch
         for step in range(params.max_new_tokens):
             logits = out.logits[:, -1, :].float()
             token = self._sample(logits, params, generators)
-            tokens[rows, step] = token
-            logprobs[rows, step] = torch.log_softmax(logits, dim=-1).gather(-1, token[:, None]).squeeze(-1)
+            sampled.record(rows, step, token, logits)
             self.stats["decode_row_steps"] += len(rows)
             finished = torch.isin(token, stop)
             if params.stop:
-                finished |= self._stop_string_hits(tokens, rows, token, step, params.stop)
-            lengths[rows[finished]] = step + 1
+                finished |= self._stop_string_hits(sampled.tokens, rows, token, step, params.stop)
+            sampled.lengths[rows[finished]] = step + 1
             if step + 1 == params.max_new_tokens:
                 finished[:] = True
-            if reusable:  # keys/values of prompt + tokens[:step] (the token just sampled was never fed)
-                for j in finished.nonzero().flatten().tolist():
-                    real = attention[j].bool()
-                    i = int(rows[j])
-                    self._store(prompts[i] + tokens[i, :step].tolist(),
-                                [layer.keys[j][:, real] for layer in cache.layers],
-                                [layer.values[j][:, real] for layer in cache.layers])
+            if reusable:
+                self._store_finished(prompts, sampled.tokens, rows, finished, attention, cache, step)
             if bool(finished.all()):
                 break
             if bool(finished.any()):  # drop finished rows, then columns that are padding in every live row
                 keep = (~finished).nonzero().flatten()
-                rows, token, next_pos, attention = rows[keep], token[keep], next_pos[keep], attention[keep]
+                rows, token, next_pos = rows[keep], token[keep], next_pos[keep]
                 if generators is not None:
                     generators = [generators[j] for j in keep.tolist()]
-                first = int(attention.any(0).long().argmax())
-                attention = attention[:, first:]
-                for layer in cache.layers:
-                    layer.keys, layer.values = layer.keys[keep, :, first:], layer.values[keep, :, first:]
+                attention = _keep_rows(cache, attention, keep)
             attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
             out = self.model(input_ids=token[:, None], attention_mask=attention, position_ids=next_pos[:, None],
                              past_key_values=cache, use_cache=True)
             cache, next_pos = out.past_key_values, next_pos + 1
+        return self._generations(sampled, params)
+
+    def _store_finished(self, prompts: list[list[int]], tokens: torch.Tensor, rows: torch.Tensor,
+                        finished: torch.Tensor, attention: torch.Tensor, cache: Any, step: int) -> None:
+        """Leave each finished live row's keys/values in the prefix cache: those of its prompt + ``tokens[:step]``
+        (the token just sampled was never fed), taken at its non-padding columns."""
+        for j in finished.nonzero().flatten().tolist():
+            real = attention[j].bool()
+            i = int(rows[j])
+            self._store(prompts[i] + tokens[i, :step].tolist(),
+                        [layer.keys[j][:, real] for layer in cache.layers],
+                        [layer.values[j][:, real] for layer in cache.layers])
+
+    def _generations(self, sampled: _Sampled, params: SamplingParams) -> list[Generation]:
+        """Each request's kept ids and log-probs, ``"stop"`` when they end with a stop token or a stop string."""
         results = []
-        for i in range(B):
-            n = int(lengths[i])
-            ids = tokens[i, :n].tolist()
+        for i in range(len(sampled.lengths)):
+            n = int(sampled.lengths[i])
+            ids = sampled.tokens[i, :n].tolist()
             stopped = bool(n > 0 and ids[-1] in self.stop_token_ids) or \
                 bool(params.stop and n > 0 and self._has_stop(ids, params.stop))
-            results.append(Generation(ids, logprobs[i, :n].tolist(), "stop" if stopped else "length"))
-        self.stats["sampled_tokens"] += int(lengths.sum())
+            results.append(Generation(ids, sampled.logprobs[i, :n].tolist(), "stop" if stopped else "length"))
+        self.stats["sampled_tokens"] += int(sampled.lengths.sum())
         return results
 
     def _stop_string_hits(self, tokens: torch.Tensor, rows: torch.Tensor, token: torch.Tensor, step: int,
@@ -352,3 +380,13 @@ class HFEngine:
         if generators is None:
             return torch.multinomial(probs, 1).squeeze(-1)
         return torch.stack([torch.multinomial(probs[i], 1, generator=g)[0] for i, g in enumerate(generators)])
+
+
+def _keep_rows(cache: Any, attention: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Cut the decode batch's ``cache`` (in place) and ``attention`` to the live rows ``keep``, then to the columns
+    from the first one that is not padding in every kept row; returns the cut attention mask."""
+    attention = attention[keep]
+    first = int(attention.any(0).long().argmax())
+    for layer in cache.layers:
+        layer.keys, layer.values = layer.keys[keep, :, first:], layer.values[keep, :, first:]
+    return attention[:, first:]

@@ -240,44 +240,10 @@ class RolloutRunner:
         self.timing["env"] += time.perf_counter() - t0
         announce = self.max_response_tokens or params.max_new_tokens
         for turn in range(1, self.episode.max_turns + 1):
-            live = [ep for ep in episodes if not ep.done]
-            if not live:
-                break
-            fitting = []
-            for ep in live:
-                user = self._user_message(ep, turn, announce)
-                mark = _mark(ep.conv) if self.episode.context_window == "full" else None
-                prompt = self._prompt_ids(ep, user, params.max_new_tokens)
-                if prompt is None:
-                    if turn == 1:
-                        need = len(self.chat.start(ep.system, user))
-                        raise ValueError(
-                            f"max_model_len={self.episode.max_model_len} is too small for the first prompt of "
-                            f"{self.env_id} "
-                            f"({need} prompt tokens + max_new_tokens={params.max_new_tokens})"
-                        )
-                    ep.traj.context_truncated = ep.traj.truncated = True
-                    self._finish(ep)
-                    continue
-                ep.turns.append(_Turn(user=user, state=ep.obs, mark=mark))
-                fitting.append((ep, prompt))
+            fitting = self._open_turn([ep for ep in episodes if not ep.done], turn, announce, params.max_new_tokens)
             if not fitting:
                 break
-            K = self.branches
-            seeds = [request_seed(seed, ep.traj.env_index, turn, k) for ep, _ in fitting for k in range(K)]
-            # scripted/expert engines (demonstrations, oracles) answer from the env state instead of the prompt
-            extra = ({"envs": [ep.env.unwrapped for ep, _ in fitting for _ in range(K)]}
-                     if getattr(self.engine, "needs_envs", False) else {})
-            if getattr(self.engine, "needs_messages", False):  # text-in/text-out engines (API models) get the chat
-                extra["messages"] = [list(ep.conv.messages) for ep, _ in fitting for _ in range(K)]
-            t0 = time.perf_counter()
-            outs = self.engine.generate([p for _, p in fitting for _ in range(K)], params, seeds, **extra)
-            self.timing["generate"] += time.perf_counter() - t0
-            if K > 1:  # the other responses, each for one turn on a copy of the env, before the episode moves on
-                t0 = time.perf_counter()
-                outs = [self._branch(ep, outs[i * K:(i + 1) * K]) for i, (ep, _) in enumerate(fitting)]
-                self.timing["env"] += time.perf_counter() - t0
-            for (ep, _), out in zip(fitting, outs):
+            for (ep, _), out in zip(fitting, self._responses(fitting, turn, params, seed)):
                 self._respond(ep, out.token_ids, out.logprobs)
             t0 = time.perf_counter()
             self._execute([ep for ep, _ in fitting])
@@ -290,6 +256,48 @@ class RolloutRunner:
                 self._finish(ep)
         clear_cache()
         return [ep.traj for ep in episodes]
+
+    def _open_turn(self, live: list[_Episode], turn: int, announce: int,
+                   response_cap: int) -> list[tuple[_Episode, list[int]]]:
+        """``(episode, prompt ids)`` of each live episode that plays ``turn`` (its :class:`_Turn` opened). An episode
+        whose prompt plus a ``response_cap``-token response exceeds ``max_model_len`` ends instead
+        (``context_truncated``); at turn 1 that is an error: the limit leaves no room for any episode."""
+        fitting = []
+        for ep in live:
+            user = self._user_message(ep, turn, announce)
+            mark = _mark(ep.conv) if self.episode.context_window == "full" else None
+            prompt = self._prompt_ids(ep, user, response_cap)
+            if prompt is None:
+                if turn == 1:
+                    need = len(self.chat.start(ep.system, user))
+                    raise ValueError(f"max_model_len={self.episode.max_model_len} is too small for the first prompt "
+                                     f"of {self.env_id} ({need} prompt tokens + max_new_tokens={response_cap})")
+                ep.traj.context_truncated = ep.traj.truncated = True
+                self._finish(ep)
+                continue
+            ep.turns.append(_Turn(user=user, state=ep.obs, mark=mark))
+            fitting.append((ep, prompt))
+        return fitting
+
+    def _responses(self, fitting: list[tuple[_Episode, list[int]]], turn: int, params: SamplingParams,
+                   seed: int) -> list[Any]:
+        """The generation each episode of ``fitting`` plays this turn: its own sample or, when branching, the one it
+        follows (``_branch``, which plays the others on copies of the env)."""
+        K = self.branches
+        seeds = [request_seed(seed, ep.traj.env_index, turn, k) for ep, _ in fitting for k in range(K)]
+        # scripted/expert engines (demonstrations, oracles) answer from the env state instead of the prompt
+        extra = ({"envs": [ep.env.unwrapped for ep, _ in fitting for _ in range(K)]}
+                 if getattr(self.engine, "needs_envs", False) else {})
+        if getattr(self.engine, "needs_messages", False):  # text-in/text-out engines (API models) get the chat
+            extra["messages"] = [list(ep.conv.messages) for ep, _ in fitting for _ in range(K)]
+        t0 = time.perf_counter()
+        outs = self.engine.generate([p for _, p in fitting for _ in range(K)], params, seeds, **extra)
+        self.timing["generate"] += time.perf_counter() - t0
+        if K > 1:  # the other responses, each for one turn on a copy of the env, before the episode moves on
+            t0 = time.perf_counter()
+            outs = [self._branch(ep, outs[i * K:(i + 1) * K]) for i, (ep, _) in enumerate(fitting)]
+            self.timing["env"] += time.perf_counter() - t0
+        return outs
 
     def _reset(self, env_index: int, group_id: int, seed: int, member: int, slot: int | None = None) -> _Episode:
         slot = env_index if slot is None else slot
@@ -358,8 +366,8 @@ class RolloutRunner:
         if not shown:
             return f"Current Turn (Turn {turn}):" if ep.turns else ""
         first = turn - len(shown)
-        lines = [f"Summary: {turn - 1} step(s) completed so far. Showing the last {len(shown)} turn(s) with "
-                 "state/action/reward details. Recent turns:\n---\n"]
+        lines = [(f"Summary: {turn - 1} step(s) completed so far. Showing the last {len(shown)} turn(s) with "
+                  "state/action/reward details. Recent turns:\n---\n")]
         for i, t in enumerate(shown, start=first):
             lines.append(f"Turn {i} State:\n{t.state}\nTurn {i} Action: {t.response}\n"
                          f"Turn {i} Reward: {prompting.reward_text(t.reward)[len('Reward:'):].strip()}\n---\n")

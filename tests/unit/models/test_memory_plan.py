@@ -73,6 +73,17 @@ def test_full_finetune_plan_by_hand():
     assert ck.activations == 2 * 4 * 8 * 4 + 2496  # block inputs (2 layers x 4 tokens x H 8 x 4 B) + one block
 
 
+def test_chunked_logits_and_vllm_reservation_by_hand():
+    p = memory.plan(SMALL, dtype="float32", activation_bytes=4, micro_batch_size=1, max_model_len=4,
+                    logits_chunk_size=2, engine="vllm", gpu_memory_utilization=0.25, gpu_gib=8.0, overhead_gib=0)
+    # logits: 2 x 4 tokens x vocab 10 x 4 bytes = 320, log-softmax over a chunk of 2 rows: 3 x 2 x 10 x 4 = 240
+    assert p.logits == 560
+    # vLLM holds no KV cache in the trainer's memory; it reserves 0.25 x 8 GiB
+    assert p.engine_kv_cache == 0 and p.engine_reserved == 2 * memory.GIB
+    with pytest.raises(ConfigError, match=r"vLLM engine needs the GPU's memory \(--gpu_memory_gb\)"):
+        memory.plan(SMALL, engine="vllm", gpu_memory_utilization=0.25)
+
+
 def test_autocast_copies_of_fp32_trainable_matmul_weights_under_mixed_precision_only():
     """Autocast keeps a 16-bit copy of each fp32 trainable weight it casts until its outermost region exits (the
     whole training step): measured on an H100 (docs/gpu.md) and on CPU (a 256 MiB fp32 Linear under bf16 autocast
