@@ -244,7 +244,7 @@ def load_checkpoint_actor(path: str | Path) -> tuple[torch.nn.Module, Any]:
     (a LoRA checkpoint holds the adapters, over that folder's base)."""
     import inspect
 
-    from ragen_lightning import checkpointing
+    from ragen_lightning.parallel import checkpointing
     from ragen_lightning.starpo.module import StarPOModule
 
     ckpt = checkpointing.load_verified(path, map_location="cpu", weights_only=False)

@@ -21,13 +21,13 @@ import torch
 from lightning.pytorch.cli import OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_warn
 
-from ragen_lightning import checkpointing, models
+from ragen_lightning import models
 from ragen_lightning.algos import advantages as A
 from ragen_lightning.algos.losses import AggMode, KLKind
 from ragen_lightning.algos.masked import masked_mean
 from ragen_lightning.models import lora as lora_mod
 from ragen_lightning.models.build import build_networks
-from ragen_lightning.parallel import shard_networks
+from ragen_lightning.parallel import checkpointing, shard_networks
 from ragen_lightning.rollout.engines import build_engine, resolve_engine
 from ragen_lightning.sft.warm_start import warm_started_path
 from ragen_lightning.starpo.advantages import ADVANTAGE_SETTINGS, ROW_ESTIMATORS, advantages_for, kept_rows

@@ -209,7 +209,7 @@ def test_bad_flags_exit_2_with_one_line(tmp_path, capsys):
 
 
 def test_a_fit_checkpoint_loads_the_trained_actor(tmp_path, tiny_path):
-    from ragen_lightning import checkpointing
+    from ragen_lightning.parallel import checkpointing
     from ragen_lightning.starpo.module import StarPOModule
 
     module = StarPOModule(model=tiny_path, adv_estimator="grpo")

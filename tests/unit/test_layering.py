@@ -25,9 +25,9 @@ LAYERS = {
     "types": 0, "errors": 0, "harmless": 0,
     "algos": 1,
     "parallel": 2, "metrics": 2, "rollout": 2, "models": 2,
-    "data": 3, "sft": 3, "checkpointing": 3,
+    "data": 3, "sft": 3,
     "starpo": 4,
-    "cli": 5, "preflight": 5, "evaluate": 5,
+    "cli": 5, "evaluate": 5,
 }
 
 

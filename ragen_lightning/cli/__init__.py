@@ -16,10 +16,11 @@ import torch
 from jsonargparse import ArgumentError
 from lightning.pytorch.cli import LightningCLI
 
-from ragen_lightning import checkpointing, preflight
+from ragen_lightning.cli import preflight
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.errors import ConfigError, TrainingStopped
 from ragen_lightning.harmless import filter_harmless_warnings
+from ragen_lightning.parallel import checkpointing
 from ragen_lightning.starpo.module import StarPOModule
 
 
@@ -80,7 +81,7 @@ class StarPOCLI(LightningCLI):
         finally:
             _SEED_LOG.setLevel(level)
 
-    # -- checkpoints (ragen_lightning.checkpointing): verified load, resumes keep the model settings ----------------
+    # -- checkpoints (ragen_lightning.parallel.checkpointing): verified load, resumes keep the model settings ---------
     def _parse_ckpt_path(self) -> None:
         """Replaces LightningCLI's, which ``torch.load``s the file unchecked (a bare ``EOFError`` for an empty one)
         and silently puts the checkpoint's model settings over the given flags: here the file is verified (one line
@@ -99,7 +100,7 @@ class StarPOCLI(LightningCLI):
             checkpointing.check_resume_settings(self.model.hparams, *self._ckpt_hparams, allow=bool(allow))
 
     def parse_arguments(self, parser, args) -> None:
-        """Parse, then check every setting (:mod:`ragen_lightning.preflight`) before the seed is set, any class is
+        """Parse, then check every setting (:mod:`ragen_lightning.cli.preflight`) before the seed is set, any class is
         built or anything is written. A parse error is one line naming the flag, not jsonargparse's usage dump."""
         for p in _parsers(parser):
             p.exit_on_error = False
