@@ -18,11 +18,13 @@ from lightning.pytorch.cli import LightningCLI
 
 from ragen_lightning.cli import preflight
 from ragen_lightning.data.datamodule import RolloutDataModule
-from ragen_lightning.errors import ConfigError, TrainingStopped
-from ragen_lightning.harmless import filter_harmless_warnings
+from ragen_lightning.errors import (
+    ConfigError,
+    TrainingStopped,
+    filter_harmless_warnings,
+)
 from ragen_lightning.parallel import checkpointing
 from ragen_lightning.starpo.module import StarPOModule
-
 
 _SEED_LOG = logging.getLogger("lightning.fabric.utilities.seed")
 
