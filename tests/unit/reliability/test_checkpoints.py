@@ -13,6 +13,7 @@ import torch
 from lightning.fabric.utilities.cloud_io import _load as pl_load
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from ragen_lightning.errors import ConfigError
 from ragen_lightning.parallel import checkpointing
 from ragen_lightning.parallel.checkpointing import (
     CheckpointError,
@@ -23,7 +24,6 @@ from ragen_lightning.parallel.checkpointing import (
     save_atomic,
     verify,
 )
-from ragen_lightning.errors import ConfigError
 
 
 def _checkpoint(seed=0):
