@@ -54,6 +54,7 @@ from ragen_lightning.rollout.api_engine import APIError
 from ragen_lightning.rollout.engine import GenerationEngine, SamplingParams
 from ragen_lightning.rollout.records import append_jsonl, episode_record, read_jsonl
 from ragen_lightning.rollout.runner import RolloutRunner
+from ragen_lightning.rollout.seeds import episode_seeds
 from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
 from ragen_lightning.rollout.tokens import ChatTokens
 
@@ -93,8 +94,6 @@ class EvalSettings:
 
 def eval_seeds(seed: int, count: int) -> list[int]:
     """The held-out reset seeds of an entry (the warm start's and learning benchmark's ``"eval"`` stream)."""
-    from ragen_lightning.sft.module import episode_seeds
-
     return episode_seeds(seed, count, "eval")
 
 

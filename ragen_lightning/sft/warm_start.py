@@ -36,6 +36,7 @@ import torch
 from ragen_lightning import models
 from ragen_lightning.errors import ConfigError, Domain, check_domains
 from ragen_lightning.parallel.threads import map_threads
+from ragen_lightning.rollout.seeds import episode_seeds
 from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
 from ragen_lightning.sft.experts import reading_clauses, require_expert
 from ragen_lightning.sft.module import (
@@ -44,7 +45,6 @@ from ragen_lightning.sft.module import (
     build_demonstrations,
     causal_lm_sft_loss,
     collate,
-    episode_seeds,
     lr_factor,
     save_model,
 )
