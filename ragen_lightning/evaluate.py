@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib
 import io
 import json
 import math
@@ -52,6 +51,7 @@ from ragen_lightning.errors import ConfigError
 from ragen_lightning.metrics.functional import pass_at_k
 from ragen_lightning.rollout.api_engine import APIError
 from ragen_lightning.rollout.engine import GenerationEngine, SamplingParams
+from ragen_lightning.rollout.env_packages import import_env_packages
 from ragen_lightning.rollout.records import append_jsonl, episode_record, read_jsonl
 from ragen_lightning.rollout.runner import RolloutRunner
 from ragen_lightning.rollout.seeds import episode_seeds
@@ -386,7 +386,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", help="--model: weights dtype")
     p.add_argument("--max-batch-size", type=int, default=128, help="generation requests decoded together at most")
     p.add_argument("--torch-threads", type=int, default=None, help="CPU threads for torch")
-    p.add_argument("--import", dest="modules", action="append", help="module registering env ids (default envs)")
+    p.add_argument("--import", dest="modules", action="append",
+                   help="module registering env ids (default: the installed env packages, the ragen_lightning.envs "
+                   "entry points)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -396,8 +398,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if a.torch_threads:
             torch.set_num_threads(a.torch_threads)
-        for name in a.modules or ["envs"]:
-            importlib.import_module(name)
+        try:
+            import_env_packages(a.modules)
+        except ImportError as e:
+            raise ConfigError(f"--import: {e}") from None
         if a.chunk_seeds < 1:
             raise ConfigError(f"--chunk-seeds must be >= 1, got {a.chunk_seeds}")
         settings = EvalSettings(tuple(a.passes), a.seed, a.temperature, a.top_p, a.samples)

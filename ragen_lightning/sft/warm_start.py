@@ -458,7 +458,8 @@ def _default(name: str) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> None:
     import argparse
-    import importlib
+
+    from ragen_lightning.rollout.env_packages import import_env_packages
 
     parser = argparse.ArgumentParser(description="Warm-start a model on expert demonstrations and evaluate it.")
     parser.add_argument("--env", default="ragen/SimpleSokoban-v0", help="env id")
@@ -479,11 +480,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--torch-threads", type=int, default=1, help="CPU threads (1 is fastest for the tiny model)")
     parser.add_argument("--threads", type=int, default=1, help="parts of a batch trained at once (one per core)")
     parser.add_argument("--import", dest="modules", action="append", default=None,
-                        help="module registering the env ids (default: envs)")
+                        help="module registering the env ids (default: the installed env packages, the "
+                        "ragen_lightning.envs entry points)")
     a = parser.parse_args(argv)
     torch.set_num_threads(a.torch_threads)
-    for name in a.modules or ["envs"]:
-        importlib.import_module(name)
+    import_env_packages(a.modules)
     env_kwargs = json.loads(a.env_kwargs)
     episode = EpisodeSettings(max_turns=a.max_turns, max_actions_per_turn=a.max_actions_per_turn,
                               max_actions_per_episode=a.max_actions_per_episode)
