@@ -279,6 +279,13 @@ def test_imports_point_down_or_sideways_only():
     assert upward == []
 
 
+def test_at_most_four_modules_at_the_package_root():
+    """One concept, one home (DESIGN section 2): the root holds the leaves every layer shares (types, errors) and
+    entry points; everything else lives in a package."""
+    root = sorted(p.name for p in LIB.glob("*.py") if p.name != "__init__.py")
+    assert len(root) <= 4, root
+
+
 def test_types_and_errors_are_leaves():
     graph = import_graph()
     assert graph["ragen_lightning.types"] == set()
