@@ -12,7 +12,9 @@ folder (``--model``: ``--model.export_dir`` of a fit, ``tiny``, a cached hub id)
 ``--api-key-env``). The suite is a YAML file (``--suite``, :mod:`ragen_lightning.data.suite`) and/or ``--entry``
 flags; with neither, ``--config``'s ``data.val_suite`` (its held-out validation entries), else its ``data.mixture``,
 else its env, each entry with its ``num_groups`` seeds or ``--num-episodes``. Episodes are shaped by
-``--config``'s ``data.episode`` (or the defaults), then ``--episode``, then each entry's ``episode``.
+``--config``'s ``data.episode`` (or the defaults), then ``--episode`` (a mapping), then each ``--episode.<name>``
+(main.py's ``--data.episode.<name>``, :func:`~ragen_lightning.rollout.settings.add_episode_arguments`), then each
+entry's ``episode``.
 
 Every entry runs two passes over the same held-out reset seeds ``episode_seeds(--seed, num_episodes, "eval")`` (the
 stream ``benchmarks/learning.py`` evaluates on; validation uses ``val_seed + g``, training ``train_seed + ...``):
@@ -40,7 +42,7 @@ import os
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +57,11 @@ from ragen_lightning.rollout.env_packages import import_env_packages
 from ragen_lightning.rollout.records import append_jsonl, episode_record, read_jsonl
 from ragen_lightning.rollout.runner import RolloutRunner
 from ragen_lightning.rollout.seeds import episode_seeds
-from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
+from ragen_lightning.rollout.settings import (
+    EpisodeSettings,
+    add_episode_arguments,
+    episode_from_args,
+)
 from ragen_lightning.rollout.tokens import ChatTokens
 
 PASSES = ("greedy", "sampled")
@@ -307,15 +313,7 @@ def read_suite_and_episode(a: argparse.Namespace) -> tuple[list[SuiteEntry], Epi
             data = (yaml.safe_load(Path(a.config).read_text()) or {}).get("data", {}) or {}
         except OSError as e:
             raise ConfigError(f"--config {a.config}: cannot read it ({e.strerror})") from None
-    episode = as_episode(data.get("episode"))
-    if a.episode:
-        overrides = _yaml("--episode", a.episode)
-        if not isinstance(overrides, dict):
-            raise ConfigError(f"--episode must be a mapping such as '{{max_turns: 1}}', got {a.episode!r}")
-        try:
-            episode = replace(episode, **overrides)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"--episode {a.episode!r}: {e}") from None
+    episode = episode_from_args(a, data.get("episode"))
     suite = load_suite(a.suite) if a.suite else []
     suite += [as_entry(_yaml("--entry", e), f"--entry {e!r}") for e in a.entry or []]
     if not suite:
@@ -374,7 +372,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--suite", help="suite YAML (ragen_lightning/data/suite.py)")
     p.add_argument("--entry", action="append", help="a suite entry as YAML, e.g. '{env_id: ragen/Bandit-v0}'")
     p.add_argument("--num-episodes", type=int, default=64, help="episodes per entry taken from --config (entries naming num_groups keep theirs)")
-    p.add_argument("--episode", help="episode settings over the config's, e.g. '{max_turns: 3}'")
     p.add_argument("--passes", nargs="+", default=list(PASSES), choices=PASSES)
     p.add_argument("--seed", type=int, default=0, help="seed stream of the reset seeds and sampled generation")
     p.add_argument("--temperature", type=float, default=1.0, help="temperature of the sampled pass")
@@ -390,6 +387,7 @@ def parser() -> argparse.ArgumentParser:
                    help="module registering env ids (default: the installed env packages, the ragen_lightning.envs "
                    "entry points)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_episode_arguments(p)  # over --config's data.episode
     return p
 
 

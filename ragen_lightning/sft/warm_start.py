@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,7 +38,12 @@ from ragen_lightning import models
 from ragen_lightning.errors import ConfigError, Domain, check_domains
 from ragen_lightning.parallel.threads import map_threads
 from ragen_lightning.rollout.seeds import episode_seeds
-from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
+from ragen_lightning.rollout.settings import (
+    EpisodeSettings,
+    add_episode_arguments,
+    as_episode,
+    episode_from_args,
+)
 from ragen_lightning.sft.experts import reading_clauses, require_expert
 from ragen_lightning.sft.module import (
     Demonstration,
@@ -456,12 +462,11 @@ def _default(name: str) -> Any:
     return inspect.signature(warm_start).parameters[name].default
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def _parser():
     import argparse
 
-    from ragen_lightning.rollout.env_packages import import_env_packages
-
-    parser = argparse.ArgumentParser(description="Warm-start a model on expert demonstrations and evaluate it.")
+    parser = argparse.ArgumentParser(prog="python -m ragen_lightning.sft.warm_start",
+                                     description="Warm-start a model on expert demonstrations and evaluate it.")
     parser.add_argument("--env", default="ragen/SimpleSokoban-v0", help="env id")
     parser.add_argument("--env-kwargs", default="{}", help="env keyword arguments as JSON")
     parser.add_argument("--model", default="tiny")
@@ -470,9 +475,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=None)
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-turns", type=int, default=5)
-    parser.add_argument("--max-actions-per-turn", type=int, default=2)
-    parser.add_argument("--max-actions-per-episode", type=int, default=10)
     parser.add_argument("--eval-episodes", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--no-base", action="store_true", help="skip evaluating the base model")
@@ -482,12 +484,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--import", dest="modules", action="append", default=None,
                         help="module registering the env ids (default: the installed env packages, the "
                         "ragen_lightning.envs entry points)")
-    a = parser.parse_args(argv)
+    add_episode_arguments(parser)  # the demonstrations' and the evaluations' episodes
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Warm-start, printing the evaluation of the base and the warm-started model; a bad setting is one line on
+    stderr and exit status 2."""
+    from ragen_lightning.rollout.env_packages import import_env_packages
+
+    a = _parser().parse_args(argv)
     torch.set_num_threads(a.torch_threads)
-    import_env_packages(a.modules)
+    try:
+        try:
+            import_env_packages(a.modules)
+        except ImportError as e:
+            raise ConfigError(f"--import: {e}") from None
+        episode = episode_from_args(a)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     env_kwargs = json.loads(a.env_kwargs)
-    episode = EpisodeSettings(max_turns=a.max_turns, max_actions_per_turn=a.max_actions_per_turn,
-                              max_actions_per_episode=a.max_actions_per_episode)
     overrides = {k: v for k, v in dict(steps=a.steps, num_episodes=a.num_episodes, lr=a.lr,
                                       batch_size=a.batch_size).items() if v is not None}
     # held-out levels: the evaluation seeds never include a demonstration's seed
@@ -507,7 +524,8 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"loss {meta['losses'][0]:.3f} -> {meta['losses'][-1]:.3f}; demos {meta['demo_stats']})", flush=True)
     t = time.perf_counter()
     print("warm", evaluate_policy(path, a.env, env_kwargs, **evaluate), f"({time.perf_counter() - t:.1f}s)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
