@@ -20,6 +20,7 @@ format-valid and success rates of the base and warm-started models on held-out s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -29,6 +30,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -200,29 +202,13 @@ def train_sft(model: torch.nn.Module, demos: Sequence[Demonstration], pad_token_
     return losses
 
 
-def warm_start(
-    model: str = "tiny",
-    env_id: str = "ragen/SimpleSokoban-v0",
-    env_kwargs: dict[str, Any] | None = None,
-    *,
-    steps: int | None = None,
-    num_episodes: int = 512,
-    lr: float = 3e-3,
-    batch_size: int = 4,
-    weight_decay: float = 0.0,
-    warmup_steps: int = 10,
-    lr_schedule: LRSchedule = "cosine",
-    seed: int = 0,
-    reading_steps: int = 0,
-    episode: EpisodeSettings | dict[str, Any] | None = None,
-    only_successful: bool = False,
-    dtype: str = "float32",
-    cache_dir: str | Path | None = None,
-    torch_threads: int | None = 1,
-    threads: int = 1,
-    verbose: bool = False,
-    more_envs: Sequence[tuple[str, dict[str, Any] | None, EpisodeSettings | None]] = (),
-) -> Path:
+def warm_start(model: str = "tiny", env_id: str = "ragen/SimpleSokoban-v0", env_kwargs: dict[str, Any] | None = None,
+               *, steps: int | None = None, num_episodes: int = 512, lr: float = 3e-3, batch_size: int = 4,
+               weight_decay: float = 0.0, warmup_steps: int = 10, lr_schedule: LRSchedule = "cosine", seed: int = 0,
+               reading_steps: int = 0, episode: EpisodeSettings | dict[str, Any] | None = None,
+               only_successful: bool = False, dtype: str = "float32", cache_dir: str | Path | None = None,
+               torch_threads: int | None = 1, threads: int = 1, verbose: bool = False,
+               more_envs: Sequence[tuple[str, dict[str, Any] | None, EpisodeSettings | None]] = ()) -> Path:
     """The folder of ``model`` fine-tuned on expert demonstrations of ``env_id`` (built once, then cached).
 
     Args:
@@ -263,11 +249,27 @@ def warm_start(
         the folder (``save_pretrained`` model + tokenizer + ``warm_start.json`` with the arguments, demo statistics,
         losses and wall time).
     """
-    from ragen_lightning.models.tiny import cache_root
-
     require_expert(env_id, env_kwargs)  # one line naming the env class, before anything is built
     episode = as_episode(episode)
     more = [(i, k, as_episode(e) if e is not None else episode) for i, k, e in more_envs]
+    steps = _checked_steps(env_id, env_kwargs, more, steps, num_episodes, batch_size, reading_steps)
+    recipe = dict(steps=steps, num_episodes=num_episodes, lr=lr, batch_size=batch_size, weight_decay=weight_decay,
+                  warmup_steps=warmup_steps, lr_schedule=lr_schedule, seed=seed, only_successful=only_successful,
+                  dtype=dtype)
+    args, code = _key_args(env_id, env_kwargs, episode, more, recipe, reading_steps)
+    final, root, base = _cache_folder(model, cache_dir, args, code)
+    if (final / META_FILE).is_file():
+        return final
+    with _torch_threads(torch_threads):
+        return _build(final, root, base, args, episode, verbose, threads, more)
+
+
+Sources = Sequence[tuple[str, dict[str, Any] | None, EpisodeSettings]]  # (env_id, env_kwargs, episode) of a mixture
+
+
+def _checked_steps(env_id: str, env_kwargs: dict[str, Any] | None, more: Sources, steps: int | None,
+                   num_episodes: int, batch_size: int, reading_steps: int) -> int:
+    """``steps`` (None: the largest of the envs' hints), once every env has an expert and the counts are valid."""
     for more_id, more_kwargs, _ in more:
         require_expert(more_id, more_kwargs)
     if steps is None:
@@ -276,10 +278,15 @@ def warm_start(
         raise ValueError(f"steps, num_episodes and batch_size must be >= 1, got {steps}, {num_episodes}, {batch_size}")
     if not 0 <= reading_steps < steps:
         raise ConfigError(f"--model.warm_start.reading_steps must be >= 0 and below steps ({steps}), got {reading_steps}")
+    return steps
+
+
+def _key_args(env_id: str, env_kwargs: dict[str, Any] | None, episode: EpisodeSettings, more: Sources,
+              recipe: dict[str, Any], reading_steps: int) -> tuple[dict[str, Any], str]:
+    """``(args, code)``: what the cache key hashes (also recorded in ``warm_start.json``) and the demonstration code's
+    fingerprint. ``recipe``: steps to dtype, in the signature's order."""
     # the key hashes the same flat names as before EpisodeSettings existed, so existing caches keep their keys
-    args = dict(env_id=env_id, steps=steps, num_episodes=num_episodes, lr=lr, batch_size=batch_size,
-                weight_decay=weight_decay, warmup_steps=warmup_steps, lr_schedule=lr_schedule, seed=seed,
-                only_successful=only_successful, dtype=dtype, env_kwargs=demonstration_kwargs(env_id, env_kwargs),
+    args = dict(env_id=env_id, **recipe, env_kwargs=demonstration_kwargs(env_id, env_kwargs),
                 **episode.demonstration_fields())
     if reading_steps:  # only when on: warm starts built before the option keep their keys
         args["reading_steps"] = reading_steps
@@ -288,21 +295,30 @@ def warm_start(
         args["more_envs"] = [dict(env_id=i, env_kwargs=demonstration_kwargs(i, k), **e.demonstration_fields())
                              for i, k, e in more]
         code += "".join(code_fingerprint(i, k) for i, k, _ in more)
+    return args, code
+
+
+def _cache_folder(model: str, cache_dir: str | Path | None, args: dict[str, Any], code: str) -> tuple[Path, Path, str]:
+    """``(folder, cache root, base model folder)`` of a warm start."""
+    from ragen_lightning.models.tiny import cache_root
+
     base = models.resolve_model_path(model)
     root = Path(cache_dir) if cache_dir is not None else cache_root()
-    final = root / f"warm-{warm_start_key(model, base, args, code)}"
-    if (final / META_FILE).is_file():
-        return final
+    return root / f"warm-{warm_start_key(model, base, args, code)}", root, base
 
-    previous_threads = torch.get_num_threads()
-    if torch_threads is not None:
-        if torch_threads < 1:
-            raise ValueError(f"torch_threads must be >= 1, got {torch_threads}")
-        torch.set_num_threads(torch_threads)
+
+@contextlib.contextmanager
+def _torch_threads(count: int | None) -> Iterator[None]:
+    """torch's CPU threads set to ``count`` (None: left as they are) inside, restored after."""
+    previous = torch.get_num_threads()
+    if count is not None:
+        if count < 1:
+            raise ValueError(f"torch_threads must be >= 1, got {count}")
+        torch.set_num_threads(count)
     try:
-        return _build(final, root, base, args, episode, verbose, threads, more)
+        yield
     finally:
-        torch.set_num_threads(previous_threads)
+        torch.set_num_threads(previous)
 
 
 def _build(final: Path, root: Path, base: str, args: dict[str, Any], episode: EpisodeSettings,
