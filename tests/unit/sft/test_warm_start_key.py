@@ -12,11 +12,11 @@ import envs  # noqa: F401  (registers the ragen/* ids)
 from ragen_lightning.sft import warm_start as ws
 
 CALLS = [
-    (dict(env_id="ragen/Bandit-v0"), "warm-9d275e072ae21dca"),
-    (dict(env_id="ragen/Bandit-v0", steps=100, reading_steps=10, lr=1e-3, batch_size=8, seed=3,
-          episode={"max_turns": 2, "observation_last": True}), "warm-2dee2d6065b1678c"),
-    (dict(env_id="ragen/FrozenLake-v0", steps=50, more_envs=[("ragen/Bandit-v0", None, {"max_turns": 1})],
-          only_successful=True), "warm-2b948da1a15a1f2c"),
+    ({"env_id": "ragen/Bandit-v0"}, "warm-9d275e072ae21dca"),
+    ({"env_id": "ragen/Bandit-v0", "steps": 100, "reading_steps": 10, "lr": 1e-3, "batch_size": 8, "seed": 3,
+      "episode": {"max_turns": 2, "observation_last": True}}, "warm-2dee2d6065b1678c"),
+    ({"env_id": "ragen/FrozenLake-v0", "steps": 50, "more_envs": [("ragen/Bandit-v0", None, {"max_turns": 1})],
+      "only_successful": True}, "warm-2b948da1a15a1f2c"),
 ]
 
 
@@ -26,10 +26,9 @@ def test_the_cache_folder_of_given_arguments_is_unchanged(kwargs, folder, monkey
     monkeypatch.setattr(ws, "code_fingerprint", lambda env_id, env_kwargs=None: f"code-{env_id}")
     monkeypatch.setattr(ws.models, "resolve_model_path", lambda model: "/x/tiny-aaa")
     built = []
-    monkeypatch.setattr(ws, "_build", lambda final, root, base, args, *rest: built.append((args, rest)) or final)
+    monkeypatch.setattr(ws, "_build", lambda final, root, base, args, *rest: built.append(args) or final)
     assert ws.warm_start("tiny", cache_dir=tmp_path, **kwargs) == tmp_path / folder
-    args, (episode, verbose, threads, more) = built[0]
-    assert list(args)[:12] == ["env_id", "steps", "num_episodes", "lr", "batch_size", "weight_decay", "warmup_steps",
+    assert list(built[0])[:12] == ["env_id", "steps", "num_episodes", "lr", "batch_size", "weight_decay", "warmup_steps",
                                "lr_schedule", "seed", "only_successful", "dtype", "env_kwargs"]  # warm_start.json's
     (tmp_path / folder).mkdir()
     (tmp_path / folder / ws.META_FILE).write_text("{}")
