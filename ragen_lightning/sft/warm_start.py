@@ -253,9 +253,9 @@ def warm_start(model: str = "tiny", env_id: str = "ragen/SimpleSokoban-v0", env_
     episode = as_episode(episode)
     more = [(i, k, as_episode(e) if e is not None else episode) for i, k, e in more_envs]
     steps = _checked_steps(env_id, env_kwargs, more, steps, num_episodes, batch_size, reading_steps)
-    recipe = dict(steps=steps, num_episodes=num_episodes, lr=lr, batch_size=batch_size, weight_decay=weight_decay,
-                  warmup_steps=warmup_steps, lr_schedule=lr_schedule, seed=seed, only_successful=only_successful,
-                  dtype=dtype)
+    recipe = {"steps": steps, "num_episodes": num_episodes, "lr": lr, "batch_size": batch_size,
+              "weight_decay": weight_decay, "warmup_steps": warmup_steps, "lr_schedule": lr_schedule, "seed": seed,
+              "only_successful": only_successful, "dtype": dtype}
     args, code = _key_args(env_id, env_kwargs, episode, more, recipe, reading_steps)
     final, root, base = _cache_folder(model, cache_dir, args, code)
     if (final / META_FILE).is_file():
