@@ -68,7 +68,7 @@ def random_baseline(task: str, n: int, seed: int, reps: int = 8) -> float:
     import gymnasium as gym
     import numpy as np
 
-    from ragen_lightning.sft.module import episode_seeds
+    from ragen_lightning.rollout.seeds import episode_seeds
 
     data = _learning().load_config(task)["data"]
     budget = data.get("max_actions_per_episode", 10)
@@ -95,8 +95,9 @@ def teacher_forced_reading(path: str, cfg: dict, n: int, seed: int, exclude: lis
     import torch
 
     from ragen_lightning import models
+    from ragen_lightning.rollout.seeds import episode_seeds
     from ragen_lightning.sft.experts import reading_clause_end, turn_spans
-    from ragen_lightning.sft.module import build_demonstrations, episode_seeds
+    from ragen_lightning.sft.module import build_demonstrations
 
     data = cfg["data"]
     tok = models.load_tokenizer(path)
@@ -129,8 +130,9 @@ def self_imitate(cfg: dict, a: argparse.Namespace, out: Path) -> None:
     from ragen_lightning import models
     from ragen_lightning.rollout.engine import HFEngine, SamplingParams
     from ragen_lightning.rollout.runner import RolloutRunner
+    from ragen_lightning.rollout.seeds import episode_seeds
     from ragen_lightning.rollout.tokens import ChatTokens
-    from ragen_lightning.sft.module import Demonstration, episode_seeds
+    from ragen_lightning.sft.module import Demonstration
     from ragen_lightning.sft.warm_start import train_sft
 
     learning = _learning()
@@ -201,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     evaluate, load_config, warm_model = learning.evaluate, learning.load_config, learning.warm_model
 
     from ragen_lightning.models.tiny import PRESETS, tiny_model_path
-    from ragen_lightning.sft.module import episode_seeds
+    from ragen_lightning.rollout.seeds import episode_seeds
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

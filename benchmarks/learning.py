@@ -92,7 +92,7 @@ def load_config(task: str) -> dict[str, Any]:
 
 def warm_model(cfg: dict[str, Any]) -> tuple[str, list[int]]:
     """The warm-started folder ``main.py fit`` would train from, and its demonstration seeds."""
-    from ragen_lightning.sft.module import episode_seeds
+    from ragen_lightning.rollout.seeds import episode_seeds
     from ragen_lightning.sft.warm_start import warm_start
 
     data, model = cfg["data"], cfg["model"]

@@ -111,9 +111,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     from ragen_lightning import models
     from ragen_lightning.rollout.engine import HFEngine, SamplingParams
     from ragen_lightning.rollout.runner import RolloutRunner, make_env
+    from ragen_lightning.rollout.seeds import episode_seeds
     from ragen_lightning.rollout.settings import as_episode
     from ragen_lightning.rollout.tokens import ChatTokens
-    from ragen_lightning.sft.module import episode_seeds
 
     torch.set_num_threads(1)
     cfg = yaml.safe_load(Path(a.config).read_text()) or {}

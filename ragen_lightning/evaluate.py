@@ -12,7 +12,9 @@ folder (``--model``: ``--model.export_dir`` of a fit, ``tiny``, a cached hub id)
 ``--api-key-env``). The suite is a YAML file (``--suite``, :mod:`ragen_lightning.data.suite`) and/or ``--entry``
 flags; with neither, ``--config``'s ``data.val_suite`` (its held-out validation entries), else its ``data.mixture``,
 else its env, each entry with its ``num_groups`` seeds or ``--num-episodes``. Episodes are shaped by
-``--config``'s ``data.episode`` (or the defaults), then ``--episode``, then each entry's ``episode``.
+``--config``'s ``data.episode`` (or the defaults), then ``--episode`` (a mapping), then each ``--episode.<name>``
+(main.py's ``--data.episode.<name>``, :func:`~ragen_lightning.rollout.settings.add_episode_arguments`), then each
+entry's ``episode``.
 
 Every entry runs two passes over the same held-out reset seeds ``episode_seeds(--seed, num_episodes, "eval")`` (the
 stream ``benchmarks/learning.py`` evaluates on; validation uses ``val_seed + g``, training ``train_seed + ...``):
@@ -33,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib
 import io
 import json
 import math
@@ -41,7 +42,7 @@ import os
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +53,15 @@ from ragen_lightning.errors import ConfigError
 from ragen_lightning.metrics.functional import pass_at_k
 from ragen_lightning.rollout.api_engine import APIError
 from ragen_lightning.rollout.engine import GenerationEngine, SamplingParams
+from ragen_lightning.rollout.env_packages import import_env_packages
 from ragen_lightning.rollout.records import append_jsonl, episode_record, read_jsonl
 from ragen_lightning.rollout.runner import RolloutRunner
-from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
+from ragen_lightning.rollout.seeds import episode_seeds
+from ragen_lightning.rollout.settings import (
+    EpisodeSettings,
+    add_episode_arguments,
+    episode_from_args,
+)
 from ragen_lightning.rollout.tokens import ChatTokens
 
 PASSES = ("greedy", "sampled")
@@ -93,8 +100,6 @@ class EvalSettings:
 
 def eval_seeds(seed: int, count: int) -> list[int]:
     """The held-out reset seeds of an entry (the warm start's and learning benchmark's ``"eval"`` stream)."""
-    from ragen_lightning.sft.module import episode_seeds
-
     return episode_seeds(seed, count, "eval")
 
 
@@ -244,7 +249,7 @@ def load_checkpoint_actor(path: str | Path) -> tuple[torch.nn.Module, Any]:
     (a LoRA checkpoint holds the adapters, over that folder's base)."""
     import inspect
 
-    from ragen_lightning import checkpointing
+    from ragen_lightning.parallel import checkpointing
     from ragen_lightning.starpo.module import StarPOModule
 
     ckpt = checkpointing.load_verified(path, map_location="cpu", weights_only=False)
@@ -308,15 +313,7 @@ def read_suite_and_episode(a: argparse.Namespace) -> tuple[list[SuiteEntry], Epi
             data = (yaml.safe_load(Path(a.config).read_text()) or {}).get("data", {}) or {}
         except OSError as e:
             raise ConfigError(f"--config {a.config}: cannot read it ({e.strerror})") from None
-    episode = as_episode(data.get("episode"))
-    if a.episode:
-        overrides = _yaml("--episode", a.episode)
-        if not isinstance(overrides, dict):
-            raise ConfigError(f"--episode must be a mapping such as '{{max_turns: 1}}', got {a.episode!r}")
-        try:
-            episode = replace(episode, **overrides)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"--episode {a.episode!r}: {e}") from None
+    episode = episode_from_args(a, data.get("episode"))
     suite = load_suite(a.suite) if a.suite else []
     suite += [as_entry(_yaml("--entry", e), f"--entry {e!r}") for e in a.entry or []]
     if not suite:
@@ -375,7 +372,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--suite", help="suite YAML (ragen_lightning/data/suite.py)")
     p.add_argument("--entry", action="append", help="a suite entry as YAML, e.g. '{env_id: ragen/Bandit-v0}'")
     p.add_argument("--num-episodes", type=int, default=64, help="episodes per entry taken from --config (entries naming num_groups keep theirs)")
-    p.add_argument("--episode", help="episode settings over the config's, e.g. '{max_turns: 3}'")
     p.add_argument("--passes", nargs="+", default=list(PASSES), choices=PASSES)
     p.add_argument("--seed", type=int, default=0, help="seed stream of the reset seeds and sampled generation")
     p.add_argument("--temperature", type=float, default=1.0, help="temperature of the sampled pass")
@@ -387,8 +383,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", help="--model: weights dtype")
     p.add_argument("--max-batch-size", type=int, default=128, help="generation requests decoded together at most")
     p.add_argument("--torch-threads", type=int, default=None, help="CPU threads for torch")
-    p.add_argument("--import", dest="modules", action="append", help="module registering env ids (default envs)")
+    p.add_argument("--import", dest="modules", action="append",
+                   help="module registering env ids (default: the installed env packages, the ragen_lightning.envs "
+                   "entry points)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_episode_arguments(p)  # over --config's data.episode
     return p
 
 
@@ -397,8 +396,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if a.torch_threads:
             torch.set_num_threads(a.torch_threads)
-        for name in a.modules or ["envs"]:
-            importlib.import_module(name)
+        try:
+            import_env_packages(a.modules)
+        except ImportError as e:
+            raise ConfigError(f"--import: {e}") from None
         if a.chunk_seeds < 1:
             raise ConfigError(f"--chunk-seeds must be >= 1, got {a.chunk_seeds}")
         settings = EvalSettings(tuple(a.passes), a.seed, a.temperature, a.top_p, a.samples)

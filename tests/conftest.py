@@ -57,9 +57,9 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 def pytest_configure(config):
-    """The third-party warnings the command line filters as harmless (ragen_lightning/harmless.py, each with its
+    """The third-party warnings the command line filters as harmless (ragen_lightning/errors.py, each with its
     reason) are filtered in the tests too."""
-    from ragen_lightning.harmless import HARMLESS_WARNINGS
+    from ragen_lightning.errors import HARMLESS_WARNINGS
 
     for message, category, _why in HARMLESS_WARNINGS:
         config.addinivalue_line("filterwarnings", f"ignore:{message}:{category.__name__}")

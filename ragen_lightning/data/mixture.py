@@ -21,7 +21,7 @@ Seeds per tag: an entry's episodes depend on its own tag and the run's seeds onl
 removing or reordering entries leaves every other entry's episodes unchanged). Iteration ``n`` of the training entry
 tagged ``t`` resets its groups with ``episode_seeds(train_seed, num_groups, "train/<t>/<n>")`` (distinct 32-bit
 seeds, never one of the validation seeds of the same tag); validation entry ``t`` always uses
-``episode_seeds(val_seed, num_groups, "val/<t>")`` (:func:`~ragen_lightning.sft.module.episode_seeds`, the warm
+``episode_seeds(val_seed, num_groups, "val/<t>")`` (:func:`~ragen_lightning.rollout.seeds.episode_seeds`, the warm
 start's and the evaluation's seed streams). Generation seeds are per tag too (:func:`generation_seed`). The
 single-env flags keep RAGEN's linear stream (``train_seed + n * num_groups + g``, validation ``val_seed + g``).
 
@@ -49,8 +49,8 @@ from ragen_lightning.errors import ConfigError
 from ragen_lightning.parallel import group_share
 from ragen_lightning.rollout.engine import SamplingParams
 from ragen_lightning.rollout.runner import RolloutRunner
+from ragen_lightning.rollout.seeds import episode_seeds
 from ragen_lightning.rollout.settings import EpisodeSettings
-from ragen_lightning.sft.module import episode_seeds
 from ragen_lightning.types import Trajectory
 
 DEFAULT_ENV_ID = "ragen/SimpleSokoban-v0"  # --data.env_id when neither it nor --data.mixture is given

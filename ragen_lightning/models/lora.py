@@ -95,11 +95,6 @@ class LoraSettings:
                                   bnb_4bit_use_double_quant=self.double_quant)
 
 
-def is_quantized(model: nn.Module) -> bool:
-    """Whether ``model`` holds bitsandbytes 4-bit layers (a QLoRA base)."""
-    return any(type(m).__name__ == "Linear4bit" for m in model.modules())
-
-
 def as_settings(value: LoraSettings | dict | None) -> LoraSettings | None:
     """Hyper-parameters may hold the settings as a dict (checkpoints, Python callers): normalise and check."""
     if value is None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -322,65 +322,3 @@ def _engine_bytes(arch: Architecture, engine: str, activation_bytes: int, max_ba
             raise ConfigError("the memory plan of a vLLM engine needs the GPU's memory (--gpu_memory_gb)")
         reserved = int(gpu_memory_utilization * gpu_gib * GIB)
     return kv_cache, reserved
-
-
-def _activation_bytes(precision: Any, dtype: str) -> int:
-    text = str(precision or "")
-    if "16" in text:
-        return 2
-    return DTYPE_BYTES[dtype]
-
-
-def _as_dict(value: Any) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if is_dataclass(value) and not isinstance(value, type):
-        return asdict(value)
-    return value.as_dict() if hasattr(value, "as_dict") else dict(value)
-
-
-def plan_from_config(model: dict[str, Any], data: dict[str, Any], trainer: dict[str, Any],
-                     gpu_gib: float | None = None) -> MemoryPlan:
-    """The plan of a parsed CLI configuration (``config.model``, ``config.data``, ``config.trainer`` as dicts)."""
-    lora = model.get("lora")
-    if lora is not None and not isinstance(lora, dict):
-        lora = asdict(lora)
-    uses_reference = bool(model.get("use_kl_loss")) or float(model.get("kl_in_reward_coef") or 0) > 0
-    micro = model.get("micro_batch_size", 4)
-    optimizers = [_as_dict(model.get(k)).get("class_path", "") for k in ("actor_optimizer", "critic_optimizer")]
-    return plan(
-        architecture(model.get("model", "tiny")), dtype=model.get("dtype", "float32"),
-        activation_bytes=_activation_bytes(trainer.get("precision"), model.get("dtype", "float32")),
-        micro_batch_size=micro, max_model_len=_as_dict(data.get("episode")).get("max_model_len", 4096),
-        logits_chunk_size=model.get("logits_chunk_size"),
-        activation_checkpointing=bool(model.get("activation_checkpointing", False)),
-        with_critic=model.get("adv_estimator", "gae") == "gae", with_reference=uses_reference, lora=lora,
-        engine=data.get("engine", "hf") or "hf", max_batch_size=data.get("max_batch_size", 128),
-        gpu_memory_utilization=float(data.get("gpu_memory_utilization") or 0.0), gpu_gib=gpu_gib,
-        optimizer_8bit=bool(optimizers[0]) and all("8bit" in o for o in optimizers if o),
-        mixed_precision="mixed" in str(trainer.get("precision") or ""),
-    )
-
-
-def check_memory(config: Any, *, print_plan: bool, refuse: bool = True) -> MemoryPlan:
-    """The CLI's memory preflight on a parsed configuration (``--memory_plan``, ``--gpu_memory_gb``).
-
-    Prints the plan and exits with status 0 when ``print_plan``; otherwise (``refuse``) raises
-    :class:`ConfigError` naming ``--gpu_memory_gb`` when the estimated peak exceeds it.
-    """
-    gpu = config.get("gpu_memory_gb")
-    if gpu is not None and gpu <= 0:
-        raise ConfigError(f"--gpu_memory_gb must be > 0, got {gpu}")
-    result = plan_from_config(_as_dict(config.get("model")), _as_dict(config.get("data")),
-                              _as_dict(config.get("trainer")), gpu_gib=gpu)
-    if refuse and gpu is not None and not result.fits(gpu):
-        if print_plan:
-            print(result.table(gpu))
-        raise ConfigError(f"--gpu_memory_gb {gpu:g}: the estimated peak {result.peak / GIB:.1f} GiB does not fit "
-                          "(see --memory_plan true); lower --model.update.micro_batch_size / --data.episode.max_model_len, set "
-                          "--model.update.activation_checkpointing true or --model.update.logits_chunk_size, or use LoRA/QLoRA "
-                          "(configs/lora.yaml, configs/qlora.yaml)")
-    if print_plan:
-        print(result.table(gpu))
-        raise SystemExit(0)
-    return result

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from ragen_lightning.rollout import prompting
+from ragen_lightning.rollout.env_packages import import_env_packages
 
 PAD_TOKEN, BOS_MARK, EOS_TOKEN = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = (PAD_TOKEN, BOS_MARK, EOS_TOKEN)
@@ -45,11 +46,6 @@ CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
 )
-# The tokenizer corpus comes from the project's registered envs: every id of the ``ragen`` gymnasium namespace whose
-# entry point lives in the ``envs`` package (imported for its registrations, like gymnasium's "envs:<id>" syntax),
-# in registration order. Ids registered elsewhere (a user's or a test's env) never change the tiny model.
-CORPUS_MODULE = "envs"
-CORPUS_NAMESPACE = "ragen"
 CACHE_ENV_VAR = "RAGEN_LIGHTNING_CACHE"
 _BUILD_VERSION = 1  # bump when the build recipe changes in a way the corpus hash does not see
 
@@ -124,21 +120,22 @@ CORPUS_ENV_IDS: tuple[str, ...] = (
 )
 
 
-def corpus_env_ids() -> list[str]:
-    """The ids of :data:`CORPUS_ENV_IDS` that are registered (namespace ``ragen``, entry point in the ``envs``
-    package), in that order (empty when ``envs`` cannot be imported)."""
-    import importlib
+def _import_env_packages() -> None:
+    """Import the installed env packages (:func:`~ragen_lightning.rollout.env_packages.import_env_packages`, found by
+    entry point), so the corpus ids resolve; a package that cannot be imported contributes no ids."""
+    try:
+        import_env_packages()
+    except ImportError:
+        pass
 
+
+def corpus_env_ids() -> list[str]:
+    """The ids of :data:`CORPUS_ENV_IDS` that are registered once the installed env packages are imported, in that
+    order. Ids registered beyond the list (a user's or a test's env) never change the tiny model."""
     import gymnasium as gym
 
-    try:
-        importlib.import_module(CORPUS_MODULE)
-    except ImportError:
-        return []
-    registered = {env_id for env_id, spec in gym.registry.items()
-                  if spec.namespace == CORPUS_NAMESPACE and isinstance(spec.entry_point, str)
-                  and spec.entry_point.split(":")[0].split(".")[0] == CORPUS_MODULE}
-    return [env_id for env_id in CORPUS_ENV_IDS if env_id in registered]
+    _import_env_packages()
+    return [env_id for env_id in CORPUS_ENV_IDS if env_id in gym.registry]
 
 
 def default_corpus(env_ids: Sequence[str] | None = None, seeds: int = 24, steps: int = 4) -> list[str]:
@@ -148,6 +145,7 @@ def default_corpus(env_ids: Sequence[str] | None = None, seeds: int = 24, steps:
     with actions drawn from its own seeded action space, so the corpus is deterministic. An id whose texts repeat an
     earlier id's exactly (an alias such as ``ragen/Sokoban-v0`` and ``ragen/SimpleSokoban-v0``) adds nothing.
     """
+    _import_env_packages()
     texts: list[str] = []
     seen: set[tuple[str, ...]] = set()
     for env_id in corpus_env_ids() if env_ids is None else env_ids:
@@ -168,7 +166,7 @@ def _env_texts(env_id: str, seeds: int, steps: int) -> list[str] | None:
     import gymnasium as gym
 
     try:
-        env = gym.make(f"{CORPUS_MODULE}:{env_id}")
+        env = gym.make(env_id)
     except (ImportError, ModuleNotFoundError, gym.error.Error, AttributeError):
         return None
     texts: list[str] = []
@@ -201,10 +199,11 @@ def grid_symbols(env_ids: Sequence[str] | None = None) -> str:
     ``env_ids`` defaults to :func:`corpus_env_ids`."""
     import gymnasium as gym
 
+    _import_env_packages()
     chars = {"\n"}
     for env_id in corpus_env_ids() if env_ids is None else env_ids:
         try:
-            env = gym.make(f"{CORPUS_MODULE}:{env_id}")
+            env = gym.make(env_id)
         except (ImportError, ModuleNotFoundError, gym.error.Error, AttributeError):
             continue
         for symbol, _meaning in env.unwrapped.prompt_spec().symbols:

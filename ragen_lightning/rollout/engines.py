@@ -13,12 +13,16 @@ from collections.abc import Sequence
 import torch
 
 from ragen_lightning.errors import ConfigError
-from ragen_lightning.models.lora import is_quantized
 from ragen_lightning.parallel.ranks import full_tensor, is_sharded
 from ragen_lightning.rollout.engine import GenerationEngine, HFEngine
 from ragen_lightning.rollout.vllm_engine import vllm_installed
 
 ENGINES = ("hf", "vllm", "auto")
+
+
+def is_quantized(model: torch.nn.Module) -> bool:
+    """Whether ``model`` holds bitsandbytes 4-bit layers (a QLoRA base, which vLLM cannot load)."""
+    return any(type(m).__name__ == "Linear4bit" for m in model.modules())
 
 
 def resolve_engine(engine: str, *, quantized: bool = False) -> str:

@@ -27,6 +27,7 @@ from ragen_lightning import models
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.models import forward
 from ragen_lightning.rollout.runner import make_env
+from ragen_lightning.rollout.seeds import episode_seeds
 from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
 
 LRSchedule = Literal["constant", "cosine"]
@@ -80,28 +81,6 @@ def collate(examples: Sequence[Demonstration], pad_token_id: int) -> SFTBatch:
         attention[i, :n] = 1
         mask[i, :n] = torch.tensor(e.loss_mask, dtype=torch.long)
     return SFTBatch(ids, attention, mask)
-
-
-def episode_seeds(seed: int, count: int, stream: str, exclude: Sequence[int] = ()) -> list[int]:
-    """``count`` distinct reset seeds for ``stream`` (``"train"``, ``"val"``, ``"eval"``...), never in ``exclude``.
-
-    Streams are independent draws from ``SeedSequence([seed, crc(stream)])``, so the validation and evaluation
-    episodes are held-out levels for the same ``seed``.
-    """
-    import zlib
-
-    out: list[int] = []
-    banned = set(int(s) for s in exclude)
-    ss = np.random.SeedSequence([int(seed) % 2**63, zlib.crc32(stream.encode())])
-    while len(out) < count:
-        for s in ss.generate_state(2 * (count - len(out)) + 8, dtype=np.uint32).tolist():
-            if s not in banned:
-                banned.add(s)
-                out.append(int(s))
-                if len(out) == count:
-                    break
-        ss = ss.spawn(1)[0]
-    return out
 
 
 def build_demonstrations(
@@ -341,7 +320,7 @@ class _ListDataset(torch.utils.data.Dataset):
 class DemonstrationDataModule(L.LightningDataModule):
     """Expert demonstrations of one env, built once in :meth:`setup` by the rollout runner with an expert engine.
 
-    Training and validation episodes use disjoint seeds drawn from ``seed`` (see :func:`episode_seeds`); every
+    Training and validation episodes use disjoint seeds drawn from ``seed`` (see :func:`~ragen_lightning.rollout.seeds.episode_seeds`); every
     sample has exactly the prompt/turn format and token ids of an RL rollout with the same runner settings.
 
     Args:

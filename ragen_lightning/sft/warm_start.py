@@ -20,14 +20,17 @@ format-valid and success rates of the base and warm-started models on held-out s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -36,7 +39,13 @@ import torch
 from ragen_lightning import models
 from ragen_lightning.errors import ConfigError, Domain, check_domains
 from ragen_lightning.parallel.threads import map_threads
-from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
+from ragen_lightning.rollout.seeds import episode_seeds
+from ragen_lightning.rollout.settings import (
+    EpisodeSettings,
+    add_episode_arguments,
+    as_episode,
+    episode_from_args,
+)
 from ragen_lightning.sft.experts import reading_clauses, require_expert
 from ragen_lightning.sft.module import (
     Demonstration,
@@ -44,7 +53,6 @@ from ragen_lightning.sft.module import (
     build_demonstrations,
     causal_lm_sft_loss,
     collate,
-    episode_seeds,
     lr_factor,
     save_model,
 )
@@ -194,29 +202,13 @@ def train_sft(model: torch.nn.Module, demos: Sequence[Demonstration], pad_token_
     return losses
 
 
-def warm_start(
-    model: str = "tiny",
-    env_id: str = "ragen/SimpleSokoban-v0",
-    env_kwargs: dict[str, Any] | None = None,
-    *,
-    steps: int | None = None,
-    num_episodes: int = 512,
-    lr: float = 3e-3,
-    batch_size: int = 4,
-    weight_decay: float = 0.0,
-    warmup_steps: int = 10,
-    lr_schedule: LRSchedule = "cosine",
-    seed: int = 0,
-    reading_steps: int = 0,
-    episode: EpisodeSettings | dict[str, Any] | None = None,
-    only_successful: bool = False,
-    dtype: str = "float32",
-    cache_dir: str | Path | None = None,
-    torch_threads: int | None = 1,
-    threads: int = 1,
-    verbose: bool = False,
-    more_envs: Sequence[tuple[str, dict[str, Any] | None, EpisodeSettings | None]] = (),
-) -> Path:
+def warm_start(model: str = "tiny", env_id: str = "ragen/SimpleSokoban-v0", env_kwargs: dict[str, Any] | None = None,
+               *, steps: int | None = None, num_episodes: int = 512, lr: float = 3e-3, batch_size: int = 4,
+               weight_decay: float = 0.0, warmup_steps: int = 10, lr_schedule: LRSchedule = "cosine", seed: int = 0,
+               reading_steps: int = 0, episode: EpisodeSettings | dict[str, Any] | None = None,
+               only_successful: bool = False, dtype: str = "float32", cache_dir: str | Path | None = None,
+               torch_threads: int | None = 1, threads: int = 1, verbose: bool = False,
+               more_envs: Sequence[tuple[str, dict[str, Any] | None, EpisodeSettings | None]] = ()) -> Path:
     """The folder of ``model`` fine-tuned on expert demonstrations of ``env_id`` (built once, then cached).
 
     Args:
@@ -257,11 +249,27 @@ def warm_start(
         the folder (``save_pretrained`` model + tokenizer + ``warm_start.json`` with the arguments, demo statistics,
         losses and wall time).
     """
-    from ragen_lightning.models.tiny import cache_root
-
     require_expert(env_id, env_kwargs)  # one line naming the env class, before anything is built
     episode = as_episode(episode)
     more = [(i, k, as_episode(e) if e is not None else episode) for i, k, e in more_envs]
+    steps = _checked_steps(env_id, env_kwargs, more, steps, num_episodes, batch_size, reading_steps)
+    recipe = {"steps": steps, "num_episodes": num_episodes, "lr": lr, "batch_size": batch_size,
+              "weight_decay": weight_decay, "warmup_steps": warmup_steps, "lr_schedule": lr_schedule, "seed": seed,
+              "only_successful": only_successful, "dtype": dtype}
+    args, code = _key_args(env_id, env_kwargs, episode, more, recipe, reading_steps)
+    final, root, base = _cache_folder(model, cache_dir, args, code)
+    if (final / META_FILE).is_file():
+        return final
+    with _torch_threads(torch_threads):
+        return _build(final, root, base, args, episode, verbose, threads, more)
+
+
+Sources = Sequence[tuple[str, dict[str, Any] | None, EpisodeSettings]]  # (env_id, env_kwargs, episode) of a mixture
+
+
+def _checked_steps(env_id: str, env_kwargs: dict[str, Any] | None, more: Sources, steps: int | None,
+                   num_episodes: int, batch_size: int, reading_steps: int) -> int:
+    """``steps`` (None: the largest of the envs' hints), once every env has an expert and the counts are valid."""
     for more_id, more_kwargs, _ in more:
         require_expert(more_id, more_kwargs)
     if steps is None:
@@ -270,10 +278,15 @@ def warm_start(
         raise ValueError(f"steps, num_episodes and batch_size must be >= 1, got {steps}, {num_episodes}, {batch_size}")
     if not 0 <= reading_steps < steps:
         raise ConfigError(f"--model.warm_start.reading_steps must be >= 0 and below steps ({steps}), got {reading_steps}")
+    return steps
+
+
+def _key_args(env_id: str, env_kwargs: dict[str, Any] | None, episode: EpisodeSettings, more: Sources,
+              recipe: dict[str, Any], reading_steps: int) -> tuple[dict[str, Any], str]:
+    """``(args, code)``: what the cache key hashes (also recorded in ``warm_start.json``) and the demonstration code's
+    fingerprint. ``recipe``: steps to dtype, in the signature's order."""
     # the key hashes the same flat names as before EpisodeSettings existed, so existing caches keep their keys
-    args = dict(env_id=env_id, steps=steps, num_episodes=num_episodes, lr=lr, batch_size=batch_size,
-                weight_decay=weight_decay, warmup_steps=warmup_steps, lr_schedule=lr_schedule, seed=seed,
-                only_successful=only_successful, dtype=dtype, env_kwargs=demonstration_kwargs(env_id, env_kwargs),
+    args = dict(env_id=env_id, **recipe, env_kwargs=demonstration_kwargs(env_id, env_kwargs),
                 **episode.demonstration_fields())
     if reading_steps:  # only when on: warm starts built before the option keep their keys
         args["reading_steps"] = reading_steps
@@ -282,21 +295,30 @@ def warm_start(
         args["more_envs"] = [dict(env_id=i, env_kwargs=demonstration_kwargs(i, k), **e.demonstration_fields())
                              for i, k, e in more]
         code += "".join(code_fingerprint(i, k) for i, k, _ in more)
+    return args, code
+
+
+def _cache_folder(model: str, cache_dir: str | Path | None, args: dict[str, Any], code: str) -> tuple[Path, Path, str]:
+    """``(folder, cache root, base model folder)`` of a warm start."""
+    from ragen_lightning.models.tiny import cache_root
+
     base = models.resolve_model_path(model)
     root = Path(cache_dir) if cache_dir is not None else cache_root()
-    final = root / f"warm-{warm_start_key(model, base, args, code)}"
-    if (final / META_FILE).is_file():
-        return final
+    return root / f"warm-{warm_start_key(model, base, args, code)}", root, base
 
-    previous_threads = torch.get_num_threads()
-    if torch_threads is not None:
-        if torch_threads < 1:
-            raise ValueError(f"torch_threads must be >= 1, got {torch_threads}")
-        torch.set_num_threads(torch_threads)
+
+@contextlib.contextmanager
+def _torch_threads(count: int | None) -> Iterator[None]:
+    """torch's CPU threads set to ``count`` (None: left as they are) inside, restored after."""
+    previous = torch.get_num_threads()
+    if count is not None:
+        if count < 1:
+            raise ValueError(f"torch_threads must be >= 1, got {count}")
+        torch.set_num_threads(count)
     try:
-        return _build(final, root, base, args, episode, verbose, threads, more)
+        yield
     finally:
-        torch.set_num_threads(previous_threads)
+        torch.set_num_threads(previous)
 
 
 def _build(final: Path, root: Path, base: str, args: dict[str, Any], episode: EpisodeSettings,
@@ -456,11 +478,11 @@ def _default(name: str) -> Any:
     return inspect.signature(warm_start).parameters[name].default
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def _parser():
     import argparse
-    import importlib
 
-    parser = argparse.ArgumentParser(description="Warm-start a model on expert demonstrations and evaluate it.")
+    parser = argparse.ArgumentParser(prog="python -m ragen_lightning.sft.warm_start",
+                                     description="Warm-start a model on expert demonstrations and evaluate it.")
     parser.add_argument("--env", default="ragen/SimpleSokoban-v0", help="env id")
     parser.add_argument("--env-kwargs", default="{}", help="env keyword arguments as JSON")
     parser.add_argument("--model", default="tiny")
@@ -469,9 +491,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=None)
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-turns", type=int, default=5)
-    parser.add_argument("--max-actions-per-turn", type=int, default=2)
-    parser.add_argument("--max-actions-per-episode", type=int, default=10)
     parser.add_argument("--eval-episodes", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--no-base", action="store_true", help="skip evaluating the base model")
@@ -479,14 +498,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--torch-threads", type=int, default=1, help="CPU threads (1 is fastest for the tiny model)")
     parser.add_argument("--threads", type=int, default=1, help="parts of a batch trained at once (one per core)")
     parser.add_argument("--import", dest="modules", action="append", default=None,
-                        help="module registering the env ids (default: envs)")
-    a = parser.parse_args(argv)
+                        help="module registering the env ids (default: the installed env packages, the "
+                        "ragen_lightning.envs entry points)")
+    add_episode_arguments(parser)  # the demonstrations' and the evaluations' episodes
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Warm-start, printing the evaluation of the base and the warm-started model; a bad setting is one line on
+    stderr and exit status 2."""
+    from ragen_lightning.rollout.env_packages import import_env_packages
+
+    a = _parser().parse_args(argv)
     torch.set_num_threads(a.torch_threads)
-    for name in a.modules or ["envs"]:
-        importlib.import_module(name)
+    try:
+        try:
+            import_env_packages(a.modules)
+        except ImportError as e:
+            raise ConfigError(f"--import: {e}") from None
+        episode = episode_from_args(a)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     env_kwargs = json.loads(a.env_kwargs)
-    episode = EpisodeSettings(max_turns=a.max_turns, max_actions_per_turn=a.max_actions_per_turn,
-                              max_actions_per_episode=a.max_actions_per_episode)
     overrides = {k: v for k, v in dict(steps=a.steps, num_episodes=a.num_episodes, lr=a.lr,
                                       batch_size=a.batch_size).items() if v is not None}
     # held-out levels: the evaluation seeds never include a demonstration's seed
@@ -506,7 +540,8 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"loss {meta['losses'][0]:.3f} -> {meta['losses'][-1]:.3f}; demos {meta['demo_stats']})", flush=True)
     t = time.perf_counter()
     print("warm", evaluate_policy(path, a.env, env_kwargs, **evaluate), f"({time.perf_counter() - t:.1f}s)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -21,12 +21,12 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from ragen_lightning import checkpointing, models
+from ragen_lightning import models
 from ragen_lightning.algos.masked import masked_mean
 from ragen_lightning.models import lora as lora_mod
 from ragen_lightning.models.build import build_networks
-from ragen_lightning.parallel import shard_networks
-from ragen_lightning.rollout.engines import build_engine, resolve_engine
+from ragen_lightning.parallel import checkpointing, shard_networks
+from ragen_lightning.rollout.engines import build_engine, is_quantized, resolve_engine
 from ragen_lightning.sft.warm_start import warm_started_path
 from ragen_lightning.starpo.background import BackgroundSteps
 from ragen_lightning.starpo.checks import check_data_settings, check_module_settings
@@ -170,7 +170,7 @@ class StarPOModule(L.LightningModule):
         self.actor, self.critic, self._reference = nets.actor, nets.critic, [nets.reference] if nets.reference else []
         if self._device_mesh is not None:  # FSDP2 (ModelParallelStrategy): shard per transformer block
             engine = resolve_engine(getattr(self.rollouts, "hparams", {}).get("engine", "hf"),
-                                    quantized=lora_mod.is_quantized(self.actor))  # auto: QLoRA samples with HF
+                                    quantized=is_quantized(self.actor))  # auto: QLoRA samples with HF
             self._rollout_actor = shard_networks([self.actor, self.critic, self.reference], self._device_mesh, lora=(
                 self._lora), cuda=self.trainer.strategy.root_device.type == "cuda", rollout_copy=engine == "hf")
 

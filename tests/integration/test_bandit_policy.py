@@ -47,7 +47,7 @@ def diff_lower_bound(p1: float, n1: int, p2: float, n2: int, z: float = 1.96) ->
 
 @pytest.mark.slow
 def test_bandit_fit_moves_arm_choice_beyond_noise(tmp_path, monkeypatch, capsys):
-    from ragen_lightning.sft.module import episode_seeds
+    from ragen_lightning.rollout.seeds import episode_seeds
     from ragen_lightning.sft.warm_start import evaluate_policy, warm_start
 
     cfg = yaml.safe_load(CONFIG.read_text())
@@ -79,7 +79,8 @@ def test_balanced_demonstrations_fit_the_token_budget():
     30-36-token responses were cut at 32, mostly for the long risky names: format-valid 0.70, success 0.18 after
     1000 warm-start steps), so the demonstrations pull the risky arm about half the time."""
     from ragen_lightning import models
-    from ragen_lightning.sft.module import build_demonstrations, episode_seeds
+    from ragen_lightning.rollout.seeds import episode_seeds
+    from ragen_lightning.sft.module import build_demonstrations
 
     cfg = yaml.safe_load(CONFIG.read_text())
     data = cfg["data"]

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 import envs  # noqa: F401
-from ragen_lightning import checkpointing
-from ragen_lightning.checkpointing import CheckpointError
 from ragen_lightning.cli import main
 from ragen_lightning.errors import ConfigError
+from ragen_lightning.parallel import checkpointing
+from ragen_lightning.parallel.checkpointing import CheckpointError
 
 pytestmark = pytest.mark.slow
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

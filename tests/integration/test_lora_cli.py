@@ -43,7 +43,7 @@ def test_overlays_compose_with_task_and_model_overlays():
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_recipes_fit_24gb_with_ragen_low_memory_settings(recipe):
-    from ragen_lightning.models.memory import check_memory
+    from ragen_lightning.cli.memory_check import check_memory
 
     cfg = parse(CONFIGS / "sokoban.yaml", recipe)
     update = cfg.model["update"]  # (Namespace.update is a method)

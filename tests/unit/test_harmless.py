@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import warnings
 
-from ragen_lightning.harmless import HARMLESS_WARNINGS, filter_harmless_warnings
+from ragen_lightning.errors import HARMLESS_WARNINGS, filter_harmless_warnings
 
 # The texts as Lightning 2.6.6 / vLLM 0.32 / jsonargparse 4.53 print them on a `main.py fit` (copied from a run).
 PRINTED = [

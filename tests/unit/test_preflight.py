@@ -17,7 +17,7 @@ import pytest
 from jsonargparse import Namespace
 
 import envs  # noqa: F401  (registers ragen/* ids)
-from ragen_lightning import preflight
+from ragen_lightning.cli import preflight
 from ragen_lightning.errors import ConfigError, Domain
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

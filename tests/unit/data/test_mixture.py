@@ -15,8 +15,8 @@ from ragen_lightning.data.datamodule import RolloutDataModule, check_world_size
 from ragen_lightning.data.suite import SuiteEntry, as_entry
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.engine import Generation, SamplingParams
+from ragen_lightning.rollout.seeds import episode_seeds
 from ragen_lightning.rollout.settings import EpisodeSettings
-from ragen_lightning.sft.module import episode_seeds
 from ragen_lightning.types import Conversation, Sample, Trajectory
 
 BANDIT = {"env_id": "ragen/Bandit-v0", "num_groups": 2, "tag": "bandit", "episode": {"max_turns": 1}}

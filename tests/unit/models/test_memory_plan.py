@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ragen_lightning.errors import ConfigError
+from ragen_lightning.cli import memory_check
 from ragen_lightning.models import memory
 
 # 2 layers, H 8, I 16, 2 heads of 4 (q_dim 8), 1 kv head (kv_dim 4), vocab 10, tied embeddings
@@ -99,7 +100,7 @@ def test_autocast_copies_of_fp32_trainable_matmul_weights_under_mixed_precision_
     assert lora.autocast_copies == 2 * 2 * 512  # the fp32 adapters of actor and critic; frozen bases never cached
     assert "autocast 16-bit copies" in full.table() and "autocast" not in memory.plan(SMALL).table()
     model = {"model": "Qwen/Qwen2.5-0.5B-Instruct", "dtype": "float32", "advantage": {"estimator": "grpo"}}
-    planned = {prec: memory.plan_from_config(model, {}, {"precision": prec}) for prec in ("bf16-mixed", "32-true")}
+    planned = {prec: memory_check.plan_from_config(model, {}, {"precision": prec}) for prec in ("bf16-mixed", "32-true")}
     assert planned["32-true"].autocast_copies == 0
     # 0.5B: per block q, o 896x896, k, v 896x128, gate, up, down 896x4864 = 14,909,440 x 24 blocks + head 151936x896
     assert planned["bf16-mixed"].autocast_copies == 2 * (24 * 14_909_440 + 151_936 * 896)
@@ -111,7 +112,7 @@ def test_plan_from_config_reads_the_model_settings_groups():
     arch = memory.architecture(name)
 
     def planned(**groups):
-        return memory.plan_from_config({"model": name, "dtype": "float32", **groups}, data, {})
+        return memory_check.plan_from_config({"model": name, "dtype": "float32", **groups}, data, {})
 
     assert "critic" in planned().weights  # the default estimator (gae) trains a critic
     assert "critic" not in planned(advantage={"estimator": "grpo"}).weights
@@ -167,15 +168,15 @@ def config(update=None, **model):
 
 def test_refuses_a_config_that_does_not_fit_naming_the_flag():
     with pytest.raises(ConfigError, match=r"--gpu_memory_gb 24: the estimated peak .* GiB does not fit"):
-        memory.check_memory(config(), print_plan=False)  # 7B full fine-tune with a critic: ~240 GiB
-    plan = memory.check_memory(config(dtype="bfloat16", update={"activation_checkpointing": True, "logits_chunk_size": 1024},
+        memory_check.check_memory(config(), print_plan=False)  # 7B full fine-tune with a critic: ~240 GiB
+    plan = memory_check.check_memory(config(dtype="bfloat16", update={"activation_checkpointing": True, "logits_chunk_size": 1024},
                                       lora={"rank": 64, "quantization": "nf4"}), print_plan=False)
     assert plan.fits(24)
 
 
 def test_memory_plan_prints_and_exits(capsys):
     with pytest.raises(SystemExit) as e:
-        memory.check_memory(config(lora={"rank": 64, "quantization": "nf4"}, dtype="bfloat16"), print_plan=True,
+        memory_check.check_memory(config(lora={"rank": 64, "quantization": "nf4"}, dtype="bfloat16"), print_plan=True,
                             refuse=False)
     assert e.value.code == 0
     out = capsys.readouterr().out

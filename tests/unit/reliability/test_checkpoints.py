@@ -13,8 +13,9 @@ import torch
 from lightning.fabric.utilities.cloud_io import _load as pl_load
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from ragen_lightning import checkpointing
-from ragen_lightning.checkpointing import (
+from ragen_lightning.errors import ConfigError
+from ragen_lightning.parallel import checkpointing
+from ragen_lightning.parallel.checkpointing import (
     CheckpointError,
     SafeCheckpointIO,
     changed_settings,
@@ -23,7 +24,6 @@ from ragen_lightning.checkpointing import (
     save_atomic,
     verify,
 )
-from ragen_lightning.errors import ConfigError
 
 
 def _checkpoint(seed=0):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import envs  # noqa: F401  (registers the ragen/* ids)
+from ragen_lightning.rollout.seeds import episode_seeds
 from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.sft.module import (
     Demonstration,
@@ -17,7 +18,6 @@ from ragen_lightning.sft.module import (
     build_demonstrations,
     causal_lm_sft_loss,
     collate,
-    episode_seeds,
     lr_factor,
     sft_loss,
     token_cross_entropy,
@@ -59,16 +59,6 @@ def test_collate_right_pads():
     assert batch.input_ids.tolist() == [[5, 6, 7], [8, 9, 9]]
     assert batch.attention_mask.tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch.loss_mask.tolist() == [[0, 1, 1], [0, 0, 0]]
-
-
-def test_episode_seeds_are_deterministic_distinct_and_held_out():
-    train = episode_seeds(0, 50, "train")
-    assert train == episode_seeds(0, 50, "train") and len(set(train)) == 50
-    assert train != episode_seeds(1, 50, "train")
-    val = episode_seeds(0, 20, "val", exclude=train)
-    assert not set(val) & set(train)
-    forced = episode_seeds(0, 5, "train", exclude=train[:3])  # excluded values are skipped, order kept
-    assert forced == train[3:8]
 
 
 def test_lr_factor_warmup_then_cosine():

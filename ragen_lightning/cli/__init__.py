@@ -16,10 +16,14 @@ import torch
 from jsonargparse import ArgumentError
 from lightning.pytorch.cli import LightningCLI
 
-from ragen_lightning import checkpointing, preflight
+from ragen_lightning.cli import preflight
 from ragen_lightning.data.datamodule import RolloutDataModule
-from ragen_lightning.errors import ConfigError, TrainingStopped
-from ragen_lightning.harmless import filter_harmless_warnings
+from ragen_lightning.errors import (
+    ConfigError,
+    TrainingStopped,
+    filter_harmless_warnings,
+)
+from ragen_lightning.parallel import checkpointing
 from ragen_lightning.starpo.module import StarPOModule
 from ragen_lightning.starpo.settings import renamed_flag_error
 
@@ -80,7 +84,7 @@ class StarPOCLI(LightningCLI):
         finally:
             _SEED_LOG.setLevel(level)
 
-    # -- checkpoints (ragen_lightning.checkpointing): verified load, resumes keep the model settings ----------------
+    # -- checkpoints (ragen_lightning.parallel.checkpointing): verified load, resumes keep the model settings ---------
     def _parse_ckpt_path(self) -> None:
         """Replaces LightningCLI's, which ``torch.load``s the file unchecked (a bare ``EOFError`` for an empty one)
         and silently puts the checkpoint's model settings over the given flags: here the file is verified (one line
@@ -99,7 +103,7 @@ class StarPOCLI(LightningCLI):
             checkpointing.check_resume_settings(self.model.hparams, *self._ckpt_hparams, allow=bool(allow))
 
     def parse_arguments(self, parser, args) -> None:
-        """Parse, then check every setting (:mod:`ragen_lightning.preflight`) before the seed is set, any class is
+        """Parse, then check every setting (:mod:`ragen_lightning.cli.preflight`) before the seed is set, any class is
         built or anything is written. A parse error is one line naming the flag, not jsonargparse's usage dump."""
         for p in _parsers(parser):
             p.exit_on_error = False
@@ -111,7 +115,7 @@ class StarPOCLI(LightningCLI):
         config = self.config[subcommand] if subcommand else self.config
         preflight.check_settings(config, run=subcommand is not None)
         if config.get("memory_plan") or config.get("gpu_memory_gb") is not None:  # needs no download
-            from ragen_lightning.models.memory import check_memory
+            from ragen_lightning.cli.memory_check import check_memory
 
             check_memory(config, print_plan=bool(config.get("memory_plan")), refuse=subcommand in (None, "fit"))
         if subcommand is not None:

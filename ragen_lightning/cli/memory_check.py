@@ -1,0 +1,81 @@
+"""The CLI's memory preflight (``--memory_plan``, ``--gpu_memory_gb``): the memory plan
+(:func:`ragen_lightning.models.memory.plan`) of a parsed configuration, read through the module's settings groups and
+the estimator table (which says whether a critic is built)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, is_dataclass
+from typing import Any
+
+from ragen_lightning.errors import ConfigError
+from ragen_lightning.models.memory import (
+    DTYPE_BYTES,
+    GIB,
+    MemoryPlan,
+    architecture,
+    plan,
+)
+from ragen_lightning.starpo.estimators import get_estimator
+from ragen_lightning.starpo.settings import GROUPS, ModuleSettings
+
+
+def activation_bytes(precision: Any, dtype: str) -> int:
+    text = str(precision or "")
+    if "16" in text:
+        return 2
+    return DTYPE_BYTES[dtype]
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    return value.as_dict() if hasattr(value, "as_dict") else dict(value)
+
+
+def plan_from_config(model: dict[str, Any], data: dict[str, Any], trainer: dict[str, Any],
+                     gpu_gib: float | None = None) -> MemoryPlan:
+    """The plan of a parsed CLI configuration (``config.model``, ``config.data``, ``config.trainer`` as dicts)."""
+    lora = model.get("lora")
+    if lora is not None and not isinstance(lora, dict):
+        lora = asdict(lora)
+    groups = {name: _as_dict(model.get(name)) for name in GROUPS}
+    optim = groups["optim"]  # (the factories stay config dicts: the plan reads their class paths)
+    s = ModuleSettings.build(**{**groups, "optim": {k: v for k, v in optim.items() if not k.endswith("_optimizer")}})
+    optimizers = [_as_dict(optim.get(k)).get("class_path", "") for k in ("actor_optimizer", "critic_optimizer")]
+    return plan(
+        architecture(model.get("model", "tiny")), dtype=model.get("dtype", "float32"),
+        activation_bytes=activation_bytes(trainer.get("precision"), model.get("dtype", "float32")),
+        micro_batch_size=s.update.micro_batch_size, max_model_len=_as_dict(data.get("episode")).get("max_model_len", 4096),
+        logits_chunk_size=s.update.logits_chunk_size, activation_checkpointing=s.update.activation_checkpointing,
+        with_critic=get_estimator(s.advantage.estimator).critic, with_reference=s.uses_reference, lora=lora,
+        engine=data.get("engine", "hf") or "hf", max_batch_size=data.get("max_batch_size", 128),
+        gpu_memory_utilization=float(data.get("gpu_memory_utilization") or 0.0), gpu_gib=gpu_gib,
+        optimizer_8bit=bool(optimizers[0]) and all("8bit" in o for o in optimizers if o),
+        mixed_precision="mixed" in str(trainer.get("precision") or ""),
+    )
+
+
+def check_memory(config: Any, *, print_plan: bool, refuse: bool = True) -> MemoryPlan:
+    """The CLI's memory preflight on a parsed configuration (``--memory_plan``, ``--gpu_memory_gb``).
+
+    Prints the plan and exits with status 0 when ``print_plan``; otherwise (``refuse``) raises
+    :class:`ConfigError` naming ``--gpu_memory_gb`` when the estimated peak exceeds it.
+    """
+    gpu = config.get("gpu_memory_gb")
+    if gpu is not None and gpu <= 0:
+        raise ConfigError(f"--gpu_memory_gb must be > 0, got {gpu}")
+    result = plan_from_config(_as_dict(config.get("model")), _as_dict(config.get("data")),
+                              _as_dict(config.get("trainer")), gpu_gib=gpu)
+    if refuse and gpu is not None and not result.fits(gpu):
+        if print_plan:
+            print(result.table(gpu))
+        raise ConfigError(f"--gpu_memory_gb {gpu:g}: the estimated peak {result.peak / GIB:.1f} GiB does not fit "
+                          "(see --memory_plan true); lower --model.update.micro_batch_size / --data.episode.max_model_len, set "
+                          "--model.update.activation_checkpointing true or --model.update.logits_chunk_size, or use LoRA/QLoRA "
+                          "(configs/lora.yaml, configs/qlora.yaml)")
+    if print_plan:
+        print(result.table(gpu))
+        raise SystemExit(0)
+    return result
