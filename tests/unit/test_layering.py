@@ -339,21 +339,9 @@ def test_library_never_imports_callbacks_or_envs():
         assert not _roots(path) & {"callbacks", "envs"}, path
 
 
-def _code_lines(path: Path) -> int:
-    """Non-blank lines outside docstrings."""
-    source = path.read_text()
-    docstrings: set[int] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-                docstrings.update(range(first.lineno, first.end_lineno + 1))
-    return sum(1 for i, line in enumerate(source.splitlines(), 1) if i not in docstrings and line.strip())
-
-
 def test_module_sizes_stay_readable():
     """DESIGN section 5: the StarPO module reads top to bottom (at most 350 lines, ``training_step`` at most 50 and
-    still the numbered steps), and no library module grows past 400 lines of code."""
+    still the numbered steps); module and function sizes everywhere: tests/unit/test_sizes.py."""
     module = LIB / "starpo" / "module.py"
     assert len(module.read_text().splitlines()) <= 350
     step = next(n for n in ast.walk(ast.parse(module.read_text()))
@@ -362,5 +350,3 @@ def test_module_sizes_stay_readable():
     numbered = [line.strip()[:4] for line in ast.get_source_segment(module.read_text(), step).splitlines()
                 if line.strip()[:2] in ("# ",)]
     assert [n for n in numbered if n[2:3].isdigit()] == ["# 1.", "# 2.", "# 3.", "# 4.", "# 5."]
-    too_long = {p.relative_to(ROOT).as_posix(): n for p in LIB.rglob("*.py") if (n := _code_lines(p)) > 400}
-    assert too_long == {}
