@@ -107,6 +107,22 @@ class SpikeRule:
         return fired
 
 
+def _check_settings(actions: list[str], compute_freq: int, filter_value_factor: float, entropy_coeff_factor: float,
+                    counts: dict[str, int]) -> None:
+    """:class:`CollapseMonitor`'s argument checks, a :class:`ConfigError` naming the first bad one (``counts``:
+    the arguments that must be >= 1, in the order they are checked)."""
+    bad = [a for a in actions if a not in ACTIONS]
+    if bad:
+        raise ConfigError(f"CollapseMonitor actions must be among {list(ACTIONS)}, got {bad}")
+    for name, value in counts.items():
+        if value < 1:
+            raise ConfigError(f"CollapseMonitor {name} must be >= 1, got {value}")
+    if compute_freq < 0:
+        raise ConfigError(f"CollapseMonitor compute_freq must be >= 0, got {compute_freq}")
+    if not 0 < filter_value_factor <= 1 or entropy_coeff_factor < 1:
+        raise ConfigError("CollapseMonitor filter_value_factor must be in (0, 1] and entropy_coeff_factor >= 1")
+
+
 class CollapseMonitor(Callback):
     """Watches a StarPO run for collapse and acts on it; also computes the MI diagnostics (module docstring).
 
@@ -174,18 +190,10 @@ class CollapseMonitor(Callback):
         entropy_coeff_max: float = 0.05,
     ):
         self.actions = list(actions) if actions is not None else ["log"]
-        bad = [a for a in self.actions if a not in ACTIONS]
-        if bad:
-            raise ConfigError(f"CollapseMonitor actions must be among {list(ACTIONS)}, got {bad}")
-        for name, value in (("baseline_window", baseline_window), ("window", window), ("mi_window", mi_window),
-                            ("mi_baseline_window", mi_baseline_window), ("grad_median_window", grad_median_window),
-                            ("num_samples", num_samples), ("micro_batch_size", micro_batch_size)):
-            if value < 1:
-                raise ConfigError(f"CollapseMonitor {name} must be >= 1, got {value}")
-        if compute_freq < 0:
-            raise ConfigError(f"CollapseMonitor compute_freq must be >= 0, got {compute_freq}")
-        if not 0 < filter_value_factor <= 1 or entropy_coeff_factor < 1:
-            raise ConfigError("CollapseMonitor filter_value_factor must be in (0, 1] and entropy_coeff_factor >= 1")
+        _check_settings(self.actions, compute_freq, filter_value_factor, entropy_coeff_factor, {
+            "baseline_window": baseline_window, "window": window, "mi_window": mi_window,
+            "mi_baseline_window": mi_baseline_window, "grad_median_window": grad_median_window,
+            "num_samples": num_samples, "micro_batch_size": micro_batch_size})
         self.rules: dict[str, RatioRule | SpikeRule] = {}
         if reward_std_ratio > 0:
             self.rules["reward_std"] = RatioRule(reward_std_key, reward_std_ratio, baseline_window, window)

@@ -34,6 +34,9 @@ Level generation (:func:`generate_level`)
    (:func:`pick_state`); if there is none, start over with a new room.
 
 All randomness comes from one caller-supplied source of uniforms, drawn in blocks.
+
+RAGEN's own generator (``generator="ragen"``) uses the same boards and :func:`solve`; it lives in
+:mod:`envs._sokoban_ragen`.
 """
 
 from __future__ import annotations
@@ -172,14 +175,7 @@ def reverse_layers(
     cfg: dict[int, list[int]] = {}
     cget = cfg.get
 
-    def new_cfg(b: int) -> list[int]:
-        free = floor & ~b
-        # pull possible from q when a box is at q+o and q-o is free, for some direction o
-        pull = ((b >> 1) & (free << 1)) | ((b << 1) & (free >> 1)) | ((b >> s) & (free << s)) | ((b << s) & (free >> s))
-        c = cfg[b] = [0, free, pull]
-        return c
-
-    new_cfg(targets)[0] = start
+    _pull_entry(cfg, floor, s, targets)[0] = start
     frontier = layers[0]
     found = start.bit_count()
     for _ in range(max_depth):
@@ -208,7 +204,7 @@ def reverse_layers(
                             nb, p = boxes ^ (q << k) ^ q, q >> k
                         else:
                             nb, p = boxes ^ (q >> k) ^ q, q << k
-                        c2 = cget(nb) or new_cfg(nb)
+                        c2 = cget(nb) or _pull_entry(cfg, floor, s, nb)
                         if not c2[0] & p:
                             c2[0] |= p
                             nxt[nb] = nget(nb, 0) | p
@@ -239,19 +235,7 @@ def solve(
     cfg: dict[int, list[int]] = {}
     cget = cfg.get
 
-    def new_cfg(b: int) -> list[int]:
-        free = floor & ~b
-        # push possible from p when a box is at p+o and p+2o is free, for some direction o
-        push = (
-            ((b >> 1) & (free >> 2))
-            | ((b << 1) & (free << 2))
-            | ((b >> s) & (free >> 2 * s))
-            | ((b << s) & (free << 2 * s))
-        )
-        c = cfg[b] = [0, free, push]
-        return c
-
-    new_cfg(boxes)[0] = start
+    _push_entry(cfg, floor, s, boxes)[0] = start
     frontier = layers[0]
     found = 1
     while True:
@@ -280,7 +264,7 @@ def solve(
                         if nb == targets:
                             layers.append({nb: np_})
                             return _reconstruct(geo, layers, nb, np_.bit_length() - 1)
-                        c2 = cget(nb) or new_cfg(nb)
+                        c2 = cget(nb) or _push_entry(cfg, floor, s, nb)
                         if not c2[0] & np_:
                             c2[0] |= np_
                             nxt[nb] = nget(nb, 0) | np_
@@ -291,6 +275,31 @@ def solve(
         found += sum(map(int.bit_count, nxt.values()))
         if max_states is not None and found >= max_states:
             return None
+
+
+def _pull_entry(cfg: dict[int, list[int]], floor: int, s: int, b: int) -> list[int]:
+    """:func:`reverse_layers`' new table entry for box set ``b`` (``s`` the stride): ``[player cells seen, free
+    cells, player cells from which some pull is possible]``, stored in ``cfg``."""
+    free = floor & ~b
+    # pull possible from q when a box is at q+o and q-o is free, for some direction o
+    pull = ((b >> 1) & (free << 1)) | ((b << 1) & (free >> 1)) | ((b >> s) & (free << s)) | ((b << s) & (free >> s))
+    c = cfg[b] = [0, free, pull]
+    return c
+
+
+def _push_entry(cfg: dict[int, list[int]], floor: int, s: int, b: int) -> list[int]:
+    """:func:`solve`'s new table entry for box set ``b`` (``s`` the stride): ``[player cells seen, free cells,
+    player cells from which some push is possible]``, stored in ``cfg``."""
+    free = floor & ~b
+    # push possible from p when a box is at p+o and p+2o is free, for some direction o
+    push = (
+        ((b >> 1) & (free >> 2))
+        | ((b << 1) & (free << 2))
+        | ((b >> s) & (free >> 2 * s))
+        | ((b << s) & (free << 2 * s))
+    )
+    c = cfg[b] = [0, free, push]
+    return c
 
 
 def _reconstruct(geo: Geometry, layers: list[dict[int, int]], boxes: int, player: int) -> list[int]:
@@ -395,165 +404,4 @@ def generate_level(
     raise RuntimeError(
         f"no Sokoban level with dim_room=({rows}, {cols}), num_boxes={num_boxes} and a shortest solution of at "
         f"least min_solution_steps={min_steps} steps found in {max_tries} rooms"
-    )
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# RAGEN's generator (``ragen/env/sokoban/utils.py``, adapted from gym-sokoban): same choices, same order, on masks.
-# ---------------------------------------------------------------------------------------------------------------
-
-# gym-sokoban's five topology masks (3x3 around the walker), as (row, col) offsets of their ones
-RAGEN_STAMPS = (
-    ((0, -1), (0, 0), (0, 1)),  # [[0,0,0],[1,1,1],[0,0,0]]
-    ((-1, 0), (0, 0), (1, 0)),  # [[0,1,0],[0,1,0],[0,1,0]]
-    ((0, -1), (0, 0), (1, 0)),  # [[0,0,0],[1,1,0],[0,1,0]]
-    ((0, -1), (0, 0), (1, -1), (1, 0)),  # [[0,0,0],[1,1,0],[1,1,0]]
-    ((0, 0), (0, 1), (1, 0)),  # [[0,0,0],[0,1,1],[0,1,0]]
-)
-RAGEN_DIRECTIONS = ((1, 0), (0, 1), (-1, 0), (0, -1))
-RAGEN_MAX_WALK = 3  # extra player steps after the reverse play
-RAGEN_MAX_STATES = 300_000  # RAGEN's cap on the reverse play's explored states
-
-
-def _stream(uniforms: Callable[[int], Sequence[float]]) -> Callable[[], float]:
-    """One uniform at a time from a block source (blocks of 64, consumed in order)."""
-    buf: list[float] = []
-
-    def nxt() -> float:
-        if not buf:
-            buf.extend(reversed(list(uniforms(64))))
-        return buf.pop()
-
-    return nxt
-
-
-def carve_room_ragen(rows: int, cols: int, u: Callable[[], float]) -> int:
-    """RAGEN's ``room_topology_generation``: a walk of ``int(1.7 (rows + cols))`` steps from a random cell (row in
-    ``[1, rows - 1]``, as ``random.randint`` draws it), turning to a random direction with probability 0.35 before
-    each step, clamped to the interior, stamping one of :data:`RAGEN_STAMPS`; the border stays wall."""
-    geo = geometry(rows, cols)
-    r, c = 1 + int(u() * (rows - 1)), 1 + int(u() * (cols - 1))
-    dr, dc = RAGEN_DIRECTIONS[int(u() * 4)]
-    floor = 0
-    for _ in range(int(WALK_FACTOR * (rows + cols))):
-        if u() < P_TURN:
-            dr, dc = RAGEN_DIRECTIONS[int(u() * 4)]
-        r, c = max(min(r + dr, rows - 2), 1), max(min(c + dc, cols - 2), 1)
-        for sr, sc in RAGEN_STAMPS[int(u() * len(RAGEN_STAMPS))]:
-            if 1 <= r + sr <= rows - 2 and 1 <= c + sc <= cols - 2:
-                floor |= 1 << geo.index(r + sr, c + sc)
-    return floor
-
-
-def ragen_reverse_play(
-    geo: Geometry, floor: int, targets: Sequence[int], player: int, search_depth: int, max_states: int
-) -> tuple[tuple[int, ...], int, int]:
-    """RAGEN's ``reverse_playing``: a depth-first search from the solved room (box ``i`` on ``targets[i]``) where
-    every move pulls the box behind the player, if any (RAGEN explores its pull actions 0..3 only).
-
-    A state is scored ``box_swaps x sum of Manhattan distances (box, its own target)``, 0 unless every target is
-    empty (no box, no player); ``box_swaps`` counts the pulls of a box other than the last one pulled. Each state
-    (box cells, player) is expanded once, the first time the search reaches it; ``ttl`` starts at ``search_depth``
-    and drops by one per call (states deeper than ``search_depth - 2`` moves are never scored); at most
-    ``max_states`` states. Returns the first best state: (box cells by box, player, its displacement score).
-    """
-    offsets = geo.offsets
-    stride = geo.stride
-    tmask = 0
-    for t in targets:
-        tmask |= 1 << t
-    explored: set[tuple[int, int]] = set()
-    best: list = [-1, tuple(targets), player]
-
-    def displacement(pos: tuple[int, ...]) -> int:
-        total = 0
-        for p, t in zip(pos, targets):
-            pr, pc = divmod(p, stride)
-            tr, tc = divmod(t, stride)
-            total += abs(pr - tr) + abs(pc - tc)
-        return total
-
-    def dfs(pos: tuple[int, ...], boxes: int, player: int, swaps: int, last: int, ttl: int) -> None:
-        ttl -= 1
-        if ttl <= 0 or len(explored) >= max_states:
-            return
-        key = (boxes, player)
-        if key in explored:
-            return
-        score = 0 if boxes & tmask or tmask >> player & 1 else swaps * displacement(pos)
-        if score > best[0]:
-            best[:] = [score, pos, player]
-        explored.add(key)
-        for o in offsets:
-            nxt = player + o
-            if not floor >> nxt & 1 or boxes >> nxt & 1:
-                continue  # RAGEN recurses into the unchanged, already explored state: a no-op
-            behind = player - o
-            if boxes >> behind & 1:  # pull it onto the player's old cell
-                i = pos.index(behind)
-                dfs(pos[:i] + (player,) + pos[i + 1:], boxes ^ (1 << behind) ^ (1 << player), nxt,
-                    swaps + (i != last), i, ttl)
-            else:
-                dfs(pos, boxes, nxt, swaps, last, ttl)
-
-    dfs(tuple(targets), tmask, player, 0, -1, search_depth)
-    pos, player = best[1], best[2]
-    return pos, player, displacement(pos) if best[0] > 0 else 0
-
-
-def generate_level_ragen(
-    uniforms: Callable[[int], Sequence[float]],
-    rows: int,
-    cols: int,
-    num_boxes: int,
-    search_depth: int,
-    max_states: int,
-    max_tries: int,
-) -> Level:
-    """RAGEN's ``generate_room`` on masks: carve a room (:func:`carve_room_ragen`); put the player, then the
-    targets, on uniform distinct floor cells (a room with ``<= num_boxes + 1`` floor cells is redrawn); reverse play
-    (:func:`ragen_reverse_play`; a room whose best state displaces no box is redrawn, where RAGEN retries 4 rooms
-    then reseeds); then, with probability 0.8 if the displacement is 1 else 0.5, walk the player 1-3 random steps
-    to free cells not visited in this walk (another step with probability 0.5 after each).
-
-    Every level is solvable (reverse play and walks undo to the solved room); ``optimal_steps`` is measured with
-    :func:`solve`. Raises RuntimeError after ``max_tries`` rooms without a level.
-    """
-    geo = geometry(rows, cols)
-    u = _stream(uniforms)
-    offsets = geo.offsets
-    for _ in range(max_tries):
-        floor = carve_room_ragen(rows, cols, u)
-        free = list(iter_bits(floor))
-        if len(free) <= num_boxes + 1:
-            continue
-        player = free.pop(int(u() * len(free)))
-        targets = [free.pop(int(u() * len(free))) for _b in range(num_boxes)]
-        pos, player, disp = ragen_reverse_play(geo, floor, targets, player, search_depth, max_states)
-        if disp == 0:
-            continue
-        boxes = 0
-        for p in pos:
-            boxes |= 1 << p
-        if u() <= (0.8 if disp == 1 else 0.5):
-            visited = [player]
-            for step in range(1, RAGEN_MAX_WALK + 1):
-                moves = [player + o for o in offsets
-                         if floor >> (player + o) & 1 and not boxes >> (player + o) & 1 and player + o not in visited]
-                if not moves:
-                    break
-                player = moves[int(u() * len(moves))]
-                visited.append(player)
-                if step >= RAGEN_MAX_WALK or u() > 0.5:
-                    break
-        tmask = 0
-        for t in targets:
-            tmask |= 1 << t
-        plan = solve(geo, floor, tmask, boxes, player)
-        if plan is None:  # pragma: no cover - reverse play only reaches solvable states
-            raise AssertionError("RAGEN reverse play produced an unsolvable level")
-        return Level(rows, cols, floor, tmask, boxes, player, len(plan))
-    raise RuntimeError(
-        f"no Sokoban level with dim_room=({rows}, {cols}) and num_boxes={num_boxes} found by RAGEN's generator in "
-        f"{max_tries} rooms"
     )

@@ -2,7 +2,8 @@
 
 This is NOT Lean and runs no Lean: it is a CPU-trainable stand-in for RAGEN's Lean env, so multi-turn proof repair
 (write a tactic, read the compiler-like error and the goal state, fix it) can be trained and tested anywhere. The
-language, the checker, the proof search (the expert) and the goal generator live in :mod:`envs.proof_checker`.
+formulas live in :mod:`envs.prop_formulas`, the tactic language and its checker in :mod:`envs.proof_checker`, the
+proof search (the expert) in :mod:`envs.proof_search` and the theorem generator in :mod:`envs.prop_theorems`.
 
 Rewards mirror RAGEN's Lean env (SPEC 1.12): every step ``step_penalty`` (-0.1) plus ``valid_step_reward`` when the
 tactic is accepted or ``invalid_step_reward`` (-1) when it is rejected, ``success_reward`` (+10) when the last goal
@@ -21,20 +22,17 @@ from typing import Any
 from gymnasium import spaces
 
 from envs.base import PromptSpec, TextEnv, text_space
-from envs.proof_checker import (
-    MAX_TACTIC_CHARS,
-    SPLITS,
+from envs.proof_checker import MAX_TACTIC_CHARS, ProofError, apply_tactic
+from envs.proof_search import prove_state
+from envs.prop_formulas import (
     FormulaSyntaxError,
-    ProofError,
     State,
-    apply_tactic,
-    draw_theorem,
     initial_state,
     parse_formula,
-    prove_state,
     show,
     state_text,
 )
+from envs.prop_theorems import SPLITS, draw_theorem
 
 INSTRUCTION = (
     "You are proving a theorem of propositional logic with tactics (a checker of this project, not Lean). The state "
@@ -69,7 +67,7 @@ class PropProofEnv(TextEnv):
 
     ## Description
     At reset the seed draws a theorem of ``split`` (``train``/``val``/``test``: disjoint by the theorem's text, see
-    :func:`envs.proof_checker.split_of`) built by ``depth`` sound construction steps over ``num_atoms``
+    :func:`envs.prop_theorems.split_of`) built by ``depth`` sound construction steps over ``num_atoms``
     propositions, so it is provable (and the proof search proves it). Each step is one tactic line (several tactics
     separated by ``;`` are checked as one block); the checker applies it to the first goal or rejects it with a
     compiler-like error, leaving the state unchanged.
@@ -106,7 +104,7 @@ class PropProofEnv(TextEnv):
 
     ## Options
     ``reset(options={"theorem": "p /\\\\ q -> q /\\\\ p"})`` poses a given formula (ASCII syntax of
-    :mod:`envs.proof_checker`) instead of a generated one.
+    :mod:`envs.prop_formulas`) instead of a generated one.
     """
 
     def __init__(
@@ -196,7 +194,7 @@ class PropProofEnv(TextEnv):
                 "goals": len(self.state), "error": error}
 
     def expert_turn(self, max_actions: int) -> tuple[str, tuple[str, ...]]:
-        """The warm start's expert: a proof search from the current state (:func:`envs.proof_checker.prove_state`);
+        """The warm start's expert: a proof search from the current state (:func:`envs.proof_search.prove_state`);
         the next ``max_actions`` tactics of its proof, with a sentence naming the shape of the first goal."""
         if self.theorem is None:
             raise RuntimeError("PropProofEnv: call reset() before expert_turn()")

@@ -248,20 +248,8 @@ class Sandbox:
         config = json.dumps({"cpu": limits.cpu_seconds, "mem": limits.memory_bytes, "fsize": limits.file_size_bytes,
                              "nofile": limits.open_files, "nproc": nproc, "uid": uid})
         command = [*interpreter, "-S", "-c", _LAUNCHER, config, *interpreter, "main.py"]
-        if bwrap is not None:
-            if as_root:
-                # no user namespace: the launcher must really setuid (kernel-counted processes of a real uid)
-                ns = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-                      "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-            else:
-                ns = ["--unshare-all"]
-            argv = [bwrap, *ns, "--die-with-parent", "--new-session", *_system_mounts(self.prefix),
-                    "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", work, SANDBOX_DIR,
-                    "--chdir", SANDBOX_DIR, "--hostname", "sandbox", "--clearenv",
-                    "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", SANDBOX_DIR,
-                    "--setenv", "LANG", "C.UTF-8", "--", *command]
-        else:  # unsandboxed: the host's view of the files (so no drop to an id that could read none of them)
-            argv = command
+        # unsandboxed: the host's view of the files (so no drop to an id that could read none of them)
+        argv = command if bwrap is None else self._bwrap_argv(bwrap, as_root, work, command)
 
         start = time.monotonic()
         timed_out = False
@@ -288,6 +276,21 @@ class Sandbox:
             files={k: v for k, v in read.items() if v is not None},
             seconds=seconds,
         )
+
+    def _bwrap_argv(self, bwrap: str, as_root: bool, work: str, command: list[str]) -> list[str]:
+        """The bubblewrap command line that runs ``command`` with ``work`` as :data:`SANDBOX_DIR` (module docstring:
+        the namespaces, the read-only system mounts, a private ``/tmp``, a clean environment)."""
+        if as_root:
+            # no user namespace: the launcher must really setuid (kernel-counted processes of a real uid)
+            ns = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+                  "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        else:
+            ns = ["--unshare-all"]
+        return [bwrap, *ns, "--die-with-parent", "--new-session", *_system_mounts(self.prefix),
+                "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", work, SANDBOX_DIR,
+                "--chdir", SANDBOX_DIR, "--hostname", "sandbox", "--clearenv",
+                "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", SANDBOX_DIR,
+                "--setenv", "LANG", "C.UTF-8", "--", *command]
 
     @staticmethod
     def _terminate(proc: subprocess.Popen, uid: int | None) -> None:

@@ -272,6 +272,18 @@ class SearchQAEnv(TextEnv):
         else:
             assert documents is not None
             self.retriever = bm25_for(documents)
+        self._make_spaces(corpus_path, documents)
+        self.question: Question | None = None
+        self.truths: tuple[str, ...] = ()
+        self.step_count = 0
+        self._obs = ""
+        self._terminated = self._truncated = False
+
+    def _make_spaces(
+        self, corpus_path: str | os.PathLike | None, documents: tuple[tuple[str, str], ...] | None
+    ) -> None:
+        """The observation space (printable ASCII plus the questions' characters and, for a corpus file, the
+        passages') and the action space (sampling searches for the article titles, or the first questions)."""
         if self.world is not None:
             titles = tuple(a.title for a in self.world.articles)
         else:
@@ -279,14 +291,9 @@ class SearchQAEnv(TextEnv):
         extra = {c for q, truths in self.questions or () for c in q + "".join(truths)}
         if corpus_path is not None and documents is not None:
             extra |= {c for _, text in documents for c in text}
-        self.observation_space = text_space("".join(sorted(extra)), max_length=8192 + max_total_chars)
+        self.observation_space = text_space("".join(sorted(extra)), max_length=8192 + self.max_total_chars)
         self.action_space = _SearchActions(titles, min_length=0, max_length=MAX_ACTION_LENGTH,
                                            charset=text_space().character_set)
-        self.question: Question | None = None
-        self.truths: tuple[str, ...] = ()
-        self.step_count = 0
-        self._obs = ""
-        self._terminated = self._truncated = False
 
     def prompt_spec(self) -> PromptSpec:
         return PromptSpec(instruction=INSTRUCTION)

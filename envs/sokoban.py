@@ -1,7 +1,8 @@
 """Sokoban as an exact Gymnasium text env (RAGEN's ``sokoban`` env type and its tags).
 
-Rules, rewards and renderings follow RAGEN (SPEC 1.1). Two level generators (:mod:`envs._sokoban_gen`), both seeded
-from ``np_random`` only (never Python's ``random``, the global NumPy state or string hashing), both always solvable:
+Rules, rewards and renderings follow RAGEN (SPEC 1.1; the board's text lives in :mod:`envs._sokoban_text`). Two
+level generators (:mod:`envs._sokoban_ragen` and :mod:`envs._sokoban_gen`), both seeded from ``np_random`` only
+(never Python's ``random``, the global NumPy state or string hashing), both always solvable:
 
 * ``generator="ragen"`` (the presets named after RAGEN's tags): RAGEN's own procedure on bitmask boards: random-walk
   room, player then targets on random floor cells, depth-first reverse play with pulls up to ``search_depth``
@@ -31,29 +32,18 @@ Departures from RAGEN (all deliberate):
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from typing import Any, Sequence
 
 import numpy as np
 from gymnasium import spaces
 
 from envs import _sokoban_gen as gen
+from envs import _sokoban_ragen
+from envs._sokoban_text import BoardText, check_symbols, parse_board
 from envs.base import PromptSpec, TextEnv, as_action, going, relation, text_space
 
 ACTION_NAMES = ("Up", "Down", "Left", "Right")
 OBSERVATION_FORMATS = ("grid", "coord", "grid_coord")
-
-# Cell codes: 0 wall, 1 empty, 2 target, 3 box on target, 4 box, 5 player, 6 player on target.
-DEFAULT_GRID_LOOKUP = {0: "#", 1: "_", 2: "O", 3: "√", 4: "X", 5: "P", 6: "S"}
-CODE_MEANINGS = {
-    0: "wall",
-    1: "empty",
-    2: "target",
-    3: "box on target",
-    4: "box",
-    5: "player",
-    6: "player on target",
-}
 
 # RAGEN's env_instruction texts (config/envs.yaml block scalars keep their trailing spaces and final newline).
 INSTRUCTION = (
@@ -121,62 +111,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 _MAX_GENERATION_TRIES = 1000
 
 
-
-def parse_board(board: str | Sequence[str] | np.ndarray, grid_lookup: dict[int, str] | None = None):
-    """Read a hand-built board: rows of symbols (a newline-separated string or a list of strings, in the symbols of
-    ``grid_lookup``, default ``#_O√XPS``) or a 2-D array of cell codes 0..6.
-
-    Returns ``(rows, cols, floor, targets, boxes, player)`` in :mod:`envs._sokoban_gen`'s bitmask encoding.
-    Raises ValueError for ragged rows, unknown symbols, not exactly one player, no box, or a box/target mismatch.
-    """
-    lookup = grid_lookup or DEFAULT_GRID_LOOKUP
-    inverse = {v: k for k, v in lookup.items()}
-    if isinstance(board, str):
-        board = board.strip("\n").split("\n")
-    if isinstance(board, np.ndarray) or (len(board) and not isinstance(board[0], str)):
-        codes = np.asarray(board)
-        if codes.ndim != 2 or not np.issubdtype(codes.dtype, np.integer) or codes.min() < 0 or codes.max() > 6:
-            raise ValueError("board: a code array must be 2-D with integer cell codes 0..6")
-        grid = codes.tolist()
-    else:
-        grid = []
-        for r, line in enumerate(board):
-            row = []
-            for c, ch in enumerate(line):
-                if ch not in inverse:
-                    raise ValueError(f"board: unknown symbol {ch!r} at ({r}, {c}); symbols are {sorted(inverse)}")
-                row.append(inverse[ch])
-            grid.append(row)
-    if not grid or not grid[0] or any(len(row) != len(grid[0]) for row in grid):
-        raise ValueError("board: rows must be non-empty and of equal length")
-    rows, cols = len(grid), len(grid[0])
-    geo = gen.geometry(rows, cols)
-    floor = targets = boxes = 0
-    players = []
-    for r, row in enumerate(grid):
-        for c, code in enumerate(row):
-            bit = 1 << geo.index(r, c)
-            if code:
-                floor |= bit
-            if code in (2, 3, 6):
-                targets |= bit
-            if code in (3, 4):
-                boxes |= bit
-            if code in (5, 6):
-                players.append(geo.index(r, c))
-    if len(players) != 1:
-        raise ValueError(f"board: needs exactly one player, found {len(players)}")
-    if not boxes or boxes.bit_count() != targets.bit_count():
-        raise ValueError(
-            f"board: needs at least one box and as many targets as boxes "
-            f"({boxes.bit_count()} boxes, {targets.bit_count()} targets)"
-        )
-    return rows, cols, floor, targets, boxes, players[0]
-
-
 def solve_board(board: str | Sequence[str] | np.ndarray, grid_lookup: dict[int, str] | None = None) -> list[int] | None:
-    """Shortest action sequence (0..3 = Up, Down, Left, Right) solving a hand-built board (see :func:`parse_board`);
-    ``[]`` if solved already, None if unsolvable."""
+    """Shortest action sequence (0..3 = Up, Down, Left, Right) solving a hand-built board (see
+    :func:`~envs._sokoban_text.parse_board`); ``[]`` if solved already, None if unsolvable."""
     rows, cols, floor, targets, boxes, player = parse_board(board, grid_lookup)
     return gen.solve(gen.geometry(rows, cols), floor, targets, boxes, player)
 
@@ -193,7 +130,8 @@ class SokobanEnv(TextEnv):
     a backward breadth-first search from the solved room gives every start state its exact shortest solution length
     and the start is drawn uniformly among those needing ``min_solution_steps..search_depth`` steps with no box on a
     target (harder levels). Every level is solvable.
-    A hand-built board can be loaded with ``reset(options={"board": ...})`` (see :func:`parse_board`).
+    A hand-built board can be loaded with ``reset(options={"board": ...})`` (see
+    :func:`~envs._sokoban_text.parse_board`).
 
     ## Action Space
     ``Discrete(4)``: 0 Up, 1 Down, 2 Left, 3 Right (``action_names``). Anything that is not an integer in
@@ -301,6 +239,18 @@ class SokobanEnv(TextEnv):
         cfg.update({k: v for k, v in explicit.items() if v is not None})
         self.preset = preset
 
+        self._check_settings(cfg)
+        self._distance = 0
+        self.grid_lookup, self.grid_vocab, symbols = check_symbols(cfg["grid_lookup"], cfg["grid_vocab"])
+
+        self.action_space = spaces.Discrete(4)
+        self.observation_space = text_space(extra_chars="".join(symbols))
+        # placeholder until the first reset: an empty, already-finished 1x1 room
+        self._set_board(1, 1, 0, 0, 0, gen.geometry(1, 1).index(0, 0), optimal_steps=None)
+
+    def _check_settings(self, cfg: dict[str, Any]) -> None:
+        """Validate the merged keywords (defaults, preset, explicit) other than the symbols and set them as
+        attributes, in the order that names the first bad one."""
         dim = tuple(cfg["dim_room"]) if isinstance(cfg["dim_room"], (tuple, list)) else ()
         if len(dim) != 2 or not all(isinstance(x, (int, np.integer)) and x >= 3 for x in dim):
             raise ValueError(f"dim_room must be two integers >= 3 (rows, cols), got {cfg['dim_room']!r}")
@@ -329,31 +279,11 @@ class SokobanEnv(TextEnv):
             raise ValueError(f"generator must be one of {GENERATORS}, got {cfg['generator']!r}")
         self.generator = cfg["generator"]
         c = cfg["distance_reward"]
-        if isinstance(c, bool) or not isinstance(c, (int, float, np.integer, np.floating)) or not math.isfinite(c) or c < 0:
+        if (isinstance(c, bool) or not isinstance(c, (int, float, np.integer, np.floating)) or not math.isfinite(c)
+                or c < 0):
             raise ValueError(f"distance_reward must be a finite number >= 0, got {c!r}")
         self.distance_reward = float(c)
         self.dead_distance = _positive_int("dead_distance", cfg["dead_distance"])
-        self._distance = 0
-
-        lookup = dict(cfg["grid_lookup"] or DEFAULT_GRID_LOOKUP)
-        if all(isinstance(k, str) and k.isdigit() for k in lookup):  # e.g. keys read from JSON
-            lookup = {int(k): v for k, v in lookup.items()}
-        if set(lookup) != set(range(7)):
-            raise ValueError(f"grid_lookup must map each cell code 0..6 to a symbol, got keys {sorted(lookup)}")
-        symbols = list(lookup.values())
-        if not all(isinstance(s, str) and len(s) == 1 and s not in "\n\r" for s in symbols) or len(set(symbols)) != 7:
-            raise ValueError(f"grid_lookup symbols must be 7 different single characters, got {symbols!r}")
-        self.grid_lookup = {k: lookup[k] for k in range(7)}
-        vocab = dict(cfg["grid_vocab"] or {})
-        unknown = set(vocab) - set(symbols)
-        if unknown:
-            raise ValueError(f"grid_vocab has symbols {sorted(unknown)} that grid_lookup does not render")
-        self.grid_vocab = {lookup[k]: vocab.get(lookup[k], CODE_MEANINGS[k]) for k in range(7)}
-
-        self.action_space = spaces.Discrete(4)
-        self.observation_space = text_space(extra_chars="".join(symbols))
-        # placeholder until the first reset: an empty, already-finished 1x1 room
-        self._set_board(1, 1, 0, 0, 0, gen.geometry(1, 1).index(0, 0), optimal_steps=None)
 
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
@@ -364,13 +294,13 @@ class SokobanEnv(TextEnv):
         else:
             rng = self.np_random
             if self.generator == "ragen":
-                level = gen.generate_level_ragen(
+                level = _sokoban_ragen.generate_level_ragen(
                     lambda n: rng.random(n).tolist(),
                     self.dim_room[0],
                     self.dim_room[1],
                     self.num_boxes,
                     self.search_depth,
-                    gen.RAGEN_MAX_STATES,
+                    _sokoban_ragen.RAGEN_MAX_STATES,
                     _MAX_GENERATION_TRIES,
                 )
             else:
@@ -494,18 +424,7 @@ class SokobanEnv(TextEnv):
         self._num_env_steps = 0
         self._terminated = boxes == targets
         self._truncated = False
-        # render caches: static symbol per character of the grid text; bit index -> position in that list
-        lk = self.grid_lookup
-        wall, empty, target = lk[0], lk[1], lk[2]
-        layout = self._geo.layout
-        self._base = [
-            "\n" if i < 0 else target if targets >> i & 1 else empty if floor >> i & 1 else wall for i in layout
-        ]
-        self._pos = _positions(layout)
-        geo = self._geo
-        self._coord_head = f"Board size: {rows} rows x {cols} cols (zero-indexed)."
-        tcells = geo.cells(targets)
-        self._coord_targets = "Targets: " + _fmt(tcells) if tcells else None
+        self._text = BoardText(self._geo, floor, targets, self.grid_lookup)
 
     def expert_turn(self, max_actions: int) -> tuple[str, tuple[str, ...]]:
         """The warm start's expert: the first ``max_actions`` steps of a shortest solution (:meth:`solve`) from the
@@ -541,29 +460,10 @@ class SokobanEnv(TextEnv):
         return "Coordinates: \n" + self._coord() + "\n" + "Grid Map: \n" + self._grid()
 
     def _grid(self) -> str:
-        chars = self._base.copy()
-        lk, pos, tg = self.grid_lookup, self._pos, self._targets
-        b = self._boxes
-        while b:
-            low = b & -b
-            b ^= low
-            chars[pos[low.bit_length() - 1]] = lk[3] if tg & low else lk[4]
-        chars[pos[self._player]] = lk[6] if tg >> self._player & 1 else lk[5]
-        return "".join(chars)
+        return self._text.grid(self._boxes, self._player)
 
     def _coord(self) -> str:
-        geo, tg, bx = self._geo, self._targets, self._boxes
-        lines = [self._coord_head]
-        if self._coord_targets:
-            lines.append(self._coord_targets)
-        off, on = geo.cells(bx & ~tg), geo.cells(bx & tg)
-        if off:
-            lines.append("Boxes: " + _fmt(off))
-        if on:
-            lines.append("Boxes on target: " + _fmt(on))
-        label = "Player on target: " if tg >> self._player & 1 else "Player: "
-        lines.append(label + _fmt([geo.coords(self._player)]))
-        return "\n".join(lines)
+        return self._text.coord(self._boxes, self._player)
 
     def _info(self, effective: bool, valid: bool) -> dict[str, Any]:
         return {
@@ -586,15 +486,6 @@ class SokobanEnv(TextEnv):
         if dynamic:
             out[self.player_position] = 5
         return out
-
-
-@lru_cache(maxsize=64)
-def _positions(layout: tuple[int, ...]) -> dict[int, int]:
-    return {i: k for k, i in enumerate(layout) if i >= 0}
-
-
-def _fmt(cells: Sequence[tuple[int, int]]) -> str:
-    return ", ".join(f"({r}, {c})" for r, c in cells)
 
 
 def _positive_int(name: str, value: Any) -> int:

@@ -13,14 +13,8 @@ import pytest
 
 import envs  # noqa: F401  (registers the ids)
 from envs import deepcoder
-from envs.deepcoder import (
-    FAMILIES,
-    DeepCoderEnv,
-    defines,
-    extract_code,
-    generate_problem,
-    load_problems,
-)
+from envs.deepcoder import DeepCoderEnv, defines, extract_code
+from envs.deepcoder_problems import FAMILIES, generate_problem, load_problems
 from envs.sandbox import Sandbox
 
 ADD = {"problem": "Add two numbers.", "fn_name": "add", "solution": "def add(a, b):\n    return a + b\n",

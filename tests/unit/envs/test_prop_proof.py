@@ -11,20 +11,17 @@ import numpy as np
 import pytest
 
 import envs  # noqa: F401  (registers the ids)
-from envs.proof_checker import (
+from envs.proof_checker import ProofError, apply_tactic
+from envs.proof_search import prove_state
+from envs.prop_formulas import (
     FormulaSyntaxError,
-    ProofError,
-    apply_tactic,
-    draw_theorem,
-    generate_theorem,
     initial_state,
     parse_formula,
-    prove_state,
     show,
-    split_of,
     state_text,
 )
 from envs.prop_proof import PropProofEnv
+from envs.prop_theorems import draw_theorem, generate_theorem, split_of
 
 
 @pytest.fixture()

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from envs import sandbox as sandbox_module
-from envs.deepcoder import Problem, judge
+from envs.deepcoder import judge
+from envs.deepcoder_problems import Problem
 from envs.sandbox import MISSING_BWRAP, Limits, Sandbox, SandboxUnavailable
 
 LIMITS = Limits(cpu_seconds=1, wall_seconds=3.0, memory_bytes=256 * 2**20, max_processes=8)

@@ -13,19 +13,7 @@ import gymnasium as gym
 import pytest
 
 import envs  # registers the ids
-from envs.webshop import (
-    TIPS,
-    WebShopEnv,
-    attribute_matches,
-    normalize_color,
-    option_matches,
-    search_keywords,
-    split_goal_index,
-    title_words,
-    token_set_ratio,
-    type_reward,
-    webshop_reward,
-)
+from envs.webshop import TIPS, WebShopEnv, search_keywords, split_goal_index
 from envs.webshop_catalogue import (
     Goal,
     Product,
@@ -33,6 +21,15 @@ from envs.webshop_catalogue import (
     load_catalogue,
     parse_price,
     price_upper_for,
+)
+from envs.webshop_reward import (
+    attribute_matches,
+    normalize_color,
+    option_matches,
+    title_words,
+    token_set_ratio,
+    type_reward,
+    webshop_reward,
 )
 
 FIXTURE = Path(envs.__file__).parent / "data" / "webshop_fixture"
