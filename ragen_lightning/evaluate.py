@@ -261,7 +261,7 @@ def load_checkpoint_actor(path: str | Path) -> tuple[torch.nn.Module, Any]:
     if base is not None and not Path(base).exists() and not base.startswith("tiny"):
         raise ConfigError(f"--ckpt {path}: the folder the run trained from ({base}) is gone; rebuild it (the fit's "
                           "warm start is cached under RAGEN_LIGHTNING_CACHE) or evaluate an exported folder (--model)")
-    module._model_path = base
+    module.model_path = base
     module.configure_model()
     module.load_state_dict(ckpt["state_dict"], strict=module.strict_loading)
     return module.actor, module.tokenizer

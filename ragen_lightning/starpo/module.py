@@ -114,6 +114,7 @@ class StarPOModule(L.LightningModule):
         self.last_rollout: RolloutBatch | None = None  # the last trained iteration's batch (.trajectories included)
         self.last_logs: dict[str, float] = {}  # and its logged values; callbacks read both in on_train_batch_end
         self.rollouts = None  # the data module this policy serves (set in setup)
+        self.model_path: str | None = None  # the actor's folder: --model.model, warm-started in setup when asked
 
     # -- settings that callbacks may change during a run ----------------------------------------------------------
     @property
@@ -153,11 +154,11 @@ class StarPOModule(L.LightningModule):
         if hasattr(self.rollouts, "connect"):
             self.rollouts.connect(self)
         check_data_settings(self.advantage, getattr(self.rollouts, "hparams", None))  # the CLI checked them already
-        self._model_path = warm_started_path(self.hparams.model, self.hparams.warm_start, self.rollouts)
+        self.model_path = warm_started_path(self.hparams.model, self.hparams.warm_start, self.rollouts)
 
     def _actor_path(self) -> str:
         """The actor's folder: the warm-started one once ``setup`` ran, else ``--model.model`` resolved."""
-        return getattr(self, "_model_path", None) or models.resolve_model_path(self.hparams.model)
+        return self.model_path or models.resolve_model_path(self.hparams.model)
 
     def configure_model(self) -> None:
         if self.actor is not None:
@@ -284,7 +285,7 @@ class StarPOModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["starpo"] = {**self.skips.state_dict(), **self.early_stops.state_dict(),
-                                "model_path": str(getattr(self, "_model_path", self.hparams.model))}
+                                "model_path": str(self.model_path or self.hparams.model)}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self._lora is not None and self.actor is not None and "state_dict" in checkpoint:  # (FSDP2: loaded already)
