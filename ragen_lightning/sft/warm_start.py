@@ -92,8 +92,8 @@ def demonstration_kwargs(env_id: str, env_kwargs: dict[str, Any] | None) -> dict
 
 
 def code_fingerprint(env_id: str, env_kwargs: dict[str, Any] | None = None) -> str:
-    """Hash of the source files that decide the demonstrations: the expert engine and the modules of the env class
-    and its own base classes (the expert policy is an env method). Editing any of them (a better expert, a changed
+    """Hash of the source files that decide the demonstrations: the expert engine, the modules of the env class and
+    its own base classes (the expert policy is an env method) and the modules of their package those use. Editing any of them (a better expert, a changed
     level generator) must not reuse a warm start built from the old demonstrations.
 
     Read once per env class and process: the code this process runs is the code it imported, so a source file
@@ -108,13 +108,34 @@ def _class_fingerprint(env_class: type) -> str:
     from ragen_lightning.sft import experts
 
     owners = [c for c in env_class.__mro__ if c.__module__.split(".")[0] not in ("builtins", "gymnasium", "typing")]
+    modules = dict.fromkeys(inspect.getmodule(c) or c for c in owners)
     h = hashlib.sha256()
-    for obj in (experts, *dict.fromkeys(inspect.getmodule(c) or c for c in owners)):
+    for obj in (experts, *modules, *_package_helpers([m for m in modules if inspect.ismodule(m)])):
         try:
             h.update(Path(inspect.getfile(obj)).read_bytes())
         except (TypeError, OSError):  # built-in or source not on disk: the class name is the best we have
             h.update(getattr(obj, "__qualname__", repr(obj)).encode())
     return h.hexdigest()[:16]
+
+
+def _package_helpers(roots: list[Any]) -> list[Any]:
+    """The modules of the env's own package that ``roots`` use, transitively (the level generator, the board
+    renderer or the reward an env module imports from a sibling), sorted by name; ``roots`` themselves left out."""
+    import inspect
+
+    seen = {m.__name__: m for m in roots}
+    todo = list(roots)
+    while todo:
+        module = todo.pop()
+        package = module.__name__.split(".")[0]
+        for value in list(vars(module).values()):
+            used = value if inspect.ismodule(value) else inspect.getmodule(value)
+            name = getattr(used, "__name__", "")
+            if used is not None and name.split(".")[0] == package and name not in seen:
+                seen[name] = used
+                todo.append(used)
+    own = {m.__name__ for m in roots}
+    return [seen[name] for name in sorted(seen) if name not in own]
 
 
 def warm_start_key(model: str, base_path: str | Path, args: dict[str, Any], code: str = "") -> str:

@@ -40,3 +40,29 @@ def test_no_function_of_the_warm_start_spans_more_than_60_lines():
     spans = {n.name: n.end_lineno - n.lineno + 1 for n in ast.walk(ast.parse(source))
              if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     assert {name: n for name, n in spans.items() if n > 60} == {}
+
+
+def test_the_code_fingerprint_covers_the_sibling_modules_an_env_uses(tmp_path, monkeypatch):
+    """Editing a helper module of the env's package (its level generator, renderer, reward) rebuilds the warm start,
+    as editing the env's own module does; modules it does not use, and other packages, do not count."""
+    import importlib
+    import sys
+
+    pkg = tmp_path / "toyenvs"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "_levels.py").write_text("def level(seed):\n    return seed\n")
+    (pkg / "_unused.py").write_text("X = 1\n")
+    (pkg / "toy.py").write_text("import json\nfrom toyenvs._levels import level\n\nclass ToyEnv:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    toy = importlib.import_module("toyenvs.toy")
+    try:
+        assert [m.__name__ for m in ws._package_helpers([toy])] == ["toyenvs._levels"]
+        before = ws._class_fingerprint.__wrapped__(toy.ToyEnv)
+        (pkg / "_unused.py").write_text("X = 2\n")
+        assert ws._class_fingerprint.__wrapped__(toy.ToyEnv) == before
+        (pkg / "_levels.py").write_text("def level(seed):\n    return seed + 1\n")
+        assert ws._class_fingerprint.__wrapped__(toy.ToyEnv) != before
+    finally:
+        for name in [n for n in sys.modules if n.split(".")[0] == "toyenvs"]:
+            del sys.modules[name]
