@@ -1,5 +1,5 @@
 """A new environment needs only an env class and a registration: warm start + one StarPO iteration on a toy env
-defined here, with no edit to the library (README "Add your own environment" walks through the same steps)."""
+defined here, with no edit to the library (docs/extending.md, "Add your own environment", walks through the same steps)."""
 
 from __future__ import annotations
 
