@@ -9,7 +9,9 @@
 The policy is a Lightning checkpoint of a fit (``--ckpt``: the actor as trained, LoRA included), a Hugging Face
 folder (``--model``: ``--model.export_dir`` of a fit, ``tiny``, a cached hub id) or an OpenAI-compatible endpoint
 (``--api-model``, :class:`~ragen_lightning.rollout.api_engine.APIEngine`; the key is read from ``$OPENAI_API_KEY`` or
-``--api-key-env``). The suite is a YAML file (``--suite``, :mod:`ragen_lightning.data.suite`) and/or ``--entry``
+``--api-key-env``). A checkpoint is loaded weights only (tensors and plain values, as ``fit`` / ``validate
+--ckpt_path`` load it): a file that would run pickled code is refused in one line, before anything is written. The
+suite is a YAML file (``--suite``, :mod:`ragen_lightning.data.suite`) and/or ``--entry``
 flags; with neither, ``--config``'s ``data.val_suite`` (its held-out validation entries), else its ``data.mixture``,
 else its env, each entry with its ``num_groups`` seeds or ``--num-episodes``. Episodes are shaped by
 ``--config``'s ``data.episode`` (or the defaults), then ``--episode`` (a mapping), then each ``--episode.<name>``
@@ -252,7 +254,14 @@ def load_checkpoint_actor(path: str | Path) -> tuple[torch.nn.Module, Any]:
     from ragen_lightning.parallel import checkpointing
     from ragen_lightning.starpo.module import StarPOModule
 
-    ckpt = checkpointing.load_verified(path, map_location="cpu", weights_only=False)
+    try:  # weights only, as fit / validate --ckpt_path load: an untrusted file's pickled code is never run
+        ckpt = checkpointing.load_verified(path, map_location="cpu", weights_only=True)
+    except checkpointing.CheckpointError as e:
+        if "Weights only load failed" in str(e):
+            raise ConfigError(f"--ckpt {path}: refused: it holds pickled objects other than tensors and plain values, "
+                              "and loading them could run code from the file (fit and validate --ckpt_path refuse "
+                              "it too)") from None
+        raise ConfigError(str(e).replace("--ckpt_path", "--ckpt", 1)) from None
     if "state_dict" not in ckpt or "hyper_parameters" not in ckpt:
         raise ConfigError(f"--ckpt {path}: not a checkpoint of a ragen_lightning fit (no state_dict / hyper_parameters)")
     accepted = set(inspect.signature(StarPOModule.__init__).parameters)
@@ -337,9 +346,9 @@ def config_suite(data: dict[str, Any], num_episodes: int, config: str | None) ->
     return []
 
 
-def check_run_file(out_dir: Path, run: dict[str, Any]) -> None:
-    """Write ``run.json`` on the first run; later runs into the same folder must match it (entries may be added,
-    an entry's settings may not change)."""
+def check_run_file(out_dir: Path, run: dict[str, Any]) -> str:
+    """The text of ``run.json`` (written by the caller once every input is checked): ``run`` on the first run; later
+    runs into the same folder must match it (entries may be added, an entry's settings may not change)."""
     path = out_dir / "run.json"
     run = json.loads(json.dumps(run))  # as read back (tuples are lists)
     if path.exists():
@@ -351,7 +360,7 @@ def check_run_file(out_dir: Path, run: dict[str, Any]) -> None:
             raise ConfigError(f"--out {out_dir} holds a run with other settings ({', '.join(diffs)} differ, see "
                               "run.json): use another --out folder")
         run = {**run, "suite": list(entries.values()) + [e for e in run["suite"] if e["tag"] not in entries]}
-    _atomic_write(path, json.dumps(run, indent=2) + "\n")
+    return json.dumps(run, indent=2) + "\n"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -405,13 +414,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = EvalSettings(tuple(a.passes), a.seed, a.temperature, a.top_p, a.samples)
         suite, episode = read_suite_and_episode(a)
         out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
         policy = {"ckpt": a.ckpt, "model": a.model, "api_model": a.api_model,
                   "base_url": a.base_url if a.api_model else None}
-        check_run_file(out, {"policy": policy, "episode": asdict(episode), "settings": asdict(settings),
-                             "suite": [asdict(e) for e in suite]})
-        engine, chat, what = build_policy(a, episode)
+        run_text = check_run_file(out, {"policy": policy, "episode": asdict(episode), "settings": asdict(settings),
+                                        "suite": [asdict(e) for e in suite]})
+        engine, chat, what = build_policy(a, episode)  # a checkpoint is checked here: nothing is written before
         try:
+            out.mkdir(parents=True, exist_ok=True)
+            _atomic_write(out / "run.json", run_text)
             run_suite(engine, chat, suite, settings, episode, out / "trajectories.jsonl", chunk_seeds=a.chunk_seeds,
                       progress=not a.no_progress)
         finally:

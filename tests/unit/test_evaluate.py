@@ -5,6 +5,7 @@ suites and settings checked, a fit's checkpoint loads as trained."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -212,7 +213,7 @@ def test_a_fit_checkpoint_loads_the_trained_actor(tmp_path, tiny_path):
     from ragen_lightning.parallel import checkpointing
     from ragen_lightning.starpo.module import StarPOModule
 
-    module = StarPOModule(model=tiny_path, advantage={"estimator": "grpo"})
+    module = StarPOModule(model=str(tiny_path), advantage={"estimator": "grpo"})  # as the CLI passes it
     module.configure_model()
     with torch.no_grad():
         for p in module.actor.parameters():
@@ -284,3 +285,28 @@ def test_a_config_without_suite_evaluates_its_val_suite_else_mixture_else_env(tm
         read({"mixture": {"env_id": "x"}})
     with pytest.raises(ConfigError, match="the suite is empty"):
         read({})
+
+
+class _Payload:
+    """A pickle that runs code when unpickled: it writes ``marker`` (an attacker's checkpoint)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (Path.write_text, (Path(self.marker), "pwned"))
+
+
+def test_a_checkpoint_that_would_run_pickled_code_is_refused_before_anything_is_written(tmp_path, capsys):
+    from ragen_lightning.parallel import checkpointing
+
+    marker, out = tmp_path / "marker", tmp_path / "out"
+    evil = tmp_path / "evil.ckpt"
+    # a digest added by the attacker (save_atomic) makes the file verify: the loading itself must refuse the code
+    checkpointing.save_atomic({"state_dict": {}, "hyper_parameters": {"model": _Payload(marker)}}, evil)
+    assert ev.main(["--ckpt", str(evil), "--entry", "{env_id: ragen/Bandit-v0, num_episodes: 1}", "--out", str(out),
+                    "--no-progress", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert not marker.exists() and not out.exists()  # no code ran, no run.json, not even the folder
+    assert err.startswith(f"error: --ckpt {evil}: refused: it holds pickled objects other than tensors") \
+        and err.count("\n") == 1
