@@ -394,7 +394,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--base-url", default="https://api.openai.com/v1", help="the endpoint's API root")
     g.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
     g.add_argument("--max-concurrency", type=int, default=8, help="API requests in flight at most")
-    g.add_argument("--max-retries", type=int, default=5, help="retries of an API request (429, 5xx, timeouts)")
+    g.add_argument("--max-retries", type=int, default=5, help="retries of an API request (429, 5xx, timeouts, unusable HTTP 200 bodies)")
     g.add_argument("--timeout-s", type=float, default=60.0, help="API request timeout")
     g.add_argument("--tokenizer", default="tiny", help="API models: local tokenizer for the conversation budget")
     p.add_argument("--config", help="a training config: its data.episode settings and, without --suite/--entry, its "
