@@ -14,8 +14,9 @@ trajectories, spread over the groups, and writes
   logger is a ``WandbLogger``;
 * ``<dirpath>/validation.jsonl``: every episode of every validation run (not the sanity check), in the format of
   ``python -m ragen_lightning.evaluate``'s ``trajectories.jsonl`` (the chat as OpenAI messages, rewards, per-turn
-  records; the one writer in ``ragen_lightning/rollout/records.py``), plus ``iteration`` (training iterations done
-  when it ran) and ``pass: "validation"``.
+  records; the one writer in ``ragen_lightning/rollout/records.py``), with evaluate's ``tag``, ``env_id`` and
+  ``env_kwargs`` of the validation entry (so a mixture's or ``--data.val_suite``'s entries can be told apart), plus
+  ``iteration`` (training iterations done when it ran) and ``pass: "validation"``.
 
 Boards are read from the user messages (``State:\\n<grid>\\n``): a block of at least two equally long lines is shown
 as a grid; anything else (bandit arms, countdown numbers) is shown as text.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import html
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +109,19 @@ def trajectory_record(traj: Any, tokenizer: Any, iteration: int) -> dict[str, An
         "boards": boards(convs[0].messages) if convs else [],
         "samples": [segments(c.input_ids, c.loss_mask, tokenizer) for c in convs],
     }
+
+
+def entry_fields(traj: Any, entries: Sequence[Any]) -> dict[str, Any]:
+    """``{"tag", "env_id", "env_kwargs"}`` of the validation entry ``traj`` ran in: the entry with its tag (a mixture
+    or ``--data.val_suite``), the only entry for a single env's rollout (untagged); unknown values are None."""
+    if traj.tag:
+        found = [e for e in entries if e.tag == traj.tag]
+    else:
+        found = list(entries) if len(entries) == 1 else []
+    if not found:
+        return {"tag": traj.tag or None, "env_id": None, "env_kwargs": None}
+    entry = found[0]
+    return {"tag": entry.tag, "env_id": entry.env_id, "env_kwargs": entry.env_kwargs}
 
 
 def _board_html(board: str) -> str:
@@ -218,17 +233,22 @@ class TrajectoryLogger(Callback):
         if self.wandb_table:
             self._wandb(trainer, records, iteration)
 
-    def write_validation(self, trajectories: list[Any], iteration: int, out_dir: Path) -> int:
-        """Append every validation episode to ``validation.jsonl``; returns how many."""
-        return append_jsonl(out_dir / "validation.jsonl",
-                            [episode_record(t, iteration=iteration, **{"pass": "validation"}) for t in trajectories])
+    def write_validation(self, trajectories: list[Any], iteration: int, out_dir: Path,
+                         entries: Sequence[Any] = ()) -> int:
+        """Append every validation episode to ``validation.jsonl``; returns how many. Each record starts with the
+        ``tag``, ``env_id`` and ``env_kwargs`` of its validation entry (``entries``: the data module's
+        ``val_entries``), as evaluate's records do."""
+        records = [episode_record(t, **entry_fields(t, entries), iteration=iteration, **{"pass": "validation"})
+                   for t in trajectories]
+        return append_jsonl(out_dir / "validation.jsonl", records)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         trajectories = getattr(batch, "trajectories", None)
         if not self.validation or trainer.sanity_checking or not trainer.is_global_zero or not trajectories:
             return
-        iteration = getattr(getattr(trainer, "datamodule", None), "iteration", self.iterations)
-        self.write_validation(trajectories, int(iteration), self._dir(trainer))
+        datamodule = getattr(trainer, "datamodule", None)
+        iteration = getattr(datamodule, "iteration", self.iterations)
+        self.write_validation(trajectories, int(iteration), self._dir(trainer), getattr(datamodule, "val_entries", ()))
 
     @staticmethod
     def _wandb(trainer: Any, records: list[dict[str, Any]], iteration: int) -> None:

@@ -122,22 +122,48 @@ def test_wandb_table_with_board_images(trajectories, tiny_tokenizer, tmp_path, m
 def test_validation_episodes_are_exported_in_evaluates_format(trajectories, tmp_path):
     from types import SimpleNamespace
 
+    from ragen_lightning.data.suite import SuiteEntry
     from ragen_lightning.rollout.records import episode_record, read_jsonl
 
     logger = TrajectoryLogger(dirpath=str(tmp_path))
     batch = SimpleNamespace(trajectories=trajectories)
-    trainer = SimpleNamespace(sanity_checking=True, is_global_zero=True, datamodule=SimpleNamespace(iteration=8))
+    entry = SuiteEntry("ragen/Sokoban-v0", {"dim_room": [5, 5]}, 2)  # a single env's validation: untagged episodes
+    trainer = SimpleNamespace(sanity_checking=True, is_global_zero=True,
+                              datamodule=SimpleNamespace(iteration=8, val_entries=[entry]))
     logger.on_validation_batch_end(trainer, None, None, batch, 0)  # the sanity check writes nothing
     assert not (tmp_path / "validation.jsonl").exists()
     trainer.sanity_checking = False
     logger.on_validation_batch_end(trainer, None, None, batch, 0)
     logger.on_validation_batch_end(trainer, None, None, SimpleNamespace(trajectories=trajectories[:1]), 0)
     rows = read_jsonl(tmp_path / "validation.jsonl")
-    # every episode of each validation, appended; the one writer evaluate uses, plus iteration and pass
-    assert rows == [episode_record(t, iteration=8, **{"pass": "validation"}) for t in trajectories + trajectories[:1]]
+    # every episode of each validation, appended; the one writer evaluate uses, with evaluate's entry keys, plus
+    # iteration and pass
+    assert rows == [episode_record(t, tag="ragen/Sokoban-v0", env_id="ragen/Sokoban-v0",
+                                   env_kwargs={"dim_room": [5, 5]}, iteration=8, **{"pass": "validation"})
+                    for t in trajectories + trajectories[:1]]
+    assert list(rows[0])[:5] == ["tag", "env_id", "env_kwargs", "iteration", "pass"]
     first = rows[0]
     assert [m["role"] for m in first["messages"]] == ["system", "user", "assistant", "user", "assistant"]
     assert first["messages"][2]["content"] == "<think>Up.</think><answer>Up</answer>"
     assert (first["seed"], first["turn_rewards"], first["success"]) == (100, [0.0, 1.0], False)
     assert TrajectoryLogger(validation=False, dirpath=str(tmp_path / "off")).on_validation_batch_end(
         trainer, None, None, batch, 0) is None and not (tmp_path / "off").exists()
+
+
+def test_a_mixtures_validation_entries_can_be_told_apart(trajectories, tmp_path):
+    from types import SimpleNamespace
+
+    from ragen_lightning.data.suite import SuiteEntry
+    from ragen_lightning.rollout.records import read_jsonl
+
+    # two entries of one env id, told apart only by their tags and kwargs (a mixture / --data.val_suite)
+    entries = [SuiteEntry("ragen/Sokoban-v0", {"dim_room": [5, 5]}, 1, tag="small"),
+               SuiteEntry("ragen/Sokoban-v0", {"dim_room": [7, 7]}, 1, tag="large")]
+    trajectories[0].tag, trajectories[1].tag = "large", "small"
+    trainer = SimpleNamespace(sanity_checking=False, is_global_zero=True,
+                              datamodule=SimpleNamespace(iteration=3, val_entries=entries))
+    TrajectoryLogger(dirpath=str(tmp_path)).on_validation_batch_end(
+        trainer, None, None, SimpleNamespace(trajectories=trajectories), 0)
+    rows = read_jsonl(tmp_path / "validation.jsonl")
+    assert [(r["tag"], r["env_id"], r["env_kwargs"], r["seed"]) for r in rows] == [
+        ("large", "ragen/Sokoban-v0", {"dim_room": [7, 7]}, 100), ("small", "ragen/Sokoban-v0", {"dim_room": [5, 5]}, 101)]
