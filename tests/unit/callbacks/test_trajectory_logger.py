@@ -71,6 +71,22 @@ def test_jsonl_and_html_content(trajectories, tiny_tokenizer, tmp_path):
     assert logger.written == [str(tmp_path / "iteration_7.html"), str(tmp_path / "iteration_8.html")]
 
 
+def test_html_shows_the_format_penalty_that_makes_score_differ_from_reward(trajectories, tiny_tokenizer, tmp_path):
+    # a bandit episode: reward 0 on its only turn, charged the -0.1 format penalty -> score -0.1
+    traj = trajectories[1]
+    traj.turn_rewards, traj.penalty, traj.num_format_errors = [0.0], -0.1, 1
+    traj.turn_info = [{"actions": [], "format_ok": False, "penalty": -0.1, "reward": 0.0, "info": {}}]
+    TrajectoryLogger().write([traj], tiny_tokenizer, 3, tmp_path)
+    page = (tmp_path / "iteration_3.html").read_text()
+    assert "score -0.1 = env return 0 + format penalty -0.1, success True" in page
+    assert "<tr><th>turn</th><th>reward</th><th>format penalty</th></tr><tr><td>1</td><td>0</td><td>-0.1</td></tr>" \
+        "<tr><th>total</th><td>0</td><td>-0.1</td></tr>" in page
+    # without per-turn records (turn_info), the totals still explain the score
+    TrajectoryLogger().write(trajectories[:1], tiny_tokenizer, 4, tmp_path)
+    page = (tmp_path / "iteration_4.html").read_text()
+    assert "score 1 = env return 1 + format penalty 0" in page and "<tr><td>2</td><td>1</td><td></td></tr>" in page
+
+
 def test_pick_spreads_over_groups_and_board_image():
     assert TrajectoryLogger.pick(list(range(16)), 4) == [0, 4, 8, 12]
     assert TrajectoryLogger.pick([1, 2], 4) == [1, 2]
@@ -113,10 +129,11 @@ def test_wandb_table_with_board_images(trajectories, tiny_tokenizer, tmp_path, m
     logger.experiment.finish()
     (table,) = tmp_path.rglob("media/table/trajectories_*.table.json")
     data = json.loads(table.read_text())
-    assert data["columns"] == ["iteration", "env_index", "group_id", "score", "success", "turn_rewards", "board", "text"]
-    assert [row[2] for row in data["data"]] == [0, 1] and data["data"][0][5] == "[0.0, 1.0]"
+    assert data["columns"] == ["iteration", "env_index", "group_id", "score", "penalty", "success", "turn_rewards",
+                               "board", "text"]
+    assert [row[2] for row in data["data"]] == [0, 1] and data["data"][0][6] == "[0.0, 1.0]"
     # the grid board of trajectory 0 became an image; the bandit-like text state has none
-    assert data["data"][0][6] is not None and data["data"][1][6] is None
+    assert data["data"][0][7] is not None and data["data"][1][7] is None
 
 
 def test_validation_episodes_are_exported_in_evaluates_format(trajectories, tmp_path):
