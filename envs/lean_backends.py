@@ -9,7 +9,8 @@ success from it (:attr:`CheckResult.accepted`, :attr:`CheckResult.complete`: RAG
 
   - ``POST {url}/api/check`` with the JSON body ``{"snippets": [{"id": str, "code": str}], "timeout": int,
     "debug": bool, "reuse": bool, "infotree": null}`` (``timeout``: seconds the server gives Lean for the snippet);
-    an API key, when the server has one, travels in the ``X-Auth-Token`` header.
+    an API key, when the server has one, travels as ``Authorization: Bearer <key>`` (the server answers 401
+    "Missing API key" without it).
   - Answer ``{"results": [{"id": str, "time": float, "error": str?, "response": {...}?, "diagnostics": {...}?}]}``
     with exactly one of ``error`` (a server-level failure; a Lean timeout reads ``"Lean REPL command timed out in
     30.0 seconds"``) and ``response``. ``response`` is the Lean REPL's answer: either ``{"message": str}`` (the
@@ -223,7 +224,7 @@ class KiminaChecker:
         max_retries: retries of one request after a connection error, HTTP timeout, 429 or 5xx.
         backoff_s, max_backoff_s: first wait before a retry (doubles each retry, jittered by up to +25 %) and its cap.
         api_key_env: the name of an environment variable holding the server's API key (never the key itself in a
-            config), sent as ``X-Auth-Token``; None sends none.
+            config), sent as ``Authorization: Bearer <key>``; None sends none.
         max_response_bytes: answers larger than this are refused.
         sleep: how to wait between retries (tests pass a recorder).
     """
@@ -244,7 +245,7 @@ class KiminaChecker:
             key = os.environ.get(api_key_env)
             if not key:
                 raise ValueError(f"api_key_env names ${api_key_env}, which is not set")
-            headers["X-Auth-Token"] = key
+            headers["Authorization"] = f"Bearer {key}"
         self.url = url.rstrip("/")
         self.timeout_s, self.http_timeout_s, self.max_retries = timeout_s, http_timeout_s, max_retries
         self.backoff_s, self.max_backoff_s, self.max_response_bytes = backoff_s, max_backoff_s, max_response_bytes

@@ -115,8 +115,10 @@ def test_client_errors_are_not_retried_and_name_the_server(fake):
         checker = KiminaChecker(fake.url, api_key_env="LEAN_TEST_KEY", sleep=sleeps.append)
         with pytest.raises(LeanBackendError, match=rf"^Kimina server {fake.url}: HTTP 401 .*Invalid API key"):
             checker.check("x := by\n  linarith")
-        fake.api_key = "s3cret"  # the key travels in X-Auth-Token
+        fake.api_key = "s3cret"  # the key travels as Authorization: Bearer
         assert checker.check("x := by\n  linarith").status == "valid"
+        with pytest.raises(LeanBackendError, match=r"HTTP 401 .*Missing API key"):  # a keyless client
+            KiminaChecker(fake.url, sleep=sleeps.append).check("x := by\n  linarith")
     finally:
         fake.api_key = None
         del os.environ["LEAN_TEST_KEY"]
