@@ -8,14 +8,16 @@ trajectories, spread over the groups, and writes
   mask (``{"text", "trained"}``; trained = sampled by the model and in the loss);
 * ``<dirpath>/iteration_<n>.html``: one page per logged iteration, no external resources: the multi-turn text with
   trained tokens highlighted (``span.trained``) and context/template tokens dimmed (``span.context``; a checkbox
-  hides them), a table of rewards per turn, and grid boards (Sokoban, FrozenLake, ...) rendered as coloured cells.
+  hides them), the score with its terms (env return + format penalty), a table of env reward and format penalty per
+  turn with their totals, and grid boards (Sokoban, FrozenLake, ...) rendered as coloured cells.
   A small inline script counts the spans and fills the legend, so a browser that shows the counts ran the page;
 * a wandb Table (``trajectories``) with the text, rewards and a board image per trajectory when the trainer's
   logger is a ``WandbLogger``;
 * ``<dirpath>/validation.jsonl``: every episode of every validation run (not the sanity check), in the format of
   ``python -m ragen_lightning.evaluate``'s ``trajectories.jsonl`` (the chat as OpenAI messages, rewards, per-turn
-  records; the one writer in ``ragen_lightning/rollout/records.py``), plus ``iteration`` (training iterations done
-  when it ran) and ``pass: "validation"``.
+  records; the one writer in ``ragen_lightning/rollout/records.py``), with evaluate's ``tag``, ``env_id`` and
+  ``env_kwargs`` of the validation entry (so a mixture's or ``--data.val_suite``'s entries can be told apart), plus
+  ``iteration`` (training iterations done when it ran) and ``pass: "validation"``.
 
 Boards are read from the user messages (``State:\\n<grid>\\n``): a block of at least two equally long lines is shown
 as a grid; anything else (bandit arms, countdown numbers) is shown as text.
@@ -26,6 +28,7 @@ from __future__ import annotations
 import html
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,9 +107,24 @@ def trajectory_record(traj: Any, tokenizer: Any, iteration: int) -> dict[str, An
         "iteration": iteration, "env_index": traj.env_index, "group_id": traj.group_id, "seed": traj.seed,
         "score": traj.score, "env_return": traj.env_return, "penalty": traj.penalty, "success": bool(traj.success),
         "num_turns": traj.num_turns, "turn_rewards": list(traj.turn_rewards),
+        "turn_penalties": [float(t.get("penalty", 0.0)) for t in traj.turn_info]
+        if len(traj.turn_info) == len(traj.turn_rewards) else [],
         "boards": boards(convs[0].messages) if convs else [],
         "samples": [segments(c.input_ids, c.loss_mask, tokenizer) for c in convs],
     }
+
+
+def entry_fields(traj: Any, entries: Sequence[Any]) -> dict[str, Any]:
+    """``{"tag", "env_id", "env_kwargs"}`` of the validation entry ``traj`` ran in: the entry with its tag (a mixture
+    or ``--data.val_suite``), the only entry for a single env's rollout (untagged); unknown values are None."""
+    if traj.tag:
+        found = [e for e in entries if e.tag == traj.tag]
+    else:
+        found = list(entries) if len(entries) == 1 else []
+    if not found:
+        return {"tag": traj.tag or None, "env_id": None, "env_kwargs": None}
+    entry = found[0]
+    return {"tag": entry.tag, "env_id": entry.env_id, "env_kwargs": entry.env_kwargs}
 
 
 def _board_html(board: str) -> str:
@@ -120,6 +138,25 @@ def _board_html(board: str) -> str:
     return f'<table class="board">{"".join(rows)}</table>'
 
 
+def _score_html(r: dict[str, Any]) -> str:
+    """The score with the terms it sums (``Trajectory.score`` = env return + format penalty)."""
+    penalty = r.get("penalty", 0.0)
+    env_return = r.get("env_return", r["score"] - penalty)
+    return f"score {r['score']:.4g} = env return {env_return:.4g} + format penalty {penalty:.4g}"
+
+
+def _rewards_html(r: dict[str, Any]) -> str:
+    """Per turn: the env reward and the format penalty charged; a total row (their sums: env return, penalty)."""
+    penalties = r.get("turn_penalties") or []
+    if len(penalties) != len(r["turn_rewards"]):
+        penalties = [None] * len(r["turn_rewards"])  # records without per-turn penalties: the total row only
+    rows = "".join(f"<tr><td>{t + 1}</td><td>{v:.4g}</td><td>{'' if p is None else f'{p:.4g}'}</td></tr>"
+                   for t, (v, p) in enumerate(zip(r["turn_rewards"], penalties)))
+    total = (f"<tr><th>total</th><td>{sum(r['turn_rewards']):.4g}</td><td>{r.get('penalty', 0.0):.4g}</td></tr>")
+    return (f"<table class='rewards'><tr><th>turn</th><th>reward</th><th>format penalty</th></tr>{rows}{total}"
+            "</table>")
+
+
 def render_html(records: list[dict[str, Any]], title: str) -> str:
     """A self-contained page for ``records`` (no external CSS, JS or fonts)."""
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
@@ -128,11 +165,9 @@ def render_html(records: list[dict[str, Any]], title: str) -> str:
              ("<div class='legend'><span id='mask-legend'>(enable JavaScript for the counts)</span> "
               "<label><input type='checkbox' id='toggle-context'> hide context</label></div>")]
     for r in records:
-        rewards = "".join(f"<tr><td>{t + 1}</td><td>{v:.4g}</td></tr>" for t, v in enumerate(r["turn_rewards"]))
         parts.append(
             f"<div class='traj'><h3>env {r['env_index']} (group {r['group_id']}, seed {r['seed']}): "
-            f"score {r['score']:.4g}, success {r['success']}, {r['num_turns']} turns</h3>"
-            f"<table class='rewards'><tr><th>turn</th><th>reward</th></tr>{rewards}</table>"
+            f"{_score_html(r)}, success {r['success']}, {r['num_turns']} turns</h3>{_rewards_html(r)}"
             f"<div class='boards'>{''.join(_board_html(b) for b in r['boards'])}</div>")
         for sample in r["samples"]:
             spans = "".join(f"<span class='{'trained' if s['trained'] else 'context'}'>{html.escape(s['text'])}</span>"
@@ -218,17 +253,22 @@ class TrajectoryLogger(Callback):
         if self.wandb_table:
             self._wandb(trainer, records, iteration)
 
-    def write_validation(self, trajectories: list[Any], iteration: int, out_dir: Path) -> int:
-        """Append every validation episode to ``validation.jsonl``; returns how many."""
-        return append_jsonl(out_dir / "validation.jsonl",
-                            [episode_record(t, iteration=iteration, **{"pass": "validation"}) for t in trajectories])
+    def write_validation(self, trajectories: list[Any], iteration: int, out_dir: Path,
+                         entries: Sequence[Any] = ()) -> int:
+        """Append every validation episode to ``validation.jsonl``; returns how many. Each record starts with the
+        ``tag``, ``env_id`` and ``env_kwargs`` of its validation entry (``entries``: the data module's
+        ``val_entries``), as evaluate's records do."""
+        records = [episode_record(t, **entry_fields(t, entries), iteration=iteration, **{"pass": "validation"})
+                   for t in trajectories]
+        return append_jsonl(out_dir / "validation.jsonl", records)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         trajectories = getattr(batch, "trajectories", None)
         if not self.validation or trainer.sanity_checking or not trainer.is_global_zero or not trajectories:
             return
-        iteration = getattr(getattr(trainer, "datamodule", None), "iteration", self.iterations)
-        self.write_validation(trajectories, int(iteration), self._dir(trainer))
+        datamodule = getattr(trainer, "datamodule", None)
+        iteration = getattr(datamodule, "iteration", self.iterations)
+        self.write_validation(trajectories, int(iteration), self._dir(trainer), getattr(datamodule, "val_entries", ()))
 
     @staticmethod
     def _wandb(trainer: Any, records: list[dict[str, Any]], iteration: int) -> None:
@@ -239,12 +279,12 @@ class TrajectoryLogger(Callback):
             return
         import wandb
 
-        table = wandb.Table(columns=["iteration", "env_index", "group_id", "score", "success", "turn_rewards",
-                                     "board", "text"])
+        table = wandb.Table(columns=["iteration", "env_index", "group_id", "score", "penalty", "success",
+                                     "turn_rewards", "board", "text"])
         for r in records:
             img = board_image(r["boards"][0]) if r["boards"] else None
             text = "".join(s["text"] if s["trained"] else f"[{s['text']}]" for s in (r["samples"] or [[]])[0])
-            table.add_data(iteration, r["env_index"], r["group_id"], r["score"], r["success"],
+            table.add_data(iteration, r["env_index"], r["group_id"], r["score"], r["penalty"], r["success"],
                            json.dumps(r["turn_rewards"]), wandb.Image(img) if img is not None else None, text)
         for lg in loggers:
             lg.experiment.log({"trajectories": table}, commit=False)

@@ -9,7 +9,8 @@ success from it (:attr:`CheckResult.accepted`, :attr:`CheckResult.complete`: RAG
 
   - ``POST {url}/api/check`` with the JSON body ``{"snippets": [{"id": str, "code": str}], "timeout": int,
     "debug": bool, "reuse": bool, "infotree": null}`` (``timeout``: seconds the server gives Lean for the snippet);
-    an API key, when the server has one, travels in the ``X-Auth-Token`` header.
+    an API key, when the server has one, travels as ``Authorization: Bearer <key>`` (the server answers 401
+    "Missing API key" without it).
   - Answer ``{"results": [{"id": str, "time": float, "error": str?, "response": {...}?, "diagnostics": {...}?}]}``
     with exactly one of ``error`` (a server-level failure; a Lean timeout reads ``"Lean REPL command timed out in
     30.0 seconds"``) and ``response``. ``response`` is the Lean REPL's answer: either ``{"message": str}`` (the
@@ -19,7 +20,8 @@ success from it (:attr:`CheckResult.accepted`, :attr:`CheckResult.complete`: RAG
 
   Connection errors, HTTP timeouts, 429 and 5xx answers are retried ``max_retries`` times with exponential backoff
   (``backoff_s * 2**attempt``, capped at ``max_backoff_s``), like RAGEN's client (tenacity, 3 attempts); other 4xx
-  answers and malformed bodies raise at once. When the retries run out, :class:`LeanBackendError` is raised: an
+  answers and malformed bodies raise at once. A timed-out request's connections are closed at once (the client's
+  pool is replaced), not left to the garbage collector. When the retries run out, :class:`LeanBackendError` is raised: an
   unreachable server says nothing about the tactic (RAGEN scored it as a rejected tactic, -1.1, and logged once),
   so the episode fails as an env error instead of teaching the policy a penalty it did not earn.
 
@@ -29,7 +31,8 @@ success from it (:attr:`CheckResult.accepted`, :attr:`CheckResult.complete`: RAG
   its environment reused for every proof with the same header (importing Mathlib takes seconds to minutes). The
   command is ``lake env repl`` run inside a Lake project that depends on the REPL (and on Mathlib, for miniF2F),
   or any command given as ``repl_command``. A command that does not answer within ``timeout_s`` is a Lean timeout
-  (the process is killed and restarted at the next check), as with the server.
+  (the process is killed, its pipes and stderr file closed, and a new one started at the next check), as with the
+  server.
 
 Both bound what they read (``max_response_bytes``) and check every field they use, naming the culprit. httpx is
 imported only when a server client is built (like :mod:`envs.retrieval`), so the env package stays light.
@@ -223,7 +226,7 @@ class KiminaChecker:
         max_retries: retries of one request after a connection error, HTTP timeout, 429 or 5xx.
         backoff_s, max_backoff_s: first wait before a retry (doubles each retry, jittered by up to +25 %) and its cap.
         api_key_env: the name of an environment variable holding the server's API key (never the key itself in a
-            config), sent as ``X-Auth-Token``; None sends none.
+            config), sent as ``Authorization: Bearer <key>``; None sends none.
         max_response_bytes: answers larger than this are refused.
         sleep: how to wait between retries (tests pass a recorder).
     """
@@ -237,20 +240,25 @@ class KiminaChecker:
             raise ValueError(f"KiminaChecker needs timeout_s > 0, http_timeout_s > 0, max_retries >= 0 and "
                              f"0 <= backoff_s <= max_backoff_s; got {timeout_s}, {http_timeout_s}, {max_retries}, "
                              f"{backoff_s}, {max_backoff_s}")
-        import httpx
 
         headers = {}
         if api_key_env:
             key = os.environ.get(api_key_env)
             if not key:
                 raise ValueError(f"api_key_env names ${api_key_env}, which is not set")
-            headers["X-Auth-Token"] = key
+            headers["Authorization"] = f"Bearer {key}"
         self.url = url.rstrip("/")
         self.timeout_s, self.http_timeout_s, self.max_retries = timeout_s, http_timeout_s, max_retries
         self.backoff_s, self.max_backoff_s, self.max_response_bytes = backoff_s, max_backoff_s, max_response_bytes
         self._sleep = sleep
-        self._client = httpx.Client(headers=headers, timeout=httpx.Timeout(http_timeout_s), trust_env=False)
+        self._headers = headers
+        self._client = self._new_client()
         self.stats = {"requests": 0, "retries": 0}
+
+    def _new_client(self) -> Any:
+        import httpx
+
+        return httpx.Client(headers=self._headers, timeout=httpx.Timeout(self.http_timeout_s), trust_env=False)
 
     def check(self, code: str) -> CheckResult:
         snippet_id = f"ragen-{uuid.uuid4().hex}"
@@ -279,6 +287,8 @@ class KiminaChecker:
                 response = self._client.post(url, json=body)
             except httpx.TimeoutException:
                 reason = f"timed out (http_timeout_s={self.http_timeout_s})"
+                self._client.close()  # its connections now, not when the garbage collector gets to them
+                self._client = self._new_client()
             except httpx.TransportError as e:
                 reason = f"{type(e).__name__}: {e}"
             else:
@@ -348,19 +358,23 @@ class ReplChecker:
         self.command, self.cwd = command, cwd
         self.timeout_s, self.header_timeout_s, self.max_response_bytes = timeout_s, header_timeout_s, max_response_bytes
         self._proc: subprocess.Popen | None = None
+        self._stderr: Any = None
+        self._pump_thread: threading.Thread | None = None
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._envs: dict[str, int | None] = {}  # import header -> the REPL env that holds it
         self._lock = threading.Lock()
 
     def _start(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
+            self._kill()  # a REPL that exited since the last check: its pipes and stderr file closed
             # stderr into a file: a pipe nobody reads could fill up and stall the REPL
             self._stderr = tempfile.TemporaryFile(mode="w+", encoding="utf-8")  # noqa: SIM115 - lives with the process
             self._proc = subprocess.Popen(self.command, cwd=self.cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=self._stderr, text=True, encoding="utf-8", bufsize=1)
             self._lines = queue.Queue()
             self._envs = {}
-            threading.Thread(target=self._pump, args=(self._proc, self._lines), daemon=True).start()
+            self._pump_thread = threading.Thread(target=self._pump, args=(self._proc, self._lines), daemon=True)
+            self._pump_thread.start()
         return self._proc
 
     @staticmethod
@@ -368,13 +382,33 @@ class ReplChecker:
         for line in proc.stdout:
             lines.put(line)
         lines.put(None)  # end of output: the process exited
+        proc.stdout.close()  # the reader owns the pipe: closed here, where no read can be in flight
+
+    def _stop(self) -> subprocess.Popen | None:
+        """Kill the REPL and close its pipes (stdin here, stdout by its reader at the end of output); returns the
+        process (None when none ran). A timed-out or crashed REPL leaves nothing open for the garbage collector."""
+        proc, self._proc = self._proc, None
+        self._envs = {}
+        if proc is None:
+            return None
+        proc.kill()
+        proc.wait()
+        try:
+            proc.stdin.close()
+        except OSError:  # a flush into the dead process's pipe
+            pass
+        if self._pump_thread is not None:
+            self._pump_thread.join(timeout=5.0)
+        return proc
+
+    def _close_stderr(self) -> None:
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
 
     def _kill(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
-            self._proc = None
-        self._envs = {}
+        self._stop()
+        self._close_stderr()
 
     def _send(self, command: dict, timeout_s: float) -> dict | None:
         """The REPL's answer to ``command``, or None when it did not answer in time (the process is then killed)."""
@@ -413,14 +447,12 @@ class ReplChecker:
         return answer
 
     def _stderr_tail(self) -> str:
-        proc, self._proc = self._proc, None
-        self._envs = {}
+        proc = self._stop()
         if proc is None:
             return "(not started)"
-        proc.kill()
-        proc.wait()
         self._stderr.seek(0)
         err = self._stderr.read()[-500:]
+        self._close_stderr()
         return f"exit code {proc.returncode}; stderr: {err.strip() or '(empty)'}"
 
     def check(self, code: str) -> CheckResult:

@@ -9,7 +9,9 @@
 The policy is a Lightning checkpoint of a fit (``--ckpt``: the actor as trained, LoRA included), a Hugging Face
 folder (``--model``: ``--model.export_dir`` of a fit, ``tiny``, a cached hub id) or an OpenAI-compatible endpoint
 (``--api-model``, :class:`~ragen_lightning.rollout.api_engine.APIEngine`; the key is read from ``$OPENAI_API_KEY`` or
-``--api-key-env``). The suite is a YAML file (``--suite``, :mod:`ragen_lightning.data.suite`) and/or ``--entry``
+``--api-key-env``). A checkpoint is loaded weights only (tensors and plain values, as ``fit`` / ``validate
+--ckpt_path`` load it): a file that would run pickled code is refused in one line, before anything is written. The
+suite is a YAML file (``--suite``, :mod:`ragen_lightning.data.suite`) and/or ``--entry``
 flags; with neither, ``--config``'s ``data.val_suite`` (its held-out validation entries), else its ``data.mixture``,
 else its env, each entry with its ``num_groups`` seeds or ``--num-episodes``. Episodes are shaped by
 ``--config``'s ``data.episode`` (or the defaults), then ``--episode`` (a mapping), then each ``--episode.<name>``
@@ -25,8 +27,11 @@ training and validation.
 Outputs in ``--out``: ``trajectories.jsonl`` (every episode, the chat in OpenAI's messages format plus rewards and
 per-turn records, :mod:`ragen_lightning.rollout.records`), ``report.md`` and ``report.csv`` (per entry and pass:
 success, env return, turns, format-valid turn rate and pass@k, each with a 95 % interval) and ``run.json`` (the
-settings). Intervals are taken over seeds (the episodes of one seed share a level and are not independent): Wilson's
-for per-seed values that are all 0 or 1 (greedy success), else the normal approximation. The JSONL is append-only,
+settings). Intervals are taken over seeds (the episodes of one seed share a level and are not independent) and stay
+inside the values' range: Wilson's score interval for the metrics in [0, 1] (success, format-valid, pass@k; exact
+for 0/1 values, conservative for fractions), a percentile bootstrap of the mean for return and turns (2000
+resamples of the seeds, seed 0: the same records give the same interval); ``report.md`` says so in its header. The
+JSONL is append-only,
 written a chunk of seeds at a time in whole lines; a re-run with the same settings skips the episodes it holds (keyed
 by tag, pass, seed and sample) and completes only the missing ones; a run with other settings is refused.
 """
@@ -65,6 +70,8 @@ from ragen_lightning.rollout.settings import (
 from ragen_lightning.rollout.tokens import ChatTokens
 
 PASSES = ("greedy", "sampled")
+UNIT_METRICS = ("success", "format_valid", "pass_at_k")  # per-seed values in [0, 1]: Wilson's interval
+BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 2000, 0  # the other metrics' percentile bootstrap
 
 
 @dataclass(frozen=True)
@@ -168,18 +175,31 @@ def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def interval(values: Sequence[float], *, proportion: bool = False, z: float = 1.96) -> tuple[float, float, float]:
-    """``(mean, lo, hi)`` over per-seed values: for a ``proportion`` whose values are all 0 or 1, Wilson's interval;
-    else the normal approximation ``mean +- z * sd / sqrt(n)`` (sample sd; one value gives a zero-width interval)."""
+def bootstrap(values: Sequence[float], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
+              level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values``: ``resamples`` draws of ``len(values)`` values with
+    replacement (a generator seeded with ``seed``: the same values give the same interval), then the
+    ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of the resampled means. It lies within
+    ``[min(values), max(values)]``, so within any range the values are bounded by."""
+    x = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    idx = torch.randint(len(x), (resamples, len(x)), generator=torch.Generator().manual_seed(seed))
+    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
+    lo, hi = torch.quantile(x[idx].mean(1), q).tolist()
+    return lo, hi
+
+
+def interval(values: Sequence[float], *, unit: bool = False, z: float = 1.96) -> tuple[float, float, float]:
+    """``(mean, lo, hi)`` over per-seed values: ``unit`` values (in [0, 1]: success, format-valid, pass@k) get
+    Wilson's interval of ``sum / n`` (exact for 0/1 values; a [0, 1] value's variance is at most mean * (1 - mean),
+    what Wilson's interval assumes, so for fractions it is conservative); others (return, turns) the percentile
+    :func:`bootstrap`. Both stay inside the values' range, unlike the normal approximation."""
     n = len(values)
     if n == 0:
         return math.nan, math.nan, math.nan
     mean = sum(values) / n
-    if proportion and all(v in (0.0, 1.0) for v in values):
+    if unit:
         return (mean, *wilson(sum(values), n, z))
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
-    half = z * sd / math.sqrt(n)
-    return mean, mean - half, mean + half
+    return (mean, *bootstrap(values))
 
 
 def summarize(records: Sequence[dict[str, Any]], suite: Sequence[SuiteEntry], settings: EvalSettings) -> list[dict]:
@@ -209,12 +229,15 @@ def summarize(records: Sequence[dict[str, Any]], suite: Sequence[SuiteEntry], se
             }
             for metric, values in per_seed.items():
                 row[metric], row[f"{metric}_lo"], row[f"{metric}_hi"] = interval(
-                    values, proportion=metric not in ("return", "turns"))
+                    values, unit=metric in UNIT_METRICS)
             rows.append(row)
     return rows
 
 
 METRICS = ("success", "return", "turns", "format_valid", "pass_at_k")
+INTERVALS = (f"95 % intervals over seeds: Wilson's score interval for success, format-valid and pass@k (values in "
+             f"[0, 1]); percentile bootstrap of the mean for return and turns ({BOOTSTRAP_RESAMPLES} resamples of the "
+             f"seeds, seed {BOOTSTRAP_SEED}). Both stay inside the values' range.")
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -232,7 +255,7 @@ def write_report(rows: list[dict], out_dir: Path, title: str) -> tuple[Path, Pat
     csv_path, md_path = out_dir / "report.csv", out_dir / "report.md"
     _atomic_write(csv_path, buf.getvalue())
     head = ["tag", "pass", "episodes", "success", "return", "turns", "format-valid", "pass@k"]
-    lines = [f"# {title}", "", "95 % intervals over seeds (module docstring of ragen_lightning/evaluate.py).", "",
+    lines = [f"# {title}", "", INTERVALS, "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [f"{r[m]:.3f} [{r[m + '_lo']:.3f}, {r[m + '_hi']:.3f}]" if r["episodes"] else "-" for m in METRICS]
@@ -252,7 +275,14 @@ def load_checkpoint_actor(path: str | Path) -> tuple[torch.nn.Module, Any]:
     from ragen_lightning.parallel import checkpointing
     from ragen_lightning.starpo.module import StarPOModule
 
-    ckpt = checkpointing.load_verified(path, map_location="cpu", weights_only=False)
+    try:  # weights only, as fit / validate --ckpt_path load: an untrusted file's pickled code is never run
+        ckpt = checkpointing.load_verified(path, map_location="cpu", weights_only=True)
+    except checkpointing.CheckpointError as e:
+        if "Weights only load failed" in str(e):
+            raise ConfigError(f"--ckpt {path}: refused: it holds pickled objects other than tensors and plain values, "
+                              "and loading them could run code from the file (fit and validate --ckpt_path refuse "
+                              "it too)") from None
+        raise ConfigError(str(e).replace("--ckpt_path", "--ckpt", 1)) from None
     if "state_dict" not in ckpt or "hyper_parameters" not in ckpt:
         raise ConfigError(f"--ckpt {path}: not a checkpoint of a ragen_lightning fit (no state_dict / hyper_parameters)")
     accepted = set(inspect.signature(StarPOModule.__init__).parameters)
@@ -337,9 +367,9 @@ def config_suite(data: dict[str, Any], num_episodes: int, config: str | None) ->
     return []
 
 
-def check_run_file(out_dir: Path, run: dict[str, Any]) -> None:
-    """Write ``run.json`` on the first run; later runs into the same folder must match it (entries may be added,
-    an entry's settings may not change)."""
+def check_run_file(out_dir: Path, run: dict[str, Any]) -> str:
+    """The text of ``run.json`` (written by the caller once every input is checked): ``run`` on the first run; later
+    runs into the same folder must match it (entries may be added, an entry's settings may not change)."""
     path = out_dir / "run.json"
     run = json.loads(json.dumps(run))  # as read back (tuples are lists)
     if path.exists():
@@ -351,7 +381,7 @@ def check_run_file(out_dir: Path, run: dict[str, Any]) -> None:
             raise ConfigError(f"--out {out_dir} holds a run with other settings ({', '.join(diffs)} differ, see "
                               "run.json): use another --out folder")
         run = {**run, "suite": list(entries.values()) + [e for e in run["suite"] if e["tag"] not in entries]}
-    _atomic_write(path, json.dumps(run, indent=2) + "\n")
+    return json.dumps(run, indent=2) + "\n"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -364,7 +394,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--base-url", default="https://api.openai.com/v1", help="the endpoint's API root")
     g.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
     g.add_argument("--max-concurrency", type=int, default=8, help="API requests in flight at most")
-    g.add_argument("--max-retries", type=int, default=5, help="retries of an API request (429, 5xx, timeouts)")
+    g.add_argument("--max-retries", type=int, default=5, help="retries of an API request (429, 5xx, timeouts, unusable HTTP 200 bodies)")
     g.add_argument("--timeout-s", type=float, default=60.0, help="API request timeout")
     g.add_argument("--tokenizer", default="tiny", help="API models: local tokenizer for the conversation budget")
     p.add_argument("--config", help="a training config: its data.episode settings and, without --suite/--entry, its "
@@ -405,13 +435,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = EvalSettings(tuple(a.passes), a.seed, a.temperature, a.top_p, a.samples)
         suite, episode = read_suite_and_episode(a)
         out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
         policy = {"ckpt": a.ckpt, "model": a.model, "api_model": a.api_model,
                   "base_url": a.base_url if a.api_model else None}
-        check_run_file(out, {"policy": policy, "episode": asdict(episode), "settings": asdict(settings),
-                             "suite": [asdict(e) for e in suite]})
-        engine, chat, what = build_policy(a, episode)
+        run_text = check_run_file(out, {"policy": policy, "episode": asdict(episode), "settings": asdict(settings),
+                                        "suite": [asdict(e) for e in suite]})
+        engine, chat, what = build_policy(a, episode)  # a checkpoint is checked here: nothing is written before
         try:
+            out.mkdir(parents=True, exist_ok=True)
+            _atomic_write(out / "run.json", run_text)
             run_suite(engine, chat, suite, settings, episode, out / "trajectories.jsonl", chunk_seeds=a.chunk_seeds,
                       progress=not a.no_progress)
         finally:

@@ -100,6 +100,19 @@ def _plot(ax, series, keys, title, ylabel=None, styles=None):
 def dashboard(series: dict[str, list[tuple[float, float]]], out: str | Path, title: str = "collapse dashboard",
               h_split: float | None = None, i_split: float | None = None) -> Path:
     """Draw the dashboard PNG of ``series`` (as from :func:`read_metrics`) to ``out``; returns the path."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(series, title, h_split, i_split)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def figure(series: dict[str, list[tuple[float, float]]], title: str = "collapse dashboard",
+           h_split: float | None = None, i_split: float | None = None):
+    """The dashboard's matplotlib figure (3 x 3 panels, module docstring), laid out."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -112,7 +125,8 @@ def dashboard(series: dict[str, list[tuple[float, float]]], out: str | Path, tit
     _plot(ax[2], series, ["actor/entropy"], "token entropy (healthy: slow decline)")
     mi_keys = [f"collapse/{lab}/{k}" for lab in MI_LABELS for k in ("mi", "mi_upper_bound")]
     dashed = {k: {"linestyle": "--"} for k in mi_keys if k.endswith("upper_bound")}
-    _plot(ax[3], series, mi_keys, "MI estimate I(X;Z) (healthy: well above 0)", styles=dashed)
+    if _plot(ax[3], series, mi_keys, "MI estimate I(X;Z) (healthy: well above 0)", styles=dashed):
+        _legend_above_lines(ax[3])  # "best" could put it over the dashed bound lines
     _plot(ax[4], series, [f"collapse/{lab}/conditional_entropy" for lab in MI_LABELS]
           + [f"collapse/{lab}/marginal_entropy" for lab in MI_LABELS], "H(Z|X) and H(Z) (nats/token)")
     _plot(ax[5], series, ["actor/grad_norm", "critic/grad_norm"], "grad norm (spikes: collapse)")
@@ -123,11 +137,17 @@ def dashboard(series: dict[str, list[tuple[float, float]]], out: str | Path, tit
     _quadrant(ax[8], series, h_split, i_split)
     fig.suptitle(title)
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
-    return out
+    return fig
+
+
+def _legend_above_lines(ax, headroom: float = 0.5) -> None:
+    """Raise the y-limit by ``headroom`` times the lines' span and put the legend (two columns) in that band, above
+    every line drawn."""
+    ys = [y for line in ax.get_lines() for y in line.get_ydata()]
+    lo, hi = min(ys + [0.0]), max(ys)
+    span = (hi - lo) or 1.0
+    ax.set_ylim(lo - 0.05 * span, hi + headroom * span)
+    ax.legend(fontsize=6, loc="upper center", ncol=2)
 
 
 def _quadrant(ax, series, h_split, i_split) -> None:
@@ -157,16 +177,18 @@ def _quadrant(ax, series, h_split, i_split) -> None:
     ax.set_ylim(y0, y1)
     ax.axvline(h_split, color="grey", linewidth=0.8)
     ax.axhline(i_split, color="grey", linewidth=0.8)
-    for (hx, iy), name in (((x1, y1), "diverse reasoning"), ((x0, y1), "compressed reasoning"),
-                           ((x1, y0), "template collapse"), ((x0, y0), "low-entropy collapse")):
-        ax.text(hx, iy, name, ha="right" if hx == x1 else "left", va="top" if iy == y1 else "bottom", fontsize=8,
-                color="firebrick" if "collapse" in name else "darkgreen")
+    for (hx, iy), name in (((0.98, 0.98), "diverse reasoning"), ((0.02, 0.98), "compressed reasoning"),
+                           ((0.98, 0.02), "template collapse"), ((0.02, 0.02), "low-entropy collapse")):
+        # in axes coordinates, inset from the corners: a label never reaches past the frame
+        ax.text(hx, iy, name, transform=ax.transAxes, ha="right" if hx > 0.5 else "left",
+                va="top" if iy > 0.5 else "bottom", fontsize=8, color="firebrick" if "collapse" in name else "darkgreen")
     for lab, marker in zip(MI_LABELS, ("o", "^")):
         pts = [p for p in points if p[3] == lab]
         if pts:
             sc = ax.scatter([p[1] for p in pts], [p[2] for p in pts], c=[p[0] for p in pts], cmap="viridis",
                             marker=marker, label=lab, edgecolors="k", linewidths=0.3)
-    ax.legend(fontsize=6, loc="center right")
+    # below the axes: inside, it covers the split lines or the points whatever its corner
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     ax.figure.colorbar(sc, ax=ax, label="iteration")
 
 

@@ -10,10 +10,12 @@ runner marks the trajectories ``trainable = False`` and :func:`~ragen_lightning.
 them. Evaluation only.
 
 Requests run concurrently (``max_concurrency`` at a time, one pooled ``httpx`` client). A request that fails with
-HTTP 429, a 5xx status, a connection error or a timeout is retried up to ``max_retries`` times, waiting what the
-server's ``Retry-After`` header asks, else ``backoff_s * 2**attempt`` (capped at ``max_backoff_s``, jittered by up to
-+25 % so concurrent requests do not retry in step). Any other failure (a 4xx, a body that is not JSON or has no
-``choices[0].message``) raises :class:`APIError` at once, naming the endpoint. The key is read from the environment
+HTTP 429, a 5xx status, a connection error, a timeout, or an HTTP 200 whose body is unusable (not JSON, no
+``choices[0].message``, content that is not text: a proxy's error page, a truncated answer) is retried up to
+``max_retries`` times, waiting what the server's ``Retry-After`` header asks, else ``backoff_s * 2**attempt`` (capped
+at ``max_backoff_s``, jittered by up to +25 % so concurrent requests do not retry in step); when they run out,
+:class:`APIError` says why in one line, naming the endpoint (and quoting the first 200 characters of an unusable
+body). Any other failure (a 4xx) raises :class:`APIError` at once. The key is read from the environment
 variable ``api_key_env`` (never from a file or a flag, so it does not end up in configs or logs); a local server
 usually needs none.
 """
@@ -38,6 +40,11 @@ MAX_RETRY_AFTER_S = 600.0
 
 class APIError(RuntimeError):
     """A chat-completions request failed for good; the message names the endpoint and why."""
+
+
+class _UnusableBody(ValueError):
+    """An HTTP 200 answer whose body is not a chat completion (retried like a 5xx); the message says what is wrong
+    and quotes the body's first 200 characters."""
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -68,7 +75,8 @@ class APIEngine:
         base_url: the API root; requests go to ``<base_url>/chat/completions``.
         api_key_env: environment variable holding the key, sent as ``Authorization: Bearer``; unset: no header.
         max_concurrency: requests in flight at most.
-        max_retries: retries of one request after a 429, 5xx, connection error or timeout (0: none).
+        max_retries: retries of one request after a 429, 5xx, connection error, timeout or unusable HTTP 200
+            body (0: none).
         timeout_s: seconds to connect, and between bytes of the response, before a request counts as timed out.
         backoff_s: first wait before a retry when the server sends no ``Retry-After``; doubles every retry.
         max_backoff_s: longest such wait.
@@ -178,10 +186,14 @@ class APIEngine:
             else:
                 status = response.status_code
                 if status == 200:
-                    return self._parse(response)
-                if status != 429 and status < 500:
+                    try:
+                        return self._parse(response)
+                    except _UnusableBody as e:
+                        reason = f"HTTP 200 with {e}"
+                elif status != 429 and status < 500:
                     raise APIError(f"{self.url}: HTTP {status}: {response.text[:300]!r}{self._key_hint(status)}")
-                reason, retry_after = f"HTTP {status}", parse_retry_after(response.headers.get("retry-after"))
+                else:
+                    reason, retry_after = f"HTTP {status}", parse_retry_after(response.headers.get("retry-after"))
             if attempt == self.max_retries:
                 raise APIError(f"{self.url}: {reason}; gave up after {attempt + 1} attempt(s) "
                                f"(max_retries={self.max_retries})")
@@ -200,15 +212,15 @@ class APIEngine:
         try:
             data = response.json()
         except ValueError:
-            raise APIError(f"{self.url}: malformed JSON in the response (HTTP 200): {response.text[:200]!r}") from None
+            raise _UnusableBody(f"a body that is not JSON: {response.text[:200]!r}") from None
         try:
             choice = data["choices"][0]
             content = choice["message"].get("content")
             finish = choice.get("finish_reason")
         except (KeyError, IndexError, TypeError, AttributeError):
-            raise APIError(f"{self.url}: the response has no choices[0].message: {str(data)[:200]!r}") from None
+            raise _UnusableBody(f"a body without choices[0].message: {response.text[:200]!r}") from None
         if content is not None and not isinstance(content, str):
-            raise APIError(f"{self.url}: choices[0].message.content is not text: {str(content)[:200]!r}")
+            raise _UnusableBody(f"choices[0].message.content that is not text: {response.text[:200]!r}")
         usage = data.get("usage") if isinstance(data, dict) else None
         if isinstance(usage, dict):
             with self._lock:

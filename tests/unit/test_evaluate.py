@@ -5,6 +5,7 @@ suites and settings checked, a fit's checkpoint loads as trained."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -161,17 +162,41 @@ def test_summary_statistics_by_hand():
     assert (greedy["success"], greedy["success_lo"], greedy["success_hi"]) == pytest.approx((0.5, 0.09452, 0.90548),
                                                                                              abs=1e-5)
     assert greedy["pass_at_k"] == 0.5 and greedy["k"] == 1 and greedy["episodes"] == 2
-    # format-valid per seed: 1 - 0/2 = 1, 1 - 2/4 = 0.5 -> mean 0.75, sd 0.35355, half 1.96 * 0.35355 / sqrt 2 = 0.49
-    assert (greedy["format_valid"], greedy["format_valid_lo"]) == pytest.approx((0.75, 0.26), abs=1e-4)
-    # returns are not proportions: seeds 1, 0 -> normal interval 0.5 +- 0.98 (Wilson would stay inside [0, 1])
-    assert (greedy["return_lo"], greedy["return_hi"]) == pytest.approx((-0.48, 1.48), abs=1e-4)
-    # sampled: per-seed success 0.5 and 0 -> mean 0.25, half 1.96 * 0.35355 / sqrt 2 = 0.49
-    assert (sampled["success"], sampled["success_lo"], sampled["success_hi"]) == pytest.approx((0.25, -0.24, 0.74),
-                                                                                               abs=1e-4)
+    # format-valid per seed: 1 - 0/2 = 1, 1 - 2/4 = 0.5 -> mean 0.75, Wilson on 1.5 of 2: p = 0.75,
+    # centre (0.75 + 0.9604) / 2.9208 = 0.585593, half 1.96 * sqrt(0.09375 + 0.2401) / 2.9208 = 0.387731
+    assert (greedy["format_valid"], greedy["format_valid_lo"], greedy["format_valid_hi"]) == pytest.approx(
+        (0.75, 0.197862, 0.973324), abs=1e-5)
+    # returns per seed 1, 0: bootstrap means are 0, 0.5, 1 with probabilities 1/4, 1/2, 1/4, so the 2.5 % and
+    # 97.5 % quantiles are 0 and 1 (the normal interval said 0.5 +- 0.98 = [-0.48, 1.48], outside [0, 1])
+    assert (greedy["return"], greedy["return_lo"], greedy["return_hi"]) == (0.5, 0.0, 1.0)
+    # sampled: per-seed success 0.5 and 0 -> mean 0.25, Wilson on 0.5 of 2: centre (0.25 + 0.9604) / 2.9208 =
+    # 0.414407, half 0.387731 (the normal interval said [-0.24, 0.74])
+    assert (sampled["success"], sampled["success_lo"], sampled["success_hi"]) == pytest.approx(
+        (0.25, 0.026676, 0.802138), abs=1e-5)
     # pass@2: seed 1 has a success, seed 2 none -> 1/2 with Wilson's interval; turns 2 and 2 -> zero width
     assert (sampled["pass_at_k"], sampled["pass_at_k_lo"], sampled["k"]) == pytest.approx((0.5, 0.09452, 2), abs=1e-5)
     assert (sampled["turns"], sampled["turns_lo"], sampled["turns_hi"]) == (2.0, 2.0, 2.0)
     assert sampled["format_valid"] == pytest.approx((3 / 4 + 1) / 2)
+
+
+def test_intervals_stay_inside_the_value_range_by_hand(tmp_path):
+    # values 0, 0, 0, 1: a resample's mean is 0 with probability (3/4)^4 = 32 % (> 2.5 %: the lower end is 0), 1 with
+    # 1/256 = 0.4 % and >= 0.75 with 13/256 = 5.1 % (so the 97.5 % quantile is 0.75); the same seed, the same interval
+    assert ev.bootstrap([0.0, 0.0, 0.0, 1.0]) == (0.0, 0.75) == ev.bootstrap([0.0, 0.0, 0.0, 1.0])
+    assert ev.bootstrap([0.25] * 5) == (0.25, 0.25)
+    # the issue's case: a mean return of 0.133 over 15 seeds, returns in [0, 1]: normal said [-0.016, 0.282]
+    returns = [0.0] * 11 + [0.5, 0.5, 0.5, 0.5]
+    mean, lo, hi = ev.interval(returns)
+    assert mean == pytest.approx(0.13333, abs=1e-5) and 0.0 <= lo < mean < hi <= 0.5
+    # Wilson's for [0, 1] values: 2 of 15 -> never below 0
+    assert ev.interval([1.0, 1.0] + [0.0] * 13, unit=True)[1] > 0.0
+    rows = ev.summarize([rec("t", "greedy", s, 0, False, r, 1, 0) for s, r in enumerate(returns)],
+                        [SuiteEntry("e", tag="t")], ev.EvalSettings(passes=("greedy",)))
+    _, md = ev.write_report(rows, tmp_path, "x")
+    text = md.read_text()
+    assert "Wilson's score interval for success, format-valid and pass@k" in text
+    assert "percentile bootstrap of the mean for return and turns (2000 resamples of the seeds, seed 0)" in text
+    assert f"0.133 [{lo:.3f}, {hi:.3f}]" in text and "-0." not in text
 
 
 def test_suite_entries_are_checked_naming_the_culprit(tmp_path):
@@ -212,7 +237,7 @@ def test_a_fit_checkpoint_loads_the_trained_actor(tmp_path, tiny_path):
     from ragen_lightning.parallel import checkpointing
     from ragen_lightning.starpo.module import StarPOModule
 
-    module = StarPOModule(model=tiny_path, advantage={"estimator": "grpo"})
+    module = StarPOModule(model=str(tiny_path), advantage={"estimator": "grpo"})  # as the CLI passes it
     module.configure_model()
     with torch.no_grad():
         for p in module.actor.parameters():
@@ -284,3 +309,28 @@ def test_a_config_without_suite_evaluates_its_val_suite_else_mixture_else_env(tm
         read({"mixture": {"env_id": "x"}})
     with pytest.raises(ConfigError, match="the suite is empty"):
         read({})
+
+
+class _Payload:
+    """A pickle that runs code when unpickled: it writes ``marker`` (an attacker's checkpoint)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (Path.write_text, (Path(self.marker), "pwned"))
+
+
+def test_a_checkpoint_that_would_run_pickled_code_is_refused_before_anything_is_written(tmp_path, capsys):
+    from ragen_lightning.parallel import checkpointing
+
+    marker, out = tmp_path / "marker", tmp_path / "out"
+    evil = tmp_path / "evil.ckpt"
+    # a digest added by the attacker (save_atomic) makes the file verify: the loading itself must refuse the code
+    checkpointing.save_atomic({"state_dict": {}, "hyper_parameters": {"model": _Payload(marker)}}, evil)
+    assert ev.main(["--ckpt", str(evil), "--entry", "{env_id: ragen/Bandit-v0, num_episodes: 1}", "--out", str(out),
+                    "--no-progress", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert not marker.exists() and not out.exists()  # no code ran, no run.json, not even the folder
+    assert err.startswith(f"error: --ckpt {evil}: refused: it holds pickled objects other than tensors") \
+        and err.count("\n") == 1

@@ -71,6 +71,22 @@ def test_jsonl_and_html_content(trajectories, tiny_tokenizer, tmp_path):
     assert logger.written == [str(tmp_path / "iteration_7.html"), str(tmp_path / "iteration_8.html")]
 
 
+def test_html_shows_the_format_penalty_that_makes_score_differ_from_reward(trajectories, tiny_tokenizer, tmp_path):
+    # a bandit episode: reward 0 on its only turn, charged the -0.1 format penalty -> score -0.1
+    traj = trajectories[1]
+    traj.turn_rewards, traj.penalty, traj.num_format_errors = [0.0], -0.1, 1
+    traj.turn_info = [{"actions": [], "format_ok": False, "penalty": -0.1, "reward": 0.0, "info": {}}]
+    TrajectoryLogger().write([traj], tiny_tokenizer, 3, tmp_path)
+    page = (tmp_path / "iteration_3.html").read_text()
+    assert "score -0.1 = env return 0 + format penalty -0.1, success True" in page
+    assert "<tr><th>turn</th><th>reward</th><th>format penalty</th></tr><tr><td>1</td><td>0</td><td>-0.1</td></tr>" \
+        "<tr><th>total</th><td>0</td><td>-0.1</td></tr>" in page
+    # without per-turn records (turn_info), the totals still explain the score
+    TrajectoryLogger().write(trajectories[:1], tiny_tokenizer, 4, tmp_path)
+    page = (tmp_path / "iteration_4.html").read_text()
+    assert "score 1 = env return 1 + format penalty 0" in page and "<tr><td>2</td><td>1</td><td></td></tr>" in page
+
+
 def test_pick_spreads_over_groups_and_board_image():
     assert TrajectoryLogger.pick(list(range(16)), 4) == [0, 4, 8, 12]
     assert TrajectoryLogger.pick([1, 2], 4) == [1, 2]
@@ -113,31 +129,58 @@ def test_wandb_table_with_board_images(trajectories, tiny_tokenizer, tmp_path, m
     logger.experiment.finish()
     (table,) = tmp_path.rglob("media/table/trajectories_*.table.json")
     data = json.loads(table.read_text())
-    assert data["columns"] == ["iteration", "env_index", "group_id", "score", "success", "turn_rewards", "board", "text"]
-    assert [row[2] for row in data["data"]] == [0, 1] and data["data"][0][5] == "[0.0, 1.0]"
+    assert data["columns"] == ["iteration", "env_index", "group_id", "score", "penalty", "success", "turn_rewards",
+                               "board", "text"]
+    assert [row[2] for row in data["data"]] == [0, 1] and data["data"][0][6] == "[0.0, 1.0]"
     # the grid board of trajectory 0 became an image; the bandit-like text state has none
-    assert data["data"][0][6] is not None and data["data"][1][6] is None
+    assert data["data"][0][7] is not None and data["data"][1][7] is None
 
 
 def test_validation_episodes_are_exported_in_evaluates_format(trajectories, tmp_path):
     from types import SimpleNamespace
 
+    from ragen_lightning.data.suite import SuiteEntry
     from ragen_lightning.rollout.records import episode_record, read_jsonl
 
     logger = TrajectoryLogger(dirpath=str(tmp_path))
     batch = SimpleNamespace(trajectories=trajectories)
-    trainer = SimpleNamespace(sanity_checking=True, is_global_zero=True, datamodule=SimpleNamespace(iteration=8))
+    entry = SuiteEntry("ragen/Sokoban-v0", {"dim_room": [5, 5]}, 2)  # a single env's validation: untagged episodes
+    trainer = SimpleNamespace(sanity_checking=True, is_global_zero=True,
+                              datamodule=SimpleNamespace(iteration=8, val_entries=[entry]))
     logger.on_validation_batch_end(trainer, None, None, batch, 0)  # the sanity check writes nothing
     assert not (tmp_path / "validation.jsonl").exists()
     trainer.sanity_checking = False
     logger.on_validation_batch_end(trainer, None, None, batch, 0)
     logger.on_validation_batch_end(trainer, None, None, SimpleNamespace(trajectories=trajectories[:1]), 0)
     rows = read_jsonl(tmp_path / "validation.jsonl")
-    # every episode of each validation, appended; the one writer evaluate uses, plus iteration and pass
-    assert rows == [episode_record(t, iteration=8, **{"pass": "validation"}) for t in trajectories + trajectories[:1]]
+    # every episode of each validation, appended; the one writer evaluate uses, with evaluate's entry keys, plus
+    # iteration and pass
+    assert rows == [episode_record(t, tag="ragen/Sokoban-v0", env_id="ragen/Sokoban-v0",
+                                   env_kwargs={"dim_room": [5, 5]}, iteration=8, **{"pass": "validation"})
+                    for t in trajectories + trajectories[:1]]
+    assert list(rows[0])[:5] == ["tag", "env_id", "env_kwargs", "iteration", "pass"]
     first = rows[0]
     assert [m["role"] for m in first["messages"]] == ["system", "user", "assistant", "user", "assistant"]
     assert first["messages"][2]["content"] == "<think>Up.</think><answer>Up</answer>"
     assert (first["seed"], first["turn_rewards"], first["success"]) == (100, [0.0, 1.0], False)
     assert TrajectoryLogger(validation=False, dirpath=str(tmp_path / "off")).on_validation_batch_end(
         trainer, None, None, batch, 0) is None and not (tmp_path / "off").exists()
+
+
+def test_a_mixtures_validation_entries_can_be_told_apart(trajectories, tmp_path):
+    from types import SimpleNamespace
+
+    from ragen_lightning.data.suite import SuiteEntry
+    from ragen_lightning.rollout.records import read_jsonl
+
+    # two entries of one env id, told apart only by their tags and kwargs (a mixture / --data.val_suite)
+    entries = [SuiteEntry("ragen/Sokoban-v0", {"dim_room": [5, 5]}, 1, tag="small"),
+               SuiteEntry("ragen/Sokoban-v0", {"dim_room": [7, 7]}, 1, tag="large")]
+    trajectories[0].tag, trajectories[1].tag = "large", "small"
+    trainer = SimpleNamespace(sanity_checking=False, is_global_zero=True,
+                              datamodule=SimpleNamespace(iteration=3, val_entries=entries))
+    TrajectoryLogger(dirpath=str(tmp_path)).on_validation_batch_end(
+        trainer, None, None, SimpleNamespace(trajectories=trajectories), 0)
+    rows = read_jsonl(tmp_path / "validation.jsonl")
+    assert [(r["tag"], r["env_id"], r["env_kwargs"], r["seed"]) for r in rows] == [
+        ("large", "ragen/Sokoban-v0", {"dim_room": [7, 7]}, 100), ("small", "ragen/Sokoban-v0", {"dim_room": [5, 5]}, 101)]

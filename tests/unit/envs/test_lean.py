@@ -115,8 +115,10 @@ def test_client_errors_are_not_retried_and_name_the_server(fake):
         checker = KiminaChecker(fake.url, api_key_env="LEAN_TEST_KEY", sleep=sleeps.append)
         with pytest.raises(LeanBackendError, match=rf"^Kimina server {fake.url}: HTTP 401 .*Invalid API key"):
             checker.check("x := by\n  linarith")
-        fake.api_key = "s3cret"  # the key travels in X-Auth-Token
+        fake.api_key = "s3cret"  # the key travels as Authorization: Bearer
         assert checker.check("x := by\n  linarith").status == "valid"
+        with pytest.raises(LeanBackendError, match=r"HTTP 401 .*Missing API key"):  # a keyless client
+            KiminaChecker(fake.url, sleep=sleeps.append).check("x := by\n  linarith")
     finally:
         fake.api_key = None
         del os.environ["LEAN_TEST_KEY"]
@@ -140,6 +142,43 @@ def test_http_timeout_and_refused_connection_are_retried_then_raise(fake):
     checker = KiminaChecker(f"http://127.0.0.1:{port}", max_retries=1, sleep=lambda s: None)
     with pytest.raises(LeanBackendError, match=r"ConnectError"):
         checker.check("x := by\n  linarith")
+
+
+def test_a_timed_out_request_closes_its_connection_at_once():
+    import gc
+    import threading
+
+    # a server that accepts and reads the request, then never answers
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def stall() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # the listener was closed: the test is over
+                return
+            conn.recv(65536)
+            accepted.append(conn)
+
+    threading.Thread(target=stall, daemon=True).start()
+    checker = KiminaChecker(f"http://127.0.0.1:{listener.getsockname()[1]}", http_timeout_s=0.2, max_retries=1,
+                            sleep=lambda s: None)
+    gc.disable()  # nothing may rely on the garbage collector to close a connection
+    try:
+        with pytest.raises(LeanBackendError, match=r"timed out \(http_timeout_s=0.2\)"):
+            checker.check("x := by\n  linarith")
+        assert len(accepted) == 2  # the first try and its retry, each on its own connection
+        for conn in accepted:  # the client hung up: the server reads the end of the stream (a timeout raises)
+            conn.settimeout(2.0)
+            while conn.recv(65536):  # the rest of the request
+                pass
+    finally:
+        gc.enable()
+        checker.close()
+        listener.close()
+        for conn in accepted:
+            conn.close()
 
 
 @pytest.mark.parametrize(("result", "message"), [
@@ -387,13 +426,19 @@ def test_repl_driver_times_out_restarts_and_reports_a_crash(tmp_path, monkeypatc
     checker, log = fake_repl(tmp_path, monkeypatch, timeout_s=0.5)
     try:
         head = "import Mathlib\ntheorem t : True := by\n"
+        assert checker.check(head + "  linarith\n").complete
+        proc, stderr = checker._proc, checker._stderr
         result = checker.check(head + "  sleep\n")
         assert (result.status, result.accepted) == ("timeout", False)
         assert result.messages[0].data == "Lean REPL command timed out in 0.5 seconds"
+        # the timed-out REPL is gone and nothing of it is left open for the garbage collector
+        assert proc.returncode is not None and proc.stdin.closed and proc.stdout.closed and stderr.closed
         assert checker.check(head + "  linarith\n").complete  # a fresh process: the header runs again
         assert [json.loads(line)["cmd"] for line in log.read_text().splitlines()].count("import Mathlib\n") == 2
+        proc, stderr = checker._proc, checker._stderr
         with pytest.raises(LeanBackendError, match=r"exited: exit code 3; stderr: fake repl: crashed on purpose"):
             checker.check(head + "  crash\n")
+        assert proc.stdin.closed and proc.stdout.closed and stderr.closed
     finally:
         checker.close()
 

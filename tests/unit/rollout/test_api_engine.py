@@ -161,18 +161,35 @@ def test_timeout_is_retried_then_reported(serve, tiny_tokenizer):
     assert time.perf_counter() - t0 < 0.9 and len(server.requests) == 2
 
 
-def test_malformed_json_is_a_clear_error_without_retry(serve, tiny_tokenizer):
-    server = serve(lambda body, n: (200, {}, b"{not json", 0))
-    engine = engine_for(server, tiny_tokenizer)
-    with pytest.raises(APIError, match=r"127\.0\.0\.1:\d+/v1/chat/completions: malformed JSON in the response"):
+def test_an_unusable_200_body_is_retried_like_a_5xx_then_succeeds(serve, tiny_tokenizer):
+    replies = [(200, {}, b"<html>502 Bad Gateway</html>", 0), (200, {}, {"object": "error", "message": "nope"}, 0),
+               (200, {}, completion("ok"), 0)]
+    server = serve(lambda body, n: replies[n])
+    engine = engine_for(server, tiny_tokenizer, max_retries=2)
+    out = one(engine)
+    assert tiny_tokenizer.decode(out.token_ids[:-1]) == "ok"
+    assert len(server.requests) == 3 and len(engine.waits) == 2 and engine.stats["retries"] == 2
+
+
+def test_an_unusable_200_body_after_the_retry_budget_is_one_line_quoting_the_body(serve, tiny_tokenizer):
+    page = b"<html>\n<body>" + b"x" * 300 + b"</body></html>"  # a proxy's error page, longer than 200 characters
+    server = serve(lambda body, n: (200, {}, page, 0))
+    engine = engine_for(server, tiny_tokenizer, max_retries=1)
+    with pytest.raises(APIError) as info:
         one(engine)
-    assert len(server.requests) == 1
+    message = str(info.value)
+    assert len(server.requests) == 2 and "\n" not in message  # the budget of a 5xx, and one line
+    quoted = repr(page.decode()[:200])
+    assert message == (f"{server.base_url}/chat/completions: HTTP 200 with a body that is not JSON: {quoted}; "
+                       "gave up after 2 attempt(s) (max_retries=1)")
 
 
-def test_json_without_choices_is_a_clear_error(serve, tiny_tokenizer):
+def test_json_without_choices_is_retried_then_reported(serve, tiny_tokenizer):
     server = serve(lambda body, n: (200, {}, {"object": "error", "message": "nope"}, 0))
-    with pytest.raises(APIError, match=r"chat/completions: the response has no choices\[0\]\.message"):
-        one(engine_for(server, tiny_tokenizer))
+    with pytest.raises(APIError, match=r"chat/completions: HTTP 200 with a body without choices\[0\]\.message: "
+                                       r"'\{\"object\": \"error\".*gave up after 1 attempt"):
+        one(engine_for(server, tiny_tokenizer, max_retries=0))
+    assert len(server.requests) == 1
 
 
 def test_unauthorised_is_not_retried_and_names_the_key_variable(serve, tiny_tokenizer, monkeypatch):

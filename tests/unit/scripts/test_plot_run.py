@@ -73,3 +73,37 @@ def test_success_plot_draws_validation_and_training_success(tmp_path, monkeypatc
     (tmp_path / "metrics.csv").write_text(CSV)
     with pytest.raises(ValueError, match="no val/success"):
         plot_run.main([str(tmp_path / "metrics.csv"), "--success", "--out", str(tmp_path / "s2.png")])
+
+
+@pytest.mark.slow
+def test_regime_labels_inside_the_axes_and_legends_off_the_lines():
+    from matplotlib.transforms import Bbox
+
+    its = [2.0, 4.0, 6.0, 8.0]
+    series = {  # MI estimates crossing the whole panel under the bound lines (as in docs/dashboard_bandit.png)
+        "collapse/first_turn/mi": [(i, v) for i, v in zip(its, [0.0, 0.7, 1.4, 2.0])],
+        "collapse/trajectory/mi": [(i, v) for i, v in zip(its, [2.7, 1.8, 0.9, 0.0])],
+        "collapse/first_turn/mi_upper_bound": [(i, 2.0794) for i in its],
+        "collapse/trajectory/mi_upper_bound": [(i, 2.7726) for i in its],
+        "collapse/first_turn/conditional_entropy": [(i, 0.0005) for i in its],
+        "collapse/trajectory/conditional_entropy": [(i, 0.0004) for i in its],
+    }
+    fig = plot_run.figure(series, "t")
+    renderer = fig.canvas.get_renderer()
+    fig.canvas.draw()
+    mi_ax, regimes = fig.axes[3], fig.axes[8]
+    frame = regimes.get_window_extent(renderer)
+    labels = {t.get_text(): t.get_window_extent(renderer) for t in regimes.texts}
+    assert set(labels) == {"diverse reasoning", "compressed reasoning", "template collapse", "low-entropy collapse"}
+    for name, box in labels.items():  # clear of the frame (its spines) by at least 2 pixels on every side
+        assert (box.x0 >= frame.x0 + 2 and box.y0 >= frame.y0 + 2 and box.x1 <= frame.x1 - 2
+                and box.y1 <= frame.y1 - 2), name
+    # the regimes legend lies outside the axes; the MI legend above every line of its panel, bounds included
+    assert not regimes.get_legend().get_window_extent(renderer).overlaps(frame)
+    lines = Bbox.union([line.get_window_extent(renderer) for line in mi_ax.get_lines()])
+    assert lines.y1 > 0 and not mi_ax.get_legend().get_window_extent(renderer).overlaps(lines)
+    # and inside the figure
+    assert fig.bbox.contains(*regimes.get_legend().get_window_extent(renderer).p0)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
