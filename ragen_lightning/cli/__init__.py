@@ -30,6 +30,12 @@ from ragen_lightning.starpo.settings import renamed_flag_error
 _SEED_LOG = logging.getLogger("lightning.fabric.utilities.seed")
 
 class StarPOCLI(LightningCLI):
+    def __init__(self, *args, **kwargs) -> None:
+        # no generic --optimizer / --lr_scheduler flags: the module builds its own optimizers (--model.optim.*), and
+        # LightningCLI's would be ignored or crash ("empty parameter list"); preflight.removed_flag_error answers them
+        kwargs.setdefault("auto_configure_optimizers", False)
+        super().__init__(*args, **kwargs)
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.temperature", "model.temperature")
         parser.add_argument(
@@ -110,7 +116,8 @@ class StarPOCLI(LightningCLI):
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as e:
-            raise ConfigError(renamed_flag_error(str(e)) or preflight.parse_error_line(str(e))) from None
+            raise ConfigError(renamed_flag_error(str(e)) or preflight.removed_flag_error(str(e))
+                              or preflight.parse_error_line(str(e))) from None
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         preflight.check_settings(config, run=subcommand is not None)

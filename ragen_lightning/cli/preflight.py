@@ -45,6 +45,7 @@ from ragen_lightning.starpo.checks import (
 from ragen_lightning.starpo.early_stop import EarlyStopSettings
 from ragen_lightning.starpo.settings import GROUPS, ModuleSettings, as_group
 
+SEED_DOMAIN = Domain(0, 2**32 - 1, integer=True, none=True)  # Lightning's (numpy's) seed range
 WANDB_TIMEOUT_S = 3.0  # how long the wandb server may take to accept a connection before the run logs offline
 
 
@@ -61,6 +62,8 @@ def check_settings(config: Any, run: bool = True) -> None:
     get = config.get
     Domain(low=1, integer=True, none=True).check("--torch_threads", get("torch_threads"))
     Domain(low=0, low_open=True, none=True).check("--gpu_memory_gb", get("gpu_memory_gb"))
+    if not isinstance(seed := get("seed_everything"), bool):  # true: a random seed, false: none
+        SEED_DOMAIN.check("--seed_everything", seed)
     model, data, trainer = _plain(get("model")) or {}, _plain(get("data")) or {}, _plain(get("trainer")) or {}
     check_strategy(trainer.get("strategy"), trainer.get("accelerator"), lora=model.get("lora"), hardware=run)
     if data:
@@ -77,6 +80,7 @@ def check_settings(config: Any, run: bool = True) -> None:
         check_warm_start_setting(model.get("warm_start"))
         as_group(EarlyStopSettings, model.get("early_stop"), "--model.early_stop")
         check_module_settings(settings, lora_mod.as_settings(model.get("lora")))
+        check_optimizer_factories(model.get("optim") or {})
         check_threads_precision(settings.update.micro_batch_threads, trainer.get("precision"))
         check_data_settings(settings.advantage, data or None)
     if data and (size := world_size(trainer)) is not None:
@@ -86,6 +90,31 @@ def check_settings(config: Any, run: bool = True) -> None:
 def module_settings(model: dict[str, Any], data: dict[str, Any]) -> ModuleSettings:
     """The settings groups of a parsed ``model`` section (plain dicts), each checked as it is built."""
     return ModuleSettings.build(data.get("temperature", 1.0), **{name: model.get(name) for name in GROUPS})
+
+
+def check_optimizer_factories(optim: dict[str, Any]) -> None:
+    """Build ``--model.optim.actor_optimizer`` / ``critic_optimizer`` (given as ``{class_path, init_args}`` or a
+    callable) on one dummy parameter, so a bad argument (``lr: -1.0``) is one line naming the flag now, not a
+    traceback when the module configures its optimizers after the run's folders exist."""
+    import importlib
+
+    import torch
+
+    for name in ("actor_optimizer", "critic_optimizer"):
+        factory, flag = optim.get(name), f"--model.optim.{name}"
+        if factory is None or isinstance(factory, str):  # a checkpoint's saved name: not rebuilt (OptimSettings)
+            continue
+        params = [torch.nn.Parameter(torch.zeros(1))]
+        try:
+            if isinstance(factory, dict):
+                module, _, cls = str(factory.get("class_path", "")).rpartition(".")
+                flag += f" {factory.get('class_path')}"
+                getattr(importlib.import_module(module), cls)(params, **(factory.get("init_args") or {}))
+            else:
+                factory(params)
+        except Exception as e:  # noqa: BLE001  (the optimizer's own check: "Invalid learning rate: -1.0")
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ConfigError(f"{flag}: {first}") from None
 
 
 def world_size(trainer: dict[str, Any]) -> int | None:
@@ -253,6 +282,19 @@ def parse_error_line(message: str) -> str:
         detail += f" (got {given})"
     line = f"{flag}: {detail}" if flag else detail
     return line[0].lower() + line[1:] if line[:1].isupper() and not flag else line
+
+
+_REMOVED_FLAGS = {"optimizer": "--model.optim.actor_optimizer (and --model.optim.critic_optimizer)",
+                  "lr_scheduler": "--model.optim.warmup_steps and --model.optim.decay_iterations"}
+
+
+def removed_flag_error(message: str) -> str | None:
+    """The one-line error for LightningCLI's generic ``--optimizer`` / ``--lr_scheduler`` flags, which this command
+    line does not have (the module builds its own optimizers and schedules), naming the flags that do it; else None."""
+    for name, instead in _REMOVED_FLAGS.items():
+        if re.search(rf"(?<![\w.])--{name}\b", message):
+            return f"--{name} is not a flag of this command line: use {instead}"
+    return None
 
 
 def warn(line: str) -> None:
