@@ -15,7 +15,11 @@ import torch
 
 from ragen_lightning.errors import TrainingStopped
 from ragen_lightning.parallel import checkpointing
-from ragen_lightning.parallel.checkpointing import SafeCheckpointIO, drop_critic_state, remove_stale_temps
+from ragen_lightning.parallel.checkpointing import (
+    SafeCheckpointIO,
+    drop_critic_state,
+    remove_stale_temps,
+)
 
 
 def _dead_pid() -> int:
