@@ -20,7 +20,6 @@ import tempfile
 import threading
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from ragen_lightning.data.datamodule import (
     RolloutDataModule,
@@ -46,7 +45,7 @@ from ragen_lightning.starpo.early_stop import EarlyStopSettings
 from ragen_lightning.starpo.settings import GROUPS, ModuleSettings, as_group
 
 SEED_DOMAIN = Domain(0, 2**32 - 1, integer=True, none=True)  # Lightning's (numpy's) seed range
-WANDB_TIMEOUT_S = 3.0  # how long the wandb server may take to accept a connection before the run logs offline
+WANDB_TIMEOUT_S = 3.0  # how long the wandb server may take to answer an HTTP request before the run logs offline
 
 
 def _plain(value: Any) -> Any:
@@ -200,22 +199,25 @@ def check_output_dirs(config: Any) -> None:
 
 # -- wandb --------------------------------------------------------------------------------------------------------
 def unreachable(url: str, timeout: float = WANDB_TIMEOUT_S) -> str | None:
-    """Why a TCP connection to ``url``'s host and port cannot be opened within ``timeout`` seconds (None: it can).
-    Name resolution runs in a helper thread, so a hanging DNS lookup also counts as a timeout."""
-    import socket
+    """Why ``url`` gives no HTTP answer within ``timeout`` seconds (None: it answers, with any status). A server that
+    accepts the connection but never answers counts as unreachable, as does one that refuses it; the request runs in
+    a helper thread, so a hanging DNS lookup or TLS handshake also counts as a timeout."""
+    import urllib.error
+    import urllib.request
 
-    parsed = urlparse(url)
-    host, port = parsed.hostname or "", parsed.port or (443 if parsed.scheme == "https" else 80)
     outcome: list[str | None] = []
 
-    def connect() -> None:
+    def ask() -> None:
         try:
-            socket.create_connection((host, port), timeout=timeout).close()
+            urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout).close()
             outcome.append(None)
-        except OSError as e:
-            outcome.append(e.strerror or str(e) or type(e).__name__)
+        except urllib.error.HTTPError:  # an HTTP status (401, 404, ...): the server answers
+            outcome.append(None)
+        except (OSError, ValueError) as e:  # URLError wraps refusals, timeouts, DNS failures
+            reason = getattr(e, "reason", e)
+            outcome.append(getattr(reason, "strerror", None) or str(reason) or type(reason).__name__)
 
-    worker = threading.Thread(target=connect, daemon=True)
+    worker = threading.Thread(target=ask, daemon=True)
     worker.start()
     worker.join(timeout + 0.5)
     return outcome[0] if outcome else f"no answer within {timeout:g} s"

@@ -340,3 +340,43 @@ def test_unreachable_bounds_a_hanging_connection(monkeypatch):
     start = time.perf_counter()
     assert preflight.unreachable("https://example.invalid", timeout=0.2) == "no answer within 0.2 s"
     assert time.perf_counter() - start < 1.0
+
+
+def test_a_server_that_accepts_but_never_answers_is_unreachable(config, monkeypatch):
+    import socket
+    import time
+
+    with socket.socket() as server:  # the kernel completes the TCP handshake; nobody ever reads or answers
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        url = f"http://127.0.0.1:{server.getsockname()[1]}"
+        start = time.perf_counter()
+        reason = preflight.unreachable(url, timeout=0.3)
+        assert reason in ("timed out", "no answer within 0.3 s") and time.perf_counter() - start < 1.5
+        monkeypatch.setenv("WANDB_BASE_URL", url)
+        monkeypatch.delenv("WANDB_MODE", raising=False)
+        cfg = changed(config)
+        cfg.trainer.logger[0].init_args.offline = False
+        assert preflight.wandb_offline_fallback(cfg, timeout=0.3).startswith(f"warning: wandb server {url} unreachable (")
+        assert cfg.trainer.logger[0].init_args.offline is True
+
+
+def test_a_server_that_answers_any_http_status_is_reachable():
+    import http.server
+    import threading
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):  # noqa: N802  (http.server's naming)
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert preflight.unreachable(f"http://127.0.0.1:{server.server_port}", timeout=2.0) is None
+    finally:
+        server.shutdown()
+        server.server_close()
