@@ -366,7 +366,7 @@ def test_a_server_that_answers_any_http_status_is_reachable():
     import threading
 
     class NotFound(http.server.BaseHTTPRequestHandler):
-        def do_HEAD(self):  # noqa: N802  (http.server's naming)
+        def do_HEAD(self):  # http.server's method naming
             self.send_response(404)
             self.end_headers()
 
