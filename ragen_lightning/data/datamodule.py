@@ -169,6 +169,23 @@ class _Stream(IterableDataset):
             yield self.produce()
 
 
+class _ResumableLoader(DataLoader):
+    """The training loader: its state is the data module's (the iteration count the stream resumes from), so
+    Lightning knows a mid-run checkpoint resumes it exactly (else it warns "your dataloader is not resumable" on every
+    mid-run resume). The data module's own ``state_dict`` in the checkpoint restores the same values."""
+
+    def __init__(self, datamodule: RolloutDataModule, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.datamodule = datamodule
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.datamodule.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "iteration" in state_dict:
+            self.datamodule.load_state_dict(state_dict)
+
+
 class RolloutDataModule(L.LightningDataModule):
     """Streams multi-turn rollouts of ``num_groups x group_size`` envs, filtered by within-group reward variance.
 
@@ -333,7 +350,7 @@ class RolloutDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         stream = _Stream(self._next_train_batch, lambda: self.hparams.num_iterations - self.iteration,
                          total=self.hparams.num_iterations)
-        return DataLoader(stream, batch_size=None, num_workers=0, collate_fn=lambda b: b)
+        return _ResumableLoader(self, stream, batch_size=None, num_workers=0, collate_fn=lambda b: b)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(_OneShot(self.validation_batch), batch_size=None, num_workers=0, collate_fn=lambda b: b)
