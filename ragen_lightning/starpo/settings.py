@@ -35,6 +35,8 @@ _STEPS = Domain(low=0, integer=True)
 MAX_CLIP_HIGH = 10.0
 MAX_ENTROPY_COEFF = 1.0
 MIN_GRAD_CLIP = 1e-6
+MAX_LR = 1.0
+_RATE = Domain(0, MAX_LR, low_open=True)
 
 
 @dataclass(frozen=True)
@@ -142,8 +144,9 @@ class OptimSettings:
     """The optimizers and what guards their steps (``--model.optim.*``).
 
     Args:
-        actor_lr: actor learning rate (AdamW) when ``actor_optimizer`` is not given.
-        critic_lr: critic learning rate (AdamW) when ``critic_optimizer`` is not given.
+        actor_lr: actor learning rate (AdamW) when ``actor_optimizer`` is not given; in (0, 1]: an AdamW step moves
+            every weight by about the rate, so above 1 a step moves weights past their own scale (typical: 1e-6-1e-3).
+        critic_lr: critic learning rate (AdamW) when ``critic_optimizer`` is not given; in (0, 1] likewise.
         weight_decay: AdamW weight decay.
         grad_clip: max global grad norm per network (0 disables clipping); else at least 1e-6: a smaller bound
             scales every step to almost nothing, so training silently stops (typical values 0.5-1).
@@ -169,7 +172,7 @@ class OptimSettings:
 
     def __post_init__(self):
         check_domains("--model.optim.", self, {
-            "actor_lr": _POSITIVE, "critic_lr": _POSITIVE, "weight_decay": _NON_NEGATIVE,
+            "actor_lr": _RATE, "critic_lr": _RATE, "weight_decay": _NON_NEGATIVE,
             "grad_clip": Domain(low=MIN_GRAD_CLIP, special=(0,)),  # 0 turns clipping off
             "warmup_steps": _STEPS, "decay_iterations": _STEPS, "max_consecutive_skips": _STEPS,
             "max_step_kl": Domain(low=0, low_open=True, none=True)})
