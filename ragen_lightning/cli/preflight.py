@@ -30,7 +30,7 @@ from ragen_lightning.data.mixture import train_entries
 from ragen_lightning.data.sampler import FilterConfig
 from ragen_lightning.errors import ConfigError, Domain
 from ragen_lightning.models import lora as lora_mod
-from ragen_lightning.models.loading import check_dtype, check_model_name, load_tokenizer
+from ragen_lightning.models.loading import check_dtype, check_model_name, load_tokenizer, resolve_model_path
 from ragen_lightning.parallel import check_strategy
 from ragen_lightning.rollout.settings import as_episode
 from ragen_lightning.rollout.vllm_engine import VLLMConfig
@@ -152,7 +152,35 @@ def check_run(config: Any) -> None:
             require_expert(entry.env_id, entry.env_kwargs)
     dm = RolloutDataModule(**{**data, "filter": FilterConfig(**(data.get("filter") or {})),
                               "vllm": VLLMConfig(**(data.get("vllm") or {}))})
+    check_context_length("--model.model", model["model"], [dm.episode, *(e.episode_settings(dm.episode) for e in dm.train_entries)])
     dm.check_prompt_budget(load_tokenizer(model["model"]))
+
+
+def model_positions(name: str) -> int | None:
+    """The longest sequence model ``name`` takes, from its config (``max_position_embeddings`` times a RoPE
+    scaling factor, as vLLM derives it); None when the config does not say or cannot be read."""
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(resolve_model_path(name))
+    except Exception:  # noqa: BLE001  (an unreadable config is the model loader's error to report, not this check's)
+        return None
+    cfg = getattr(cfg, "text_config", None) or cfg  # a multimodal config nests the language model's
+    positions = getattr(cfg, "max_position_embeddings", None)
+    if not isinstance(positions, int):
+        return None
+    factor = (getattr(cfg, "rope_scaling", None) or {}).get("factor") or 1
+    return int(positions * max(float(factor), 1.0))
+
+
+def check_context_length(flag: str, name: str, episodes: list[Any]) -> None:
+    """``--data.episode.max_model_len`` (of every episode setting a run uses) within model ``name``'s positions:
+    vLLM refuses a longer one with a multi-line validation error after the run's folders exist."""
+    limit = model_positions(name)
+    longest = max((e.max_model_len for e in episodes if e is not None), default=0)
+    if limit is not None and longest > limit:
+        raise ConfigError(f"--data.episode.max_model_len {longest} exceeds the {limit} positions of {flag} {name} "
+                          "(its config's max_position_embeddings)")
 
 
 # -- output folders -----------------------------------------------------------------------------------------------

@@ -381,3 +381,22 @@ def test_a_server_that_answers_any_http_status_is_reachable():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_max_model_len_must_fit_the_models_positions(config, tmp_path):
+    from ragen_lightning.models.loading import resolve_model_path
+    from ragen_lightning.rollout.settings import EpisodeSettings
+
+    assert preflight.model_positions("tiny") == 4096  # the embedded model's max_position_embeddings
+    preflight.check_context_length("--model.model", "tiny", [EpisodeSettings(max_model_len=4096)])
+    with pytest.raises(ConfigError) as err:  # before: vLLM's multi-line validation error after the folders existed
+        preflight.check_run(changed(config, data__episode__max_model_len=8192))
+    assert str(err.value) == ("--data.episode.max_model_len 8192 exceeds the 4096 positions of --model.model tiny "
+                              "(its config's max_position_embeddings)")
+    scaled = tmp_path / "scaled"  # a RoPE scaling factor lengthens the context as vLLM counts it
+    scaled.mkdir()
+    (scaled / "config.json").write_text(Path(resolve_model_path("tiny"), "config.json").read_text().replace(
+        '"max_position_embeddings": 4096', '"max_position_embeddings": 4096, "rope_scaling": {"rope_type": "yarn", '
+        '"factor": 4.0, "original_max_position_embeddings": 4096}'))
+    assert preflight.model_positions(str(scaled)) == 16384
+    assert preflight.model_positions(str(tmp_path / "missing")) is None  # no config: nothing to check here
