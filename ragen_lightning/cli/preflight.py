@@ -30,7 +30,12 @@ from ragen_lightning.data.mixture import train_entries
 from ragen_lightning.data.sampler import FilterConfig
 from ragen_lightning.errors import ConfigError, Domain
 from ragen_lightning.models import lora as lora_mod
-from ragen_lightning.models.loading import check_dtype, check_model_name, load_tokenizer, resolve_model_path
+from ragen_lightning.models.loading import (
+    check_dtype,
+    check_model_name,
+    load_tokenizer,
+    resolve_model_path,
+)
 from ragen_lightning.parallel import check_strategy
 from ragen_lightning.rollout.settings import as_episode
 from ragen_lightning.rollout.vllm_engine import VLLMConfig
