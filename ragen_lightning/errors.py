@@ -65,11 +65,12 @@ class Domain:
     def describe(self) -> str:
         kind = "an integer" if self.integer else "a finite number"
         if self.low is not None and self.high is not None:
-            text = f"{kind} in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+            text = f"{kind} in {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}" + \
+                (")" if self.high_open else "]")
         elif self.low is not None:
-            text = f"{kind} {'>' if self.low_open else '>='} {self.low:g}"
+            text = f"{kind} {'>' if self.low_open else '>='} {_num(self.low)}"
         elif self.high is not None:
-            text = f"{kind} {'<' if self.high_open else '<='} {self.high:g}"
+            text = f"{kind} {'<' if self.high_open else '<='} {_num(self.high)}"
         else:
             text = kind
         extras = [repr(v) for v in self.special] + (["null"] if self.none else [])
@@ -80,6 +81,11 @@ class Domain:
         in the domain."""
         if value not in self:
             raise ConfigError(f"{flag} must be {self.describe()}, got {value!r}" + (f" ({why})" if why else ""))
+
+
+def _num(value: float) -> str:
+    """A bound as written: whole numbers in full (``4294967295``, not ``4.29497e+09``), others as ``%g``."""
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e16 else f"{value:g}"
 
 
 def check_domains(prefix: str, values: Any, domains: dict[str, Domain]) -> None:

@@ -30,6 +30,12 @@ from ragen_lightning.starpo.settings import renamed_flag_error
 _SEED_LOG = logging.getLogger("lightning.fabric.utilities.seed")
 
 class StarPOCLI(LightningCLI):
+    def __init__(self, *args, **kwargs) -> None:
+        # no generic --optimizer / --lr_scheduler flags: the module builds its own optimizers (--model.optim.*), and
+        # LightningCLI's would be ignored or crash ("empty parameter list"); preflight.removed_flag_error answers them
+        kwargs.setdefault("auto_configure_optimizers", False)
+        super().__init__(*args, **kwargs)
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.temperature", "model.temperature")
         parser.add_argument(
@@ -89,18 +95,25 @@ class StarPOCLI(LightningCLI):
         """Replaces LightningCLI's, which ``torch.load``s the file unchecked (a bare ``EOFError`` for an empty one)
         and silently puts the checkpoint's model settings over the given flags: here the file is verified (one line
         naming it) and the settings are compared in :meth:`_check_resume` instead."""
-        self._ckpt_hparams = None
+        self._ckpt_hparams, self._ckpt_progress = None, None
         if not self.config.get("subcommand"):
             return
         path = self.config[self.config.subcommand].get("ckpt_path")
         if path and (Path(path).exists() or Path(path).suffix == ".ckpt"):  # else "last", "best", a URL: Lightning's
             ckpt = checkpointing.load_verified(path, map_location="cpu", weights_only=True)
             self._ckpt_hparams = (path, ckpt.get("hyper_parameters", {}))
+            epochs = ((ckpt.get("loops") or {}).get("fit_loop") or {}).get("epoch_progress", {}).get("current", {})
+            done = (ckpt.get(RolloutDataModule.__qualname__) or {}).get("iteration")
+            self._ckpt_progress = (path, epochs.get("processed"), done)
 
     def _check_resume(self) -> None:
         if self._ckpt_hparams is not None:
             allow = self.config[self.subcommand].get("allow_changed_settings", False)
             checkpointing.check_resume_settings(self.model.hparams, *self._ckpt_hparams, allow=bool(allow))
+        if self.subcommand == "fit" and self._ckpt_progress is not None:
+            epochs = resume_epochs(*self._ckpt_progress, self.datamodule.hparams.num_iterations)
+            if epochs is not None:
+                self.trainer.fit_loop.max_epochs = max(self.trainer.fit_loop.max_epochs or 1, epochs)
 
     def parse_arguments(self, parser, args) -> None:
         """Parse, then check every setting (:mod:`ragen_lightning.cli.preflight`) before the seed is set, any class is
@@ -110,7 +123,8 @@ class StarPOCLI(LightningCLI):
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as e:
-            raise ConfigError(renamed_flag_error(str(e)) or preflight.parse_error_line(str(e))) from None
+            raise ConfigError(renamed_flag_error(str(e)) or preflight.removed_flag_error(str(e))
+                              or preflight.parse_error_line(str(e))) from None
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         preflight.check_settings(config, run=subcommand is not None)
@@ -161,6 +175,19 @@ def main(args: list[str] | None = None) -> StarPOCLI:
             raise
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def resume_epochs(path: str, processed: int | None, done: int | None, num_iterations: int) -> int | None:
+    """The ``max_epochs`` a fit resumed from checkpoint ``path`` needs: the run is one epoch of ``num_iterations``
+    batches, so a finished run (its epoch processed) extended to more iterations trains the rest in one more epoch
+    (the stream yields the iterations left); None when the checkpoint says nothing. A checkpoint that has done
+    ``num_iterations`` already is a :class:`ConfigError` (Lightning would exit having trained nothing)."""
+    if processed is None or done is None:
+        return None
+    if done >= num_iterations:
+        raise ConfigError(f"--ckpt_path {path} has trained {done} iterations already, --data.num_iterations "
+                          f"{num_iterations} asks for no more: raise --data.num_iterations to extend the run")
+    return int(processed) + 1
 
 
 def _config_error(e: BaseException) -> ConfigError | None:

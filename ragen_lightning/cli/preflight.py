@@ -20,7 +20,6 @@ import tempfile
 import threading
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from ragen_lightning.data.datamodule import (
     RolloutDataModule,
@@ -31,7 +30,12 @@ from ragen_lightning.data.mixture import train_entries
 from ragen_lightning.data.sampler import FilterConfig
 from ragen_lightning.errors import ConfigError, Domain
 from ragen_lightning.models import lora as lora_mod
-from ragen_lightning.models.loading import check_dtype, check_model_name, load_tokenizer
+from ragen_lightning.models.loading import (
+    check_dtype,
+    check_model_name,
+    load_tokenizer,
+    resolve_model_path,
+)
 from ragen_lightning.parallel import check_strategy
 from ragen_lightning.rollout.settings import as_episode
 from ragen_lightning.rollout.vllm_engine import VLLMConfig
@@ -45,7 +49,8 @@ from ragen_lightning.starpo.checks import (
 from ragen_lightning.starpo.early_stop import EarlyStopSettings
 from ragen_lightning.starpo.settings import GROUPS, ModuleSettings, as_group
 
-WANDB_TIMEOUT_S = 3.0  # how long the wandb server may take to accept a connection before the run logs offline
+SEED_DOMAIN = Domain(0, 2**32 - 1, integer=True, none=True)  # Lightning's (numpy's) seed range
+WANDB_TIMEOUT_S = 3.0  # how long the wandb server may take to answer an HTTP request before the run logs offline
 
 
 def _plain(value: Any) -> Any:
@@ -61,6 +66,8 @@ def check_settings(config: Any, run: bool = True) -> None:
     get = config.get
     Domain(low=1, integer=True, none=True).check("--torch_threads", get("torch_threads"))
     Domain(low=0, low_open=True, none=True).check("--gpu_memory_gb", get("gpu_memory_gb"))
+    if not isinstance(seed := get("seed_everything"), bool):  # true: a random seed, false: none
+        SEED_DOMAIN.check("--seed_everything", seed)
     model, data, trainer = _plain(get("model")) or {}, _plain(get("data")) or {}, _plain(get("trainer")) or {}
     check_strategy(trainer.get("strategy"), trainer.get("accelerator"), lora=model.get("lora"), hardware=run)
     if data:
@@ -77,6 +84,7 @@ def check_settings(config: Any, run: bool = True) -> None:
         check_warm_start_setting(model.get("warm_start"))
         as_group(EarlyStopSettings, model.get("early_stop"), "--model.early_stop")
         check_module_settings(settings, lora_mod.as_settings(model.get("lora")))
+        check_optimizer_factories(model.get("optim") or {})
         check_threads_precision(settings.update.micro_batch_threads, trainer.get("precision"))
         check_data_settings(settings.advantage, data or None)
     if data and (size := world_size(trainer)) is not None:
@@ -86,6 +94,31 @@ def check_settings(config: Any, run: bool = True) -> None:
 def module_settings(model: dict[str, Any], data: dict[str, Any]) -> ModuleSettings:
     """The settings groups of a parsed ``model`` section (plain dicts), each checked as it is built."""
     return ModuleSettings.build(data.get("temperature", 1.0), **{name: model.get(name) for name in GROUPS})
+
+
+def check_optimizer_factories(optim: dict[str, Any]) -> None:
+    """Build ``--model.optim.actor_optimizer`` / ``critic_optimizer`` (given as ``{class_path, init_args}`` or a
+    callable) on one dummy parameter, so a bad argument (``lr: -1.0``) is one line naming the flag now, not a
+    traceback when the module configures its optimizers after the run's folders exist."""
+    import importlib
+
+    import torch
+
+    for name in ("actor_optimizer", "critic_optimizer"):
+        factory, flag = optim.get(name), f"--model.optim.{name}"
+        if factory is None or isinstance(factory, str):  # a checkpoint's saved name: not rebuilt (OptimSettings)
+            continue
+        params = [torch.nn.Parameter(torch.zeros(1))]
+        try:
+            if isinstance(factory, dict):
+                module, _, cls = str(factory.get("class_path", "")).rpartition(".")
+                flag += f" {factory.get('class_path')}"
+                getattr(importlib.import_module(module), cls)(params, **(factory.get("init_args") or {}))
+            else:
+                factory(params)
+        except Exception as e:  # noqa: BLE001  (the optimizer's own check: "Invalid learning rate: -1.0")
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ConfigError(f"{flag}: {first}") from None
 
 
 def world_size(trainer: dict[str, Any]) -> int | None:
@@ -124,7 +157,35 @@ def check_run(config: Any) -> None:
             require_expert(entry.env_id, entry.env_kwargs)
     dm = RolloutDataModule(**{**data, "filter": FilterConfig(**(data.get("filter") or {})),
                               "vllm": VLLMConfig(**(data.get("vllm") or {}))})
+    check_context_length("--model.model", model["model"], [dm.episode, *(e.episode_settings(dm.episode) for e in dm.train_entries)])
     dm.check_prompt_budget(load_tokenizer(model["model"]))
+
+
+def model_positions(name: str) -> int | None:
+    """The longest sequence model ``name`` takes, from its config (``max_position_embeddings`` times a RoPE
+    scaling factor, as vLLM derives it); None when the config does not say or cannot be read."""
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(resolve_model_path(name))
+    except Exception:  # noqa: BLE001  (an unreadable config is the model loader's error to report, not this check's)
+        return None
+    cfg = getattr(cfg, "text_config", None) or cfg  # a multimodal config nests the language model's
+    positions = getattr(cfg, "max_position_embeddings", None)
+    if not isinstance(positions, int):
+        return None
+    factor = (getattr(cfg, "rope_scaling", None) or {}).get("factor") or 1
+    return int(positions * max(float(factor), 1.0))
+
+
+def check_context_length(flag: str, name: str, episodes: list[Any]) -> None:
+    """``--data.episode.max_model_len`` (of every episode setting a run uses) within model ``name``'s positions:
+    vLLM refuses a longer one with a multi-line validation error after the run's folders exist."""
+    limit = model_positions(name)
+    longest = max((e.max_model_len for e in episodes if e is not None), default=0)
+    if limit is not None and longest > limit:
+        raise ConfigError(f"--data.episode.max_model_len {longest} exceeds the {limit} positions of {flag} {name} "
+                          "(its config's max_position_embeddings)")
 
 
 # -- output folders -----------------------------------------------------------------------------------------------
@@ -171,22 +232,25 @@ def check_output_dirs(config: Any) -> None:
 
 # -- wandb --------------------------------------------------------------------------------------------------------
 def unreachable(url: str, timeout: float = WANDB_TIMEOUT_S) -> str | None:
-    """Why a TCP connection to ``url``'s host and port cannot be opened within ``timeout`` seconds (None: it can).
-    Name resolution runs in a helper thread, so a hanging DNS lookup also counts as a timeout."""
-    import socket
+    """Why ``url`` gives no HTTP answer within ``timeout`` seconds (None: it answers, with any status). A server that
+    accepts the connection but never answers counts as unreachable, as does one that refuses it; the request runs in
+    a helper thread, so a hanging DNS lookup or TLS handshake also counts as a timeout."""
+    import urllib.error
+    import urllib.request
 
-    parsed = urlparse(url)
-    host, port = parsed.hostname or "", parsed.port or (443 if parsed.scheme == "https" else 80)
     outcome: list[str | None] = []
 
-    def connect() -> None:
+    def ask() -> None:
         try:
-            socket.create_connection((host, port), timeout=timeout).close()
+            urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout).close()
             outcome.append(None)
-        except OSError as e:
-            outcome.append(e.strerror or str(e) or type(e).__name__)
+        except urllib.error.HTTPError:  # an HTTP status (401, 404, ...): the server answers
+            outcome.append(None)
+        except (OSError, ValueError) as e:  # URLError wraps refusals, timeouts, DNS failures
+            reason = getattr(e, "reason", e)
+            outcome.append(getattr(reason, "strerror", None) or str(reason) or type(reason).__name__)
 
-    worker = threading.Thread(target=connect, daemon=True)
+    worker = threading.Thread(target=ask, daemon=True)
     worker.start()
     worker.join(timeout + 0.5)
     return outcome[0] if outcome else f"no answer within {timeout:g} s"
@@ -253,6 +317,19 @@ def parse_error_line(message: str) -> str:
         detail += f" (got {given})"
     line = f"{flag}: {detail}" if flag else detail
     return line[0].lower() + line[1:] if line[:1].isupper() and not flag else line
+
+
+_REMOVED_FLAGS = {"optimizer": "--model.optim.actor_optimizer (and --model.optim.critic_optimizer)",
+                  "lr_scheduler": "--model.optim.warmup_steps and --model.optim.decay_iterations"}
+
+
+def removed_flag_error(message: str) -> str | None:
+    """The one-line error for LightningCLI's generic ``--optimizer`` / ``--lr_scheduler`` flags, which this command
+    line does not have (the module builds its own optimizers and schedules), naming the flags that do it; else None."""
+    for name, instead in _REMOVED_FLAGS.items():
+        if re.search(rf"(?<![\w.])--{name}\b", message):
+            return f"--{name} is not a flag of this command line: use {instead}"
+    return None
 
 
 def warn(line: str) -> None:

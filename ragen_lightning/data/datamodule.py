@@ -64,11 +64,13 @@ from ragen_lightning.types import RolloutBatch
 
 _COUNT = Domain(low=1, integer=True)
 _SEED = Domain(low=0, integer=True)  # numpy and gymnasium take non-negative seeds only
+MAX_TEMPERATURE = 2.0
 # The allowed values of every numeric ``--data.*`` setting (the nested groups check their own fields).
 DATA_DOMAINS: dict[str, Domain] = {
     "num_groups": _COUNT, "group_size": _COUNT, "num_iterations": _COUNT, "val_num_groups": _COUNT,
     "val_group_size": _COUNT, "max_batch_size": _COUNT,
-    "temperature": Domain(low=0), "val_temperature": Domain(low=0),  # 0 = greedy
+    # 0 = greedy; vLLM's sampler takes at most 2 (and a flatter distribution samples noise)
+    "temperature": Domain(0, MAX_TEMPERATURE), "val_temperature": Domain(0, MAX_TEMPERATURE),
     "top_p": Domain(0, 1, low_open=True), "top_k": Domain(low=1, integer=True, special=(-1,)),
     "empty_stop_steps": Domain(low=0, integer=True), "train_seed": _SEED, "val_seed": _SEED, "branches": _COUNT,
 }
@@ -167,6 +169,23 @@ class _Stream(IterableDataset):
             yield self.produce()
 
 
+class _ResumableLoader(DataLoader):
+    """The training loader: its state is the data module's (the iteration count the stream resumes from), so
+    Lightning knows a mid-run checkpoint resumes it exactly (else it warns "your dataloader is not resumable" on every
+    mid-run resume). The data module's own ``state_dict`` in the checkpoint restores the same values."""
+
+    def __init__(self, datamodule: RolloutDataModule, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.datamodule = datamodule
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.datamodule.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "iteration" in state_dict:
+            self.datamodule.load_state_dict(state_dict)
+
+
 class RolloutDataModule(L.LightningDataModule):
     """Streams multi-turn rollouts of ``num_groups x group_size`` envs, filtered by within-group reward variance.
 
@@ -186,7 +205,7 @@ class RolloutDataModule(L.LightningDataModule):
         num_iterations: StarPO iterations (rollout + update) of a fit; the one place that sets the run length.
         episode: the episode settings (``EpisodeSettings``: turns, action budgets, ``max_new_tokens``, context
             window, ``max_model_len``, thinking, format penalty); the warm start's demonstrations use the same ones.
-        temperature: training sampling temperature.
+        temperature: training sampling temperature, in [0, 2] (vLLM's range).
         top_p: training nucleus sampling mass.
         top_k: training top-k (-1 = off).
         reward_placement: ``last`` (episode score on the last sampled token) or ``turn`` (each turn's reward at its end).
@@ -208,7 +227,7 @@ class RolloutDataModule(L.LightningDataModule):
         val_num_groups: validation episodes (groups of ``val_group_size``); divisible by the number of processes.
             With ``mixture`` or ``val_suite``: the groups of each entry that names none.
         val_group_size: validation rollouts per initial state (pass@k uses it).
-        val_temperature: validation sampling temperature (0 = greedy).
+        val_temperature: validation sampling temperature (0 = greedy; at most 2).
         max_batch_size: generation requests decoded together at most.
         engine: rollout engine: ``hf`` (transformers, samples with the actor itself), ``vllm`` (an in-process vLLM
             engine whose weights are pushed from the actor before every rollout and checked by the sync probe;
@@ -331,7 +350,7 @@ class RolloutDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         stream = _Stream(self._next_train_batch, lambda: self.hparams.num_iterations - self.iteration,
                          total=self.hparams.num_iterations)
-        return DataLoader(stream, batch_size=None, num_workers=0, collate_fn=lambda b: b)
+        return _ResumableLoader(self, stream, batch_size=None, num_workers=0, collate_fn=lambda b: b)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(_OneShot(self.validation_batch), batch_size=None, num_workers=0, collate_fn=lambda b: b)

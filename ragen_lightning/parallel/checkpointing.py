@@ -20,10 +20,12 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import math
 import os
 import re
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,7 @@ from lightning.fabric.utilities.cloud_io import _load as pl_load
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_warn
 
-from ragen_lightning.errors import ConfigError
+from ragen_lightning.errors import ConfigError, TrainingStopped
 
 DIGEST_PREFIX = b"ragen-sha256:"
 _EOCD = b"PK\x05\x06"  # the zip "end of central directory" record: 22 bytes, then the comment
@@ -71,6 +73,7 @@ def save_atomic(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> None:
     """``torch.save(checkpoint)`` to ``path`` with its digest, atomically (temporary file, fsync, rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -92,6 +95,33 @@ def save_atomic(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> None:
                                       "name is unchanged)") from exc
         raise
     _fsync_dir(path.parent)
+
+
+_TEMP_RE = re.compile(r"^\..+\.(\d+)\.tmp$")
+
+
+def remove_stale_temps(folder: str | os.PathLike) -> list[Path]:
+    """Remove the ``.<name>.<pid>.tmp`` files of :func:`save_atomic` left in ``folder`` by a process that died
+    mid-write (its pid no longer runs); another live process's file is its write in progress and stays. Returns the
+    removed paths."""
+    removed = []
+    for tmp in Path(folder).glob(".*.tmp"):
+        match = _TEMP_RE.match(tmp.name)
+        if match is None or int(match.group(1)) == os.getpid() or _pid_alive(int(match.group(1))):
+            continue
+        tmp.unlink(missing_ok=True)
+        removed.append(tmp)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):  # another user's process (alive), or not a pid at all (kept)
+        return True
+    return True
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -170,7 +200,12 @@ class SafeCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         if storage_options is not None or "://" in str(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
-        save_atomic(checkpoint, path)
+        try:
+            save_atomic(checkpoint, path)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise disk_full_error(path) from None
+            raise
         return None
 
     def load_checkpoint(self, path, map_location: Any = lambda storage, loc: storage,
@@ -178,6 +213,32 @@ class SafeCheckpointIO(TorchCheckpointIO):
         if "://" in str(path):
             return super().load_checkpoint(path, map_location, weights_only)
         return load_verified(path, map_location=map_location, weights_only=weights_only)
+
+
+def disk_full_error(path: str | os.PathLike) -> TrainingStopped:
+    """The one line that stops a run whose checkpoint ``path`` did not fit on its disk: the path, the free space, and
+    that the previous checkpoint of that name is whole (:func:`save_atomic` wrote to a temporary file)."""
+    folder = Path(path).parent
+    try:
+        free = f"{shutil.disk_usage(folder).free / 2**20:.0f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    return TrainingStopped(f"no space left on the device for checkpoint {path} ({free} in {folder}): the run stops; "
+                           "a previous checkpoint of that name is unchanged. Free space, then resume with --ckpt_path")
+
+
+def drop_critic_state(checkpoint: dict[str, Any]) -> bool:
+    """Remove the critic from ``checkpoint`` (a run with a critic resumed by an estimator without one): its
+    ``critic.*`` weights and the critic's optimizer and schedule (saved after the actor's). True when there was one."""
+    state = checkpoint.get("state_dict") or {}
+    keys = [k for k in state if k.startswith("critic.")]
+    for key in keys:
+        del state[key]
+    if keys:
+        for name in ("optimizer_states", "lr_schedulers"):
+            if isinstance(checkpoint.get(name), list):
+                checkpoint[name] = checkpoint[name][:1]  # [actor, critic]: build_optimizers' order
+    return bool(keys)
 
 
 def install(trainer) -> None:

@@ -36,6 +36,7 @@ class EpisodeSettings:
             the last ``window_turns - 1`` turns, one sample per turn).
         window_turns: turns kept in the prompt in the ``limited`` / ``single_turn`` modes, the current one included.
         max_model_len: hard limit on prompt + response tokens; an episode whose next turn would not fit ends early.
+            At most 2**20 (and the model's own maximum positions where its config names them).
         enable_think: ask for (and parse) ``<think>...</think>`` reasoning before the answer.
         observation_last: put each turn's instruction line (actions left, answer format, length) before
             ``State:`` instead of after it (RAGEN's order), so the observation directly precedes the response. The
@@ -90,8 +91,9 @@ class EpisodeSettings:
 
 
 _COUNT = Domain(low=1, integer=True)
+MAX_MODEL_LEN = 1 << 20  # 1M tokens, the longest context of open models; vLLM also refuses more than the model's own
 _DOMAINS = {"max_turns": _COUNT, "max_actions_per_turn": _COUNT, "max_actions_per_episode": _COUNT,
-            "max_new_tokens": _COUNT, "window_turns": _COUNT, "max_model_len": _COUNT,
+            "max_new_tokens": _COUNT, "window_turns": _COUNT, "max_model_len": Domain(1, MAX_MODEL_LEN, integer=True),
             "format_penalty": Domain(high=0), "max_workers": _COUNT,
             "step_timeout_s": Domain(low=0, low_open=True, none=True)}  # the penalty is added to the score
 

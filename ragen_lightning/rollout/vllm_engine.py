@@ -55,6 +55,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib.util
+import math
 import os
 import sys
 import time
@@ -63,7 +64,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ragen_lightning.errors import ConfigError, Domain, check_domains
+from ragen_lightning.errors import ConfigError, Domain, TrainingStopped, check_domains
 from ragen_lightning.parallel.ranks import (
     all_reduce_,
     check_tensor_parallel,
@@ -442,6 +443,11 @@ class VLLMEngine:
             mean_diff = float(all_reduce_(torch.tensor([mean_diff], device=self.device))) / world()[1]
         stats = {"rollout/sync_s": sync_s, "rollout/sync_tensors": float(n),
                  "rollout/probe_s": time.perf_counter() - t1, "rollout/probe_max_abs_logprob_diff": max_diff, "rollout/probe_mean_abs_logprob_diff": mean_diff}
+        if not math.isfinite(max_diff):  # the actor diverged: the guard's one line, not a traceback about the engine
+            raise TrainingStopped(
+                f"after push {self.pushes} the probe batch's log-probs are not finite (difference {max_diff}): the "
+                "actor's weights diverged. Check --model.optim.actor_lr (or --model.optim.actor_optimizer), "
+                "--model.optim.grad_clip and --data.temperature")
         if not max_diff <= self.threshold:
             raise SyncProbeError(
                 f"weight sync check failed: after push {self.pushes} vLLM's log-probs on the probe batch differ from "

@@ -290,6 +290,9 @@ class StarPOModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self._lora is not None and self.actor is not None and "state_dict" in checkpoint:  # (FSDP2: loaded already)
             lora_mod.check_trainable_state(self, checkpoint["state_dict"])
+        if self.critic is None and checkpointing.drop_critic_state(checkpoint):  # a critic run resumed with a critic-free estimator
+            rank_zero_warn(f"the checkpoint's critic is not used with --model.advantage.estimator "
+                           f"{self.advantage.estimator}: its weights and optimizer state are dropped")
         for part in (self.skips, self.early_stops):  # their counters (skips in a row, collapse windows)
             part.load_state_dict(checkpoint.get("starpo", {}))
 

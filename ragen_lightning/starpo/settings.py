@@ -31,6 +31,12 @@ _NON_NEGATIVE = Domain(low=0)
 _COUNT = Domain(low=1, integer=True)
 _OPTIONAL_COUNT = Domain(low=1, integer=True, none=True)
 _STEPS = Domain(low=0, integer=True)
+# Bounds past which a value is a typo, not a setting (the fields' docs say why).
+MAX_CLIP_HIGH = 10.0
+MAX_ENTROPY_COEFF = 1.0
+MIN_GRAD_CLIP = 1e-6
+MAX_LR = 1.0
+_RATE = Domain(0, MAX_LR, low_open=True)
 
 
 @dataclass(frozen=True)
@@ -84,10 +90,12 @@ class PolicyLossSettings:
 
     Args:
         clip_low: PPO ratio floor ``1 - clip_low``.
-        clip_high: PPO ratio ceiling ``1 + clip_high`` (clip-higher: 0.28 > 0.2).
+        clip_high: PPO ratio ceiling ``1 + clip_high`` (clip-higher: 0.28 > 0.2); at most 10: a ceiling of an 11-fold
+            probability ratio never binds, so a larger value is a typo, not a setting.
         dual_clip: dual-clip constant for negative advantages (``null`` disables it).
         agg_mode: ``token-mean`` | ``seq-mean-token-mean`` | ``seq-mean-token-sum`` | ``seq-mean-token-sum-norm``.
-        entropy_coeff: entropy bonus coefficient.
+        entropy_coeff: entropy bonus coefficient, in [0, 1]: at 1 the bonus already weighs as much as the policy
+            loss (typical values are 0.001-0.01); above that the loss only maximises entropy.
         kl_coef: coefficient of a ``KL(actor || reference)`` loss term (0: off, no reference model is built).
         kl_kind: the KL loss's estimator (``k1``/``kl``, ``abs``, ``k2``/``mse``, ``k3``/``low_var_kl``, ``+`` variants).
         tis_cap: truncated importance sampling (null: off): token weights ``min(exp(old - engine log-probs), tis_cap)``;
@@ -106,9 +114,9 @@ class PolicyLossSettings:
     def __post_init__(self):
         check_domains("--model.loss.", self, {
             "clip_low": Domain(0, 1, high_open=True),  # the ratio floor 1 - clip_low must stay > 0
-            "clip_high": _NON_NEGATIVE,
+            "clip_high": Domain(0, MAX_CLIP_HIGH),
             "dual_clip": Domain(low=1, low_open=True, none=True),  # the dual-clip bound c * A (A < 0) needs c > 1
-            "entropy_coeff": _NON_NEGATIVE, "kl_coef": _NON_NEGATIVE,
+            "entropy_coeff": Domain(0, MAX_ENTROPY_COEFF), "kl_coef": _NON_NEGATIVE,
             "tis_cap": Domain(low=0, low_open=True, none=True)})
 
 
@@ -136,10 +144,12 @@ class OptimSettings:
     """The optimizers and what guards their steps (``--model.optim.*``).
 
     Args:
-        actor_lr: actor learning rate (AdamW) when ``actor_optimizer`` is not given.
-        critic_lr: critic learning rate (AdamW) when ``critic_optimizer`` is not given.
+        actor_lr: actor learning rate (AdamW) when ``actor_optimizer`` is not given; in (0, 1]: an AdamW step moves
+            every weight by about the rate, so above 1 a step moves weights past their own scale (typical: 1e-6-1e-3).
+        critic_lr: critic learning rate (AdamW) when ``critic_optimizer`` is not given; in (0, 1] likewise.
         weight_decay: AdamW weight decay.
-        grad_clip: max global grad norm per network (0 disables clipping).
+        grad_clip: max global grad norm per network (0 disables clipping); else at least 1e-6: a smaller bound
+            scales every step to almost nothing, so training silently stops (typical values 0.5-1).
         warmup_steps: linear warm-up over each network's first N steps (0: off; Adam's first steps can break a format).
         decay_iterations: cosine decay of both rates to 10 % over the first N iterations, then held (0: constant).
         max_step_kl: undo an actor step whose KL on its own rows exceeds this (null: off; ``ppo.step_kl``).
@@ -162,8 +172,8 @@ class OptimSettings:
 
     def __post_init__(self):
         check_domains("--model.optim.", self, {
-            "actor_lr": _POSITIVE, "critic_lr": _POSITIVE, "weight_decay": _NON_NEGATIVE,
-            "grad_clip": _NON_NEGATIVE,  # 0 turns clipping off
+            "actor_lr": _RATE, "critic_lr": _RATE, "weight_decay": _NON_NEGATIVE,
+            "grad_clip": Domain(low=MIN_GRAD_CLIP, special=(0,)),  # 0 turns clipping off
             "warmup_steps": _STEPS, "decay_iterations": _STEPS, "max_consecutive_skips": _STEPS,
             "max_step_kl": Domain(low=0, low_open=True, none=True)})
         for name in ("actor_optimizer", "critic_optimizer"):

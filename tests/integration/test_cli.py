@@ -89,6 +89,15 @@ BAD_END_TO_END = [
     (["--model.use_kl_loss", "true"],
      "error: --model.use_kl_loss was renamed: use --model.loss.kl_coef (a KL loss is on when its coefficient is > 0)"),
     (["--model.loss", "{clip_low: 1.0}"], "error: --model.loss.clip_low must be a finite number in [0, 1), got 1.0"),
+    # accepted silently, or a traceback after the run's folders were written (issue "Runs you can trust")
+    (["--optimizer", "torch.optim.SGD"],
+     "error: --optimizer is not a flag of this command line: use --model.optim.actor_optimizer"),
+    (["--model.optim.actor_optimizer", "{class_path: torch.optim.SGD, init_args: {lr: -1.0}}"],
+     "error: --model.optim.actor_optimizer torch.optim.SGD: Invalid learning rate: -1.0"),
+    (["--seed_everything", "-1"], "error: --seed_everything must be null or an integer in [0, 4294967295], got -1"),
+    (["--data.episode.max_model_len", "10000000000"],
+     "error: --data.episode.max_model_len must be an integer in [1, 1048576], got 10000000000"),
+    (["--data.episode.max_model_len", "8192"], "error: --data.episode.max_model_len 8192 exceeds the 4096 positions"),
 ]
 
 

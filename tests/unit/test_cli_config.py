@@ -20,3 +20,17 @@ def test_interval_within_the_run_and_fractions_are_kept():
         c = config(interval, iterations)
         _fit_validation_into_run(c)
         assert c.trainer.val_check_interval == interval
+
+
+def test_a_resumed_fit_gets_one_more_epoch_per_finished_one_and_nothing_left_is_refused():
+    import pytest
+
+    from ragen_lightning.cli import resume_epochs
+    from ragen_lightning.errors import ConfigError
+
+    assert resume_epochs("a.ckpt", 0, 3, 8) == 1  # mid-run (epoch 1 under way): the default single epoch
+    assert resume_epochs("a.ckpt", 1, 6, 8) == 2  # a finished 6-iteration run extended to 8: one more epoch
+    assert resume_epochs("a.ckpt", None, None, 8) is None  # a plain Lightning checkpoint: nothing known
+    with pytest.raises(ConfigError, match=r"^--ckpt_path a.ckpt has trained 6 iterations already, "
+                                          r"--data.num_iterations 6 asks for no more: raise --data.num_iterations"):
+        resume_epochs("a.ckpt", 1, 6, 6)

@@ -60,7 +60,7 @@ INF, NAN = math.inf, math.nan
 ALLOWED_WARM_START = ("batch_size, cache_dir, dtype, episode, lr, lr_schedule, num_episodes, only_successful, reading_steps, "
                       "seed, steps, threads, torch_threads, verbose, warmup_steps, weight_decay")
 BAD = [  # (changes, the whole message)
-    ({"data__episode__max_model_len": -1}, "--data.episode.max_model_len must be an integer >= 1, got -1"),
+    ({"data__episode__max_model_len": -1}, "--data.episode.max_model_len must be an integer in [1, 1048576], got -1"),
     ({"data__episode__max_turns": 0}, "--data.episode.max_turns must be an integer >= 1, got 0"),
     ({"data__episode__max_new_tokens": 0}, "--data.episode.max_new_tokens must be an integer >= 1, got 0"),
     ({"data__episode__max_actions_per_turn": 0},
@@ -72,9 +72,9 @@ BAD = [  # (changes, the whole message)
     ({"data__top_p": 0.0}, "--data.top_p must be a finite number in (0, 1], got 0.0"),
     ({"data__top_p": 1.5}, "--data.top_p must be a finite number in (0, 1], got 1.5"),
     ({"data__top_k": 0}, "--data.top_k must be -1 or an integer >= 1, got 0"),
-    ({"data__temperature": -1.0}, "--data.temperature must be a finite number >= 0, got -1.0"),
-    ({"data__temperature": NAN}, "--data.temperature must be a finite number >= 0, got nan"),
-    ({"data__val_temperature": -0.5}, "--data.val_temperature must be a finite number >= 0, got -0.5"),
+    ({"data__temperature": -1.0}, "--data.temperature must be a finite number in [0, 2], got -1.0"),
+    ({"data__temperature": NAN}, "--data.temperature must be a finite number in [0, 2], got nan"),
+    ({"data__val_temperature": -0.5}, "--data.val_temperature must be a finite number in [0, 2], got -0.5"),
     ({"data__max_batch_size": 0}, "--data.max_batch_size must be an integer >= 1, got 0"),
     ({"data__num_groups": 0}, "--data.num_groups must be an integer >= 1, got 0"),
     ({"data__group_size": 0}, "--data.group_size must be an integer >= 1, got 0"),
@@ -115,19 +115,20 @@ BAD = [  # (changes, the whole message)
     ({"model__warm_start": {"steps": -1}}, "--model.warm_start.steps must be null or an integer >= 1, got -1"),
     ({"model__warm_start": {"lr_schedule": "linear"}},
      "--model.warm_start.lr_schedule must be 'constant' or 'cosine', got 'linear'"),
-    ({"model__optim__grad_clip": -1.0}, "--model.optim.grad_clip must be a finite number >= 0, got -1.0"),
-    ({"model__optim__actor_lr": -1e-3}, "--model.optim.actor_lr must be a finite number > 0, got -0.001"),
-    ({"model__optim__actor_lr": 0.0}, "--model.optim.actor_lr must be a finite number > 0, got 0.0"),
-    ({"model__optim__critic_lr": INF}, "--model.optim.critic_lr must be a finite number > 0, got inf"),
+    ({"model__optim__grad_clip": -1.0}, "--model.optim.grad_clip must be 0 or a finite number >= 1e-06, got -1.0"),
+    ({"model__optim__actor_lr": -1e-3}, "--model.optim.actor_lr must be a finite number in (0, 1], got -0.001"),
+    ({"model__optim__actor_lr": 0.0}, "--model.optim.actor_lr must be a finite number in (0, 1], got 0.0"),
+    ({"model__optim__critic_lr": INF}, "--model.optim.critic_lr must be a finite number in (0, 1], got inf"),
+    ({"model__optim__actor_lr": 1e30}, "--model.optim.actor_lr must be a finite number in (0, 1], got 1e+30"),
     ({"model__optim__weight_decay": -1.0}, "--model.optim.weight_decay must be a finite number >= 0, got -1.0"),
     ({"model__advantage__gamma": 1.5}, "--model.advantage.gamma must be a finite number in [0, 1], got 1.5"),
     ({"model__advantage__lam": -0.1}, "--model.advantage.lam must be a finite number in [0, 1], got -0.1"),
     ({"model__advantage__high_level_gamma": 2.0}, "--model.advantage.high_level_gamma must be a finite number in [0, 1], got 2.0"),
     ({"model__loss__clip_low": 1.0}, "--model.loss.clip_low must be a finite number in [0, 1), got 1.0"),
-    ({"model__loss__clip_high": -1.0}, "--model.loss.clip_high must be a finite number >= 0, got -1.0"),
+    ({"model__loss__clip_high": -1.0}, "--model.loss.clip_high must be a finite number in [0, 10], got -1.0"),
     ({"model__loss__dual_clip": 0.5}, "--model.loss.dual_clip must be null or a finite number > 1, got 0.5"),
     ({"model__critic__value_clip": 0.0}, "--model.critic.value_clip must be a finite number > 0, got 0.0"),
-    ({"model__loss__entropy_coeff": -1.0}, "--model.loss.entropy_coeff must be a finite number >= 0, got -1.0"),
+    ({"model__loss__entropy_coeff": -1.0}, "--model.loss.entropy_coeff must be a finite number in [0, 1], got -1.0"),
     ({"model__loss__kl_coef": -1.0}, "--model.loss.kl_coef must be a finite number >= 0, got -1.0"),
     ({"model__advantage__kl_in_reward_coef": -0.5}, "--model.advantage.kl_in_reward_coef must be a finite number >= 0, got -0.5"),
     ({"model__update__micro_batch_size": 0}, "--model.update.micro_batch_size must be an integer >= 1, got 0"),
@@ -158,6 +159,22 @@ BAD = [  # (changes, the whole message)
     ({"trainer__devices": "2", "trainer__num_nodes": 2, "data__num_groups": 8, "data__val_num_groups": 6},
      "--data.val_num_groups (6) must be divisible by the number of processes (4)"),
     ({"torch_threads": 0}, "--torch_threads must be null or an integer >= 1, got 0"),
+    # bounds past which a value is a typo, and values that only failed after the run's folders were written
+    ({"model__advantage__rft_threshold": NAN}, "--model.advantage.rft_threshold must be a finite number, got nan"),
+    ({"model__advantage__rft_threshold": INF}, "--model.advantage.rft_threshold must be a finite number, got inf"),
+    ({"model__optim__grad_clip": 1e-30}, "--model.optim.grad_clip must be 0 or a finite number >= 1e-06, got 1e-30"),
+    ({"model__loss__entropy_coeff": 1e30}, "--model.loss.entropy_coeff must be a finite number in [0, 1], got 1e+30"),
+    ({"model__loss__clip_high": 1e30}, "--model.loss.clip_high must be a finite number in [0, 10], got 1e+30"),
+    ({"data__temperature": 1e30}, "--data.temperature must be a finite number in [0, 2], got 1e+30"),
+    ({"data__val_temperature": 2.5}, "--data.val_temperature must be a finite number in [0, 2], got 2.5"),
+    ({"data__episode__max_model_len": 10_000_000_000},
+     "--data.episode.max_model_len must be an integer in [1, 1048576], got 10000000000"),
+    ({"seed_everything": -1}, "--seed_everything must be null or an integer in [0, 4294967295], got -1"),
+    ({"seed_everything": 2**32}, "--seed_everything must be null or an integer in [0, 4294967295], got 4294967296"),
+    ({"model__optim__actor_optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": -1.0}}},
+     "--model.optim.actor_optimizer torch.optim.SGD: Invalid learning rate: -1.0"),
+    ({"model__optim__critic_optimizer": {"class_path": "torch.optim.Adam", "init_args": {"betas": [0.9, 2.0]}}},
+     "--model.optim.critic_optimizer torch.optim.Adam: Invalid beta parameter at index 1: 2.0"),
     ({"gpu_memory_gb": -1.0}, "--gpu_memory_gb must be null or a finite number > 0, got -1.0"),
     ({"trainer__strategy": "fsdp"}, "--trainer.strategy fsdp (FSDP1, configs/fsdp1.yaml) needs CUDA GPUs"),
     ({"trainer__strategy": {"class_path": "ragen_lightning.parallel.FSDP2Strategy"},
@@ -191,8 +208,12 @@ def test_the_good_config_and_edge_values_pass(config):
     edges = {"data__top_p": 1.0, "data__top_k": -1, "data__val_temperature": 0.0, "model__optim__grad_clip": 0.0,
              "model__loss__dual_clip": None, "model__advantage__gamma": 0.0, "model__loss__clip_low": 0.0, "data__train_seed": 0,
              "model__warm_start": {"steps": 3, "lr": 1e-3}, "data__filter": {"strategy": "top_k_abs", "value": 2.0},
-             "model__advantage__floor": 0.0}
+             "model__advantage__floor": 0.0, "model__loss__clip_high": 10.0, "model__loss__entropy_coeff": 1.0,
+             "data__temperature": 2.0, "data__episode__max_model_len": 2**20,
+             "seed_everything": 2**32 - 1,
+             "model__optim__actor_optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.1}}}
     preflight.check_settings(changed(config, **edges))
+    preflight.check_settings(changed(config, model__optim__grad_clip=1e-6))
 
 
 def test_fsdp2_takes_the_vllm_engine_lora_and_qlora_but_not_a_shared_base(config, monkeypatch):
@@ -219,6 +240,31 @@ def test_a_k1_kl_loss_warns_that_it_pulls_nothing_back(config):
         preflight.check_settings(changed(config, **kl, model__loss__kl_kind="low_var_kl"))
 
 
+def test_seed_everything_takes_true_and_false(config):
+    for seed in (True, False, 0):
+        preflight.check_settings(changed(config, seed_everything=seed))
+
+
+@pytest.mark.parametrize("flag, line", [
+    ("--optimizer torch.optim.SGD", ("--optimizer is not a flag of this command line: use "
+                                     "--model.optim.actor_optimizer (and --model.optim.critic_optimizer)")),
+    ("--lr_scheduler torch.optim.lr_scheduler.StepLR",
+     "--lr_scheduler is not a flag of this command line: use --model.optim.warmup_steps and --model.optim.decay_iterations"),
+])
+def test_lightnings_generic_optimizer_flags_are_refused_naming_ours(flag, line, tmp_path, monkeypatch):
+    from ragen_lightning.cli import StarPOCLI
+    from ragen_lightning.data.datamodule import RolloutDataModule
+    from ragen_lightning.starpo.module import StarPOModule
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        StarPOCLI(StarPOModule, RolloutDataModule,
+                  args=["fit", "--config", str(CONFIGS / "bandit.yaml"), *flag.split()])
+    assert str(err.value) == line
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written
+    assert preflight.removed_flag_error("unrecognized arguments: --model.optim.optimizer 1") is None
+
+
 def test_world_size_from_the_trainer_flags():
     assert [preflight.world_size(t) for t in ({"devices": 2}, {"devices": "3", "num_nodes": 2}, {"devices": [0, 1]},
                                               {"devices": "0,1,"}, {"devices": "auto"}, {"devices": -1}, {})] == \
@@ -233,6 +279,8 @@ def test_domain_membership_and_wording():
     assert unit.describe() == "a finite number in (0, 1]"
     assert count.describe() == "-1 or an integer >= 1"
     assert Domain(high=0, none=True).describe() == "null or a finite number <= 0"
+    assert Domain(0, 2**32 - 1, integer=True).describe() == "an integer in [0, 4294967295]"  # whole bounds in full
+    assert Domain(low=1e-6, special=(0,)).describe() == "0 or a finite number >= 1e-06"
 
 
 def test_output_folders_must_be_writable(config, tmp_path):
@@ -293,3 +341,62 @@ def test_unreachable_bounds_a_hanging_connection(monkeypatch):
     start = time.perf_counter()
     assert preflight.unreachable("https://example.invalid", timeout=0.2) == "no answer within 0.2 s"
     assert time.perf_counter() - start < 1.0
+
+
+def test_a_server_that_accepts_but_never_answers_is_unreachable(config, monkeypatch):
+    import socket
+    import time
+
+    with socket.socket() as server:  # the kernel completes the TCP handshake; nobody ever reads or answers
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        url = f"http://127.0.0.1:{server.getsockname()[1]}"
+        start = time.perf_counter()
+        reason = preflight.unreachable(url, timeout=0.3)
+        assert reason in ("timed out", "no answer within 0.3 s") and time.perf_counter() - start < 1.5
+        monkeypatch.setenv("WANDB_BASE_URL", url)
+        monkeypatch.delenv("WANDB_MODE", raising=False)
+        cfg = changed(config)
+        cfg.trainer.logger[0].init_args.offline = False
+        assert preflight.wandb_offline_fallback(cfg, timeout=0.3).startswith(f"warning: wandb server {url} unreachable (")
+        assert cfg.trainer.logger[0].init_args.offline is True
+
+
+def test_a_server_that_answers_any_http_status_is_reachable():
+    import http.server
+    import threading
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):  # http.server's method naming
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert preflight.unreachable(f"http://127.0.0.1:{server.server_port}", timeout=2.0) is None
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_max_model_len_must_fit_the_models_positions(config, tmp_path):
+    from ragen_lightning.models.loading import resolve_model_path
+    from ragen_lightning.rollout.settings import EpisodeSettings
+
+    assert preflight.model_positions("tiny") == 4096  # the embedded model's max_position_embeddings
+    preflight.check_context_length("--model.model", "tiny", [EpisodeSettings(max_model_len=4096)])
+    with pytest.raises(ConfigError) as err:  # before: vLLM's multi-line validation error after the folders existed
+        preflight.check_run(changed(config, data__episode__max_model_len=8192))
+    assert str(err.value) == ("--data.episode.max_model_len 8192 exceeds the 4096 positions of --model.model tiny "
+                              "(its config's max_position_embeddings)")
+    scaled = tmp_path / "scaled"  # a RoPE scaling factor lengthens the context as vLLM counts it
+    scaled.mkdir()
+    (scaled / "config.json").write_text(Path(resolve_model_path("tiny"), "config.json").read_text().replace(
+        '"max_position_embeddings": 4096', '"max_position_embeddings": 4096, "rope_scaling": {"rope_type": "yarn", '
+        '"factor": 4.0, "original_max_position_embeddings": 4096}'))
+    assert preflight.model_positions(str(scaled)) == 16384
+    assert preflight.model_positions(str(tmp_path / "missing")) is None  # no config: nothing to check here

@@ -37,6 +37,19 @@ def test_state_dict_round_trip_continues_the_stream():
     assert len(fresh.train_dataloader().dataset) == 200
 
 
+def test_the_training_loader_is_resumable_with_the_data_modules_state():
+    from lightning.pytorch.utilities.combined_loader import CombinedLoader
+
+    d = dm()
+    d.iteration, d.consecutive_empty = 7, 2
+    combined = CombinedLoader(d.train_dataloader())
+    states = combined._state_dicts()  # what Lightning saves (no "not resumable" warning on a mid-run resume)
+    assert states == [{"iteration": 7, "consecutive_empty": 2}]
+    fresh = dm()
+    CombinedLoader(fresh.train_dataloader())._load_state_dicts(states)
+    assert (fresh.iteration, fresh.consecutive_empty) == (7, 2)
+
+
 @pytest.mark.parametrize("kw, flag", [({"num_groups": 0}, "--data.num_groups"), ({"group_size": 0}, "--data.group_size"),
                                       ({"num_iterations": 0}, "--data.num_iterations")])
 def test_bad_sizes_name_the_flag(kw, flag):

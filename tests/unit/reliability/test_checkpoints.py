@@ -123,8 +123,8 @@ def test_full_disk_leaves_no_partial_ckpt_and_the_previous_one_intact(tmp_path, 
         return real_write(self, data)
 
     monkeypatch.setattr(checkpointing._HashingWriter, "write", write_until_full)
-    with pytest.raises(OSError) as info:
-        io.save_checkpoint(_checkpoint(2), path)
+    with pytest.raises(OSError) as info:  # (SafeCheckpointIO stops the run with one line: test_checkpoint_faults.py)
+        save_atomic(_checkpoint(2), path)
     assert info.value.errno == errno.ENOSPC
     assert str(info.value) == (f"[Errno 28] No space left on device: checkpoint {path} not written (a previous file "
                                "of that name is unchanged)")
@@ -132,7 +132,7 @@ def test_full_disk_leaves_no_partial_ckpt_and_the_previous_one_intact(tmp_path, 
     assert path.read_bytes() == before and io.load_checkpoint(path)["global_step"] == 1
     # a new name that never got written does not exist at all
     with pytest.raises(OSError):
-        io.save_checkpoint(_checkpoint(2), tmp_path / "epoch=0-step=4.ckpt")
+        save_atomic(_checkpoint(2), tmp_path / "epoch=0-step=4.ckpt")
     assert sorted(os.listdir(tmp_path)) == ["last.ckpt"]
 
 

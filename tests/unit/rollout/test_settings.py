@@ -72,10 +72,18 @@ def test_episode_settings_are_declared_in_one_signature():
 
 
 @pytest.mark.parametrize("field,value", [("max_turns", 0), ("window_turns", 0), ("max_new_tokens", -1),
-                                         ("max_model_len", 0), ("max_actions_per_turn", 0)])
+                                         ("max_actions_per_turn", 0)])
 def test_validation_names_the_flag(field, value):
     with pytest.raises(ConfigError, match=rf"^--data\.episode\.{field} must be an integer >= 1, got {value}$"):
         EpisodeSettings(**{field: value})
+
+
+@pytest.mark.parametrize("value", [0, 2**20 + 1])
+def test_max_model_len_is_at_least_one_and_at_most_a_million(value):
+    with pytest.raises(ConfigError, match=rf"^--data\.episode\.max_model_len must be an integer in \[1, 1048576\], "
+                                          rf"got {value}$"):
+        EpisodeSettings(max_model_len=value)
+    assert EpisodeSettings(max_model_len=2**20).max_model_len == 2**20
 
 
 def test_context_window_and_penalty_are_checked():

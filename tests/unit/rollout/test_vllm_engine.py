@@ -547,3 +547,17 @@ def test_the_data_module_closes_its_engine_at_teardown_and_builds_it_again_later
     assert closed == ["runner", True] and d.engine is None and d._runners == [] and d._val_runners == []
     d.teardown("validate")  # an HF engine or none: nothing to close
     assert closed == ["runner", True]
+
+
+def test_a_diverged_actor_stops_the_run_in_one_line_not_a_sync_error(monkeypatch, model):
+    from ragen_lightning.errors import TrainingStopped
+
+    engine = _bare_engine(ReloadingLLM(), config=VLLMConfig(), actor=model, sharded=False, device=torch.device("cpu"),
+                          probe=[[1, 2, 3]], sleeping=False, pushes=0, _skip_push=False, threshold=1e-3,
+                          tensor_parallel_size=1)
+    monkeypatch.setattr(engine, "probe_diff", lambda: (float("nan"), float("nan")))  # e.g. --model.optim.actor_lr 1e30
+    with pytest.raises(TrainingStopped) as err:
+        engine.sync_weights()
+    assert str(err.value) == ("after push 1 the probe batch's log-probs are not finite (difference nan): the actor's "
+                              "weights diverged. Check --model.optim.actor_lr (or --model.optim.actor_optimizer), "
+                              "--model.optim.grad_clip and --data.temperature")
