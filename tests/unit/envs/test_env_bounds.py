@@ -23,6 +23,7 @@ from envs.sokoban import SokobanEnv
     ("ragen/FrozenLake-v0", {"desc": ["S" + "F" * 99, "G" + "F" * 99]}, "desc must have at most 64 rows and columns"),
     ("ragen/2048-v0", {"size": 5000}, r"size must be an integer in \[2, 16\]"),
     ("ragen/2048-v0", {"invalid_act_score": math.nan}, "invalid_act_score must be a finite number"),
+    ("ragen/Sudoku-v0", {"search_budget": 10**12}, r"search_budget must be an integer in \[1, 2000000\]"),
     ("ragen/Countdown-v0", {"max_target": math.inf}, r"max_target must be an integer in \[1, 1000000000\]"),
     ("ragen/Countdown-v0", {"score": math.inf}, "format_score and score must be finite numbers"),
 ])
