@@ -38,6 +38,17 @@ def text_space(extra_chars: str = "", max_length: int = 8192) -> spaces.Text:
     return spaces.Text(min_length=0, max_length=max_length, charset=charset)
 
 
+def bounded_int(name: str, value: Any, lo: int, hi: int | None = None) -> int:
+    """``value`` as an int in ``[lo, hi]`` (an integral finite float counts), else a ValueError naming ``name``."""
+    if isinstance(value, (float, np.floating)) and np.isfinite(value) and float(value).is_integer():
+        value = int(value)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < lo or (
+            hi is not None and value > hi):
+        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
+    return int(value)
+
+
 def as_action(action: Any, n: int) -> int | None:
     """``action`` as an index in ``[0, n)``; None for anything else (bools, floats, strings, arrays, out of range).
 

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import ast
 import itertools
+import math
 import warnings
 from fractions import Fraction
 from typing import Any
 
-from envs.base import PromptSpec, TextEnv, text_space
+from envs.base import PromptSpec, TextEnv, bounded_int, text_space
+
+MAX_VALUE = 10**9  # the largest number, target or max_number/max_target (finite integers only)
 
 INSTRUCTION = (
     "You are solving the Countdown puzzle. You should use the num list to create an equation that equals the target. "
@@ -216,16 +219,13 @@ class CountdownEnv(TextEnv):
             raise ValueError(
                 f"need 2 <= min_numbers <= max_numbers <= 6, got min_numbers={min_numbers}, max_numbers={max_numbers}"
             )
-        if max_number < 1:
-            raise ValueError(f"max_number must be >= 1, got {max_number}")
-        if max_target < 1:
-            raise ValueError(f"max_target must be >= 1, got {max_target}")
-        self.format_score = float(format_score)
-        self.score = float(score)
+        self.max_number = bounded_int("max_number", max_number, 1, MAX_VALUE)
+        self.max_target = bounded_int("max_target", max_target, 1, MAX_VALUE)
+        self.format_score, self.score = float(format_score), float(score)
+        if not (math.isfinite(self.format_score) and math.isfinite(self.score)):
+            raise ValueError(f"format_score and score must be finite numbers, got {format_score!r}, {score!r}")
         self.min_numbers = int(min_numbers)
         self.max_numbers = int(max_numbers)
-        self.max_number = int(max_number)
-        self.max_target = int(max_target)
 
         self.action_space = text_space(ANSWER_CHARSET_EXTRA, max_length=MAX_ANSWER_LENGTH)
         self.observation_space = text_space()
@@ -243,10 +243,12 @@ class CountdownEnv(TextEnv):
         if options:
             if set(options) != {"target", "nums"}:
                 raise ValueError("CountdownEnv.reset: options must give both 'target' and 'nums'")
-            nums = [int(n) for n in options["nums"]]
-            if not nums or any(n < 0 for n in nums):
-                raise ValueError(f"options['nums'] must be a non-empty list of non-negative ints, got {nums}")
-            self.target, self.nums = int(options["target"]), nums
+            nums = options["nums"]
+            if not isinstance(nums, (list, tuple)) or not 1 <= len(nums) <= 6:
+                raise ValueError(f"options['nums'] must be a list of 1 to 6 integers, got {nums!r}"[:200])
+            nums = [bounded_int("options['nums'] entries", n, 0, MAX_VALUE) for n in nums]
+            self.target = bounded_int("options['target']", options["target"], -MAX_VALUE, MAX_VALUE)
+            self.nums = nums
         else:
             self.target, self.nums = self._generate()
         self._obs = f"Target: {self.target}, nums: {self.nums}"

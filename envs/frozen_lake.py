@@ -19,7 +19,16 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.utils import seeding
 
-from envs.base import TRANSITION_SEED, PromptSpec, TextEnv, as_action, going, relation, text_space
+from envs.base import (
+    TRANSITION_SEED,
+    PromptSpec,
+    TextEnv,
+    as_action,
+    bounded_int,
+    going,
+    relation,
+    text_space,
+)
 
 ACTION_NAMES = ("Up", "Down", "Left", "Right")
 DELTAS = ((-1, 0), (1, 0), (0, -1), (0, 1))
@@ -50,6 +59,9 @@ COORD_INSTRUCTION = (
     "Respond with a sequence of actions such as <answer>Left || Up || Up</answer>.\n"
 )
 
+
+
+MAX_SIZE = 64  # the largest map side (size, and desc's rows and columns)
 
 
 def generate_random_map(size: int, p: float, np_random: np.random.Generator) -> list[str]:
@@ -124,7 +136,8 @@ class FrozenLakeEnv(TextEnv):
     slipping, 0..3, even when the border stopped the move).
 
     ## Arguments
-    * ``size=4``: side of the generated square maps (>= 2).
+    * ``size=4``: side of the generated square maps (in [2, 64]: a 64x64 map generates in ~0.01 s and already
+      renders as 4096 characters a turn).
     * ``p=0.9``: probability that a generated tile is frozen (in (0, 1]).
     * ``success_rate=0.8``: probability that a move goes the intended way (in [0, 1]).
     * ``observation_format="grid"``: ``"grid"``, ``"coord"`` or ``"grid_coord"``.
@@ -159,8 +172,7 @@ class FrozenLakeEnv(TextEnv):
         render_mode: str | None = None,
     ):
         super().__init__(render_mode=render_mode)
-        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 2:
-            raise ValueError(f"size must be an integer >= 2, got {size!r}")
+        size = bounded_int("size", size, 2, MAX_SIZE)
         if not 0.0 < float(p) <= 1.0:
             raise ValueError(f"p must be in (0, 1], got {p!r}")
         if not 0.0 <= float(success_rate) <= 1.0:
@@ -401,6 +413,8 @@ def _check_desc(desc: Sequence[str]) -> list[str]:
     rows = [str(row) for row in desc]
     if not rows or not rows[0] or any(len(row) != len(rows[0]) for row in rows):
         raise ValueError("desc rows must be non-empty strings of equal length")
+    if len(rows) > MAX_SIZE or len(rows[0]) > MAX_SIZE:
+        raise ValueError(f"desc must have at most {MAX_SIZE} rows and columns, got {len(rows)}x{len(rows[0])}")
     flat = "".join(rows)
     if set(flat) - set("SFHG"):
         raise ValueError(f"desc may only contain S, F, H, G, got {sorted(set(flat) - set('SFHG'))}")

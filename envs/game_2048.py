@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from envs.base import PromptSpec, TextEnv, as_action, text_space
+from envs.base import PromptSpec, TextEnv, as_action, bounded_int, text_space
 
 ACTION_NAMES = ("Up", "Right", "Down", "Left")
 _EXPERT_ORDER = ("Up", "Down", "Left", "Right")  # the expert's tie order
@@ -120,8 +120,7 @@ class Game2048Env(TextEnv):
         render_mode: str | None = None,
     ):
         super().__init__(render_mode=render_mode)
-        if isinstance(size, bool) or not isinstance(size, int) or size < 2:
-            raise ValueError(f"size must be an int >= 2, got {size!r}")
+        size = bounded_int("size", size, 2, 16)  # a 16x16 board already renders as ~1000 characters a turn
         if not 0.0 <= two_prob <= 1.0:
             raise ValueError(f"two_prob must be in [0, 1], got {two_prob}")
         is_int = isinstance(goal_tile, int) and not isinstance(goal_tile, bool)
@@ -133,6 +132,8 @@ class Game2048Env(TextEnv):
         self.two_prob = float(two_prob)
         self.use_log_reward = bool(use_log_reward)
         self.invalid_act_score = float(invalid_act_score)
+        if not np.isfinite(self.invalid_act_score):
+            raise ValueError(f"invalid_act_score must be a finite number, got {invalid_act_score!r}")
         self.goal_tile = goal_tile
         self.max_steps = max_steps
 

@@ -134,9 +134,11 @@ class HTTPRetriever:
         timeout: seconds per request.
         retries: extra attempts after a connection error or timeout (not after an HTTP error status).
         check_health: ask ``GET /health`` once at construction and raise :class:`RetrievalError` when it fails.
+        secret_env: environment variable holding the server's shared secret (sent as ``Authorization: Bearer``).
     """
 
-    def __init__(self, url: str, timeout: float = 30.0, retries: int = 2, check_health: bool = True):
+    def __init__(self, url: str, timeout: float = 30.0, retries: int = 2, check_health: bool = True,
+                 secret_env: str | None = None):
         import httpx
 
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
@@ -144,7 +146,14 @@ class HTTPRetriever:
         self.url = url.rstrip("/")
         self.retries = int(retries)
         self._httpx = httpx
-        self._client = httpx.Client(timeout=timeout)
+        headers = {}
+        if secret_env is not None:
+            import os
+
+            if not os.environ.get(secret_env):
+                raise ValueError(f"retrieval secret_env names {secret_env!r}, which is not set in this environment")
+            headers["Authorization"] = f"Bearer {os.environ[secret_env]}"
+        self._client = httpx.Client(timeout=timeout, headers=headers)
         if check_health:
             try:
                 response = self._client.get(f"{self.url}/health")

@@ -5,7 +5,10 @@ library only, over the BM25 index of a corpus file or of the SearchQA env's gene
     python -m envs.retrieval_server --corpus passages.jsonl --port 8001
     # then: gymnasium.make("ragen/SearchQA-v0", retrieval_url="http://127.0.0.1:8000")
 
-It listens on loopback unless ``--host`` says otherwise (it has no authentication). Requests are bounded: a body of at
+It listens on loopback unless ``--host`` says otherwise, and, like ``envs.serve``, refuses a non-loopback address
+without a shared secret (``--secret-env``; clients send ``Authorization: Bearer <secret>``, the SearchQA env's
+``retrieval_secret_env``) unless ``--insecure`` (then it warns). A connection silent for ``--connection-timeout-s`` is
+closed and at most ``--max-connections`` are open at once. Requests are bounded: a body of at
 most 64 KiB, ``query`` a string of at most 2000 characters, ``top_k`` an int in [1, 50]; anything else is a 400 with
 ``{"error": "..."}`` naming the field. Each request is handled on its own thread (``ThreadingHTTPServer``).
 """
@@ -13,7 +16,9 @@ most 64 KiB, ``query`` a string of at most 2000 characters, ``top_k`` an int in 
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
+import os
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,12 +30,18 @@ from envs.retrieval import (
     Retriever,
     load_corpus,
 )
+from envs.serve_limits import (
+    DEFAULT_CONNECTION_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    BoundedConnections,
+)
 
 MAX_BODY_BYTES = 64 * 1024
 
 
 class _Handler(BaseHTTPRequestHandler):
     retriever: Retriever  # set on the subclass made by make_server
+    secret: str | None = None  # likewise; None: no check
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args) -> None:
@@ -44,13 +55,26 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _authorised(self) -> bool:
+        if self.secret is None:
+            return True
+        if hmac.compare_digest(self.headers.get("Authorization", "").encode(), f"Bearer {self.secret}".encode()):
+            return True
+        self.close_connection = True
+        self._send(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong shared secret (Authorization: Bearer ...)"})
+        return False
+
     def do_GET(self) -> None:
+        if not self._authorised():
+            return
         if self.path == "/health":
             self._send(HTTPStatus.OK, {"status": "ok"})
         else:
             self._send(HTTPStatus.NOT_FOUND, {"error": f"no such path {self.path[:100]!r}"})
 
     def do_POST(self) -> None:
+        if not self._authorised():
+            return
         if self.path != "/retrieve":
             self._send(HTTPStatus.NOT_FOUND, {"error": f"no such path {self.path[:100]!r}"})
             return
@@ -89,13 +113,14 @@ def _check_request(body: object) -> str:
     return ""
 
 
-def make_server(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
+def make_server(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, *, secret: str | None = None,
+                connection_timeout_s: float = DEFAULT_CONNECTION_TIMEOUT_S,
+                max_connections: int = DEFAULT_MAX_CONNECTIONS) -> ThreadingHTTPServer:
     """A server (not yet serving) answering from ``retriever``; ``port=0`` picks a free port
-    (``server.server_address[1]``)."""
-    handler = type("RetrievalHandler", (_Handler,), {"retriever": retriever})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    return server
+    (``server.server_address[1]``); ``secret``: the Bearer secret clients must send (None: none)."""
+    handler = type("RetrievalHandler", (_Handler,), {"retriever": retriever, "secret": secret})
+    return BoundedConnections((host, port), handler, connection_timeout_s=connection_timeout_s,
+                              max_connections=max_connections)
 
 
 def serve_in_thread(retriever: Retriever, host: str = "127.0.0.1", port: int = 0) -> tuple[ThreadingHTTPServer, str]:
@@ -113,18 +138,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-people", type=int, default=48, help="the SearchQA env's num_people")
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback only)")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--secret-env", default=None, help="environment variable holding the shared secret")
+    parser.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without a secret")
+    from envs.serve import (
+        add_connection_flags,
+        refuse_public_host,
+        serve_until_interrupted,
+    )
+
+    add_connection_flags(parser)
     args = parser.parse_args(argv)
+    secret = None
+    if args.secret_env is not None:
+        secret = os.environ.get(args.secret_env)
+        if not secret:
+            parser.error(f"--secret-env names {args.secret_env!r}, which is not set or empty")
+    refuse_public_host(parser, args.host, secret is not None, args.insecure)
     if args.corpus is not None:
         documents = load_corpus(args.corpus)
     else:
         from envs.encyclopedia import build_world
 
         documents = build_world(args.world_seed, num_people=args.num_people).documents()
-    server = make_server(BM25Retriever(list(documents)), args.host, args.port)
+    server = make_server(BM25Retriever(list(documents)), args.host, args.port, secret=secret,
+                         connection_timeout_s=args.connection_timeout_s, max_connections=args.max_connections)
     print(f"retrieval server: {len(documents)} passages on http://{args.host}:{server.server_address[1]}",
           flush=True)
-    from envs.serve import serve_until_interrupted
-
     serve_until_interrupted(server)
 
 

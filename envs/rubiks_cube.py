@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 from gymnasium import spaces
 
-from envs.base import PromptSpec, TextEnv, as_action, going, text_space
+from envs.base import PromptSpec, TextEnv, as_action, bounded_int, going, text_space
 
 FACES = ("U", "L", "F", "R", "B", "D")
 FACE_NAMES = ("Up", "Left", "Front", "Right", "Back", "Down")
@@ -123,6 +123,8 @@ def is_solved(state: np.ndarray) -> bool:
 
 
 
+MAX_SCRAMBLE_DEPTH = 1000  # random quarter turns at most (God's number in the quarter-turn metric is 26)
+
 class RubiksCubeEnv(TextEnv):
     """2x2 Rubik's cube: undo a random scramble with quarter turns.
 
@@ -166,7 +168,7 @@ class RubiksCubeEnv(TextEnv):
     ``success`` (solved), ``action_is_valid``, ``action_is_effective`` (the sticker colours changed).
 
     ## Arguments
-    - ``scramble_depth`` (1): random quarter turns applied at reset, >= 1.
+    - ``scramble_depth`` (1): random quarter turns applied at reset, in [1, 1000] (far past a fully mixed cube).
     - ``max_steps`` (20). ``render_mode``: ``None`` or ``"ansi"``.
 
     ## Options
@@ -183,8 +185,7 @@ class RubiksCubeEnv(TextEnv):
 
     def __init__(self, scramble_depth: int = 1, max_steps: int = 20, render_mode: str | None = None):
         super().__init__(render_mode=render_mode)
-        if isinstance(scramble_depth, bool) or not isinstance(scramble_depth, int) or scramble_depth < 1:
-            raise ValueError(f"scramble_depth must be an int >= 1, got {scramble_depth!r}")
+        scramble_depth = bounded_int("scramble_depth", scramble_depth, 1, MAX_SCRAMBLE_DEPTH)
         if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
             raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
         self.scramble_depth = scramble_depth

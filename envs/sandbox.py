@@ -3,10 +3,14 @@
 Every :meth:`Sandbox.run` starts a new interpreter in a new temporary directory and removes the directory afterwards.
 The isolation comes from bubblewrap (``bwrap``, Debian package ``bubblewrap``): new mount, PID, network, IPC and UTS
 namespaces, a root file system that holds only the system's ``/usr`` (and ``/lib*``, ``/bin``), the interpreter's own
-prefix, read-only, and the run's directory as ``/sandbox`` (the only writable place besides a private ``/tmp``).
+prefix, read-only, and ``/sandbox`` as the run's directory: a private tmpfs of at most ``disk_bytes`` holding the
+run's input files (read-only) and its requested output files (each bound to a host file, so at most
+``file_size_bytes`` each reach the host's disk); ``/tmp`` is another tmpfs of at most ``disk_bytes``.
 So the code sees none of the host's files, has no network interface but loopback, and cannot signal or even see a
 host process. ``--die-with-parent`` and the PID namespace make the kernel kill every process of the run when the run
-ends: when the run's first process exits, is killed by a limit or by the wall-clock timeout.
+ends: when the run's first process exits, is killed by a limit or by the wall-clock timeout. Nested user namespaces
+are refused (``--disable-userns`` when bubblewrap makes one) and, on x86_64, a seccomp filter (:mod:`envs._seccomp`)
+answers EPERM to namespace, mount, ptrace, keyring, bpf and perf system calls.
 
 Resource limits (``setrlimit``, per process, inherited by children): CPU seconds (``RLIMIT_CPU``: SIGXCPU then
 SIGKILL), address space (``RLIMIT_AS``: an allocation without bound gets ``MemoryError``), file size
@@ -42,6 +46,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from envs import _seccomp
+
 BWRAP = "bwrap"
 SANDBOX_DIR = "/sandbox"
 UNSANDBOXED_FLAG = "allow_unsandboxed"
@@ -69,6 +75,8 @@ class Limits:
             (``RLIMIT_NPROC``, see the module docstring).
         file_size_bytes: largest file a process may write, stdout and stderr included (``RLIMIT_FSIZE``).
         open_files: file descriptors per process (``RLIMIT_NOFILE``).
+        disk_bytes: size of each of the run's tmpfs file systems (``/sandbox`` and ``/tmp``), which bounds what
+            the run may write in total (they live in memory); sandboxed runs only.
     """
 
     cpu_seconds: int = 2
@@ -77,9 +85,10 @@ class Limits:
     max_processes: int = 16
     file_size_bytes: int = 2**20
     open_files: int = 64
+    disk_bytes: int = 64 * 2**20
 
     def __post_init__(self) -> None:
-        for name in ("cpu_seconds", "max_processes", "open_files", "memory_bytes", "file_size_bytes"):
+        for name in ("cpu_seconds", "max_processes", "open_files", "memory_bytes", "file_size_bytes", "disk_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Limits.{name} must be an int >= 1, got {value!r}")
@@ -222,16 +231,25 @@ class Sandbox:
             if not name or "/" in name or name.startswith(".") or name == "main.py":
                 raise ValueError(f"sandbox file names are plain names other than main.py, got {name!r}")
         host = tempfile.mkdtemp(prefix="ragen-sandbox-")
+        seccomp = None
         try:
-            return self._run_in(host, bwrap, program, stdin, files, outputs)
+            if bwrap is not None and (program_bytes := _seccomp.program()) is not None:
+                seccomp = os.pipe()  # bubblewrap reads the filter from this pipe (it fits the pipe's buffer)
+                os.write(seccomp[1], program_bytes)
+                os.close(seccomp[1])
+            return self._run_in(host, bwrap, program, stdin, files, outputs, seccomp and seccomp[0])
         finally:
+            if seccomp is not None:
+                os.close(seccomp[0])
             shutil.rmtree(host, ignore_errors=True)
 
     def _run_in(self, host: str, bwrap: str | None, program: str, stdin: str, files: dict[str, str],
-                outputs: tuple[str, ...]) -> RunResult:
+                outputs: tuple[str, ...], seccomp_fd: int | None) -> RunResult:
         limits = self.limits
         work = os.path.join(host, "work")  # the candidate's directory; stdin/stdout/stderr live beside it
+        out = os.path.join(host, "out") if bwrap is not None else work  # sandboxed: the output files bound in
         os.mkdir(work)
+        os.makedirs(out, exist_ok=True)
         for name, text in {"main.py": program, **files}.items():
             Path(work, name).write_text(text, encoding="utf-8")
         Path(host, "stdin").write_text(stdin, encoding="utf-8")
@@ -241,6 +259,10 @@ class Sandbox:
             with _uid_lock:
                 uid = _UID_BASE + (os.getpid() % 2_000_000) * 1000 + next(_uid_counter) % 1000
             os.chown(work, uid, uid)
+        for name in outputs if bwrap is not None else ():
+            Path(out, name).touch()
+            if uid is not None:
+                os.chown(Path(out, name), uid, uid)
         interpreter = [self.python, "-I", "-B"]  # isolated mode: no user site, no PYTHON* variables; no .pyc
         nproc = limits.max_processes  # the launcher becomes the main program; bwrap's init runs as root
         if uid is None:  # the limit counts every process of the user (see the module docstring)
@@ -249,14 +271,17 @@ class Sandbox:
                              "nofile": limits.open_files, "nproc": nproc, "uid": uid})
         command = [*interpreter, "-S", "-c", _LAUNCHER, config, *interpreter, "main.py"]
         # unsandboxed: the host's view of the files (so no drop to an id that could read none of them)
-        argv = command if bwrap is None else self._bwrap_argv(bwrap, as_root, work, command)
+        argv = command if bwrap is None else self._bwrap_argv(bwrap, as_root, work, command, [
+            *(a for name in ["main.py", *files] for a in ("--ro-bind", f"{work}/{name}", f"{SANDBOX_DIR}/{name}")),
+            *(a for name in outputs for a in ("--bind", f"{out}/{name}", f"{SANDBOX_DIR}/{name}")),
+            *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else [])])
 
         start = time.monotonic()
         timed_out = False
         with open(Path(host, "stdin"), "rb") as fin, open(Path(host, "stdout"), "wb") as fout, \
                 open(Path(host, "stderr"), "wb") as ferr:
             proc = subprocess.Popen(argv, stdin=fin, stdout=fout, stderr=ferr, cwd=work, start_new_session=True,
-                                    close_fds=True,
+                                    close_fds=True, pass_fds=() if seccomp_fd is None else (seccomp_fd,),
                                     env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
             try:
                 returncode: int | None = proc.wait(timeout=limits.wall_seconds)
@@ -267,7 +292,7 @@ class Sandbox:
                 self._terminate(proc, uid)
         seconds = time.monotonic() - start
         cap = limits.file_size_bytes
-        read = {name: _read_capped(Path(work, name), cap) for name in outputs}
+        read = {name: _read_capped(Path(out, name), cap) for name in outputs}
         return RunResult(
             returncode=returncode,
             stdout=_read_capped(Path(host, "stdout"), cap) or "",
@@ -277,17 +302,20 @@ class Sandbox:
             seconds=seconds,
         )
 
-    def _bwrap_argv(self, bwrap: str, as_root: bool, work: str, command: list[str]) -> list[str]:
-        """The bubblewrap command line that runs ``command`` with ``work`` as :data:`SANDBOX_DIR` (module docstring:
-        the namespaces, the read-only system mounts, a private ``/tmp``, a clean environment)."""
+    def _bwrap_argv(self, bwrap: str, as_root: bool, work: str, command: list[str], binds: list[str]) -> list[str]:
+        """The bubblewrap command line that runs ``command`` in :data:`SANDBOX_DIR` (module docstring: the
+        namespaces, the read-only system mounts, size-bounded tmpfs ``/sandbox`` and ``/tmp``, ``binds`` (the run's
+        files, the seccomp filter), a clean environment)."""
         if as_root:
             # no user namespace: the launcher must really setuid (kernel-counted processes of a real uid)
             ns = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
                   "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         else:
-            ns = ["--unshare-all"]
+            ns = ["--unshare-all", "--unshare-user", "--disable-userns"]
+        size = str(self.limits.disk_bytes)
         return [bwrap, *ns, "--die-with-parent", "--new-session", *_system_mounts(self.prefix),
-                "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", work, SANDBOX_DIR,
+                "--proc", "/proc", "--dev", "/dev", "--size", size, "--perms", "01777", "--tmpfs", "/tmp",
+                "--size", size, "--perms", "01777", "--tmpfs", SANDBOX_DIR, *binds,
                 "--chdir", SANDBOX_DIR, "--hostname", "sandbox", "--clearenv",
                 "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", SANDBOX_DIR,
                 "--setenv", "LANG", "C.UTF-8", "--", *command]

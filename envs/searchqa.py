@@ -215,7 +215,8 @@ class SearchQAEnv(TextEnv):
     - ``data_path``: a question file; needs ``corpus_path`` or ``retrieval_url``.
     - ``corpus_path``: a passage file searched with BM25.
     - ``retrieval_url``: search through a server with RAGEN's contract instead of in-process BM25;
-      ``retrieval_timeout`` (30 s) per request.
+      ``retrieval_timeout`` (30 s) per request; ``retrieval_secret_env`` names the variable holding the server's
+      shared secret (``--secret-env``).
     - ``max_steps`` (10), ``max_search_results`` (5), ``max_total_chars`` (4000): RAGEN's SearchQA settings.
     - ``f1_threshold`` (0.3), ``correct_reward`` (1.0), ``incorrect_reward`` (0.0).
     - ``render_mode``: ``None`` or ``"ansi"``.
@@ -233,6 +234,7 @@ class SearchQAEnv(TextEnv):
         corpus_path: str | os.PathLike | None = None,
         retrieval_url: str | None = None,
         retrieval_timeout: float = 30.0,
+        retrieval_secret_env: str | None = None,
         max_steps: int = 10,
         max_search_results: int = 5,
         max_total_chars: int = 4000,
@@ -268,7 +270,7 @@ class SearchQAEnv(TextEnv):
             documents = self.world.documents()
         self.retriever: Retriever
         if retrieval_url is not None:
-            self.retriever = HTTPRetriever(retrieval_url, timeout=retrieval_timeout)
+            self.retriever = HTTPRetriever(retrieval_url, timeout=retrieval_timeout, secret_env=retrieval_secret_env)
         else:
             assert documents is not None
             self.retriever = bm25_for(documents)

@@ -5,8 +5,12 @@
 
 It listens on loopback unless ``--host`` says otherwise, and refuses a non-loopback address without a shared secret
 (an env may run code, e.g. a coding env's sandbox) unless ``--insecure``. Each client session gets its own env
-instance (``gymnasium.make(env_id, **{--env-kwargs, client env_kwargs})``); sessions idle for ``--idle-timeout-s``
-are closed, and at most ``--max-sessions`` live at once. Requests larger than ``--max-request-bytes`` are refused
+instance (``gymnasium.make(env_id, **{--env-kwargs, client env_kwargs})``). The operator's ``--env-kwargs`` bound
+what a client may ask for: a client may set only the keys ``--client-kwargs`` lists (default none but
+``render_mode``), each within the operator's value (a ceiling for numbers, else fixed), and never a safety key (the
+sandbox switch and limits, paths, commands, URLs, timeouts: HTTP 403 naming the key; :mod:`envs.serve_limits`).
+Sessions idle for ``--idle-timeout-s`` are closed, and at most ``--max-sessions`` live at once; a connection silent
+for ``--connection-timeout-s`` is closed and at most ``--max-connections`` are open at once (more get HTTP 503). Requests larger than ``--max-request-bytes`` are refused
 unread (HTTP 413). The standard library's threading HTTP server is enough here (one thread per connection, a lock per
 session; env calls release the GIL when they wait), so serving adds no dependency. Prints ``serving <env_id> on
 http://host:port`` once it listens (``--port 0`` picks a free port).
@@ -36,6 +40,14 @@ from envs.remote import (
     spec_to_json,
     to_json,
 )
+from envs.serve_limits import (
+    DEFAULT_CONNECTION_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    BoundedConnections,
+    KwargsRefused,
+    check_allowed_keys,
+    check_client_kwargs,
+)
 
 log = logging.getLogger("envs.serve")
 _SESSION_PATH = re.compile(r"^/sessions/([0-9A-Za-z_-]{8,64})(?:/(reset|step|call))?$")
@@ -55,32 +67,40 @@ class _Session:
         self.touched = time.monotonic()
 
 
-class EnvServer(ThreadingHTTPServer):
+class EnvServer(BoundedConnections):
     """The HTTP server: holds the sessions of one env id.
 
     Args:
         address: ``(host, port)`` to listen on.
         env_id: the registered env id served (clients asking for another are refused).
-        env_kwargs: keyword arguments every session's env gets (a client's ``env_kwargs`` go over them).
+        env_kwargs: keyword arguments every session's env gets; they bound a client's ``env_kwargs`` (module
+            docstring).
+        client_kwargs: the keys a client may set (``render_mode`` always; safety keys never).
         secret: shared secret clients must send as ``Authorization: Bearer <secret>`` (None: no check).
         max_sessions: live sessions at most.
         max_request_bytes: largest request body read.
         idle_timeout_s: a session untouched this long is closed (checked when a session is created).
+        connection_timeout_s: a connection silent this long is closed.
+        max_connections: open connections at most (one more is answered 503 and closed).
     """
 
-    daemon_threads = True
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], env_id: str, env_kwargs: dict[str, Any] | None = None, *,
                  secret: str | None = None, max_sessions: int = 256,
-                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, idle_timeout_s: float = 3600.0):
+                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, idle_timeout_s: float = 3600.0,
+                 client_kwargs: list[str] | tuple[str, ...] = (),
+                 connection_timeout_s: float = DEFAULT_CONNECTION_TIMEOUT_S,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS):
+        self.client_kwargs = check_allowed_keys(client_kwargs)
         make(env_id, env_kwargs or {}).close()  # an unknown id or bad kwargs fail now, not at the first client
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
         self.secret, self.max_sessions = secret, max_sessions
         self.max_request_bytes, self.idle_timeout_s = max_request_bytes, idle_timeout_s
         self.sessions: dict[str, _Session] = {}
         self.sessions_lock = threading.Lock()
-        super().__init__(address, _Handler)
+        super().__init__(address, _Handler, connection_timeout_s=connection_timeout_s,
+                         max_connections=max_connections)
 
     @property
     def url(self) -> str:
@@ -94,6 +114,10 @@ class EnvServer(ThreadingHTTPServer):
         kwargs = body.get("env_kwargs") or {}
         if not isinstance(kwargs, dict):
             raise HTTPError(400, f"env_kwargs must be a JSON object, got {type(kwargs).__name__}")
+        try:
+            merged = check_client_kwargs(kwargs, self.env_kwargs, self.client_kwargs)
+        except KwargsRefused as e:
+            raise HTTPError(e.status, str(e)) from None
         create = {"env_id": self.env_id, "env_kwargs": kwargs}
         with self.sessions_lock:
             self._expire()
@@ -105,7 +129,7 @@ class EnvServer(ThreadingHTTPServer):
             if len(self.sessions) >= self.max_sessions:
                 raise HTTPError(503, f"too many sessions (--max-sessions {self.max_sessions}); close some")
         try:
-            env = make(self.env_id, {**self.env_kwargs, **kwargs})
+            env = make(self.env_id, merged)
         except Exception as e:  # noqa: BLE001 - the client's kwargs are bad input: say so
             raise HTTPError(422, f"gymnasium.make({self.env_id!r}) failed: {type(e).__name__}: {e}") from None
         with self.sessions_lock:
@@ -274,6 +298,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 raise HTTPError(401, "missing or wrong shared secret (Authorization: Bearer ...)")
             status, out = 200, action()
+        except TimeoutError:  # the client went silent mid-request: handle_one_request closes the connection
+            raise
         except HTTPError as e:
             status, out = e.status, {"error": e.message, **e.extra}
         except Exception as e:  # a server bug: answer, log, keep serving
@@ -311,6 +337,34 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _json_flag(parser: argparse.ArgumentParser, name: str, value: str, kind: type) -> Any:
+    try:
+        out = json.loads(value)
+    except ValueError as e:
+        parser.error(f"{name} is not JSON: {e}")
+    if not isinstance(out, kind):
+        parser.error(f"{name} must be a JSON {'object' if kind is dict else 'list'}")
+    return out
+
+
+def add_connection_flags(parser: argparse.ArgumentParser) -> None:
+    """``--connection-timeout-s`` and ``--max-connections`` (both servers)."""
+    parser.add_argument("--connection-timeout-s", type=float, default=DEFAULT_CONNECTION_TIMEOUT_S,
+                        help="close a connection silent this long (seconds)")
+    parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                        help="open connections at most (more are answered 503)")
+
+
+def refuse_public_host(parser: argparse.ArgumentParser, host: str, secured: bool, insecure: bool) -> None:
+    """Refuse a non-loopback ``host`` without a shared secret unless ``--insecure`` (then warn)."""
+    if _is_loopback(host) or secured:
+        return
+    if not insecure:
+        parser.error(f"--host {host} is reachable from other machines: set --secret-env (or --insecure)")
+    print(f"WARNING: --insecure: anyone who can reach {host} can use this server without a secret",
+          file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m envs.serve", description=__doc__.split("\n\n")[0])
     parser.add_argument("env_id", help="a registered gymnasium id (e.g. ragen/Sokoban-v0) or module:id")
@@ -322,25 +376,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-sessions", type=int, default=256)
     parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES)
     parser.add_argument("--idle-timeout-s", type=float, default=3600.0)
+    parser.add_argument("--client-kwargs", default="[]", help="JSON list of the env_kwargs keys a client may set "
+                        "(within --env-kwargs' values; never the safety keys)")
+    add_connection_flags(parser)
     args = parser.parse_args(argv)
+    kwargs, allowed = (_json_flag(parser, name, value, kind) for name, value, kind in
+                       (("--env-kwargs", args.env_kwargs, dict), ("--client-kwargs", args.client_kwargs, list)))
     try:
-        kwargs = json.loads(args.env_kwargs)
+        check_allowed_keys(allowed)
     except ValueError as e:
-        parser.error(f"--env-kwargs is not JSON: {e}")
-    if not isinstance(kwargs, dict):
-        parser.error("--env-kwargs must be a JSON object")
+        parser.error(str(e))
     secret = None
     if args.secret_env is not None:
         secret = os.environ.get(args.secret_env)
         if not secret:
             parser.error(f"--secret-env names {args.secret_env!r}, which is not set or empty")
-    if not _is_loopback(args.host) and secret is None and not args.insecure:
-        parser.error(f"--host {args.host} is reachable from other machines: set --secret-env (or --insecure)")
+    refuse_public_host(parser, args.host, secret is not None, args.insecure)
     import envs  # noqa: F401 - registers the project's ids
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     server = EnvServer((args.host, args.port), args.env_id, kwargs, secret=secret, max_sessions=args.max_sessions,
-                       max_request_bytes=args.max_request_bytes, idle_timeout_s=args.idle_timeout_s)
+                       max_request_bytes=args.max_request_bytes, idle_timeout_s=args.idle_timeout_s,
+                       client_kwargs=allowed, connection_timeout_s=args.connection_timeout_s,
+                       max_connections=args.max_connections)
     print(f"serving {args.env_id} on {server.url}", flush=True)
     serve_until_interrupted(server)
 

@@ -40,7 +40,7 @@ from gymnasium import spaces
 from envs import _sokoban_gen as gen
 from envs import _sokoban_ragen
 from envs._sokoban_text import BoardText, check_symbols, parse_board
-from envs.base import PromptSpec, TextEnv, as_action, going, relation, text_space
+from envs.base import PromptSpec, TextEnv, as_action, bounded_int, going, relation, text_space
 
 ACTION_NAMES = ("Up", "Down", "Left", "Right")
 OBSERVATION_FORMATS = ("grid", "coord", "grid_coord")
@@ -63,6 +63,10 @@ COORD_INSTRUCTION = (
 )
 
 # Defaults of every keyword; a preset overrides some of them, explicit keywords override both.
+# Documented maxima: a 30x30 room generates in well under 0.1 s; beyond them a reset could hold a core for minutes.
+MAX_DIM_ROOM = 30
+MAX_SEARCH_DEPTH = 1000
+MAX_SEARCH_BUDGET = 1_000_000
 DEFAULTS: dict[str, Any] = {
     "dim_room": (6, 6),
     "num_boxes": 1,
@@ -173,7 +177,7 @@ class SokobanEnv(TextEnv):
     ## Arguments
     Every keyword defaults to ``DEFAULTS`` updated by ``PRESETS[preset]``; explicit keywords override both.
 
-    * ``dim_room=(6, 6)``: (rows, cols) of generated rooms, border included (each >= 3).
+    * ``dim_room=(6, 6)``: (rows, cols) of generated rooms, border included (each in [3, 30]).
     * ``num_boxes=1``: boxes (and targets) per generated room.
     * ``max_steps=100``: valid actions per episode before truncation.
     * ``observation_format="grid"``: ``"grid"``, ``"coord"`` or ``"grid_coord"``.
@@ -181,11 +185,11 @@ class SokobanEnv(TextEnv):
       5:"P",6:"S"}``; single characters, all different.
     * ``grid_vocab=None``: symbol -> meaning for the prompt legend; missing symbols get the code's meaning.
     * ``generator="uniform_depth"`` (``"ragen"`` in every preset): the level generator, see the description.
-    * ``search_depth=300``: bound of the reverse play: ``"ragen"``, RAGEN's ``ttl`` (pull sequences of at most
+    * ``search_depth=300`` (at most 1000): bound of the reverse play: ``"ragen"``, RAGEN's ``ttl`` (pull sequences of at most
       ``search_depth - 2`` moves); ``"uniform_depth"``, the longest shortest-solution (in steps) a level may have.
     * ``min_solution_steps=2``: shortest shortest-solution a generated level may have (``"uniform_depth"`` only;
       RAGEN's generator has no such floor and yields 1-step levels ~10 % of the time at 6x6).
-    * ``search_budget=10000``: states the backward search may find per room (``"uniform_depth"`` only: bounds
+    * ``search_budget=10000`` (at most 1000000): states the backward search may find per room (``"uniform_depth"`` only: bounds
       generation time of big rooms; ``"ragen"`` caps its reverse play at RAGEN's 300000 explored states).
     * ``distance_reward=0.0``: the shaping coefficient c above (finite, >= 0; 0 = RAGEN's rewards).
     * ``dead_distance=20``: the distance an unsolvable state counts as under shaping (>= 1).
@@ -245,15 +249,17 @@ class SokobanEnv(TextEnv):
 
         self.action_space = spaces.Discrete(4)
         self.observation_space = text_space(extra_chars="".join(symbols))
-        # placeholder until the first reset: an empty, already-finished 1x1 room
+        # placeholder until the first reset: an empty, already-finished 1x1 room (step refuses to run on it)
+        self._was_reset = False
         self._set_board(1, 1, 0, 0, 0, gen.geometry(1, 1).index(0, 0), optimal_steps=None)
 
     def _check_settings(self, cfg: dict[str, Any]) -> None:
         """Validate the merged keywords (defaults, preset, explicit) other than the symbols and set them as
         attributes, in the order that names the first bad one."""
         dim = tuple(cfg["dim_room"]) if isinstance(cfg["dim_room"], (tuple, list)) else ()
-        if len(dim) != 2 or not all(isinstance(x, (int, np.integer)) and x >= 3 for x in dim):
-            raise ValueError(f"dim_room must be two integers >= 3 (rows, cols), got {cfg['dim_room']!r}")
+        if len(dim) != 2 or not all(isinstance(x, (int, np.integer)) and 3 <= x <= MAX_DIM_ROOM for x in dim):
+            raise ValueError(f"dim_room must be two integers in [3, {MAX_DIM_ROOM}] (rows, cols), got "
+                             f"{cfg['dim_room']!r}")
         self.dim_room = (int(dim[0]), int(dim[1]))
         interior = (self.dim_room[0] - 2) * (self.dim_room[1] - 2)
         self.num_boxes = _positive_int("num_boxes", cfg["num_boxes"])
@@ -268,13 +274,13 @@ class SokobanEnv(TextEnv):
                 f"observation_format must be one of {OBSERVATION_FORMATS}, got {cfg['observation_format']!r}"
             )
         self.observation_format = cfg["observation_format"]
-        self.search_depth = _positive_int("search_depth", cfg["search_depth"])
+        self.search_depth = bounded_int("search_depth", cfg["search_depth"], 1, MAX_SEARCH_DEPTH)
         self.min_solution_steps = _positive_int("min_solution_steps", cfg["min_solution_steps"])
         if self.min_solution_steps > self.search_depth:
             raise ValueError(
                 f"min_solution_steps={self.min_solution_steps} must be <= search_depth={self.search_depth}"
             )
-        self.search_budget = _positive_int("search_budget", cfg["search_budget"])
+        self.search_budget = bounded_int("search_budget", cfg["search_budget"], 1, MAX_SEARCH_BUDGET)
         if cfg["generator"] not in GENERATORS:
             raise ValueError(f"generator must be one of {GENERATORS}, got {cfg['generator']!r}")
         self.generator = cfg["generator"]
@@ -289,6 +295,7 @@ class SokobanEnv(TextEnv):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
         board = self._reset_options(options, ("board",)).get("board")
+        self._was_reset = True
         if board is not None:
             self._set_board(*parse_board(board, self.grid_lookup), optimal_steps=None)
         else:
@@ -326,6 +333,8 @@ class SokobanEnv(TextEnv):
         return self._render_text(), info
 
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict]:
+        if not self._was_reset:
+            raise RuntimeError("SokobanEnv.step called before reset: call reset() first")
         a = as_action(action, 4)
         if a is None or self._terminated or self._truncated:
             return self._render_text(), 0.0, self._terminated, self._truncated, self._info(False, a is not None)

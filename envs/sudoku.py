@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.base import PromptSpec, TextEnv, text_space
+from envs.base import PromptSpec, TextEnv, bounded_int, text_space
 from envs.sudoku_solver import (
     PUZZLE_SEARCH_BUDGET,
     check_grid,
@@ -132,7 +132,8 @@ class SudokuEnv(TextEnv):
       ``show_valid_numbers`` (True).
     - ``correct_placement_score`` (1.0), ``legal_placement_score`` (0.5), ``invalid_action_score`` (-0.1),
       ``completion_bonus`` (10.0).
-    - ``search_budget`` (200,000): search nodes allowed for checking a puzzle given in ``reset`` options.
+    - ``search_budget`` (200,000, at most 2,000,000): search nodes allowed for checking a puzzle given in ``reset``
+      options.
     - ``render_mode``: ``None`` or ``"ansi"``.
 
     ## Options
@@ -167,9 +168,8 @@ class SudokuEnv(TextEnv):
             raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
         if render_format not in RENDER_FORMATS:
             raise ValueError(f"render_format must be one of {list(RENDER_FORMATS)}, got {render_format!r}")
-        if isinstance(search_budget, bool) or not isinstance(search_budget, int) or search_budget < 1:
-            raise ValueError(f"search_budget must be an int >= 1, got {search_budget!r}")
-        self.search_budget = search_budget
+        # at most 10x the default: each unit is one solver node, so a reset stays within seconds
+        self.search_budget = bounded_int("search_budget", search_budget, 1, 10 * PUZZLE_SEARCH_BUDGET)
         self.grid_size = grid_size
         self.box_size = math.isqrt(grid_size)
         self.difficulty = difficulty

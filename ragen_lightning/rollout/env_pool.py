@@ -90,10 +90,16 @@ class WorkerPool:
             self._jobs.put((batch, i, call, results))
         outcomes: list[Outcome | None] = [None] * len(calls)
         pending = set(range(len(calls)))
+        check_at = 0.0  # when to look for timed-out calls next: no running call can expire before it
         while pending:
-            wait = self._expire(batch, pending, outcomes)
-            if not pending:
-                break
+            wait = None
+            if self.timeout_s is not None:
+                now = time.monotonic()
+                if now >= check_at:
+                    check_at = now + self._expire(batch, pending, outcomes)
+                    if not pending:
+                        break
+                wait = max(check_at - now, 1e-3)
             try:
                 i, outcome = results.get(timeout=wait)
             except queue.Empty:

@@ -21,6 +21,9 @@ CONTEXT_WINDOWS: tuple[str, ...] = ("full", "limited", "single_turn")
 FLAG_PREFIX = "--data.episode."
 
 
+# seconds an env reset or step may take by default (EpisodeSettings.step_timeout_s explains the figure)
+DEFAULT_STEP_TIMEOUT_S = 600.0
+
 @dataclass(frozen=True)
 class EpisodeSettings:
     """Shape of one episode: turns, action budgets, response and context limits, answer format.
@@ -48,11 +51,18 @@ class EpisodeSettings:
             those tokens stay in the response, token for token, as sampled. The expert demonstrations of a warm start
             do not use them (an expert answer ends with ``</answer>`` and the end-of-turn token either way).
         max_workers: env steps (and resets) of one turn run concurrently on this many worker threads; 1 runs them
-            one after another in the rollout's own thread (no threads at all unless ``step_timeout_s`` is set),
-            which is fastest for the in-process envs (microseconds per step); raise it for slow or remote envs.
+            one after another (on one worker thread while ``step_timeout_s`` is set, else in the rollout's own
+            thread), which is fastest for the in-process envs (microseconds per step); raise it for slow or remote
+            envs.
         step_timeout_s: seconds one env reset or step may take (None = no limit); a step over it ends its episode
             with a recorded error and its worker thread is abandoned (a thread cannot be killed: a hung env keeps
-            it until the env returns; it is a daemon thread, so it never blocks the run's exit).
+            it until the env returns; it is a daemon thread, so it never blocks the run's exit). The default,
+            600 s (:data:`DEFAULT_STEP_TIMEOUT_S`), is above the worst case of every built-in env: a DeepCoder step
+            is one sandbox run of at most ``wall_seconds`` (4 s), a Lean check at most ``http_timeout`` (60 s) per
+            attempt over 1 + ``max_retries`` (3) attempts (240 s), a SearchQA search through a retrieval server at
+            most ``retrieval_timeout`` (30 s) x 3 attempts (90 s), a ``ragen/Remote-v0`` call at most ``timeout_s``
+            (60 s) x 1 + ``retries`` (3) attempts plus backoff (~242 s); so only a hung env reaches it. Results are
+            collected in episode order whatever the timeout, so it never changes a rollout.
     """
 
     max_turns: int = 5
@@ -67,7 +77,7 @@ class EpisodeSettings:
     format_penalty: float = -0.1
     stop: tuple[str, ...] = ()
     max_workers: int = 1
-    step_timeout_s: float | None = None
+    step_timeout_s: float | None = DEFAULT_STEP_TIMEOUT_S
 
     def __post_init__(self) -> None:
         check_domains(FLAG_PREFIX, self, _DOMAINS)

@@ -185,3 +185,41 @@ def test_bad_file_names_and_limits_are_refused(box):
         Limits(cpu_seconds=0)
     with pytest.raises(ValueError, match="Limits.memory_bytes"):
         Limits(memory_bytes=2**20)
+
+
+ESCAPES = """import ctypes, errno, os, subprocess
+libc = ctypes.CDLL(None, use_errno=True)
+def call(nr, *args):
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    if r == 0 and nr == 56:
+        os._exit(0)  # a clone that worked: the child leaves at once
+    return errno.errorcode.get(ctypes.get_errno(), '?') if r == -1 else 'allowed'
+print('unshare', call(272, 0x10000000))  # unshare(CLONE_NEWUSER)
+print('clone', call(56, 0x10000000 | 17, 0, 0, 0, 0))  # clone(CLONE_NEWUSER | SIGCHLD)
+print('ptrace', call(101, 0, 0, 0, 0))  # ptrace(PTRACE_TRACEME)
+print('keyctl', call(250, 0, -1, 0))  # keyctl(KEYCTL_GET_KEYRING_ID, thread keyring)
+print('perf', call(298, 0, 0, -1, -1, 0))
+print('tool', subprocess.run(['unshare', '--user', 'true'], capture_output=True).returncode != 0)
+print('fork', subprocess.run(['true']).returncode)
+print([l.split()[1] for l in open('/proc/self/status') if l.startswith('Seccomp:')][0])
+"""
+
+
+def test_nested_user_namespaces_ptrace_and_the_keyring_are_refused(box):
+    result = box.run(ESCAPES)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.split("\n")
+    assert lines[:5] == ["unshare EPERM", "clone EPERM", "ptrace EPERM", "keyctl EPERM", "perf EPERM"]
+    # the unshare tool fails too, an ordinary child process still runs, and the filter is on (mode 2)
+    assert lines[5:8] == ["tool True", "fork 0", "2"]
+
+
+def test_the_run_writes_at_most_disk_bytes_in_total():
+    box = Sandbox(Limits(cpu_seconds=2, wall_seconds=3.0, memory_bytes=256 * 2**20, disk_bytes=4 * 2**20))
+    code = ("import errno\nfor where in ('.', '/tmp'):\n    n = 0\n    try:\n        for i in range(50):\n"
+            "            open(f'{where}/f{i}', 'wb').write(b'x' * (2**20 - 1))\n            n += 1\n"
+            "    except OSError as e:\n        print(where, n, errno.errorcode[e.errno])\n")
+    result = box.run(code)
+    assert result.stdout.split("\n")[:2] == [". 4 ENOSPC", "/tmp 4 ENOSPC"]  # 4 x (1 MiB - 1) fit, result.stderr
+    with pytest.raises(ValueError, match="Limits.disk_bytes"):
+        Limits(disk_bytes=0)

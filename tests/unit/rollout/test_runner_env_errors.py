@@ -172,3 +172,20 @@ def test_a_hanging_step_times_out_and_the_rollout_goes_on(tiny_tokenizer, caplog
     finally:
         RELEASE.set()
     runner.close()
+
+
+def test_env_steps_have_a_default_timeout_that_changes_no_result(tiny_tokenizer):
+    from ragen_lightning.rollout.settings import DEFAULT_STEP_TIMEOUT_S
+
+    text = "x</think><answer>Right || Right</answer>"
+    default = make(tiny_tokenizer, text=text)
+    assert default.episode.step_timeout_s == DEFAULT_STEP_TIMEOUT_S == 600.0
+    assert default._workers().timeout_s == 600.0 and not default._workers().inline  # a hung env cannot block forever
+    unlimited = make(tiny_tokenizer, text=text, step_timeout_s=None)
+    for a, b in zip(default.run([0, 1, 2], 2, PARAMS, seed=4), unlimited.run([0, 1, 2], 2, PARAMS, seed=4),
+                    strict=True):
+        same(a, b)
+        assert a.env_error is None and b.env_error is None
+    assert unlimited._workers().inline
+    default.close()
+    unlimited.close()
