@@ -129,7 +129,7 @@ def run_suite(engine: GenerationEngine, chat: ChatTokens, suite: Sequence[SuiteE
     position in the seed list: generation seeds depend on the seed's position, not on the chunking, so a resumed
     run samples exactly what an uninterrupted one would have.
     """
-    from tqdm.auto import tqdm
+    from ragen_lightning.sft.progress import Progress
 
     done = {(r.get("tag"), r.get("pass"), r.get("seed"), r.get("sample")) for r in read_jsonl(jsonl)}
     plan = []
@@ -143,14 +143,13 @@ def run_suite(engine: GenerationEngine, chat: ChatTokens, suite: Sequence[SuiteE
     total = sum(e.num_episodes * settings.samples_per_seed(n) for e in suite for n in settings.passes)
     remaining = sum(len(todo) * k for *_, k, _, todo in plan)
     ran = 0
-    with tqdm(total=total, initial=total - remaining, desc="evaluate", unit="episode", disable=not progress) as bar:
+    with Progress("evaluate", total, unit="episode", initial=total - remaining, enabled=None if progress else False) as bar:
         for entry, ep, name, params, k, seeds, todo in plan:
             if not todo:
                 continue
             runner = RolloutRunner(entry.env_id, entry.env_kwargs, chat, engine, ep)
             try:
                 for chunk in _runs(todo, chunk_seeds):
-                    bar.set_postfix_str(f"{entry.tag} {name}")
                     trajs = runner.run([seeds[i] for i in chunk], k, params, seed=settings.seed,
                                        first_group=chunk[0])
                     records = [episode_record(t, tag=entry.tag, env_id=entry.env_id, env_kwargs=entry.env_kwargs,
@@ -158,7 +157,7 @@ def run_suite(engine: GenerationEngine, chat: ChatTokens, suite: Sequence[SuiteE
                     records = [r for r in records if (r["tag"], name, r["seed"], r["sample"]) not in done]
                     append_jsonl(jsonl, records)
                     ran += len(records)
-                    bar.update(len(records))
+                    bar.update(bar.done + len(records), entry=f"{entry.tag} {name}")
             finally:
                 runner.close()
     return ran

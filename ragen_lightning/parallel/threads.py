@@ -12,7 +12,8 @@ with different thread counts), but is not bit-for-bit reproducible. One thread i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -38,3 +39,17 @@ def map_threads(fn: Callable[[T], R], items: Iterable[T], threads: int) -> list[
 
     with ThreadPoolExecutor(max_workers=min(threads, len(items)), thread_name_prefix="micro-batch") as pool:
         return list(pool.map(call, items))
+
+
+@contextlib.contextmanager
+def torch_threads_set(count: int | None) -> Iterator[None]:
+    """torch's CPU threads set to ``count`` (None: left as they are) inside, restored after."""
+    previous = torch.get_num_threads()
+    if count is not None:
+        if count < 1:
+            raise ValueError(f"torch_threads must be >= 1, got {count}")
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)

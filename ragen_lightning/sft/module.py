@@ -29,8 +29,10 @@ from ragen_lightning.models import forward
 from ragen_lightning.rollout.runner import make_env
 from ragen_lightning.rollout.seeds import episode_seeds
 from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
+from ragen_lightning.sft.progress import Progress
 
 LRSchedule = Literal["constant", "cosine"]
+DEMO_CHUNK = 512  # expert episodes per rollout run while building demonstrations (a progress report between runs)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -91,13 +93,25 @@ def build_demonstrations(
     env_kwargs: dict[str, Any] | None = None,
     episode: EpisodeSettings | None = None,
     only_successful: bool = False,
+    progress: Progress | None = None,
+    chunk: int = DEMO_CHUNK,
 ) -> tuple[list[Demonstration], dict[str, float]]:
     """Expert episodes on ``seeds`` (:func:`ragen_lightning.sft.experts.collect_demonstrations` with ``episode``)
     cut into training sequences, and statistics of the expert run. With ``only_successful`` episodes the env did not
-    mark successful are dropped."""
+    mark successful are dropped.
+
+    The episodes run ``chunk`` seeds at a time (an expert episode depends on its seed alone, so the chunking
+    changes no demonstration); ``progress`` advances by each chunk's episodes."""
     from ragen_lightning.sft.experts import collect_demonstrations
 
-    trajectories = collect_demonstrations(env_id, tokenizer, seeds, env_kwargs=env_kwargs, episode=episode)
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    trajectories = []
+    for start in range(0, len(seeds), chunk):
+        part = list(seeds[start:start + chunk])
+        trajectories += collect_demonstrations(env_id, tokenizer, part, env_kwargs=env_kwargs, episode=episode)
+        if progress is not None:
+            progress.update(progress.done + len(part))
     kept = [t for t in trajectories if t.success or not only_successful]
     demos = [Demonstration(tuple(s.conversation.input_ids), tuple(s.conversation.loss_mask))
              for t in kept for s in t.samples if any(s.conversation.loss_mask)]

@@ -20,7 +20,6 @@ format-valid and success rates of the base and warm-started models on held-out s
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -30,7 +29,6 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -38,7 +36,7 @@ import torch
 
 from ragen_lightning import models
 from ragen_lightning.errors import ConfigError, Domain, check_domains
-from ragen_lightning.parallel.threads import map_threads
+from ragen_lightning.parallel.threads import map_threads, torch_threads_set
 from ragen_lightning.rollout.seeds import episode_seeds
 from ragen_lightning.rollout.settings import (
     EpisodeSettings,
@@ -56,6 +54,7 @@ from ragen_lightning.sft.module import (
     lr_factor,
     save_model,
 )
+from ragen_lightning.sft.progress import Progress, note
 
 # Bump when the training recipe changes in a way the arguments do not show.
 # 2: the shared-prefix SFT forward (same loss; gradients equal to float rounding, so other bits).
@@ -189,10 +188,12 @@ def sft_backward(model: torch.nn.Module, examples: Sequence[Demonstration], pad_
 def train_sft(model: torch.nn.Module, demos: Sequence[Demonstration], pad_token_id: int, *, steps: int, lr: float,
               batch_size: int, weight_decay: float = 0.0, warmup_steps: int = 10, lr_schedule: LRSchedule = "cosine",
               max_grad_norm: float = 1.0, seed: int = 0, log_every: int = 0,
-              reading_demos: Sequence[Demonstration] = (), reading_steps: int = 0, threads: int = 1) -> list[float]:
+              reading_demos: Sequence[Demonstration] = (), reading_steps: int = 0, threads: int = 1,
+              progress: Progress | None = None) -> list[float]:
     """``steps`` AdamW steps of the SFT loss (:func:`shuffled_batches`, seeded order): the first ``reading_steps`` on
     ``reading_demos``, the rest on ``demos``, under one learning-rate schedule; returns the loss of every step.
-    ``threads`` > 1 splits each batch into that many parts computed at once on CPU threads (:func:`sft_backward`)."""
+    ``threads`` > 1 splits each batch into that many parts computed at once on CPU threads (:func:`sft_backward`).
+    ``progress`` is told every step and its loss (the caller closes it)."""
     if not demos or (reading_steps and not reading_demos):
         raise ValueError("no demonstrations to train on")
     generator = torch.Generator().manual_seed(seed)
@@ -216,6 +217,8 @@ def train_sft(model: torch.nn.Module, demos: Sequence[Demonstration], pad_token_
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
+        if progress is not None:
+            progress.update(step + 1, loss=losses[-1])
         if log_every and (step + 1) % log_every == 0:
             print(f"step {step + 1}/{steps} loss {losses[-1]:.4f} acc {float(metrics['sft/token_accuracy']):.3f} "
                   f"({time.perf_counter() - start:.1f}s)", flush=True)
@@ -260,7 +263,7 @@ def warm_start(model: str = "tiny", env_id: str = "ragen/SimpleSokoban-v0", env_
             another process holds a core (measured 1.25 s vs 3.2-5.9 s per step). Not part of the cache key.
         threads: parts of each batch trained at once on CPU threads, one op thread each (:func:`sft_backward`;
             2 on a 2-core machine). The gradient is the same to float rounding: not part of the cache key.
-        verbose: print the loss every 25 steps.
+        verbose: also print the loss and token accuracy every 25 steps (the progress line, on stderr, is always on).
         more_envs: further ``(env_id, env_kwargs, episode)`` whose demonstrations join ``env_id``'s (an environment
             mixture, ``--data.mixture``): ``num_episodes`` expert episodes of each env, in its own episode settings
             (None: ``episode``), trained on as one shuffled set; ``steps`` None takes the largest of the envs' hints.
@@ -279,9 +282,9 @@ def warm_start(model: str = "tiny", env_id: str = "ragen/SimpleSokoban-v0", env_
               "only_successful": only_successful, "dtype": dtype}
     args, code = _key_args(env_id, env_kwargs, episode, more, recipe, reading_steps)
     final, root, base = _cache_folder(model, cache_dir, args, code)
-    if (final / META_FILE).is_file():
+    if _cached(final):
         return final
-    with _torch_threads(torch_threads):
+    with torch_threads_set(torch_threads):
         return _build(final, root, base, args, episode, verbose, threads, more)
 
 
@@ -328,18 +331,12 @@ def _cache_folder(model: str, cache_dir: str | Path | None, args: dict[str, Any]
     return root / f"warm-{warm_start_key(model, base, args, code)}", root, base
 
 
-@contextlib.contextmanager
-def _torch_threads(count: int | None) -> Iterator[None]:
-    """torch's CPU threads set to ``count`` (None: left as they are) inside, restored after."""
-    previous = torch.get_num_threads()
-    if count is not None:
-        if count < 1:
-            raise ValueError(f"torch_threads must be >= 1, got {count}")
-        torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
+def _cached(folder: Path) -> bool:
+    """Whether the warm start ``folder`` is built (then one line says it was found)."""
+    found = (folder / META_FILE).is_file()
+    if found:
+        note(f"warm start: found in the cache, {folder}")
+    return found
 
 
 def _build(final: Path, root: Path, base: str, args: dict[str, Any], episode: EpisodeSettings,
@@ -351,10 +348,13 @@ def _build(final: Path, root: Path, base: str, args: dict[str, Any], episode: Ep
     demos: list[Demonstration] = []
     stats: dict[str, Any] = {}  # one env: its statistics; a mixture: those of each env, by position
     sources = [(env_id, args["env_kwargs"], episode)] + [(i, demonstration_kwargs(i, k), e) for i, k, e in more]
+    note(f"warm start: {final.name} is not in the cache; building it (solver demonstrations, then {args['steps']} "
+         "SFT steps)")
+    shown = Progress("warm start: demonstrations", num_episodes * len(sources), unit="episode")
     for n, (source_id, source_kwargs, source_episode) in enumerate(sources):
         env_demos, env_stats = build_demonstrations(source_id, tokenizer, episode_seeds(seed, num_episodes, "train"),
                                                     env_kwargs=source_kwargs, episode=source_episode,
-                                                    only_successful=only_successful)
+                                                    only_successful=only_successful, progress=shown)
         if not env_demos:
             raise ValueError(f"no demonstrations for {source_id}: {env_stats}")
         demos += env_demos
@@ -362,7 +362,8 @@ def _build(final: Path, root: Path, base: str, args: dict[str, Any], episode: Ep
             stats[f"env{n}"] = {"env_id": source_id, **env_stats}
         else:
             stats = env_stats
-    with torch.random.fork_rng(devices=[]):
+    shown.close()
+    with torch.random.fork_rng(devices=[]), Progress("warm start", args["steps"]) as shown:
         torch.manual_seed(seed)
         net = models.load_causal_lm(base, dtype)
         reading_steps = args.get("reading_steps", 0)
@@ -370,7 +371,7 @@ def _build(final: Path, root: Path, base: str, args: dict[str, Any], episode: Ep
                            batch_size=args["batch_size"], weight_decay=args["weight_decay"],
                            warmup_steps=args["warmup_steps"], lr_schedule=args["lr_schedule"], seed=seed,
                            log_every=25 if verbose else 0, reading_steps=reading_steps, threads=threads,
-                           reading_demos=reading_clauses(demos, tokenizer) if reading_steps else ())
+                           reading_demos=reading_clauses(demos, tokenizer) if reading_steps else (), progress=shown)
 
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".warm-", dir=root))
@@ -387,6 +388,7 @@ def _build(final: Path, root: Path, base: str, args: dict[str, Any], episode: Ep
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+    note(f"warm start: saved {final} ({time.perf_counter() - started:.0f} s)")
     return final
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -11,6 +12,7 @@ from ragen_lightning.models import lora as lora_mod
 from ragen_lightning.parallel import world
 from ragen_lightning.parallel.ranks import is_sharded, stream_full_tensors
 from ragen_lightning.rollout.engines import GatheredWeightsEngine
+from ragen_lightning.sft.progress import note
 
 
 def export_actor(actor: torch.nn.Module, tokenizer, path: str | Path, *, lora: lora_mod.LoraSettings | None,
@@ -19,8 +21,18 @@ def export_actor(actor: torch.nn.Module, tokenizer, path: str | Path, *, lora: l
     format (``PeftModel.from_pretrained(base, path)``) and, with ``lora.export_merged``, full weights in
     ``path/merged``. Under FSDP2 every rank must call it: the full weights are gathered from the shards into
     ``rollout_actor`` (the HF engine's unsharded copy; with the vLLM engine, which keeps none, one tensor at a time
-    into a copy that rank 0 alone loads from ``base_path`` on the CPU) and rank 0 writes."""
-    path = Path(path)
+    into a copy that rank 0 alone loads from ``base_path`` on the CPU) and rank 0 writes. Rank 0 prints a line
+    before and after (a large model takes minutes)."""
+    note(f"export: saving the actor to {path}")
+    started = time.monotonic()
+    out = _export(actor, tokenizer, Path(path), lora=lora, dtype=dtype, base_path=base_path,
+                  rollout_actor=rollout_actor)
+    note(f"export: saved {out} ({time.monotonic() - started:.0f} s)")
+    return out
+
+
+def _export(actor: torch.nn.Module, tokenizer, path: Path, *, lora: lora_mod.LoraSettings | None, dtype: str,
+            base_path: str, rollout_actor: torch.nn.Module | None) -> Path:
     if lora is not None:
         return lora_mod.export_adapter(actor, tokenizer, path, dtype=torch_dtype(dtype), base_path=base_path,
                                        merged=lora.export_merged)
