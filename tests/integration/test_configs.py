@@ -25,8 +25,8 @@ class ParseOnly(StarPOCLI):
         pass
 
 
-def parse(*configs: Path):
-    args = [a for c in configs for a in ("--config", str(c))]
+def parse(*configs: Path, extra: tuple[str, ...] = ()):
+    args = [*(a for c in configs for a in ("--config", str(c))), *extra]
     from ragen_lightning.data.datamodule import RolloutDataModule
     from ragen_lightning.starpo.module import StarPOModule
 
@@ -41,8 +41,13 @@ def test_every_config_parses(capsys):
         env_ids = [cfg.data.env_id] if cfg.data.mixture is None else [e["env_id"] for e in cfg.data.mixture]
         assert all(i.startswith("ragen/") for i in env_ids) and is_tiny(cfg.model.model), task.name
         checked += 1
-    for overlay in OVERLAYS:
-        cfg = parse(CONFIGS / "sokoban.yaml", overlay)
+    from tests.conftest import load_script
+
+    recipe_command = load_script("benchmarks/gpu_kit.py").recipe_command
+    for overlay in OVERLAYS:  # over the task config the overlay names (a recipe: the command in its comment)
+        task, extra = (recipe_command(overlay) if overlay.parent.name == "recipes"
+                       else (CONFIGS / "sokoban_starpo.yaml", ()))
+        cfg = parse(task, overlay, extra=extra)
         assert cfg.data.env_id == "ragen/SimpleSokoban-v0"  # overlays keep the task
         checked += 1
     with capsys.disabled():
