@@ -75,11 +75,18 @@ def backend_args(task: str) -> list[str]:
 def update_args(task: str) -> list[str]:
     """A task config on rejection-sampling fine-tuning (configs/sokoban.yaml) trains only the turns scored above its
     threshold, and the untrained tiny model of this test scores none (no kept row: no optimizer step); keeping every
-    turn makes the one iteration update, as the other estimators do."""
+    turn (and every group, under a filter that drops zero-variance ones) makes the one iteration update, as the
+    other configs do."""
     import yaml
 
-    model = yaml.safe_load((CONFIGS / f"{task}.yaml").read_text()).get("model") or {}
-    return ["--model.advantage.rft_threshold=-1e9"] if (model.get("advantage") or {}).get("estimator") == "rft" else []
+    config = yaml.safe_load((CONFIGS / f"{task}.yaml").read_text())
+    model, data = config.get("model") or {}, config.get("data") or {}
+    args = ["--model.advantage.rft_threshold=-1e9"] if (model.get("advantage") or {}).get("estimator") == "rft" else []
+    # StarPO-S's filter (configs/sokoban_starpo_s.yaml) drops zero-variance groups, and the untrained tiny model's
+    # groups of 2 fail alike (no group left: no step): keep every group
+    if (data.get("filter") or {}).get("include_zero") is False:
+        args += ["--data.filter.value", "1.0", "--data.filter.include_zero", "true"]
+    return args
 
 
 @pytest.mark.slow
