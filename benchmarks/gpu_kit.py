@@ -111,7 +111,7 @@ class Recipe:
 
 def recipe_command(path: Path) -> tuple[Path, tuple[str, ...]]:
     """The task config and the extra flags of the command a recipe's comment shows (its first ``python main.py fit``
-    line, ``\\``-continued lines joined); the recipe must be its second ``--config``."""
+    line, ``\\``-continued lines joined); the recipe is its second ``--config``."""
     import shlex
 
     text = path.read_text().replace("\\\n#", " ")
@@ -120,8 +120,8 @@ def recipe_command(path: Path) -> tuple[Path, tuple[str, ...]]:
         raise SystemExit(f"{path}: its comment shows no 'python main.py fit --config <task> --config <recipe>' command")
     words = shlex.split(line.split("python main.py fit", 1)[1])
     configs = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--config"]
-    if len(configs) < 2 or Path(configs[1]).name != path.name:
-        raise SystemExit(f"{path}: its command must be 'python main.py fit --config <task> --config <this recipe>'")
+    if len(configs) < 2:
+        raise SystemExit(f"{path}: its command must be 'python main.py fit --config <task> --config <recipe>'")
     flags = [w for i, w in enumerate(words) if w != "--config" and (i == 0 or words[i - 1] != "--config")]
     return ROOT / configs[0], tuple(flags)
 
