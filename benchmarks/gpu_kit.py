@@ -10,8 +10,10 @@ Needs no hub access. For every recipe (``configs/recipes/24gb-*.yaml``) it
    7B) with random weights into a local folder (cached under ``$RAGEN_LIGHTNING_CACHE/gpu_kit``), with the embedded
    tiny model's tokenizer (ids it does not know decode to nothing: a random model's text is noise anyway). The
    ``tiny`` preset builds small stand-ins of the same shape family instead, for a CPU dry run;
-2. runs the project's own command line in a fresh process, ``main.py fit --config <task> --config <recipe>
-   [--config configs/fsdp.yaml when several GPUs] --config <kit overlay>`` (the overlay points ``--model.model`` at
+2. runs the project's own command line in a fresh process: the command the recipe's comment shows (its task config
+   and any algorithm flag it names, e.g. the 1.5B full recipe's ``--model.advantage.estimator grpo``), i.e.
+   ``main.py fit --config <task> --config <recipe> [--config configs/fsdp.yaml when several GPUs] --config <kit
+   overlay> [flags]`` (``--task`` replaces the task config) (the overlay points ``--model.model`` at
    the folder, sets ``--data.num_iterations``, the HF engine, a filter that keeps every group, a CSV logger and
    the :class:`callbacks.RolloutThroughput` and :class:`callbacks.PeakMemory` callbacks), after asking the same
    command for its memory plan (``--memory_plan true``);
@@ -103,6 +105,25 @@ class Recipe:
     mode: str  # full | LoRA | QLoRA
     with_critic: bool
     needs_bitsandbytes: bool
+    task: Path | None = None  # the task config of the command in the recipe's comment
+    flags: tuple[str, ...] = ()  # the flags that command adds
+
+
+def recipe_command(path: Path) -> tuple[Path, tuple[str, ...]]:
+    """The task config and the extra flags of the command a recipe's comment shows (its first ``python main.py fit``
+    line, ``\\``-continued lines joined); the recipe is its second ``--config``."""
+    import shlex
+
+    text = path.read_text().replace("\\\n#", " ")
+    line = next((ln for ln in text.splitlines() if "python main.py fit" in ln), None)
+    if line is None:
+        raise SystemExit(f"{path}: its comment shows no 'python main.py fit --config <task> --config <recipe>' command")
+    words = shlex.split(line.split("python main.py fit", 1)[1])
+    configs = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--config"]
+    if len(configs) < 2:
+        raise SystemExit(f"{path}: its command must be 'python main.py fit --config <task> --config <recipe>'")
+    flags = [w for i, w in enumerate(words) if w != "--config" and (i == 0 or words[i - 1] != "--config")]
+    return ROOT / configs[0], tuple(flags)
 
 
 def load_recipe(path: Path) -> Recipe:
@@ -116,10 +137,15 @@ def load_recipe(path: Path) -> Recipe:
     mode = "full" if lora is None else ("QLoRA" if quant not in (None, "none") else "LoRA")
     optim = model.get("optim") or {}
     class_paths = [str((optim.get(k) or {}).get("class_path", "")) for k in ("actor_optimizer", "critic_optimizer")]
-    estimator = (model.get("advantage") or {}).get("estimator", "gae")  # the module's default
+    task, flags = recipe_command(path)
+    task_model = yaml.safe_load(task.read_text()).get("model") or {}
+    estimator = (task_model.get("advantage") or {}).get("estimator", "gae")  # the module's default
+    if "--model.advantage.estimator" in flags:
+        estimator = flags[flags.index("--model.advantage.estimator") + 1]
     return Recipe(name=path.stem, path=path, model=model.get("model", "tiny"), mode=mode,
                   with_critic=get_estimator(estimator).critic,
-                  needs_bitsandbytes=mode == "QLoRA" or any(p.startswith("bitsandbytes") for p in class_paths))
+                  needs_bitsandbytes=mode == "QLoRA" or any(p.startswith("bitsandbytes") for p in class_paths),
+                  task=task, flags=flags)
 
 
 def find_recipes(names: list[str] | None) -> list[Recipe]:
@@ -252,11 +278,11 @@ def overlay(recipe: Recipe, args, folder: Path, run_dir: Path) -> dict[str, Any]
 
 
 def cli_args(recipe: Recipe, args, overlay_path: Path) -> list[str]:
-    configs = [args.task, str(recipe.path)]
+    configs = [args.task or str(recipe.task), str(recipe.path)]
     if args.devices > 1:
         configs.append(str(ROOT / "configs" / "fsdp.yaml"))
     configs.append(str(overlay_path))
-    return ["fit", *(x for c in configs for x in ("--config", c))]
+    return ["fit", *(x for c in configs for x in ("--config", c)), *recipe.flags]
 
 
 PEAK_LINE = re.compile(r"^PEAK .*?([0-9.]+) GiB", re.MULTILINE)
@@ -499,7 +525,8 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--preset", choices=["gpu", "tiny"], default="gpu",
                    help="gpu: the recipes' real architectures; tiny: small stand-ins (the CPU dry run)")
     p.add_argument("--recipes", nargs="+", default=None, help="recipe names (default: every configs/recipes/24gb-*)")
-    p.add_argument("--task", default=str(ROOT / "configs" / "sokoban.yaml"), help="the task config under the recipe")
+    p.add_argument("--task", default=None,
+                   help="the task config under the recipe (default: the one of the command in the recipe's comment)")
     p.add_argument("--iterations", type=int, default=3, help="StarPO iterations per recipe (the first is warm-up)")
     p.add_argument("--budget-s", type=float, default=600.0, help="wall-clock budget per recipe, model build included")
     p.add_argument("--devices", type=int, default=None, help="GPUs (default: all visible; >1 adds configs/fsdp.yaml)")
@@ -557,7 +584,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
         "device": f"{device_name} x {args.devices}" + (" (FSDP2, configs/fsdp.yaml)" if args.devices > 1 else ""),
         "torch": torch.__version__,
         "preset": f"{args.preset}, {args.iterations} iteration(s) per recipe (speeds: mean after the first), "
-                  f"task {Path(args.task).name}, HF engine, filter keeps every group, budget {args.budget_s:.0f} s",
+                  f"task {Path(args.task).name if args.task else 'of each recipe command'}, HF engine, filter keeps every group, budget {args.budget_s:.0f} s",
         "peak assumed for MFU": (f"{peak:g} TFLOP/s dense bf16 per device" if peak else "unknown device: no MFU "
                                  "(pass --peak-tflops)"),
         "FLOPs counted": "update 6 N per trained token per fully trained network (actor; critic with GAE), 4 N "

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Multi-node StarPO with FSDP2 under SLURM: one task per GPU, Lightning reads the SLURM environment
 # (SLURM_NTASKS, SLURM_PROCID, SLURM_LOCALID, SLURM_NODELIST) and builds the process group itself.
-#   sbatch scripts/slurm_fsdp.sh configs/sokoban.yaml configs/models/qwen2.5-3b-instruct.yaml
+#   sbatch scripts/slurm_fsdp.sh configs/sokoban_starpo.yaml configs/models/qwen2.5-3b-instruct.yaml
 # --trainer.num_nodes and --trainer.devices must match --nodes and --ntasks-per-node below; --data.num_groups and
 # --data.val_num_groups must be divisible by nodes x GPUs per node. Swap configs/fsdp.yaml for configs/ddp.yaml to
 # replicate instead of shard.

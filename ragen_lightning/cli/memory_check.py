@@ -34,6 +34,42 @@ def _as_dict(value: Any) -> dict[str, Any]:
     return value.as_dict() if hasattr(value, "as_dict") else dict(value)
 
 
+def rollout_engine(model: dict[str, Any], data: dict[str, Any]) -> str:
+    """``--data.engine`` resolved as the fit resolves it (:func:`ragen_lightning.rollout.engines.resolve_engine`:
+    ``auto`` is vLLM when installed and the actor is not 4-bit, i.e. not a QLoRA ``nf4`` base)."""
+    from ragen_lightning.rollout.engines import resolve_engine
+
+    lora = _as_dict(model.get("lora"))
+    return resolve_engine(data.get("engine") or "hf", quantized=lora.get("quantization", "none") == "nf4")
+
+
+def device_memory_gib() -> float | None:
+    """Total memory of this machine's CUDA device 0 in GiB, or None without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(0).total_memory / GIB
+
+
+def _vllm_memory(data: dict[str, Any], gpu_gib: float | None) -> tuple[dict[str, Any], str]:
+    """``--data.vllm``'s memory settings over :class:`VLLMConfig`'s defaults, the GPU memory its fraction is taken of
+    (``--gpu_memory_gb``, else this machine's CUDA device) and a line saying which."""
+    from ragen_lightning.rollout.vllm_engine import VLLMConfig
+
+    vllm = {**_as_dict(VLLMConfig()), **{k: v for k, v in _as_dict(data.get("vllm")).items() if v is not None}}
+    source = "--gpu_memory_gb"
+    if gpu_gib is None:
+        gpu_gib, source = device_memory_gib(), "this machine's CUDA device 0 (no --gpu_memory_gb)"
+    if gpu_gib is None:
+        raise ConfigError("the memory plan of the vLLM engine needs the GPU's memory: pass --gpu_memory_gb (no CUDA "
+                          "device here to read it from), or --data.engine hf")
+    note = (f"vLLM reservation = --data.vllm.gpu_memory_utilization {vllm['gpu_memory_utilization']:g} x "
+            f"{gpu_gib:g} GiB from {source}; sleep_level {vllm['sleep_level']}")
+    return {"gpu_memory_utilization": float(vllm["gpu_memory_utilization"]), "gpu_gib": gpu_gib,
+            "sleep_level": int(vllm["sleep_level"])}, note
+
+
 def plan_from_config(model: dict[str, Any], data: dict[str, Any], trainer: dict[str, Any],
                      gpu_gib: float | None = None) -> MemoryPlan:
     """The plan of a parsed CLI configuration (``config.model``, ``config.data``, ``config.trainer`` as dicts)."""
@@ -44,17 +80,21 @@ def plan_from_config(model: dict[str, Any], data: dict[str, Any], trainer: dict[
     optim = groups["optim"]  # (the factories stay config dicts: the plan reads their class paths)
     s = ModuleSettings.build(**{**groups, "optim": {k: v for k, v in optim.items() if not k.endswith("_optimizer")}})
     optimizers = [_as_dict(optim.get(k)).get("class_path", "") for k in ("actor_optimizer", "critic_optimizer")]
-    return plan(
+    engine = rollout_engine(model, data)
+    vllm, note = _vllm_memory(data, gpu_gib) if engine == "vllm" else ({"gpu_gib": gpu_gib}, None)
+    result = plan(
         architecture(model.get("model", "tiny")), dtype=model.get("dtype", "float32"),
         activation_bytes=activation_bytes(trainer.get("precision"), model.get("dtype", "float32")),
         micro_batch_size=s.update.micro_batch_size, max_model_len=_as_dict(data.get("episode")).get("max_model_len", 4096),
         logits_chunk_size=s.update.logits_chunk_size, activation_checkpointing=s.update.activation_checkpointing,
         with_critic=get_estimator(s.advantage.estimator).critic, with_reference=s.uses_reference, lora=lora,
-        engine=data.get("engine", "hf") or "hf", max_batch_size=data.get("max_batch_size", 128),
-        gpu_memory_utilization=float(data.get("gpu_memory_utilization") or 0.0), gpu_gib=gpu_gib,
+        engine=engine, max_batch_size=data.get("max_batch_size", 128),
         optimizer_8bit=bool(optimizers[0]) and all("8bit" in o for o in optimizers if o),
-        mixed_precision="mixed" in str(trainer.get("precision") or ""),
+        mixed_precision="mixed" in str(trainer.get("precision") or ""), **vllm,
     )
+    if note:
+        result.notes.append(note)
+    return result
 
 
 def check_memory(config: Any, *, print_plan: bool, refuse: bool = True) -> MemoryPlan:
@@ -67,14 +107,15 @@ def check_memory(config: Any, *, print_plan: bool, refuse: bool = True) -> Memor
     if gpu is not None and gpu <= 0:
         raise ConfigError(f"--gpu_memory_gb must be > 0, got {gpu}")
     result = plan_from_config(_as_dict(config.get("model")), _as_dict(config.get("data")),
-                              _as_dict(config.get("trainer")), gpu_gib=gpu)
+                              _as_dict(config.get("trainer")), gpu_gib=gpu)  # the same peak as --memory_plan's
     if refuse and gpu is not None and not result.fits(gpu):
         if print_plan:
             print(result.table(gpu))
         raise ConfigError(f"--gpu_memory_gb {gpu:g}: the estimated peak {result.peak / GIB:.1f} GiB does not fit "
                           "(see --memory_plan true); lower --model.update.micro_batch_size / --data.episode.max_model_len, set "
-                          "--model.update.activation_checkpointing true or --model.update.logits_chunk_size, or use LoRA/QLoRA "
-                          "(configs/lora.yaml, configs/qlora.yaml)")
+                          "--model.update.activation_checkpointing true or --model.update.logits_chunk_size, lower "
+                          "--data.vllm.gpu_memory_utilization (vLLM) or --data.max_batch_size (HF engine), or use LoRA/QLoRA "
+                          "(configs/lora.yaml, configs/qlora.yaml); docs/memory.md")
     if print_plan:
         print(result.table(gpu))
         raise SystemExit(0)

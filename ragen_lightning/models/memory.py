@@ -1,12 +1,13 @@
 """Memory plan: an estimate of one GPU's peak memory for a training configuration, checked before launch.
 
-The trainer's memory has a static part that lives through the whole iteration and transient parts that do not
-overlap in time (the update runs after the rollout):
+The trainer's memory has a static part that lives through the whole iteration and phase parts: an iteration
+first rolls out, then scores and updates, and the peak is the larger of the two phases:
 
-    peak = weights (actor + critic + reference copy) + grads + AdamW states        # static
-         + autocast copies (16-bit mixed precision over fp32 trainable weights)    # static
-         + max(update activations + logits,  HF engine KV cache)                  # transient
-         + vLLM reservation (gpu_memory_utilization x GPU memory) + runtime overhead
+    static  = weights (actor + critic + reference copy) + grads + AdamW states
+            + autocast copies (16-bit mixed precision over fp32 trainable weights)
+    rollout = static + engine (HF: its KV cache; vLLM: its reservation) + runtime overhead
+    update  = static + update activations + logits + vLLM while asleep + runtime overhead
+    peak    = max(rollout, update)
 
 - weights: parameters x bytes per parameter of ``--model.dtype``; ``nf4`` stores the transformer blocks' linear
   weights in 4 bits plus block constants (64 weights per block: a 4-byte absmax, or with double quantization an 8-bit
@@ -24,7 +25,11 @@ overlap in time (the update runs after the rollout):
   activation checkpointing only each block's input ``H`` is kept, plus one block recomputed.
 - logits: ``micro_batch x max_model_len x vocab`` in the activation dtype twice (logits and the temperature-scaled
   copy) plus fp32 log-softmax work (value and gradient, 3 buffers) over ``logits_chunk_size`` rows (all rows if unset).
-- HF engine: the KV cache ``2 x layers x kv_dim`` per token at ``max_batch_size x max_model_len`` tokens.
+- HF engine: the KV cache ``2 x layers x kv_dim`` per token at ``max_batch_size x max_model_len`` tokens, held during
+  the rollout only.
+- vLLM engine (colocated): its reservation ``gpu_memory_utilization x GPU memory`` (its weights, KV cache and
+  workspace) during the rollout; during the update it holds all of it at ``sleep_level`` 0, nothing at 1 (weights
+  offloaded to CPU, KV cache dropped) or 2 (both dropped).
 
 An estimate, not a measurement: allocator fragmentation and library workspaces are covered by ``overhead_gib``.
 Architectures come from a local folder's ``config.json`` or from :data:`PUBLISHED` (no download needed).
@@ -150,6 +155,19 @@ class MemoryPlan:
     overhead: int
     notes: list[str] = field(default_factory=list)
     autocast_copies: int = 0
+    engine: str = "hf"
+    engine_asleep: int = 0  # what vLLM keeps on the GPU during the update (its whole reservation at sleep_level 0)
+
+    @property
+    def rollout(self) -> int:
+        """The rollout phase: the training state plus the engine's KV cache (HF) or reservation (vLLM)."""
+        return self.static + self.engine_kv_cache + self.engine_reserved + self.overhead
+
+    @property
+    def update(self) -> int:
+        """The scoring and update phase: the training state, one micro-batch's activations and logits, and what a
+        vLLM engine keeps while asleep."""
+        return self.static + self.activations + self.logits + self.engine_asleep + self.overhead
 
     @property
     def static(self) -> int:
@@ -157,8 +175,7 @@ class MemoryPlan:
 
     @property
     def peak(self) -> int:
-        transient = max(self.activations + self.logits, self.engine_kv_cache)
-        return self.static + transient + self.engine_reserved + self.overhead
+        return max(self.rollout, self.update)
 
     def fits(self, gpu_gib: float) -> bool:
         return self.peak <= gpu_gib * GIB
@@ -168,16 +185,18 @@ class MemoryPlan:
         rows += [("grads (trainable)", self.grads), ("AdamW states (trainable)", self.optimizer)]
         if self.autocast_copies:
             rows.append(("autocast 16-bit copies (fp32 trainable)", self.autocast_copies))
-        rows += [
-                 ("update activations (micro-batch)", self.activations), ("logits + log-softmax", self.logits),
-                 ("HF engine KV cache (rollout, not during update)", self.engine_kv_cache),
-                 ("vLLM reservation", self.engine_reserved), ("runtime overhead", self.overhead),
-                 ("PEAK (static + max(update, KV) + vLLM + overhead)", self.peak)]
-        lines = [f"{name:<52} {b / GIB:8.2f} GiB" for name, b in rows]
+        rows += [("update activations (micro-batch)", self.activations), ("logits + log-softmax", self.logits),
+                 ("HF engine KV cache (rollout)", self.engine_kv_cache),
+                 ("vLLM reservation (rollout)", self.engine_reserved),
+                 ("vLLM while asleep (update)", self.engine_asleep), ("runtime overhead", self.overhead),
+                 ("phase rollout (static + engine + overhead)", self.rollout),
+                 ("phase update (static + update + vLLM asleep + overhead)", self.update),
+                 ("PEAK (max over the phases)", self.peak)]
+        lines = [f"{name:<56} {b / GIB:8.2f} GiB" for name, b in rows]
         if gpu_gib is not None:
             verdict = "fits" if self.fits(gpu_gib) else "DOES NOT FIT"
-            lines.append(f"{'GPU memory':<52} {gpu_gib:8.2f} GiB  -> {verdict}")
-        return "\n".join(["memory plan (estimate, per GPU)", *lines, *self.notes])
+            lines.append(f"{'GPU memory':<56} {gpu_gib:8.2f} GiB  -> {verdict}")
+        return "\n".join([f"memory plan (estimate, per GPU; rollout engine: {self.engine})", *lines, *self.notes])
 
 
 def _nf4_bytes(n: int, double_quant: bool) -> float:
@@ -190,7 +209,7 @@ def plan(arch: Architecture, *, dtype: str = "float32", activation_bytes: int = 
          with_critic: bool = True, with_reference: bool = False, lora: dict[str, Any] | None = None,
          engine: str = "hf", max_batch_size: int = 128, gpu_memory_utilization: float = 0.0,
          gpu_gib: float | None = None, overhead_gib: float = 1.0, optimizer_8bit: bool = False,
-         mixed_precision: bool = False) -> MemoryPlan:
+         mixed_precision: bool = False, sleep_level: int = 1) -> MemoryPlan:
     """Estimate one GPU's peak memory (see the module docstring for every term).
 
     Args:
@@ -205,7 +224,8 @@ def plan(arch: Architecture, *, dtype: str = "float32", activation_bytes: int = 
         with_reference: a KL reference is scored (a full copy without LoRA; free with LoRA).
         lora: ``--model.lora`` as a dict (``rank``, ``target_modules``, ``quantization``, ``double_quant``,
             ``shared_base``) or ``None`` for full fine-tuning.
-        engine: ``hf`` (KV cache in the trainer's memory during rollouts) or ``vllm`` (reserves a fraction).
+        engine: ``hf`` (KV cache in the trainer's memory during rollouts) or ``vllm`` (reserves a fraction); a
+            resolved engine (``auto`` is resolved by the caller, as the fit resolves it).
         max_batch_size: sequences the HF engine decodes together.
         gpu_memory_utilization: vLLM's reserved fraction of ``gpu_gib``.
         gpu_gib: the GPU's memory (needed for a vLLM reservation).
@@ -213,6 +233,7 @@ def plan(arch: Architecture, *, dtype: str = "float32", activation_bytes: int = 
         optimizer_8bit: an 8-bit AdamW (bitsandbytes ``AdamW8bit``): one byte per moment for full fine-tuning.
         mixed_precision: 16-bit mixed precision (``bf16-mixed`` / ``16-mixed``): autocast caches 16-bit copies of
             the fp32 trainable weights it casts.
+        sleep_level: vLLM's ``--data.vllm.sleep_level``: 0 keeps its reservation through the update, 1 and 2 free it.
     """
     pbytes = DTYPE_BYTES[dtype]
     if lora is None:
@@ -223,12 +244,19 @@ def plan(arch: Architecture, *, dtype: str = "float32", activation_bytes: int = 
                                         activation_checkpointing)
     kv_cache, reserved = _engine_bytes(arch, engine, activation_bytes, max_batch_size, max_model_len,
                                        gpu_memory_utilization, gpu_gib)
+    notes = list(model.notes)
+    if engine == "vllm":
+        vllm_weights = arch.causal_lm_params() * activation_bytes
+        if reserved < vllm_weights:
+            notes.append(f"vLLM's reservation {reserved / GIB:.2f} GiB is below its own weights "
+                         f"({vllm_weights / GIB:.2f} GiB): raise --data.vllm.gpu_memory_utilization")
     # LoRA adapters are fp32 whatever the dtype; full fine-tuning casts only fp32 weights
     copies = 2 * model.cast if mixed_precision and (lora is not None or pbytes == 4) else 0
     return MemoryPlan(weights={k: int(v) for k, v in model.weights.items()}, grads=int(model.grads),
                       optimizer=int(model.optimizer), activations=int(activations), logits=int(logits),
                       engine_kv_cache=int(kv_cache), engine_reserved=reserved, overhead=int(overhead_gib * GIB),
-                      notes=model.notes, autocast_copies=int(copies))
+                      notes=notes, autocast_copies=int(copies), engine=engine,
+                      engine_asleep=reserved if sleep_level == 0 else 0)
 
 
 @dataclass
@@ -314,6 +342,8 @@ def _engine_bytes(arch: Architecture, engine: str, activation_bytes: int, max_ba
                   gpu_memory_utilization: float, gpu_gib: float | None) -> tuple[int, int]:
     """``(kv_cache, reserved)``: the HF engine's KV cache of ``max_batch_size`` ``seq_len``-token sequences in the
     trainer's memory, or vLLM's reservation."""
+    if engine not in ("hf", "vllm"):
+        raise ConfigError(f"the memory plan needs a resolved rollout engine ('hf' or 'vllm'), got {engine!r}")
     per_token = 2 * arch.num_layers * arch.kv_dim * activation_bytes  # keys and values of every layer
     kv_cache = per_token * max_batch_size * seq_len if engine == "hf" else 0
     reserved = 0

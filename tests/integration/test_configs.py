@@ -25,8 +25,8 @@ class ParseOnly(StarPOCLI):
         pass
 
 
-def parse(*configs: Path):
-    args = [a for c in configs for a in ("--config", str(c))]
+def parse(*configs: Path, extra: tuple[str, ...] = ()):
+    args = [*(a for c in configs for a in ("--config", str(c))), *extra]
     from ragen_lightning.data.datamodule import RolloutDataModule
     from ragen_lightning.starpo.module import StarPOModule
 
@@ -41,8 +41,13 @@ def test_every_config_parses(capsys):
         env_ids = [cfg.data.env_id] if cfg.data.mixture is None else [e["env_id"] for e in cfg.data.mixture]
         assert all(i.startswith("ragen/") for i in env_ids) and is_tiny(cfg.model.model), task.name
         checked += 1
-    for overlay in OVERLAYS:
-        cfg = parse(CONFIGS / "sokoban.yaml", overlay)
+    from tests.conftest import load_script
+
+    recipe_command = load_script("benchmarks/gpu_kit.py").recipe_command
+    for overlay in OVERLAYS:  # over the task config the overlay names (a recipe: the command in its comment)
+        task, extra = (recipe_command(overlay) if overlay.parent.name == "recipes"
+                       else (CONFIGS / "sokoban_starpo.yaml", ()))
+        cfg = parse(task, overlay, extra=extra)
         assert cfg.data.env_id == "ragen/SimpleSokoban-v0"  # overlays keep the task
         checked += 1
     with capsys.disabled():
@@ -70,11 +75,18 @@ def backend_args(task: str) -> list[str]:
 def update_args(task: str) -> list[str]:
     """A task config on rejection-sampling fine-tuning (configs/sokoban.yaml) trains only the turns scored above its
     threshold, and the untrained tiny model of this test scores none (no kept row: no optimizer step); keeping every
-    turn makes the one iteration update, as the other estimators do."""
+    turn (and every group, under a filter that drops zero-variance ones) makes the one iteration update, as the
+    other configs do."""
     import yaml
 
-    model = yaml.safe_load((CONFIGS / f"{task}.yaml").read_text()).get("model") or {}
-    return ["--model.advantage.rft_threshold=-1e9"] if (model.get("advantage") or {}).get("estimator") == "rft" else []
+    config = yaml.safe_load((CONFIGS / f"{task}.yaml").read_text())
+    model, data = config.get("model") or {}, config.get("data") or {}
+    args = ["--model.advantage.rft_threshold=-1e9"] if (model.get("advantage") or {}).get("estimator") == "rft" else []
+    # StarPO-S's filter (configs/sokoban_starpo_s.yaml) drops zero-variance groups, and the untrained tiny model's
+    # groups of 2 fail alike (no group left: no step): keep every group
+    if (data.get("filter") or {}).get("include_zero") is False:
+        args += ["--data.filter.value", "1.0", "--data.filter.include_zero", "true"]
+    return args
 
 
 @pytest.mark.slow

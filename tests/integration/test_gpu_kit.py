@@ -45,12 +45,14 @@ def test_cpu_dry_run_writes_planned_and_measured_rows(kit, tmp_path):
         assert float(row["rollout tok/s"]) > 0 and float(row["update tok/s"]) > 0
     assert table["24gb-qwen2.5-7b-qlora"]["mode"] == "QLoRA"
     # the planned figure is the command line's own plan of the stand-in folder (fp32 under the tiny preset; the
-    # recipe's micro-batch 1 x 2048 tokens, logits in chunks of 1024, a critic), not the published 0.5B's
+    # recipe's micro-batch 1 x 2048 tokens, activation checkpointing, logits in chunks of 256; its command's task
+    # config sokoban_starpo.yaml: a critic and a KL reference copy), not the published 0.5B's
     tok_len = kit.tokenizer_len()
     full = kit.find_recipes(["24gb-qwen2.5-0.5b-full"])[0]
     arch = kit.kit_architecture(full, "tiny", tok_len)
     expected = plan(arch, dtype="float32", activation_bytes=4, micro_batch_size=1, max_model_len=2048,
-                    logits_chunk_size=1024, with_critic=True, max_batch_size=4).peak / GIB
+                    logits_chunk_size=256, activation_checkpointing=True, with_critic=True, with_reference=True,
+                    max_batch_size=4).peak / GIB
     assert float(table["24gb-qwen2.5-0.5b-full"]["planned peak GiB (GPU plan)"]) == pytest.approx(expected, abs=0.006)
     assert 1.0 < expected < 1.2  # 1 GiB of runtime overhead and a few MiB of a tiny model
     broken = table["24gb-broken"]

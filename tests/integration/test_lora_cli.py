@@ -27,31 +27,25 @@ class ParseOnly(StarPOCLI):
         pass
 
 
-def parse(*configs: Path):
-    args = [a for c in configs for a in ("--config", str(c))]
+def parse(*configs: Path, extra: tuple[str, ...] = ()):
+    args = [*(a for c in configs for a in ("--config", str(c))), *extra]
     return ParseOnly(StarPOModule, RolloutDataModule, args=args, run=False).config
-
-
-def test_overlays_compose_with_task_and_model_overlays():
-    cfg = parse(CONFIGS / "bandit.yaml", CONFIGS / "lora.yaml")
-    assert cfg.model.model == "tiny" and cfg.model.lora.rank == 64 and cfg.model.lora.alpha == 64
-    assert cfg.model.lora.target_modules == "all-linear" and cfg.model.optim.actor_lr == 1.0e-5  # x10 of full FT's 1e-6
-    cfg = parse(CONFIGS / "sokoban.yaml", CONFIGS / "models" / "qwen2.5-3b-instruct.yaml", CONFIGS / "qlora.yaml")
-    assert cfg.model.model == "Qwen/Qwen2.5-3B-Instruct" and cfg.model.lora.quantization == "nf4"
-    assert cfg.model.optim.actor_lr == 1.0e-5 and cfg.model.optim.critic_lr == 1.0e-4
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_recipes_fit_24gb_with_ragen_low_memory_settings(recipe):
     from ragen_lightning.cli.memory_check import check_memory
+    from tests.conftest import load_script
 
-    cfg = parse(CONFIGS / "sokoban.yaml", recipe)
+    task, extra = load_script("benchmarks/gpu_kit.py").recipe_command(recipe)  # the command the recipe shows
+    cfg = parse(task, recipe, extra=extra)
     update = cfg.model["update"]  # (Namespace.update is a method)
-    assert (update.micro_batch_size, update.mini_batch_size) == (1, 8)
+    assert update.micro_batch_size == 1 and update.mini_batch_size == 32  # the task config's mini-batch
     assert (cfg.data.episode.max_model_len, cfg.data.episode.max_new_tokens) == (2048, 128)
     assert cfg.gpu_memory_gb == 24
     plan = check_memory(cfg, print_plan=False)  # raises ConfigError if the estimate exceeds 24 GiB
     assert 8 * 2**30 < plan.peak <= 24 * 2**30  # a real model's plan, not an empty one
+    assert plan.engine_kv_cache + plan.engine_reserved > 0  # the rollout engine is counted (auto resolved)
 
 
 def test_gpu_memory_preflight_refuses_before_anything_is_written(tmp_path, monkeypatch):
@@ -60,11 +54,12 @@ def test_gpu_memory_preflight_refuses_before_anything_is_written(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     # Qwen2.5-3B full fine-tuning with a critic at RAGEN's paper lengths cannot fit 24 GiB
     with pytest.raises(ConfigError, match=r"--gpu_memory_gb 24: the estimated peak \d+\.\d GiB does not fit"):
-        main(["fit", "--config", str(CONFIGS / "sokoban.yaml"), "--config",
+        main(["fit", "--config", str(CONFIGS / "sokoban_starpo.yaml"), "--config",
               str(CONFIGS / "models" / "qwen2.5-3b-instruct.yaml"), "--gpu_memory_gb", "24"])
     assert not list(tmp_path.iterdir())
     with pytest.raises(SystemExit) as e:  # the plan alone: printed, exit 0, nothing built
-        main(["fit", "--config", str(CONFIGS / "sokoban.yaml"), "--config", str(RECIPES[-1]), "--memory_plan", "true"])
+        main(["fit", "--config", str(CONFIGS / "sokoban_starpo.yaml"), "--config", str(RECIPES[-1]), "--memory_plan",
+              "true"])
     assert e.value.code == 0 and not list(tmp_path.iterdir())
 
 

@@ -76,7 +76,11 @@ def test_recipes_are_read_from_their_yaml(kit):
     assert sorted(recipes) == ["24gb-qwen2.5-0.5b-full", "24gb-qwen2.5-1.5b-full", "24gb-qwen2.5-3b-lora",
                                "24gb-qwen2.5-7b-qlora"]
     assert [recipes[n].mode for n in sorted(recipes)] == ["full", "full", "LoRA", "QLoRA"]
-    assert not recipes["24gb-qwen2.5-1.5b-full"].with_critic  # GRPO
+    assert not recipes["24gb-qwen2.5-1.5b-full"].with_critic  # GRPO, named by the command in the recipe's comment
+    assert recipes["24gb-qwen2.5-1.5b-full"].flags == ("--model.advantage.estimator", "grpo")
+    assert recipes["24gb-qwen2.5-1.5b-full"].task.name == "sokoban_starpo_s.yaml"
+    assert recipes["24gb-qwen2.5-3b-lora"].with_critic and recipes["24gb-qwen2.5-3b-lora"].flags == ()
+    assert recipes["24gb-qwen2.5-3b-lora"].task.name == "sokoban_starpo.yaml"  # GAE: a critic
     assert recipes["24gb-qwen2.5-1.5b-full"].needs_bitsandbytes  # AdamW8bit
     assert recipes["24gb-qwen2.5-7b-qlora"].needs_bitsandbytes
     assert not recipes["24gb-qwen2.5-3b-lora"].needs_bitsandbytes
@@ -97,7 +101,11 @@ def test_overlay_and_command_follow_the_flags(kit, tmp_path):
     assert [c["class_path"] for c in config["trainer"]["callbacks"]] == ["callbacks.RolloutThroughput",
                                                                          "callbacks.PeakMemory"]
     one = kit.cli_args(recipe, args, tmp_path / "o.yaml")
-    assert one[0] == "fit" and one[2::2] == [args.task, str(recipe.path), str(tmp_path / "o.yaml")]
+    assert one[0] == "fit" and one[2::2] == [str(recipe.task), str(recipe.path), str(tmp_path / "o.yaml")]
+    grpo = kit.find_recipes(["24gb-qwen2.5-1.5b-full"])[0]
+    assert kit.cli_args(grpo, args, tmp_path / "o.yaml")[-2:] == ["--model.advantage.estimator", "grpo"]
+    args.task = "other.yaml"
+    assert kit.cli_args(recipe, args, tmp_path / "o.yaml")[2] == "other.yaml"
     args.devices = 2
     assert str(ROOT / "configs" / "fsdp.yaml") in kit.cli_args(recipe, args, tmp_path / "o.yaml")
     with pytest.raises(SystemExit):

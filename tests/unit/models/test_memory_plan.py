@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ragen_lightning.errors import ConfigError
 from ragen_lightning.cli import memory_check
+from ragen_lightning.errors import ConfigError
 from ragen_lightning.models import memory
 
 # 2 layers, H 8, I 16, 2 heads of 4 (q_dim 8), 1 kv head (kv_dim 4), vocab 10, tied embeddings
@@ -217,3 +217,87 @@ def test_activation_term_matches_the_tensors_autograd_saves():
         model(input_ids=torch.randint(0, 512, (1, 256)))
     planned = memory.plan(arch, activation_bytes=4, micro_batch_size=1, max_model_len=256).activations
     assert 0.9 * planned <= sum(saved.values()) <= planned
+
+
+def test_phases_with_vllm_by_hand():
+    """vLLM colocated: the rollout holds the training state plus its reservation; at sleep_level >= 1 the update
+    holds none of it, at sleep_level 0 all of it; the peak is the larger phase."""
+    kw = {"dtype": "float32", "activation_bytes": 4, "micro_batch_size": 1, "max_model_len": 4, "with_critic": True,
+          "engine": "vllm", "gpu_memory_utilization": 0.25, "gpu_gib": 8.0, "overhead_gib": 0}
+    static = 5216 + 5252 + 10468 + 20936  # test_full_finetune_plan_by_hand's weights, grads, AdamW
+    asleep = memory.plan(SMALL, sleep_level=1, **kw)
+    assert asleep.engine_reserved == 2 * memory.GIB and asleep.engine_kv_cache == 0 and asleep.engine_asleep == 0
+    assert asleep.rollout == static + 2 * memory.GIB
+    assert asleep.update == static + 4992 + 800  # activations + logits, vLLM asleep
+    assert asleep.peak == asleep.rollout
+    awake = memory.plan(SMALL, sleep_level=0, **kw)
+    assert awake.update == static + 4992 + 800 + 2 * memory.GIB and awake.peak == awake.update
+    assert memory.plan(SMALL, sleep_level=2, **kw).peak == asleep.peak
+    table = asleep.table(8.0)
+    assert "rollout engine: vllm" in table and "phase rollout" in table and "phase update" in table
+    with pytest.raises(ConfigError, match="resolved rollout engine .* got 'auto'"):
+        memory.plan(SMALL, engine="auto")
+
+
+def test_phases_with_the_hf_engine_by_hand():
+    p = memory.plan(SMALL, dtype="float32", activation_bytes=4, micro_batch_size=1, max_model_len=4,
+                    max_batch_size=3000, overhead_gib=0.5)
+    static = 5216 + 5252 + 10468 + 20936
+    kv = 2 * 2 * 4 * 4 * 3000 * 4  # (k, v) x layers x kv_dim x 4 bytes x 3000 sequences x 4 tokens = 768,000
+    assert p.engine_kv_cache == kv and p.engine_reserved == 0
+    assert p.rollout == static + kv + memory.GIB // 2 and p.update == static + 4992 + 800 + memory.GIB // 2
+    assert p.peak == p.rollout  # the KV cache of 3000 sequences outweighs one micro-batch's activations
+
+
+QWEN05 = {"model": "Qwen/Qwen2.5-0.5B-Instruct", "dtype": "float32", "advantage": {"estimator": "grpo"}}
+DATA = {"episode": {"max_model_len": 2048}, "max_batch_size": 64}
+
+
+def test_plan_resolves_auto_as_the_fit_does(monkeypatch):
+    """``auto`` goes through resolve_engine: vLLM when installed and the actor is not nf4, else HF."""
+    from ragen_lightning.rollout import engines
+
+    monkeypatch.setattr(engines, "vllm_installed", lambda: True)
+    data = {**DATA, "engine": "auto", "vllm": {"gpu_memory_utilization": 0.3, "sleep_level": 1}}
+    p = memory_check.plan_from_config(QWEN05, data, {"precision": "bf16-mixed"}, gpu_gib=24.0)
+    assert p.engine == "vllm" and p.engine_reserved == int(0.3 * 24 * memory.GIB) and p.engine_kv_cache == 0
+    assert p.rollout == p.static + p.engine_reserved + memory.GIB
+    assert any("gpu_memory_utilization 0.3 x 24 GiB from --gpu_memory_gb" in n for n in p.notes)
+    nf4 = memory_check.plan_from_config({**QWEN05, "dtype": "bfloat16", "lora": {"rank": 8, "quantization": "nf4"}},
+                                        data, {"precision": "bf16-mixed"}, gpu_gib=24.0)
+    assert nf4.engine == "hf" and nf4.engine_reserved == 0
+    # HF KV cache: 2 (k, v) x 24 layers x kv_dim 128 x 2 bytes (bf16) x 64 sequences x 2048 tokens = 1.5 GiB
+    assert nf4.engine_kv_cache == 2 * 24 * 128 * 2 * 64 * 2048 == int(1.5 * memory.GIB)
+    monkeypatch.setattr(engines, "vllm_installed", lambda: False)
+    assert memory_check.plan_from_config(QWEN05, data, {}, gpu_gib=24.0).engine == "hf"
+    assert memory_check.plan_from_config(QWEN05, {**data, "engine": "vllm"}, {}, gpu_gib=24.0).engine == "vllm"
+
+
+def test_vllm_fraction_defaults_and_gpu_memory_source(monkeypatch):
+    data = {**DATA, "engine": "vllm"}  # no --data.vllm: VLLMConfig's default fraction 0.5
+    assert memory_check.plan_from_config(QWEN05, data, {}, gpu_gib=24.0).engine_reserved == 12 * memory.GIB
+    monkeypatch.setattr(memory_check, "device_memory_gib", lambda: 80.0)
+    p = memory_check.plan_from_config(QWEN05, {**data, "vllm": {"gpu_memory_utilization": 0.25}}, {})
+    assert p.engine_reserved == 20 * memory.GIB and any("80 GiB from this machine's CUDA device 0" in n for n in p.notes)
+    monkeypatch.setattr(memory_check, "device_memory_gib", lambda: None)
+    with pytest.raises(ConfigError, match="vLLM engine needs the GPU's memory: pass --gpu_memory_gb"):
+        memory_check.plan_from_config(QWEN05, data, {})
+
+
+def test_refusal_counts_the_vllm_reservation():
+    """The --gpu_memory_gb refusal uses the same peak: a config that fits with the HF engine is refused once vLLM
+    reserves 0.9 of the GPU, and fits again at a fraction that leaves room for the training state."""
+    update = {"micro_batch_size": 1, "logits_chunk_size": 256, "activation_checkpointing": True}
+    cfg = {"model": {**QWEN05, "lora": {"rank": 8}, "dtype": "bfloat16", "update": update},
+           "data": {**DATA, "engine": "hf"},
+           "trainer": {"precision": "bf16-mixed"}, "gpu_memory_gb": 8.0}
+    fits = memory_check.check_memory(cfg, print_plan=False)
+    assert fits.fits(8.0) and fits.engine_kv_cache > 0
+    vllm = {**cfg, "data": {**DATA, "engine": "vllm", "vllm": {"gpu_memory_utilization": 0.9}}}
+    with pytest.raises(ConfigError, match=r"--gpu_memory_gb 8: the estimated peak .* does not fit"):
+        memory_check.check_memory(vllm, print_plan=False)
+    low = {**cfg, "data": {**DATA, "engine": "vllm", "vllm": {"gpu_memory_utilization": 0.3}}}
+    assert memory_check.check_memory(low, print_plan=False).peak == fits.static + int(0.3 * 8 * memory.GIB) + memory.GIB
+    note = memory.plan(memory.PUBLISHED["Qwen/Qwen2.5-7B-Instruct"], engine="vllm", gpu_memory_utilization=0.5,
+                       gpu_gib=24.0).notes
+    assert any("below its own weights" in n for n in note)  # 12 GiB < 7.6e9 x 2 bytes
