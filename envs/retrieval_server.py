@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import hmac
 import json
-import os
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -142,18 +141,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without a secret")
     from envs.serve import (
         add_connection_flags,
-        refuse_public_host,
+        secret_and_host,
         serve_until_interrupted,
     )
 
     add_connection_flags(parser)
     args = parser.parse_args(argv)
-    secret = None
-    if args.secret_env is not None:
-        secret = os.environ.get(args.secret_env)
-        if not secret:
-            parser.error(f"--secret-env names {args.secret_env!r}, which is not set or empty")
-    refuse_public_host(parser, args.host, secret is not None, args.insecure)
+    secret = secret_and_host(parser, args)
     if args.corpus is not None:
         documents = load_corpus(args.corpus)
     else:

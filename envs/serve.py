@@ -355,6 +355,18 @@ def add_connection_flags(parser: argparse.ArgumentParser) -> None:
                         help="open connections at most (more are answered 503)")
 
 
+def secret_and_host(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """The shared secret named by ``--secret-env`` (None without it), after refusing a non-loopback ``--host``
+    without one unless ``--insecure`` (then warn)."""
+    secret = None
+    if args.secret_env is not None:
+        secret = os.environ.get(args.secret_env)
+        if not secret:
+            parser.error(f"--secret-env names {args.secret_env!r}, which is not set or empty")
+    refuse_public_host(parser, args.host, secret is not None, args.insecure)
+    return secret
+
+
 def refuse_public_host(parser: argparse.ArgumentParser, host: str, secured: bool, insecure: bool) -> None:
     """Refuse a non-loopback ``host`` without a shared secret unless ``--insecure`` (then warn)."""
     if _is_loopback(host) or secured:
@@ -386,12 +398,7 @@ def main(argv: list[str] | None = None) -> None:
         check_allowed_keys(allowed)
     except ValueError as e:
         parser.error(str(e))
-    secret = None
-    if args.secret_env is not None:
-        secret = os.environ.get(args.secret_env)
-        if not secret:
-            parser.error(f"--secret-env names {args.secret_env!r}, which is not set or empty")
-    refuse_public_host(parser, args.host, secret is not None, args.insecure)
+    secret = secret_and_host(parser, args)
     import envs  # noqa: F401 - registers the project's ids
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

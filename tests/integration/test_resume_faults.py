@@ -6,20 +6,17 @@ a mid-run resume does not warn that the dataloader is not resumable."""
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 
 import pytest
 
 import envs  # noqa: F401
 from ragen_lightning.cli import main
 from ragen_lightning.errors import ConfigError
+from tests.integration.test_checkpoint_safety import (
+    COMMON,  # a short Bandit fit on the HF engine
+)
 
 pytestmark = pytest.mark.slow
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-COMMON = ["--config", str(CONFIGS / "bandit.yaml"), "--model.warm_start", "false", "--trainer.logger", "false",
-          "--data.num_groups", "2", "--data.group_size", "4", "--data.episode.max_new_tokens", "12",
-          "--data.val_num_groups", "2", "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "4",
-          "--trainer.val_check_interval", "1", "--data.engine", "hf"]
 
 
 def test_a_finished_run_extends_and_a_run_with_nothing_left_is_refused(tmp_path, monkeypatch):
