@@ -36,7 +36,7 @@ import torch
 
 from ragen_lightning import models
 from ragen_lightning.errors import ConfigError, Domain, check_domains
-from ragen_lightning.parallel.threads import map_threads, torch_threads_set
+from ragen_lightning.parallel.threads import backward_in_order, torch_threads_set
 from ragen_lightning.rollout.seeds import episode_seeds
 from ragen_lightning.rollout.settings import (
     EpisodeSettings,
@@ -161,9 +161,10 @@ def sft_backward(model: torch.nn.Module, examples: Sequence[Demonstration], pad_
     """Backward of the batch's token-mean SFT loss; returns ``(loss, metrics)`` detached.
 
     With ``threads`` > 1 the examples (longest first, dealt in turn so the parts are about equally long) form that
-    many parts, each collated, run and backpropagated on its own thread
-    (:func:`~ragen_lightning.parallel.threads.map_threads`) with its loss weighted by its share of the trained
-    tokens: the summed gradient is the whole batch's, to float rounding."""
+    many parts, each collated, run and backpropagated on its own thread with its loss weighted by its share of the
+    trained tokens, the parts' gradients added in order
+    (:func:`~ragen_lightning.parallel.threads.backward_in_order`): the summed gradient is the whole batch's to float
+    rounding, and the same bit for bit on every run."""
     if threads <= 1 or len(examples) < 2:
         loss, metrics = causal_lm_sft_loss(model, collate(examples, pad_token_id))
         loss.backward()
@@ -173,13 +174,13 @@ def sft_backward(model: torch.nn.Module, examples: Sequence[Demonstration], pad_
     counts = [sum(sum(e.loss_mask[1:]) for e in part) for part in parts]
     total = max(sum(counts), 1)
 
-    def run(k: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def run(k: int) -> tuple[torch.Tensor, tuple[torch.Tensor, dict[str, torch.Tensor]]]:
         loss, metrics = causal_lm_sft_loss(model, collate(parts[k], pad_token_id))
         share = counts[k] / total
-        (loss * share).backward()
-        return loss.detach() * share, {name: v * share for name, v in metrics.items() if name != "sft/num_tokens"}
+        return loss * share, (loss.detach() * share,
+                              {name: v * share for name, v in metrics.items() if name != "sft/num_tokens"})
 
-    done = map_threads(run, range(len(parts)), threads)
+    done = backward_in_order(run, range(len(parts)), threads, model.parameters())
     metrics = {name: sum(m[name] for _, m in done) for name in done[0][1]}
     metrics["sft/num_tokens"] = torch.tensor(float(sum(counts)))
     return sum(loss for loss, _ in done), metrics

@@ -15,8 +15,10 @@ corrupt: it backpropagates with autograd directly and steps the raw optimizer. I
 Lightning's progress when the job is submitted (from the main thread, inside ``training_step``), so
 ``trainer.global_step`` counts both networks' steps as in the sequential update (a step skipped for a non-finite
 learning rate, which the sequential update does not count, is counted here). The module's ``state_dict`` waits for
-the job, so a checkpoint holds the critic after its steps. The critic's metrics of iteration k are logged with
-iteration k + 1 (those of the last iteration are not logged).
+the job, so a checkpoint holds the critic after its steps, and the checkpoint carries their metrics. The critic's
+metrics of iteration k are logged with iteration k + 1 (those of the last iteration are not logged). Lightning
+zeroes every gradient and switches the networks to eval mode before validating; the module waits for the job
+first (``on_validation_model_zero_grad``), so a run does not depend on how far the critic got by then.
 
 :meth:`BackgroundSteps.active` falls back to the sequential update with several processes (a worker's collectives
 would interleave with the rollout's) and under LoRA with one shared base (``lora.shared_base``: the critic's forward
@@ -102,6 +104,16 @@ class BackgroundSteps:
             return
         future, self._future = self._future, None
         self._logs.update(future.result())
+
+    def state_dict(self) -> dict[str, float]:
+        """The logs of the finished jobs not joined yet (waits for the pending job): a checkpoint carries them, so
+        a resumed run logs the critic's metrics of the checkpoint's iteration with the next one, as the
+        uninterrupted run does."""
+        self.wait()
+        return dict(self._logs)
+
+    def load_state_dict(self, logs: dict[str, float]) -> None:
+        self._logs = {str(k): float(v) for k, v in logs.items()}
 
     @staticmethod
     def worker_view(module: Any, opt: Any) -> tuple[Any, Any]:

@@ -263,6 +263,14 @@ class StarPOModule(L.LightningModule):
                 self.log(name, logs[key], prog_bar=True, on_step=True, on_epoch=False, batch_size=1)
 
     # -- validation -----------------------------------------------------------------------------------------------
+    def on_validation_model_zero_grad(self) -> None:
+        # Lightning zeroes every gradient and switches the networks to eval mode before validating: a critic step
+        # still running in the background would lose the gradients it had accumulated so far (and run its forward
+        # in eval mode), at a point that depends on thread timing. Its steps finish first, so a run is the same
+        # whatever the timing, and the same as a run resumed from the checkpoint taken after this validation.
+        self._background.wait()
+        super().on_validation_model_zero_grad()
+
     def validation_step(self, batch: RolloutBatch, batch_idx: int) -> None:
         metrics = {k: float(v) for k, v in batch.metrics.items()}
         # computed from the trajectories of every rank, so identical on all; sync_dist only averages equal values
@@ -285,7 +293,8 @@ class StarPOModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["starpo"] = {**self.skips.state_dict(), **self.early_stops.state_dict(),
-                                "model_path": str(self.model_path or self.hparams.model)}
+                                "model_path": str(self.model_path or self.hparams.model),
+                                "background_logs": self._background.state_dict()}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self._lora is not None and self.actor is not None and "state_dict" in checkpoint:  # (FSDP2: loaded already)
@@ -295,6 +304,7 @@ class StarPOModule(L.LightningModule):
                            f"{self.advantage.estimator}: its weights and optimizer state are dropped")
         for part in (self.skips, self.early_stops):  # their counters (skips in a row, collapse windows)
             part.load_state_dict(checkpoint.get("starpo", {}))
+        self._background.load_state_dict(checkpoint.get("starpo", {}).get("background_logs", {}))
 
     def export_actor(self, path: str | Path) -> Path:
         """Save the actor as a HF folder (:func:`.export.export_actor`; under FSDP2 every rank calls it)."""

@@ -33,7 +33,7 @@ from ragen_lightning.parallel import (
     rank_rows,
     world,
 )
-from ragen_lightning.parallel.threads import map_threads
+from ragen_lightning.parallel.threads import backward_in_order
 from ragen_lightning.starpo.checks import check_threads_precision
 from ragen_lightning.starpo.optim import guarded_step, step_warmup
 from ragen_lightning.starpo.scoring import micro_slices, score_batch
@@ -156,15 +156,16 @@ def accumulate(module, opt, rows: torch.Tensor, loss_fn: LossFn, *, micro_batch_
     (:func:`~ragen_lightning.starpo.optim.guarded_step`'s ``after``); the value is logged as ``step_kl``.
 
     ``threads > 1`` (one process only; ignored with several ranks) runs the micro-batches' forward and backward
-    on that many CPU threads (:func:`~ragen_lightning.parallel.threads.map_threads`). Their backward calls autograd
-    directly: Lightning's ``manual_backward`` keeps per-module hook state that concurrent calls would corrupt, and
-    its precision plugin is plain under the ``*-true`` precisions this needs (checked with the settings).
+    on that many CPU threads, their gradients added in the micro-batches' order
+    (:func:`~ragen_lightning.parallel.threads.backward_in_order`: bit-for-bit the one-thread step). Their backward
+    calls autograd directly: Lightning's ``manual_backward`` keeps per-module hook state that concurrent calls would
+    corrupt, and its precision plugin is plain under the ``*-true`` precisions this needs (checked with the settings).
     """
     size = world()[1]
     opt.zero_grad()
-    seen = _backward_micro_batches(module, rows, loss_fn, micro_batch_size, pad_row, threads)
-    finite = seen.finite
     params = [p for g in opt.param_groups for p in g["params"]]  # a shared LoRA base holds both adapters
+    seen = _backward_micro_batches(module, rows, loss_fn, micro_batch_size, pad_row, threads, params)
+    finite = seen.finite
     if size > 1:
         finite = bool(all_reduce_(torch.tensor(float(finite), device=module.device), "min"))
         norm = clip_grad_norm(module, params, max_norm, every_param=True)  # collective: every rank, finite or not
@@ -203,8 +204,9 @@ class _Backward:
 
 
 def _backward_micro_batches(module, rows: torch.Tensor, loss_fn: LossFn, micro_batch_size: int, pad_row: int,
-                            threads: int) -> _Backward:
-    """Forward and backward every micro-batch of ``rows`` (on ``threads`` CPU threads in one process), in order."""
+                            threads: int, params: list[torch.Tensor]) -> _Backward:
+    """Forward and backward every micro-batch of ``rows`` (on ``threads`` CPU threads in one process, the gradients
+    of ``params`` added in order), in order."""
     size = world()[1]
     seen = _Backward()
     micros = list(micro_slices(rows, micro_batch_size))
@@ -212,13 +214,11 @@ def _backward_micro_batches(module, rows: torch.Tensor, loss_fn: LossFn, micro_b
     if size == 1 and threads > 1 and len(micros) > 1:
         check_threads_precision(threads, module._trainer.precision if module._trainer is not None else None)
 
-        def forward_backward(micro: torch.Tensor) -> MicroOutput:
-            out = loss_fn(micro)
-            if torch.isfinite(out.loss):  # a non-finite loss skips the step: its gradient would only be discarded
-                out.loss.backward()
-            return out
+        def forward(micro: torch.Tensor) -> tuple[torch.Tensor | None, MicroOutput]:
+            out = loss_fn(micro)  # a non-finite loss skips the step: its gradient would only be discarded
+            return (out.loss if torch.isfinite(out.loss) else None), out
 
-        done = map_threads(forward_backward, micros, threads)
+        done = backward_in_order(forward, micros, threads, params)
     for i, micro in enumerate(micros):
         out = loss_fn(micro) if done is None else done[i]
         if out.outputs:
