@@ -42,10 +42,11 @@ def data(**kw):
 
 
 def trainer(tmp_path, callbacks=(), **kw):
+    kw = {"limit_val_batches": 0, **kw}
     return L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=bool(
         [c for c in callbacks if isinstance(c, ModelCheckpoint)]), callbacks=list(callbacks),
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-        default_root_dir=tmp_path, **kw)
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=tmp_path,
+        **kw)
 
 
 def params(m):
@@ -198,6 +199,35 @@ def test_single_pass_shortcut_equals_separate_old_logprob_pass(tmp_path, tiny_pa
             expected = [r[key] for r in rows_a][: len(late)] if background else [r[key] for r in rows_a]
             assert late == pytest.approx(expected, abs=1e-6), key
             assert len(late) == (2 if background else 3)
+
+
+def test_background_critic_takes_the_sequential_steps_when_validation_starts_mid_step(tmp_path, tiny_path, monkeypatch):
+    """Lightning zeroes every gradient before validating. A critic step still accumulating on the worker thread lost
+    the micro-batches it had done (a different step, at a point set by thread timing: runs under load differed).
+    Here a background critic step sleeps once it holds gradients, so validation always starts mid-step: the weights must be the
+    sequential update's bit for bit."""
+    import threading
+    import time
+
+    from ragen_lightning.starpo import ppo
+
+    plain = ppo.critic_micro_loss
+
+    def slow(critic, *args, **kwargs):  # a background critic micro-batch after the first of a step waits
+        if threading.current_thread().name.startswith("critic-steps") and \
+                any(p.grad is not None for p in critic.parameters()):
+            time.sleep(0.15)
+        return plain(critic, *args, **kwargs)
+
+    monkeypatch.setattr(ppo, "critic_micro_loss", slow)
+    results = []
+    for background in (False, True):
+        module = ScriptedStarPO(model=str(tiny_path), update={"mini_batch_size": 8, "micro_batch_size": 2},
+                                optim={"actor_lr": 1e-2, "critic_lr": 1e-2}, critic={"in_background": background})
+        fit(tmp_path, module, data(num_iterations=3), limit_val_batches=1, val_check_interval=1)
+        results.append({f"{net}.{k}": v for net in ("actor", "critic") for k, v in params(getattr(module, net)).items()})
+    for k, v in results[0].items():
+        assert torch.equal(v, results[1][k]), k
 
 
 def test_reward_variance_collapse_stops_the_run(tmp_path, tiny_path):

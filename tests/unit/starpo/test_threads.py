@@ -104,3 +104,31 @@ def test_threads_need_a_precision_without_autocast_or_loss_scaling():
         check_threads_precision(2, "bf16-mixed")
     with pytest.raises(ConfigError, match="16-mixed"):
         check_threads_precision(4, "16-mixed")
+
+
+def test_threaded_gradients_add_in_micro_batch_order_whatever_finishes_first():
+    """Float sums depend on their order: with micro-batch gradients 1, 1e8, -1e8, 0 the loop's float32 sum is
+    ((1 + 1e8) - 1e8) + 0 = 0 (1 is lost below 1e8's precision), while adding as threads finish (micro-batch 0 last,
+    it sleeps) gives (1e8 - 1e8) + 0 + 1 = 1. The threaded step must take the loop's step, bit for bit."""
+    import time
+
+    coefficient = torch.tensor([1.0, 1e8, -1e8, 0.0])
+
+    def step(threads):
+        w = torch.nn.Parameter(torch.tensor([5.0]))
+        opt = torch.optim.SGD([w], lr=1.0)
+
+        def loss_fn(rows):
+            if int(rows[0]) == 0 and threads > 1:
+                time.sleep(0.2)  # the first micro-batch finishes last
+            return MicroOutput((w * coefficient[rows]).sum())
+
+        module = SimpleNamespace(manual_backward=lambda loss: loss.backward(), _trainer=None)
+        result = accumulate(module, opt, torch.arange(4), loss_fn, micro_batch_size=1, max_norm=0.0, threads=threads)
+        return w.detach().clone(), result
+
+    loop, one = step(1)
+    assert loop.tolist() == [5.0] and one.metrics["grad_norm"] == 0.0  # the float32 sum is 0, by hand above
+    for threads in (2, 3, 4):
+        w, many = step(threads)
+        assert torch.equal(w, loop) and many.metrics["grad_norm"] == 0.0, threads
