@@ -72,6 +72,7 @@ class StarPOCLI(LightningCLI):
 
     def before_fit(self) -> None:
         self._before_run()
+        _checkpoint_after_validations(self.trainer, self.datamodule)
         config = self.config[self.subcommand]
         if config.get("validate_first") and not config.get("ckpt_path"):
             loop = self.trainer.validate_loop
@@ -199,6 +200,21 @@ def _config_error(e: BaseException) -> ConfigError | None:
         seen.add(id(e))
         e = e.__cause__ or e.__context__
     return None
+
+
+def _checkpoint_after_validations(trainer, datamodule) -> None:
+    """``--trainer.val_check_interval 1`` (validate after every iteration) with validation on: Lightning's
+    ModelCheckpoint takes the integer 1 for "once an epoch" (``1 == 1.0``) and saves only at the end of the epoch,
+    which here is the end of the run, so a run stopped by a preemption had no checkpoint to resume. Checkpoints
+    are taken after each validation instead, as with any other interval (a callback that sets
+    ``save_on_train_epoch_end`` keeps its choice)."""
+    interval = trainer.val_check_interval
+    validates = trainer.limit_val_batches != 0 and getattr(getattr(datamodule, "hparams", None), "val_num_groups", 1)
+    if not (isinstance(interval, int) and interval == 1 and validates):
+        return
+    for callback in trainer.checkpoint_callbacks:
+        if getattr(callback, "_save_on_train_epoch_end", False) is None:
+            callback._save_on_train_epoch_end = False
 
 
 def _parsers(parser) -> list:
