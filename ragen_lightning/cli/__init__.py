@@ -101,7 +101,7 @@ class StarPOCLI(LightningCLI):
             return
         path = self.config[self.config.subcommand].get("ckpt_path")
         if path and (Path(path).exists() or Path(path).suffix == ".ckpt"):  # else "last", "best", a URL: Lightning's
-            ckpt = checkpointing.load_verified(path, map_location="cpu", weights_only=True)
+            ckpt = checkpointing.load_resume_info(path)
             self._ckpt_hparams = (path, ckpt.get("hyper_parameters", {}))
             epochs = ((ckpt.get("loops") or {}).get("fit_loop") or {}).get("epoch_progress", {}).get("current", {})
             done = (ckpt.get(RolloutDataModule.__qualname__) or {}).get("iteration")

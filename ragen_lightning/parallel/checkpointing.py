@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import hashlib
+import json
 import math
 import os
 import re
@@ -101,7 +102,7 @@ _TEMP_RE = re.compile(r"^\..+\.(\d+)\.tmp$")
 
 
 def remove_stale_temps(folder: str | os.PathLike) -> list[Path]:
-    """Remove the ``.<name>.<pid>.tmp`` files of :func:`save_atomic` left in ``folder`` by a process that died
+    """Remove the ``.<name>.<pid>.tmp`` files of :func:`save_atomic` (and folders of a sharded save) left in ``folder`` by a process that died
     mid-write (its pid no longer runs); another live process's file is its write in progress and stays. Returns the
     removed paths."""
     removed = []
@@ -109,7 +110,7 @@ def remove_stale_temps(folder: str | os.PathLike) -> list[Path]:
         match = _TEMP_RE.match(tmp.name)
         if match is None or int(match.group(1)) == os.getpid() or _pid_alive(int(match.group(1))):
             continue
-        tmp.unlink(missing_ok=True)
+        _remove(tmp)  # a file, or a sharded checkpoint's folder
         removed.append(tmp)
     return removed
 
@@ -122,6 +123,107 @@ def _pid_alive(pid: int) -> bool:
     except (PermissionError, OverflowError):  # another user's process (alive), or not a pid at all (kept)
         return True
     return True
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sharded checkpoints (a folder: FSDP2's distributed checkpoint, one file per rank plus metadata)
+# ----------------------------------------------------------------------------------------------------------------
+
+FOLDER_DIGEST = "ragen-sha256.json"  # {file name: {"size": bytes, "sha256": hex}} of every other file in the folder
+
+
+def _file_sha256(path: Path) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def write_folder_digest(folder: str | os.PathLike) -> None:
+    """Fsync every file of a finished sharded checkpoint ``folder`` and record its size and SHA-256 in
+    :data:`FOLDER_DIGEST` (written last, fsynced). Called once (rank 0) after every rank wrote its files."""
+    folder = Path(folder)
+    record = {}
+    for path in sorted(p for p in folder.iterdir() if p.is_file() and p.name != FOLDER_DIGEST):
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+        record[path.name] = {"size": path.stat().st_size, "sha256": _file_sha256(path)}
+    with open(folder / FOLDER_DIGEST, "w") as f:
+        json.dump(record, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(folder)
+
+
+def verify_folder(folder: str | os.PathLike, rank: int = 0, world_size: int = 1, hashed: bool = True) -> bool:
+    """Check a sharded checkpoint ``folder`` against its :data:`FOLDER_DIGEST`: True when it matches, False when it
+    has none (written by plain Lightning). Every file's presence and size is checked; the SHA-256 of the files
+    ``i`` with ``i % world_size == rank`` (so the ranks of a resume share the hashing, whatever their number;
+    ``hashed=False``: sizes only, a quick check before the strategy's load hashes).
+
+    Raises :class:`CheckpointError` naming the folder and the file that is missing, truncated or changed."""
+    folder = Path(folder)
+    digest = folder / FOLDER_DIGEST
+    if not digest.is_file():
+        return False
+    try:
+        record = json.loads(digest.read_text())
+        entries = sorted((str(name), int(e["size"]), str(e["sha256"])) for name, e in record.items())
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise CheckpointError(f"--ckpt_path {folder}: corrupted checkpoint (its digest file {FOLDER_DIGEST} is "
+                              f"damaged: {type(exc).__name__})") from None
+    for i, (name, size, sha) in enumerate(entries):
+        path = folder / name
+        if not path.is_file():
+            raise CheckpointError(f"--ckpt_path {folder}: incomplete checkpoint ({name} is missing)")
+        if path.stat().st_size != size:
+            raise CheckpointError(f"--ckpt_path {folder}: corrupted checkpoint ({name} has {path.stat().st_size} "
+                                  f"bytes, {size} were saved: truncated or changed); use another checkpoint")
+        if hashed and i % world_size == rank and _file_sha256(path) != sha:
+            raise CheckpointError(f"--ckpt_path {folder}: corrupted checkpoint ({name}'s SHA-256 differs from the "
+                                  "digest saved with it: the file changed after it was written); use another checkpoint")
+    return True
+
+
+_RENAME_EXCHANGE = 2  # renameat2's flag (Linux >= 3.15): swap two paths in one step
+
+
+def replace_path(new: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Put ``new`` (a finished folder or file) at ``path`` in one step and remove what was there: a crash leaves
+    either the old or the new checkpoint under ``path``, never a mix. Where ``path`` exists, the two are swapped
+    with ``renameat2(RENAME_EXCHANGE)``; a filesystem without it gets two renames (the old one kept as
+    ``.<name>.old`` between them)."""
+    new, path = Path(new), Path(path)
+    if not path.exists() and not path.is_symlink():
+        os.replace(new, path)
+    elif not _exchange(new, path):
+        old = path.with_name(f".{path.name}.old")
+        _remove(old)
+        os.replace(path, old)
+        os.replace(new, path)
+        new = old
+    _remove(new)  # the previous checkpoint (swapped to the temporary name)
+    _fsync_dir(path.parent)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_cwd = -100
+    return renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), _RENAME_EXCHANGE) == 0
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -191,6 +293,24 @@ def load_verified(path: str | os.PathLike, map_location: Any = None, weights_onl
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         kind = type(exc).__name__
         raise CheckpointError(f"--ckpt_path {path}: not a readable checkpoint ({kind}: {first})") from None
+
+
+def load_resume_info(path: str | os.PathLike) -> dict[str, Any]:
+    """What the command line reads from ``--ckpt_path`` before the run is built (settings, progress): a file is
+    loaded verified (:func:`load_verified`); a sharded folder is checked against its digest's sizes (the strategy
+    hashes its files when it loads them) and its ``meta.pt`` (everything but weights and optimizer states) loaded."""
+    path = Path(path)
+    if not path.is_dir():
+        return load_verified(path, map_location="cpu", weights_only=True)
+    if not verify_folder(path, hashed=False):
+        rank_zero_warn(f"{path} has no integrity digest (not written by ragen_lightning); loading it unverified")
+    meta = path / "meta.pt"
+    if not meta.is_file():
+        raise CheckpointError(f"--ckpt_path {path}: a folder that is not a sharded checkpoint (no meta.pt)")
+    try:
+        return pl_load(meta, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a damaged file, one line
+        raise CheckpointError(f"--ckpt_path {path}: not a readable checkpoint ({type(exc).__name__} in meta.pt)") from None
 
 
 class SafeCheckpointIO(TorchCheckpointIO):

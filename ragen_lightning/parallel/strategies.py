@@ -8,6 +8,9 @@ before Lightning's generic errors.
 from __future__ import annotations
 
 import copy
+import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,6 +41,49 @@ class FSDP2Strategy(ModelParallelStrategy):
     def setup_environment(self) -> None:
         self._data_parallel_size = self.num_nodes * self.num_processes
         super().setup_environment()
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
+        """A sharded checkpoint written atomically and digested: every rank writes into ``.<name>.<pid>.tmp``, rank
+        0 records every file's size and SHA-256 (:func:`~ragen_lightning.parallel.checkpointing.write_folder_digest`)
+        and swaps the finished folder in (:func:`~ragen_lightning.parallel.checkpointing.replace_path`): a crash
+        or a full disk mid-save leaves the previous checkpoint of that name whole."""
+        if not self._save_distributed_checkpoint or storage_options is not None or "://" in str(filepath):
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        from ragen_lightning.parallel import checkpointing
+
+        path = Path(self.broadcast(str(filepath)))
+        tmp = path.with_name(f".{path.name}.{self.broadcast(os.getpid())}.tmp")
+        if self.global_rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            checkpointing.remove_stale_temps(path.parent)
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.barrier("ragen_sharded_save_start")
+        super().save_checkpoint(checkpoint, tmp)
+        self.barrier("ragen_sharded_save_written")
+        if self.global_rank == 0:
+            checkpointing.write_folder_digest(tmp)
+            checkpointing.replace_path(tmp, path)
+        self.barrier("ragen_sharded_save_done")
+        return None
+
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
+        """Verify a sharded checkpoint's digest first (the ranks share the hashing; every rank raises the same
+        one-line error naming the damaged file), then Lightning's load."""
+        from ragen_lightning.parallel import checkpointing, gather_objects
+
+        path = Path(self.broadcast(str(checkpoint_path)))
+        problem = None
+        try:
+            if path.is_dir():
+                checkpointing.verify_folder(path, self.global_rank, self.world_size)
+            elif path.is_file():
+                checkpointing.verify(path)
+        except checkpointing.CheckpointError as exc:
+            problem = str(exc)
+        problems = [p for p in gather_objects(problem) if p]
+        if problems:
+            raise checkpointing.CheckpointError(problems[0])
+        return super().load_checkpoint(path, weights_only=weights_only)
 
 
 class FSDP1Strategy(FSDPStrategy):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -112,7 +113,23 @@ def test_fsdp2_sharded_checkpoint_resumes_on_other_world_sizes(tmp_path, tiny_pa
     assert a0["rollout_copy"] == 1  # the HF engine samples from an unsharded copy synced from the shards
     assert_same(pa0, pa1, atol=0)  # FSDP2 fit 2 iterations: the gathered parameters agree on both ranks
     shards = sorted(p.name for p in (tmp_path / "ck_a" / "step=4.ckpt").iterdir())
-    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]  # a sharded (distributed) checkpoint
+    # a sharded (distributed) checkpoint, with the digest of every file; saved atomically (no temporary left)
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt", "ragen-sha256.json"]
+    assert sorted(p.name for p in (tmp_path / "ck_a").iterdir()) == ["step=2.ckpt", "step=4.ckpt"]
+    for damage in ("flip", "truncate"):  # every rank refuses a damaged copy with the same line naming the file
+        bad = tmp_path / f"{damage}.ckpt"
+        shutil.copytree(tmp_path / "ck_a" / "step=4.ckpt", bad)
+        shard = bad / "__1_0.distcp"
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        shard.write_bytes(bytes(data) if damage == "flip" else bytes(data[: len(data) // 2]))
+        proc, out, _ = launch(tmp_path, f"bad_{damage}", 2, strategy="fsdp", ckpt_in=str(bad), **cfg)
+        proc.wait(timeout=240)
+        log = (out / "log.txt").read_text()
+        assert proc.returncode != 0, log[-3000:]
+        line = (f"CheckpointError: --ckpt_path {bad}: corrupted checkpoint (__1_0.distcp"
+                + ("'s SHA-256 differs" if damage == "flip" else f" has {len(data) // 2} bytes, {len(data)} were saved"))
+        assert log.count(line) >= 2, log[-3000:]  # raised on both ranks
     [(b, _)] = run(tmp_path, "b", 1, strategy="fsdp", max_steps=6, ckpt_dir=str(tmp_path / "ck_b"),
                    ckpt_in=str(tmp_path / "ck_a" / "step=4.ckpt"), **cfg)
     assert b["state"]["iteration"] == 3 and len(b["metrics"]) == 1  # only iteration 3 ran
@@ -218,7 +235,7 @@ def test_fsdp2_lora_equals_ddp_exports_the_adapter_and_reshards(tmp_path, tiny_p
         if not last:
             ckpt = str(tmp_path / f"ck{i}" / f"step={2 * (i + 1)}.ckpt")
             files = sorted(p.name for p in Path(ckpt).iterdir())  # a sharded (distributed) checkpoint
-            assert files == [".metadata", *(f"__{r}_0.distcp" for r in range(procs)), "meta.pt"]
+            assert files == [".metadata", *(f"__{r}_0.distcp" for r in range(procs)), "meta.pt", "ragen-sha256.json"]
     [(d0, p_ddp), _] = collect(ddp)
     assert kept == d0["kept"] and j0["global_step"] == d0["global_step"] == 2 * len(world_sizes)
     assert not any("base_layer" in k or "embed_tokens" in k for k in p0)  # the trainable weights only
