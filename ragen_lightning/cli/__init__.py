@@ -100,7 +100,7 @@ class StarPOCLI(LightningCLI):
         if not self.config.get("subcommand"):
             return
         path = self.config[self.config.subcommand].get("ckpt_path")
-        if path and (Path(path).exists() or Path(path).suffix == ".ckpt"):  # else "last", "best", a URL: Lightning's
+        if path and ("://" in str(path) or Path(path).exists() or Path(path).suffix == ".ckpt"):  # else "last", "best"
             ckpt = checkpointing.load_resume_info(path)
             self._ckpt_hparams = (path, ckpt.get("hyper_parameters", {}))
             epochs = ((ckpt.get("loops") or {}).get("fit_loop") or {}).get("epoch_progress", {}).get("current", {})

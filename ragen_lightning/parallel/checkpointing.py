@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import hashlib
+import io
 import json
 import math
 import os
@@ -70,6 +71,18 @@ class _HashingWriter:
         self.f.flush()
 
 
+def _save_digested(checkpoint: Mapping[str, Any], f, name: str) -> None:
+    """``torch.save(checkpoint)`` into the seekable binary file ``f``, its SHA-256 put in the zip comment."""
+    writer = _HashingWriter(f)
+    torch.save(checkpoint, writer)
+    if not (writer.tail.startswith(_EOCD) and writer.tail[-2:] == b"\0\0"):
+        raise RuntimeError(f"torch.save did not write a zip archive with an empty comment to {name}")
+    comment = DIGEST_PREFIX + writer.sha.hexdigest().encode()
+    f.seek(-2, os.SEEK_END)  # the comment length, the archive's last field
+    f.write(len(comment).to_bytes(2, "little") + comment)
+    f.flush()
+
+
 def save_atomic(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> None:
     """``torch.save(checkpoint)`` to ``path`` with its digest, atomically (temporary file, fsync, rename)."""
     path = Path(path)
@@ -78,14 +91,7 @@ def save_atomic(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            writer = _HashingWriter(f)
-            torch.save(checkpoint, writer)
-            if not (writer.tail.startswith(_EOCD) and writer.tail[-2:] == b"\0\0"):
-                raise RuntimeError(f"torch.save did not write a zip archive with an empty comment to {tmp}")
-            comment = DIGEST_PREFIX + writer.sha.hexdigest().encode()
-            f.seek(-2, os.SEEK_END)  # the comment length, the archive's last field
-            f.write(len(comment).to_bytes(2, "little") + comment)
-            f.flush()
+            _save_digested(checkpoint, f, str(tmp))
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as exc:
@@ -248,32 +254,36 @@ def verify(path: str | os.PathLike) -> bool:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"--ckpt_path {path}: no such file")
-    size = path.stat().st_size
+    with open(path, "rb") as f:
+        return _verify_stream(f, path.stat().st_size, path)
+
+
+def _verify_stream(f, size: int, path: Any) -> bool:
+    """:func:`verify` of the seekable binary file ``f`` of ``size`` bytes (``path`` names it in errors)."""
     if size == 0:
         raise CheckpointError(f"--ckpt_path {path}: the file is empty, not a checkpoint")
-    with open(path, "rb") as f:
-        f.seek(max(0, size - _EOCD_SIZE - 0xFFFF))
-        tail = f.read()
-        end = tail.rfind(_EOCD)
-        if end < 0 or len(tail) - end < _EOCD_SIZE:
-            raise CheckpointError(f"--ckpt_path {path}: not a checkpoint (no zip archive end: truncated, or another "
-                                  "kind of file)")
-        comment = tail[end + _EOCD_SIZE:]
-        if int.from_bytes(tail[end + 20 : end + 22], "little") != len(comment):
-            raise CheckpointError(f"--ckpt_path {path}: not a checkpoint (the zip archive end is damaged)")
-        if not comment:
-            return False
-        match = _DIGEST_RE.fullmatch(comment)
-        if match is None:
-            raise CheckpointError(f"--ckpt_path {path}: corrupted checkpoint (its digest record is damaged)")
-        sha, remaining = hashlib.sha256(), size - len(comment) - 2
-        f.seek(0)
-        while remaining > 0:
-            chunk = f.read(min(_CHUNK, remaining))
-            if not chunk:
-                break
-            sha.update(chunk)
-            remaining -= len(chunk)
+    f.seek(max(0, size - _EOCD_SIZE - 0xFFFF))
+    tail = f.read()
+    end = tail.rfind(_EOCD)
+    if end < 0 or len(tail) - end < _EOCD_SIZE:
+        raise CheckpointError(f"--ckpt_path {path}: not a checkpoint (no zip archive end: truncated, or another "
+                              "kind of file)")
+    comment = tail[end + _EOCD_SIZE:]
+    if int.from_bytes(tail[end + 20 : end + 22], "little") != len(comment):
+        raise CheckpointError(f"--ckpt_path {path}: not a checkpoint (the zip archive end is damaged)")
+    if not comment:
+        return False
+    match = _DIGEST_RE.fullmatch(comment)
+    if match is None:
+        raise CheckpointError(f"--ckpt_path {path}: corrupted checkpoint (its digest record is damaged)")
+    sha, remaining = hashlib.sha256(), size - len(comment) - 2
+    f.seek(0)
+    while remaining > 0:
+        chunk = f.read(min(_CHUNK, remaining))
+        if not chunk:
+            break
+        sha.update(chunk)
+        remaining -= len(chunk)
     sha.update(b"\0\0")  # the comment length as torch.save wrote it
     if sha.hexdigest() != match.group(1).decode():
         raise CheckpointError(f"--ckpt_path {path}: corrupted checkpoint (its SHA-256 differs from the digest saved "
@@ -296,9 +306,11 @@ def load_verified(path: str | os.PathLike, map_location: Any = None, weights_onl
 
 
 def load_resume_info(path: str | os.PathLike) -> dict[str, Any]:
-    """What the command line reads from ``--ckpt_path`` before the run is built (settings, progress): a file is
-    loaded verified (:func:`load_verified`); a sharded folder is checked against its digest's sizes (the strategy
+    """What the command line reads from ``--ckpt_path`` before the run is built (settings, progress): a file or a
+    URL is loaded verified (:func:`load_verified`, :func:`load_remote`); a sharded folder is checked against its digest's sizes (the strategy
     hashes its files when it loads them) and its ``meta.pt`` (everything but weights and optimizer states) loaded."""
+    if "://" in str(path):
+        return load_remote(str(path), map_location="cpu", weights_only=True)
     path = Path(path)
     if not path.is_dir():
         return load_verified(path, map_location="cpu", weights_only=True)
@@ -313,13 +325,56 @@ def load_resume_info(path: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"--ckpt_path {path}: not a readable checkpoint ({type(exc).__name__} in meta.pt)") from None
 
 
+def _remote(url: str):
+    """``(filesystem, path)`` of a URL (``s3://bucket/key``, ``gs://``, ``memory://``...) through fsspec."""
+    import fsspec
+
+    return fsspec.core.url_to_fs(str(url))
+
+
+def save_remote(checkpoint: Mapping[str, Any], url: str) -> None:
+    """:func:`save_atomic` for a URL: the digested archive is built in memory, uploaded under a temporary name
+    in the same folder, then moved to ``url`` (on an object store an object appears whole or not at all; the move
+    is a server-side copy), so a crash mid-upload leaves a previous checkpoint of that name whole."""
+    fs, path = _remote(url)
+    buffer = io.BytesIO()
+    _save_digested(checkpoint, buffer, str(url))
+    folder, name = path.rsplit("/", 1) if "/" in path else ("", path)
+    tmp = f"{folder}/.{name}.{os.getpid()}.tmp" if folder else f".{name}.{os.getpid()}.tmp"
+    try:
+        if folder:
+            fs.makedirs(folder, exist_ok=True)
+        fs.pipe_file(tmp, buffer.getvalue())
+        fs.mv(tmp, path)
+    finally:
+        if fs.exists(tmp):
+            fs.rm(tmp)
+
+
+def load_remote(url: str, map_location: Any = None, weights_only: bool | None = None) -> Any:
+    """:func:`load_verified` for a URL: downloaded once, its digest checked, then loaded from memory."""
+    fs, path = _remote(url)
+    if not fs.exists(path):
+        raise CheckpointError(f"--ckpt_path {url}: no such file")
+    data = io.BytesIO(fs.cat_file(path))
+    if not _verify_stream(data, len(data.getbuffer()), url):
+        rank_zero_warn(f"{url} has no integrity digest (not written by ragen_lightning); loading it unverified")
+    data.seek(0)
+    try:
+        return torch.load(data, map_location=map_location, weights_only=weights_only)
+    except Exception as exc:  # noqa: BLE001 - a damaged file, one line
+        raise CheckpointError(f"--ckpt_path {url}: not a readable checkpoint ({type(exc).__name__})") from None
+
+
 class SafeCheckpointIO(TorchCheckpointIO):
-    """Lightning's ``TorchCheckpointIO`` with atomic, digested writes and verified loads (local paths; a URL such
-    as ``s3://...`` goes through Lightning's own code unchanged)."""
+    """Lightning's ``TorchCheckpointIO`` with atomic, digested writes and verified loads, for local paths and URLs
+    (``s3://...`` through fsspec: :func:`save_remote`, :func:`load_remote`)."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
-        if storage_options is not None or "://" in str(path):
+        if storage_options is not None:
             return super().save_checkpoint(checkpoint, path, storage_options)
+        if "://" in str(path):
+            return save_remote(checkpoint, str(path))
         try:
             save_atomic(checkpoint, path)
         except OSError as e:
@@ -331,7 +386,7 @@ class SafeCheckpointIO(TorchCheckpointIO):
     def load_checkpoint(self, path, map_location: Any = lambda storage, loc: storage,
                         weights_only: bool | None = None) -> dict[str, Any]:
         if "://" in str(path):
-            return super().load_checkpoint(path, map_location, weights_only)
+            return load_remote(str(path), map_location=map_location, weights_only=weights_only)
         return load_verified(path, map_location=map_location, weights_only=weights_only)
 
 

@@ -97,3 +97,42 @@ def test_resume_info_of_a_folder_reads_meta_pt_after_the_size_check(tmp_path):
     other.mkdir()
     with pytest.raises(CheckpointError, match=r"a folder that is not a sharded checkpoint \(no meta\.pt\)$"):
         checkpointing.load_resume_info(other)
+
+
+def test_a_remote_checkpoint_is_uploaded_whole_with_its_digest_and_verified_on_load(monkeypatch):
+    """A URL (here fsspec's in-memory filesystem, as s3:// would be) gets the single-file treatment: digest in the
+    archive, upload under a temporary name then a move (an upload that fails leaves the previous object whole and no
+    temporary), verified on load (a flipped byte is one line naming the URL)."""
+    import fsspec
+    import torch
+
+    from ragen_lightning.parallel.checkpointing import SafeCheckpointIO
+
+    fs = fsspec.filesystem("memory")
+    url = "memory://bucket/run/last.ckpt"
+    io_ = SafeCheckpointIO()
+    io_.save_checkpoint({"global_step": 3, "w": torch.arange(4.0)}, url)
+    assert fs.ls("/bucket/run", detail=False) == ["/bucket/run/last.ckpt"]  # no temporary left
+    loaded = io_.load_checkpoint(url)
+    assert loaded["global_step"] == 3 and torch.equal(loaded["w"], torch.arange(4.0))
+    assert checkpointing.load_resume_info(url)["global_step"] == 3  # what the command line reads first
+
+    def failing_move(*args, **kwargs):
+        raise OSError("connection reset")
+
+    monkeypatch.setattr(type(fs), "mv", failing_move)
+    with pytest.raises(OSError, match="connection reset"):
+        io_.save_checkpoint({"global_step": 4, "w": torch.zeros(4)}, url)
+    monkeypatch.undo()
+    assert fs.ls("/bucket/run", detail=False) == ["/bucket/run/last.ckpt"]
+    assert io_.load_checkpoint(url)["global_step"] == 3  # the previous checkpoint, whole
+
+    data = bytearray(fs.cat_file("/bucket/run/last.ckpt"))
+    data[len(data) // 3] ^= 0x01
+    fs.pipe_file("/bucket/run/last.ckpt", bytes(data))
+    with pytest.raises(CheckpointError) as info:
+        io_.load_checkpoint(url)
+    assert str(info.value).startswith(f"--ckpt_path {url}: corrupted checkpoint (its SHA-256 differs")
+    with pytest.raises(CheckpointError, match=r"memory://bucket/run/none\.ckpt: no such file$"):
+        io_.load_checkpoint("memory://bucket/run/none.ckpt")
+    fs.rm("/bucket", recursive=True)
