@@ -103,9 +103,13 @@ class StarPOCLI(LightningCLI):
         if path and ("://" in str(path) or Path(path).exists() or Path(path).suffix == ".ckpt"):  # else "last", "best"
             ckpt = checkpointing.load_resume_info(path)
             self._ckpt_hparams = (path, ckpt.get("hyper_parameters", {}))
-            epochs = ((ckpt.get("loops") or {}).get("fit_loop") or {}).get("epoch_progress", {}).get("current", {})
+            fit_loop = (ckpt.get("loops") or {}).get("fit_loop") or {}
+            processed = fit_loop.get("epoch_progress", {}).get("current", {}).get("processed")
+            batches = fit_loop.get("epoch_loop.batch_progress", {})
+            if processed is not None and batches.get("is_last_batch"):  # saved after the last iteration's validation:
+                processed += 1  # the epoch (the run) is over, though Lightning counts it processed only at its end
             done = (ckpt.get(RolloutDataModule.__qualname__) or {}).get("iteration")
-            self._ckpt_progress = (path, epochs.get("processed"), done)
+            self._ckpt_progress = (path, processed, done)
 
     def _check_resume(self) -> None:
         if self._ckpt_hparams is not None:
