@@ -17,6 +17,8 @@ import torch
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 
 from ragen_lightning.errors import ConfigError
+from ragen_lightning.parallel import checkpointing
+from ragen_lightning.parallel.ranks import gather_objects
 
 
 class FSDP2Strategy(ModelParallelStrategy):
@@ -49,8 +51,6 @@ class FSDP2Strategy(ModelParallelStrategy):
         or a full disk mid-save leaves the previous checkpoint of that name whole."""
         if not self._save_distributed_checkpoint or storage_options is not None or "://" in str(filepath):
             return super().save_checkpoint(checkpoint, filepath, storage_options)
-        from ragen_lightning.parallel import checkpointing
-
         path = Path(self.broadcast(str(filepath)))
         tmp = path.with_name(f".{path.name}.{self.broadcast(os.getpid())}.tmp")
         if self.global_rank == 0:
@@ -69,8 +69,6 @@ class FSDP2Strategy(ModelParallelStrategy):
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         """Verify a sharded checkpoint's digest first (the ranks share the hashing; every rank raises the same
         one-line error naming the damaged file), then Lightning's load."""
-        from ragen_lightning.parallel import checkpointing, gather_objects
-
         path = Path(self.broadcast(str(checkpoint_path)))
         problem = None
         try:
