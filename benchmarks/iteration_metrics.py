@@ -4,6 +4,7 @@ for one or more source trees, and whether the trees agree.
     python benchmarks/iteration_metrics.py --config configs/bandit.yaml --out bandit.json      # record one tree
     python benchmarks/iteration_metrics.py --config configs/bandit.yaml --trees /work/base .   # compare two trees
     python benchmarks/iteration_metrics.py --compare before.json after.json                    # compare records
+    python benchmarks/iteration_metrics.py --compare a/metrics.csv b/metrics.csv               # two whole runs
 
 Each tree runs ``python <tree>/main.py fit --config <tree>/<config> --data.num_iterations 1`` (plus
 ``--extra-args`` and its own ``--tree-args``) in a fresh scratch directory, so the config's relative ``outputs/``
@@ -80,11 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tree-args", nargs="*", default=None, help="one quoted string of extra flags per tree")
     p.add_argument("--extra-args", default="", help="flags added to every tree's command")
     p.add_argument("--out", type=Path, help="write the first tree's values here (JSON)")
-    p.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"), help="compare two recorded JSON files")
+    p.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"), help="compare two recorded JSON files, or two runs' metrics.csv (every iteration)")
     p.add_argument("--tolerance", type=float, default=0.0)
     args = p.parse_args(argv)
     if args.compare:
-        records = [json.loads(path.read_text()) for path in args.compare]
+        records = [read_metrics(path) if path.suffix == ".csv" else json.loads(path.read_text())
+                   for path in args.compare]
     else:
         if not args.config:
             p.error("--config is required unless --compare is given")
