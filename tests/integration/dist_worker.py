@@ -1,6 +1,7 @@
 """One fit of the tiny model on 1 process or under torchrun with 2 (gloo), for tests/integration/test_distributed.py.
 
-``python tests/integration/dist_worker.py '<json>'`` (or under ``python -m torch.distributed.run --nproc_per_node 2``)
+``python tests/integration/dist_worker.py '<json>'`` (or under ``python -m torch.distributed.run --nproc_per_node 2``,
+or two ``--nnodes 2 --nproc_per_node 1`` launchers: two node ranks on loopback)
 with keys: ``out`` (folder), ``model`` (tiny folder), ``strategy`` (``single`` | ``ddp`` | ``fsdp``), ``iterations``,
 ``estimator`` (``gae`` | ``grpo``), ``engine`` (``scripted``: seeded bandit answers, exact; ``hf``: real sampling;
 ``vllm``: real sampling with a colocated vLLM engine per rank, each sync's probe recorded under ``probes``),
@@ -101,7 +102,9 @@ def main(cfg: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     strategy = {"single": "auto", "ddp": DDPStrategy(find_unused_parameters=True),
                 "fsdp": FSDP2Strategy()}[cfg["strategy"]]
-    devices = int(os.environ.get("WORLD_SIZE", "1"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun: every process of every node
+    devices = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # this node's processes
+    num_nodes = world // devices
     cls = Scripted if cfg.get("engine", "scripted") == "scripted" else StarPOModule
     module = cls(model=cfg["model"], advantage={"estimator": cfg.get("estimator", "gae")},
                  update={"mini_batch_size": cfg.get("mini", 2), "micro_batch_size": cfg.get("micro", 1)},
@@ -123,7 +126,8 @@ def main(cfg: dict) -> None:
     if cfg.get("ckpt_dir"):
         callbacks.append(ModelCheckpoint(dirpath=cfg["ckpt_dir"], every_n_train_steps=1, save_top_k=-1,
                                          filename="{step}"))
-    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_epochs=1, logger=False,
+    trainer = L.Trainer(accelerator="cpu", devices=devices, num_nodes=num_nodes, strategy=strategy, max_epochs=1,
+                        logger=False,
                         max_steps=cfg.get("max_steps", -1), enable_checkpointing=len(callbacks) > 1,
                         callbacks=callbacks, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
@@ -143,7 +147,7 @@ def main(cfg: dict) -> None:
     torch.save(params, out / f"rank{rank}.pt")
     (out / f"rank{rank}.json").write_text(json.dumps({
         "metrics": callbacks[0].rows, "kept": dm.kept, "state": dm.state_dict(), "global_step": trainer.global_step,
-        "world_size": trainer.world_size, "probes": probes, "generations": generations,
+        "world_size": trainer.world_size, "node_rank": trainer.node_rank, "probes": probes, "generations": generations,
         "rollout_copy": len(module._rollout_actor)}))  # FSDP2: an unsharded actor copy for the HF engine only
 
 
