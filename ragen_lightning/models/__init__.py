@@ -1,5 +1,6 @@
-"""Models: loading from a name or folder (:mod:`.loading`), the embedded tiny model (:mod:`.tiny`), LoRA/QLoRA
-(:mod:`.lora`), building actor/critic/reference (:mod:`.build`) and the GPU memory plan (:mod:`.memory`)."""
+"""Models: loading from a name or folder (:mod:`.loading`), the embedded tiny model (:mod:`.tiny`), Qwen2.5's
+tokenizer built offline (:mod:`.qwen`), LoRA/QLoRA (:mod:`.lora`), building actor/critic/reference (:mod:`.build`)
+and the GPU memory plan (:mod:`.memory`)."""
 
 from ragen_lightning.models.loading import (
     TINY,
