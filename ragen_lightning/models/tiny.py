@@ -65,6 +65,9 @@ class TinySpec:
         seed: initialisation seed of the weights.
         grid_cells: one token per grid cell: the grid envs' symbols and the newline never merge with anything
             (False: plain byte-level BPE, which merges runs of grid symbols).
+        qwen: Qwen2.5's own tokenizer and chat template (:mod:`ragen_lightning.models.qwen`, built offline) and
+            Qwen2.5's 151,936-row vocabulary instead of the trained BPE: a stand-in shaped like Qwen2.5 on the token
+            side (random weights), for exercising the pipeline with the real tokenizer (``tiny:qwen``).
     """
 
     hidden_size: int = 128
@@ -76,6 +79,11 @@ class TinySpec:
     max_position_embeddings: int = 4096
     seed: int = 0
     grid_cells: bool = False
+    qwen: bool = False
+
+
+QWEN_VOCAB_SIZE = 151936  # Qwen2.5's config.json vocab_size: the tokenizer's 151,665 ids padded for the kernels
+_LATER_OPTIONS = ("grid_cells", "qwen")  # recorded in the cache key only when on (older keys stay valid)
 
 
 # Named sizes of the capacity ladder (docs/learning.md): parameters, fp32 forward+backward tokens/s (batch 4 x 512,
@@ -96,11 +104,13 @@ def spec_from_name(name: str) -> TinySpec:
     head, _, options = name.partition(":")
     parts = options.split("+") if options else []
     presets = [p for p in parts if p in PRESETS]
-    unknown = [p for p in parts if p not in PRESETS and p != "cells"]
-    if head != "tiny" or not parts or unknown or len(presets) > 1 or len(parts) != len(set(parts)):
+    unknown = [p for p in parts if p not in PRESETS and p not in ("cells", "qwen")]
+    if head != "tiny" or not parts or unknown or len(presets) > 1 or len(parts) != len(set(parts)) or \
+            {"cells", "qwen"} <= set(parts):
         raise ValueError(f"model {name!r}: the embedded model is 'tiny' or 'tiny:' followed by '+'-joined options, at "
-                         f"most one preset of {sorted(PRESETS)} and 'cells' (e.g. 'tiny:cells', 'tiny:small+cells')")
-    return replace(PRESETS[presets[0] if presets else "tiny"], grid_cells="cells" in parts)
+                         f"most one preset of {sorted(PRESETS)} and one of 'cells' (one token per grid cell) or 'qwen' "
+                         "(Qwen2.5's tokenizer) (e.g. 'tiny:cells', 'tiny:small+cells', 'tiny:qwen')")
+    return replace(PRESETS[presets[0] if presets else "tiny"], grid_cells="cells" in parts, qwen="qwen" in parts)
 
 
 def cache_root() -> Path:
@@ -279,7 +289,7 @@ def build_model(spec: TinySpec, tokenizer):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
-        vocab_size=len(tokenizer),
+        vocab_size=QWEN_VOCAB_SIZE if spec.qwen else len(tokenizer),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_layers,
@@ -302,12 +312,16 @@ def build_model(spec: TinySpec, tokenizer):
 
 
 def _meta(spec: TinySpec, isolate: str) -> dict:
-    """What the cache key and ``ragen_tiny.json`` record. Without grid cells it is the record of the builds before
-    the option existed, so their cached folders (and the warm starts keyed on their names) stay valid."""
-    if not spec.grid_cells:
-        plain = {k: v for k, v in asdict(spec).items() if k != "grid_cells"}
-        return {"spec": plain, "version": _BUILD_VERSION}
-    return {"spec": asdict(spec), "version": _BUILD_VERSION, "isolate": isolate}
+    """What the cache key and ``ragen_tiny.json`` record. An option added later is recorded only when on, so the
+    builds from before it existed keep their cached folders (and the warm starts keyed on their names)."""
+    meta = {"spec": {k: v for k, v in asdict(spec).items() if k not in _LATER_OPTIONS or v}, "version": _BUILD_VERSION}
+    if spec.grid_cells:
+        meta["isolate"] = isolate
+    if spec.qwen:
+        from ragen_lightning.models import qwen
+
+        meta["tokenizer"] = qwen.cache_key()
+    return meta
 
 
 def _key(spec: TinySpec, corpus: Sequence[str], isolate: str) -> str:
@@ -327,7 +341,7 @@ def tiny_model_path(spec: TinySpec | None = None, *, cache_dir: str | Path | Non
     half-written model behind, and concurrent builders (e.g. two DDP ranks) end with the same folder.
     """
     spec = spec or TinySpec()
-    corpus = list(corpus) if corpus is not None else default_corpus()
+    corpus = [] if spec.qwen else list(corpus) if corpus is not None else default_corpus()  # qwen: no BPE trained
     isolate = grid_symbols() if spec.grid_cells else ""
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     final = root / f"tiny-{_key(spec, corpus, isolate)}"
@@ -336,7 +350,12 @@ def tiny_model_path(spec: TinySpec | None = None, *, cache_dir: str | Path | Non
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
     try:
-        tokenizer = build_tokenizer(corpus, spec.vocab_size, isolate)
+        if spec.qwen:
+            from ragen_lightning.models.qwen import qwen25_tokenizer
+
+            tokenizer = qwen25_tokenizer(root)
+        else:
+            tokenizer = build_tokenizer(corpus, spec.vocab_size, isolate)
         model = build_model(spec, tokenizer)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
