@@ -103,7 +103,8 @@ def test_a_rare_multibyte_symbol_is_still_one_token():
 
 
 def test_the_plain_default_keeps_the_cache_key_of_builds_before_the_option(tmp_path):
-    """``grid_cells=False`` hashes exactly what version 1 hashed, so existing cached folders and warm starts stay."""
+    """``grid_cells=False`` (and ``qwen=False``) hashes exactly what version 1 hashed, so existing cached folders and
+    warm starts stay."""
     import hashlib
     import json
     from dataclasses import asdict
@@ -111,13 +112,14 @@ def test_the_plain_default_keeps_the_cache_key_of_builds_before_the_option(tmp_p
     from ragen_lightning.models.tiny import TinySpec, _key
 
     spec = TinySpec()
-    old = {k: v for k, v in asdict(spec).items() if k != "grid_cells"}
+    old = {k: v for k, v in asdict(spec).items() if k not in ("grid_cells", "qwen")}  # version 1's fields
     h = hashlib.sha256()
     h.update(json.dumps({"spec": old, "version": 1}, sort_keys=True).encode())
     h.update(b"text")
     h.update(b"\x00")
     assert _key(spec, ["text"], "") == h.hexdigest()[:16]
     assert _key(TinySpec(grid_cells=True), ["text"], "\n#") != _key(spec, ["text"], "")
+    assert sorted(asdict(spec)) == sorted([*old, "grid_cells", "qwen"])  # a new option must join the exclusions
 
 
 def test_model_names_select_tiny_variants():
