@@ -105,8 +105,8 @@ BAD = [  # (changes, the whole message)
     ({"model__critic__model": "/nonexistent"},
      "--model.critic.model '/nonexistent': no such folder, and not 'tiny' or a hub id 'org/name'"),
     ({"model__model": "tiny:big"}, "--model.model: model 'tiny:big': the embedded model is 'tiny' or 'tiny:' followed by "
-     "'+'-joined options, at most one preset of ['small', 'tiny', 'wide'] and 'cells' (e.g. 'tiny:cells', "
-     "'tiny:small+cells')"),
+     "'+'-joined options, at most one preset of ['small', 'tiny', 'wide'] and one of 'cells' (one token per grid "
+     "cell) or 'qwen' (Qwen2.5's tokenizer) (e.g. 'tiny:cells', 'tiny:small+cells', 'tiny:qwen')"),
     ({"model__dtype": "float33"},
      "--model.dtype must be one of float32, fp32, bfloat16, bf16, float16, fp16, got 'float33'"),
     ({"model__warm_start": {"steps": 10, "reading_steps": 10}},
