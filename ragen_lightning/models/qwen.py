@@ -26,9 +26,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib.util
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from ragen_lightning.errors import ConfigError
@@ -236,26 +233,15 @@ def qwen25_tokenizer_path(cache_dir: str | Path | None = None) -> Path:
     """The cached tokenizer folder (``save_pretrained`` layout), built first if needed. Written into a temporary
     folder and renamed into place, so an interrupted build leaves nothing half-written and concurrent builders end
     with the same folder."""
-    from ragen_lightning.models.cache import cache_root
+    from ragen_lightning.models.cache import build_folder, cache_root
 
     ranks_file = ranks_path()
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     final = root / f"qwen2.5-tokenizer-{cache_key(ranks_file)}"
     if (final / "tokenizer.json").is_file() and (final / "tokenizer_config.json").is_file():
         return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
-    try:
-        build_tokenizer(load_ranks(ranks_file)).save_pretrained(tmp)
-        try:
-            os.replace(tmp, final)
-        except OSError:  # another process won the race: its folder is identical
-            if not (final / "tokenizer.json").is_file():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return build_folder(final, lambda tmp: build_tokenizer(load_ranks(ranks_file)).save_pretrained(tmp),
+                        "tokenizer.json")
 
 
 def qwen25_tokenizer(cache_dir: str | Path | None = None):

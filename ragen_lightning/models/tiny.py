@@ -27,14 +27,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from ragen_lightning.models.cache import CACHE_ENV_VAR, cache_root  # noqa: F401 - re-exported
+from ragen_lightning.models.cache import CACHE_ENV_VAR, build_folder, cache_root  # noqa: F401 - re-exported
 from ragen_lightning.rollout import prompting
 from ragen_lightning.rollout.env_packages import import_env_packages
 
@@ -342,25 +339,16 @@ def tiny_model_path(spec: TinySpec | None = None, *, cache_dir: str | Path | Non
     final = root / f"tiny-{_key(spec, corpus, isolate)}"
     if (final / "config.json").is_file() and (final / "tokenizer.json").is_file():
         return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
-    try:
+
+    def write(tmp: Path) -> None:
         if spec.qwen:
             from ragen_lightning.models.qwen import qwen25_tokenizer
 
             tokenizer = qwen25_tokenizer(root)
         else:
             tokenizer = build_tokenizer(corpus, spec.vocab_size, isolate)
-        model = build_model(spec, tokenizer)
-        model.save_pretrained(tmp)
+        build_model(spec, tokenizer).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "ragen_tiny.json").write_text(json.dumps(_meta(spec, isolate)))
-        try:
-            os.replace(tmp, final)
-        except OSError:  # another process won the race: its folder is identical
-            if not (final / "config.json").is_file():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
+
+    return build_folder(final, write, "config.json")
