@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import operator
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -78,6 +79,34 @@ def going(actions: Sequence[str]) -> str:
 
 
 @dataclass(frozen=True)
+class ToolSpec:
+    """One env action offered as a function in the chat template's tool list (``--data.episode.action_format
+    tool_call``): a call ``{"name": name, "arguments": {argument: value}}`` becomes the action string
+    ``action.format(value)`` (e.g. ``search`` + ``{"query": "x"}`` -> ``search[x]``).
+
+    Attributes:
+        name: the function name.
+        description: what calling it does (shown to the model).
+        argument: the name of its one string argument.
+        argument_description: what the argument holds (shown to the model).
+        action: the env action string with ``{}`` where the argument's value goes.
+    """
+
+    name: str
+    description: str
+    argument: str
+    argument_description: str
+    action: str
+
+    def schema(self) -> dict[str, Any]:
+        """The function as a chat template's ``tools`` entry (the OpenAI / transformers function format)."""
+        return {"type": "function", "function": {
+            "name": self.name, "description": self.description,
+            "parameters": {"type": "object", "required": [self.argument], "properties": {
+                self.argument: {"type": "string", "description": self.argument_description}}}}}
+
+
+@dataclass(frozen=True)
 class PromptSpec:
     """What a prompt needs to know about an env, as plain data.
 
@@ -87,11 +116,15 @@ class PromptSpec:
             (the answer string itself is the action).
         symbols: the legend of the rendered state, ``(symbol, meaning)`` pairs in display order; empty when the
             observation needs no legend.
+        tools: the env's actions as functions, for the tool-call action format; empty when the env offers none.
+        tool_instruction: the task description when the actions are tool calls (None: ``instruction``).
     """
 
     instruction: str
     action_names: tuple[str, ...] = ()
     symbols: tuple[tuple[str, str], ...] = field(default=())
+    tools: tuple[ToolSpec, ...] = ()
+    tool_instruction: str | None = None
 
 
 class TextEnv(gym.Env[str, Any]):

@@ -31,7 +31,7 @@ from typing import Any
 
 from gymnasium import spaces
 
-from envs.base import PromptSpec, TextEnv, text_space
+from envs.base import PromptSpec, TextEnv, ToolSpec, text_space
 from envs.encyclopedia import Question, World, build_world, draw_question
 from envs.retrieval import (
     BM25Retriever,
@@ -50,6 +50,16 @@ INSTRUCTION = (
     "answer. Inside <answer>, output exactly one action string only."
 )
 AVAILABLE = "Available actions: search[<query>], finish[<answer>]"
+TOOL_INSTRUCTION = (
+    "You are a search agent answering questions by searching for information. Call exactly one function per turn: "
+    "search to retrieve evidence, finish only when you are ready to submit the final answer."
+)
+TOOLS = (
+    ToolSpec("search", "Search the knowledge source and return the top passages.", "query",
+             "the search query", "search[{}]"),
+    ToolSpec("finish", "Submit the final answer; ends the episode.", "answer", "the final answer, as short as possible",
+             "finish[{}]"),
+)
 MAX_ACTION_LENGTH = 4096
 _ACTION = re.compile(r"(search|finish|answer)\[(.*)\]", re.DOTALL | re.IGNORECASE)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -298,7 +308,7 @@ class SearchQAEnv(TextEnv):
                                            charset=text_space().character_set)
 
     def prompt_spec(self) -> PromptSpec:
-        return PromptSpec(instruction=INSTRUCTION)
+        return PromptSpec(instruction=INSTRUCTION, tools=TOOLS, tool_instruction=TOOL_INSTRUCTION)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)

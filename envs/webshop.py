@@ -40,7 +40,7 @@ from typing import Any
 
 from gymnasium import spaces
 
-from envs.base import PromptSpec, TextEnv, text_space
+from envs.base import PromptSpec, TextEnv, ToolSpec, text_space
 from envs.retrieval import MAX_TOP_K, BM25Retriever
 from envs.webshop_catalogue import (
     PRICE_CLAUSE,
@@ -65,6 +65,19 @@ INSTRUCTION = (
     "Example: the instruction 'i need a shampoo that is sulfate free with size: 12 fl oz' starts with "
     "<answer>search[shampoo sulfate free]</answer>. Inside <answer>, output exactly one action: search[<keywords>] or "
     "click[<button>]."
+)
+TOOL_INSTRUCTION = (
+    "You are shopping in a web store. Read the instruction and buy the product that matches it best: the product "
+    "type, its features, the options asked for (colour, size, ...) and the price limit. Call exactly one function "
+    "per turn: search (on the search page) for keywords; click a product's ID on a results page, 'next >' / "
+    "'< prev' to turn pages, an option value on a product page to choose it, 'buy now' to buy, 'back to search' "
+    "to start over."
+)
+TOOLS = (
+    ToolSpec("search", "Search the store for products (only where the page has a search bar).", "keywords",
+             "the search keywords, e.g. 'shampoo sulfate free'", "search[{}]"),
+    ToolSpec("click", "Click a button or link of the current page.", "target",
+             "exactly as listed among the page's actions, e.g. 'b000000042', 'buy now', 'next >'", "click[{}]"),
 )
 TIPS = (
     "Buy within 10 actions.",
@@ -266,7 +279,7 @@ class WebShopEnv(TextEnv):
         self._plan: tuple[str, str] | None = None  # the expert's (query, asin to buy)
 
     def prompt_spec(self) -> PromptSpec:
-        return PromptSpec(instruction=INSTRUCTION)
+        return PromptSpec(instruction=INSTRUCTION, tools=TOOLS, tool_instruction=TOOL_INSTRUCTION)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)

@@ -100,3 +100,11 @@ def tiny_tokenizer(tiny_path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_path)
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer():
+    """Qwen2.5's tokenizer built offline (ragen_lightning/models/qwen.py) into the test cache, once."""
+    from ragen_lightning.models.qwen import qwen25_tokenizer
+
+    return qwen25_tokenizer()

@@ -21,6 +21,7 @@ from typing import Protocol, Sequence
 SYSTEM_PREFIX = "You're a helpful assistant. "
 THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE = "<think>", "</think>", "<answer>", "</answer>"
 TAG_TOKENS = (THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"  # the tool-call action format (rollout/tool_calls.py)
 ACTION_SEP = "||"
 FORMAT_PENALTY = -0.1
 INVALID_ACTION_WARNING = "No valid action provided previously. Environment state remains the same. Please try again.\n"
@@ -36,26 +37,30 @@ class PromptSpecLike(Protocol):
     symbols: tuple[tuple[str, str], ...]
 
 
-def format_prompt(enable_think: bool = True) -> str:
-    """The answer-format reminder of every turn block."""
-    if enable_think:
-        return "<think> [Your thoughts] </think> <answer> [your answer] </answer>"
-    return "<answer> [your answer] </answer>"
+def format_prompt(enable_think: bool = True, tool_calls: bool = False) -> str:
+    """The answer-format reminder of every turn block (``tool_calls``: the tool-call action format)."""
+    answer = (f'{TOOL_CALL_OPEN} {{"name": <function-name>, "arguments": <args-json-object>}} {TOOL_CALL_CLOSE}'
+              if tool_calls else "<answer> [your answer] </answer>")
+    return f"<think> [Your thoughts] </think> {answer}" if enable_think else answer
 
 
-def generation_prefix(enable_think: bool = True) -> str:
-    """Text the assistant turn is primed with (given to the model, never trained on)."""
-    return THINK_OPEN if enable_think else ANSWER_OPEN
+def generation_prefix(enable_think: bool = True, tool_calls: bool = False) -> str:
+    """Text the assistant turn is primed with (given to the model, never trained on): ``<think>`` with thinking on;
+    else ``<answer>``, or nothing in the tool-call format (the model opens its ``<tool_call>`` blocks itself)."""
+    return THINK_OPEN if enable_think else "" if tool_calls else ANSWER_OPEN
 
 
-def system_prompt(spec: PromptSpecLike, max_actions_per_episode: int | None = None) -> str:
+def system_prompt(spec: PromptSpecLike, max_actions_per_episode: int | None = None, tool_calls: bool = False) -> str:
     """RAGEN's system message: instruction, symbol legend, action list and the action budget line.
 
     Args:
         spec: the env's prompt data (instruction, action names, legend).
         max_actions_per_episode: the episode's action budget shown in the prompt; omitted when None.
+        tool_calls: the tool-call action format: the env's ``tool_instruction`` when it has one (the tools
+            themselves are rendered by the chat template).
     """
-    text = SYSTEM_PREFIX + spec.instruction
+    instruction = getattr(spec, "tool_instruction", None) if tool_calls else None
+    text = SYSTEM_PREFIX + (instruction or spec.instruction)
     if spec.symbols:
         text += "\nThe meaning of each symbol in the state is:\n" + ", ".join(f"{s}: {m}" for s, m in spec.symbols)
     if spec.action_names:
@@ -69,11 +74,11 @@ def system_prompt(spec: PromptSpecLike, max_actions_per_episode: int | None = No
 
 
 def instruction_line(actions_left: int, *, max_response_tokens: int, enable_think: bool = True,
-                     warn_invalid: bool = False) -> str:
+                     warn_invalid: bool = False, tool_calls: bool = False) -> str:
     """The per-turn instruction: the invalid-action warning (when due), actions left, answer format, length."""
     return (
         f"{INVALID_ACTION_WARNING if warn_invalid else ''}You have {actions_left} actions left. "
-        f"Always output: {format_prompt(enable_think)} with no extra text. Strictly follow this format. "
+        f"Always output: {format_prompt(enable_think, tool_calls)} with no extra text. Strictly follow this format. "
         f"Max response length: {max_response_tokens} words (tokens).\n"
     )
 
@@ -105,7 +110,8 @@ class ParsedResponse:
     Attributes:
         think: the reasoning text (empty when missing or thinking is off).
         answer: the raw answer text between the answer tags ('' when the format did not match).
-        actions: the parsed action strings, at most ``max_actions_per_turn`` of them.
+        actions: the parsed action strings, at most ``max_actions_per_turn`` of them (tool-call format: None for a
+            call that is not a valid call of a declared tool, :func:`~ragen_lightning.rollout.tool_calls.parse_tool_calls`).
         format_ok: the response matched the required tag format.
         num_proposed: how many actions the answer proposed before truncation to ``max_actions_per_turn``.
     """

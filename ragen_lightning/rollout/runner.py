@@ -52,16 +52,24 @@ import copy
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from ragen_lightning.rollout import branching, prompting
+from ragen_lightning.errors import ConfigError
+from ragen_lightning.rollout import branching, prompting, tool_calls
 from ragen_lightning.rollout.engine import GenerationEngine, SamplingParams
 from ragen_lightning.rollout.env_pool import Outcome, WorkerPool
+from ragen_lightning.rollout.episodes import (
+    Episode,
+    Turn,
+    checked_step,
+    conversation_mark,
+    cut_back,
+)
 from ragen_lightning.rollout.settings import ContextWindow, EpisodeSettings  # noqa: F401 (re-export)
 from ragen_lightning.rollout.tokens import ChatTokens
 from ragen_lightning.types import Conversation, Sample, Trajectory
@@ -95,42 +103,6 @@ def transition_seed(group_seed: int, member: int) -> int:
     """The transition seed of member ``member`` of the group reset with ``group_seed`` (reproducible, and independent
     of batch composition and data-parallel rank)."""
     return int(np.random.SeedSequence([group_seed % 2**63, member, 0x7EED]).generate_state(1, dtype=np.uint64)[0])
-
-
-@dataclass
-class _Turn:
-    user: str  # the full user message of this turn (reward feedback of the previous turn + turn block)
-    state: str
-    mark: tuple | None = None  # full mode: the conversation's extent before this turn (to drop it on an env error)
-    sampled: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    response: str = ""
-    reward: float = 0.0
-    penalty: float = 0.0
-    # filled while the turn's actions run; added to the trajectory when the turn closes without an env error
-    plan: list[Any] = field(default_factory=list)  # the valid actions to execute, in order
-    names: tuple[str, ...] = ()
-    format_ok: bool = False
-    executed: list[str] = field(default_factory=list)
-    step_info: dict[str, float] = field(default_factory=dict)  # the turn's last step's info: the turn's info (RAGEN)
-    success: bool | None = None  # the last step's info["success"] (None: no step ran)
-    terminated: bool = False
-    truncated: bool = False
-
-
-@dataclass
-class _Episode:
-    traj: Trajectory
-    env: gym.Env
-    system: str
-    obs: str
-    turns: list[_Turn] = field(default_factory=list)
-    conv: Conversation | None = None  # full mode: the running conversation
-    actions_left: int = 0
-    warn_invalid: bool = False
-    info_sums: dict[str, float] = field(default_factory=dict)
-    done: bool = False
-    slot: int = 0  # the runner's env slot (a timed-out env is replaced there)
 
 
 class RolloutRunner:
@@ -171,6 +143,15 @@ class RolloutRunner:
         self.timing = {"generate": 0.0, "env": 0.0}  # seconds spent in the last run()
         probe = make_env(env_id, self.env_kwargs)  # fail now, with the id in the message, not mid-rollout
         branchable = bool(getattr(probe.unwrapped, "branchable", False))
+        self.tools: tuple = ()
+        if self.episode.action_format == "tool_call":
+            spec = probe.unwrapped.prompt_spec()
+            self.tools = tuple(getattr(spec, "tools", ()) or ())
+            if not self.tools:
+                probe.close()
+                raise ConfigError(f"--data.episode.action_format tool_call: {env_id} declares no tools "
+                                  "(PromptSpec.tools); use the text format for it")
+            self.chat = chat.with_tools(tool_calls.tool_schemas(self.tools))
         probe.close()
         if isinstance(branches, bool) or not isinstance(branches, int) or branches < 1:
             raise ValueError(f"branches must be an int >= 1, got {branches!r}")
@@ -257,15 +238,15 @@ class RolloutRunner:
         clear_cache()
         return [ep.traj for ep in episodes]
 
-    def _open_turn(self, live: list[_Episode], turn: int, announce: int,
-                   response_cap: int) -> list[tuple[_Episode, list[int]]]:
-        """``(episode, prompt ids)`` of each live episode that plays ``turn`` (its :class:`_Turn` opened). An episode
+    def _open_turn(self, live: list[Episode], turn: int, announce: int,
+                   response_cap: int) -> list[tuple[Episode, list[int]]]:
+        """``(episode, prompt ids)`` of each live episode that plays ``turn`` (its :class:`Turn` opened). An episode
         whose prompt plus a ``response_cap``-token response exceeds ``max_model_len`` ends instead
         (``context_truncated``); at turn 1 that is an error: the limit leaves no room for any episode."""
         fitting = []
         for ep in live:
             user = self._user_message(ep, turn, announce)
-            mark = _mark(ep.conv) if self.episode.context_window == "full" else None
+            mark = conversation_mark(ep.conv) if self.episode.context_window == "full" else None
             prompt = self._prompt_ids(ep, user, response_cap)
             if prompt is None:
                 if turn == 1:
@@ -275,11 +256,11 @@ class RolloutRunner:
                 ep.traj.context_truncated = ep.traj.truncated = True
                 self._finish(ep)
                 continue
-            ep.turns.append(_Turn(user=user, state=ep.obs, mark=mark))
+            ep.turns.append(Turn(user=user, state=ep.obs, mark=mark))
             fitting.append((ep, prompt))
         return fitting
 
-    def _responses(self, fitting: list[tuple[_Episode, list[int]]], turn: int, params: SamplingParams,
+    def _responses(self, fitting: list[tuple[Episode, list[int]]], turn: int, params: SamplingParams,
                    seed: int) -> list[Any]:
         """The generation each episode of ``fitting`` plays this turn: its own sample or, when branching, the one it
         follows (``_branch``, which plays the others on copies of the env)."""
@@ -299,12 +280,12 @@ class RolloutRunner:
             self.timing["env"] += time.perf_counter() - t0
         return outs
 
-    def _reset(self, env_index: int, group_id: int, seed: int, member: int, slot: int | None = None) -> _Episode:
+    def _reset(self, env_index: int, group_id: int, seed: int, member: int, slot: int | None = None) -> Episode:
         slot = env_index if slot is None else slot
         env = self._env(slot)
         return self._episode(env, slot, env_index, group_id, seed, *self._reset_env(env, seed, member))
 
-    def _reset_all(self, group_seeds: Sequence[int], group_size: int, first_group: int) -> list[_Episode]:
+    def _reset_all(self, group_seeds: Sequence[int], group_size: int, first_group: int) -> list[Episode]:
         """Reset every env of the rollout (on the worker pool); an env whose reset fails gives a finished episode
         that records the error."""
         jobs = [((first_group + g) * group_size + m, first_group + g, int(s), m, g * group_size + m)
@@ -329,16 +310,16 @@ class RolloutRunner:
                    if getattr(env.unwrapped, "transition_seeded", False) else None)
         obs, _info = env.reset(seed=seed, options=options)
         spec = env.unwrapped.prompt_spec()
-        return str(obs), prompting.system_prompt(spec, self.episode.max_actions_per_episode)
+        return str(obs), prompting.system_prompt(spec, self.episode.max_actions_per_episode, bool(self.tools))
 
     def _episode(self, env: gym.Env, slot: int, env_index: int, group_id: int, seed: int, obs: str,
-                 system: str) -> _Episode:
+                 system: str) -> Episode:
         traj = Trajectory(env_index=env_index, group_id=group_id, seed=seed,
                           trainable=getattr(self.engine, "trainable", True))
-        return _Episode(traj=traj, env=env, system=system, obs=obs, slot=slot,
+        return Episode(traj=traj, env=env, system=system, obs=obs, slot=slot,
                         actions_left=self.episode.max_actions_per_episode)
 
-    def _fail(self, ep: _Episode, where: str, outcome: Outcome) -> None:
+    def _fail(self, ep: Episode, where: str, outcome: Outcome) -> None:
         """Record an env's exception or timeout on its episode (the caller ends the episode) and log it once."""
         error = outcome.error
         ep.traj.env_error = f"{where}: {type(error).__name__}: {error}"
@@ -348,20 +329,27 @@ class RolloutRunner:
         if outcome.timed_out and 0 <= ep.slot < len(self._envs) and self._envs[ep.slot] is ep.env:
             self._envs[ep.slot] = None  # a worker may still be inside it: never touch it again
 
-    def _turn_block(self, ep: _Episode, turn: int, announce: int) -> str:
+    def _turn_block(self, ep: Episode, turn: int, announce: int) -> str:
         instruction = prompting.instruction_line(ep.actions_left, max_response_tokens=announce,
-                                                 enable_think=self.episode.enable_think, warn_invalid=ep.warn_invalid)
+                                                 enable_think=self.episode.enable_think, warn_invalid=ep.warn_invalid,
+                                                 tool_calls=bool(self.tools))
         return prompting.turn_block(turn, ep.obs, instruction, observation_last=self.episode.observation_last)
 
-    def _user_message(self, ep: _Episode, turn: int, announce: int) -> str:
+    def _user_message(self, ep: Episode, turn: int, announce: int) -> str | tuple[str, ...]:
         block = self._turn_block(ep, turn, announce)
         if self.episode.context_window == "single_turn":
             return self._memory_summary(ep, turn) + block
-        if ep.turns:  # feedback of the previous turn opens this turn's user message
-            return prompting.reward_text(ep.turns[-1].reward) + block
-        return block
+        if not ep.turns:
+            return block
+        text = prompting.reward_text(ep.turns[-1].reward) + block  # feedback of the previous turn opens it
+        observations = ep.turns[-1].observations
+        if self.tools and observations:
+            # tool-call format: one tool message per executed call; each holds the observation after its call, the
+            # last one this turn's usual text (reward, turn block with the state)
+            return (*observations[:-1], text)
+        return text
 
-    def _memory_summary(self, ep: _Episode, turn: int) -> str:
+    def _memory_summary(self, ep: Episode, turn: int) -> str:
         shown = ep.turns[-(self.episode.window_turns - 1):] if self.episode.window_turns > 1 else []
         if not shown:
             return f"Current Turn (Turn {turn}):" if ep.turns else ""
@@ -374,7 +362,7 @@ class RolloutRunner:
         lines.append(f"\nCurrent Turn (Turn {turn}):")
         return "".join(lines)
 
-    def _prompt_ids(self, ep: _Episode, user: str, response_cap: int) -> list[int] | None:
+    def _prompt_ids(self, ep: Episode, user: str, response_cap: int) -> list[int] | None:
         """The next prompt's ids, or None (and nothing changed) when prompt + a ``response_cap``-token response (the
         sampling cap of this run) would exceed the limit."""
         budget = self.episode.max_model_len - response_cap
@@ -385,9 +373,9 @@ class RolloutRunner:
                     return None
                 ep.conv = conv
             else:
-                if len(ep.conv) + len(self.chat.next_user_ids(ep.conv, user)) > budget:
+                if len(ep.conv) + len(self.chat.next_message_ids(ep.conv, user)) > budget:
                     return None
-                self.chat.add_user(ep.conv, user)
+                self.chat.add_message(ep.conv, user)
             return list(ep.conv.input_ids)
         limited = self.episode.context_window == "limited" and self.episode.window_turns > 1
         window = ep.turns[-(self.episode.window_turns - 1):] if limited else []
@@ -395,30 +383,36 @@ class RolloutRunner:
         conv = self.chat.start(ep.system, users[0])
         for prev, next_user in zip(window, users[1:]):
             self.chat.add_response(conv, prev.sampled, trainable=False)
-            self.chat.add_user(conv, next_user)
+            self.chat.add_message(conv, next_user)
         if len(conv) > budget:
             return None
         ep.conv = conv
         return list(conv.input_ids)
 
-    def _respond(self, ep: _Episode, sampled: list[int], logprobs: list[float]) -> None:
+    def _respond(self, ep: Episode, sampled: list[int], logprobs: list[float]) -> None:
         """Append the turn's sampled ids to the conversation and parse them into the actions to execute."""
         current = ep.turns[-1]
         current.sampled, current.logprobs = list(sampled), list(logprobs)
         text = self.chat.add_response(ep.conv, sampled, logprobs)
-        current.response = prompting.generation_prefix(self.episode.enable_think) + text
+        current.response = self.chat.prefix + text
         current.names = tuple(getattr(ep.env.unwrapped, "action_names", ()) or ())
         current.plan, current.penalty, current.format_ok = self._parse(text, current.names, ep.actions_left)
 
     def _parse(self, text: str, names: tuple[str, ...], actions_left: int) -> tuple[list[Any], float, bool]:
         """``(actions to execute, format penalty, format ok)`` of a response's text."""
-        parsed = prompting.parse_response(text, enable_think=self.episode.enable_think,
-                                          max_actions_per_turn=self.episode.max_actions_per_turn)
-        valid = [a for a in prompting.map_actions(parsed.actions, names) if a is not None and a != ""]
+        if self.tools:
+            parsed = tool_calls.parse_tool_calls(text, self.tools, prefix=self.chat.prefix,
+                                                 enable_think=self.episode.enable_think,
+                                                 max_actions_per_turn=self.episode.max_actions_per_turn)
+        else:
+            parsed = prompting.parse_response(text, enable_think=self.episode.enable_think,
+                                              max_actions_per_turn=self.episode.max_actions_per_turn)
+        usable = [a for a in parsed.actions if a is not None]  # tool calls: None is an invalid call
+        valid = [a for a in prompting.map_actions(usable, names) if a is not None and a != ""]
         penalty = prompting.turn_format_penalty(len(valid), len(parsed.actions), self.episode.format_penalty)
         return valid[:actions_left], penalty, parsed.format_ok
 
-    def _branch(self, ep: _Episode, outs: list) -> Any:
+    def _branch(self, ep: Episode, outs: list) -> Any:
         """The K responses of a branching turn (``ep.conv`` is still the bare prompt): returns the one the episode
         continues with (``branch_follow``); each other one runs for this turn on a deep copy of the env and is added to
         the episode as a one-turn sample scored by its own turn reward. A copy whose step raises drops that response
@@ -431,20 +425,20 @@ class RolloutRunner:
                 ep.traj.samples.append(Sample(result[0], [result[1]], turn=len(ep.turns)))
         return outs[pick]
 
-    def _try_branch(self, ep: _Episode, out: Any) -> tuple[Conversation, float] | None:
+    def _try_branch(self, ep: Episode, out: Any) -> tuple[Conversation, float] | None:
         """``out`` played for this turn on a deep copy of the env: its one-turn conversation and score (turn reward
         plus format penalty), or None when the copy's step raised (logged)."""
         conv = copy.deepcopy(ep.conv)
         plan, penalty, _ = self._parse(self.chat.add_response(conv, out.token_ids, out.logprobs),
                                        tuple(getattr(ep.env.unwrapped, "action_names", ()) or ()), ep.actions_left)
         try:
-            return conv, branching.play_on_copy(ep.env, plan, _step) + penalty
+            return conv, branching.play_on_copy(ep.env, plan, checked_step) + penalty
         except Exception as e:  # noqa: BLE001  (a failing copy costs one extra sample, never the episode)
             log.warning("env %s: a branch of the episode with seed %d failed (%s: %s); that response is dropped",
                         self.env_id, ep.traj.seed, type(e).__name__, e)
             return None
 
-    def _execute(self, episodes: list[_Episode]) -> None:
+    def _execute(self, episodes: list[Episode]) -> None:
         """Run the planned actions of this turn: the k-th action of every episode that is still running together on
         the worker pool, for k = 0, 1, ...; results are applied in episode order."""
         pool = self._workers()
@@ -454,7 +448,7 @@ class RolloutRunner:
                      and not ep.turns[-1].truncated and k < len(ep.turns[-1].plan)]
             if not batch:
                 return
-            outcomes = pool.map([partial(_step, ep.env, ep.turns[-1].plan[k]) for ep in batch])
+            outcomes = pool.map([partial(checked_step, ep.env, ep.turns[-1].plan[k]) for ep in batch])
             for ep, outcome in zip(batch, outcomes):
                 if outcome.ok:
                     self._record_step(ep, ep.turns[-1].plan[k], *outcome.value)
@@ -462,7 +456,7 @@ class RolloutRunner:
                     self._fail(ep, f"turn {len(ep.turns)}, action {k + 1}", outcome)
             k += 1
 
-    def _record_step(self, ep: _Episode, action: Any, obs: str, reward: float, terminated: bool, truncated: bool,
+    def _record_step(self, ep: Episode, action: Any, obs: str, reward: float, terminated: bool, truncated: bool,
                      info: dict[str, Any]) -> None:
         current = ep.turns[-1]
         ep.obs = obs
@@ -471,10 +465,11 @@ class RolloutRunner:
         current.success = bool(info.get("success", False))
         names = current.names
         current.executed.append(names[action] if names and isinstance(action, int) else str(action))
+        current.observations.append(str(obs))
         current.step_info = {k: float(v) for k, v in info.items() if isinstance(v, (int, float, bool, np.number))}
         current.terminated, current.truncated = terminated, truncated
 
-    def _close_turn(self, ep: _Episode) -> None:
+    def _close_turn(self, ep: Episode) -> None:
         """Add the turn to the trajectory and end the episode when the env ended it or the action budget is spent;
         after an env error, drop the turn and end the episode (see the module docstring)."""
         current = ep.turns[-1]
@@ -482,7 +477,7 @@ class RolloutRunner:
         if traj.env_error is not None:
             ep.turns.pop()
             if self.episode.context_window == "full":
-                ep.conv = _cut(ep.conv, current.mark)
+                ep.conv = cut_back(ep.conv, current.mark)
             traj.truncated = True
             self._finish(ep)
             return
@@ -510,7 +505,7 @@ class RolloutRunner:
             traj.truncated = True
             self._finish(ep)
 
-    def _finish(self, ep: _Episode) -> None:
+    def _finish(self, ep: Episode) -> None:
         if ep.done:
             return
         ep.done = True
@@ -519,36 +514,3 @@ class RolloutRunner:
         turns = max(ep.traj.num_turns, 1)
         ep.traj.info = {k: v / turns for k, v in ep.info_sums.items()}
         ep.traj.success = ep.traj.success and ep.traj.terminated
-
-
-def _step(env: gym.Env, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
-    """``env.step(action)`` checked and converted on the worker, so a malformed result is that episode's error."""
-    result = env.step(action)
-    if not isinstance(result, tuple) or len(result) != 5:
-        raise TypeError(f"step must return (obs, reward, terminated, truncated, info), got {type(result).__name__} "
-                        f"of length {len(result) if isinstance(result, tuple) else '?'}")
-    obs, reward, terminated, truncated, info = result
-    if not isinstance(info, dict):
-        raise TypeError(f"step's info must be a dict, got {type(info).__name__}")
-    reward = float(reward)
-    if not np.isfinite(reward):
-        raise ValueError(f"step returned a non-finite reward {reward!r}")
-    return str(obs), reward, bool(terminated), bool(truncated), info
-
-
-def _mark(conv: Conversation | None) -> tuple | None:
-    """The extent of a conversation, to cut it back to later (None: no conversation yet)."""
-    if conv is None:
-        return None
-    return len(conv.input_ids), len(conv.messages), len(conv.turn_spans), conv.ended_with_eos
-
-
-def _cut(conv: Conversation | None, mark: tuple | None) -> Conversation | None:
-    """``conv`` cut back to ``mark`` (in place), or None when the mark predates the conversation."""
-    if conv is None or mark is None:
-        return None
-    n, messages, spans, ended_with_eos = mark
-    del conv.input_ids[n:], conv.loss_mask[n:], conv.sampled_logprobs[n:]
-    del conv.messages[messages:], conv.turn_spans[spans:]
-    conv.ended_with_eos = ended_with_eos
-    return conv

@@ -18,6 +18,8 @@ from ragen_lightning.errors import ConfigError, Domain, check_domains
 
 ContextWindow = Literal["full", "limited", "single_turn"]
 CONTEXT_WINDOWS: tuple[str, ...] = ("full", "limited", "single_turn")
+ActionFormat = Literal["text", "tool_call"]
+ACTION_FORMATS: tuple[str, ...] = ("text", "tool_call")
 FLAG_PREFIX = "--data.episode."
 
 
@@ -47,6 +49,12 @@ class EpisodeSettings:
             (``benchmarks/grid_reading.py``: 0.79 exact after 500 steps with the state last, 0.29 with RAGEN's
             ~45-token instruction line between the grid and the answer; docs/learning.md).
         format_penalty: score added for every turn with an invalid or missing action.
+        action_format: how the model acts: ``text`` (RAGEN's: the actions inside ``<answer>...</answer>``, separated
+            by ``||``) or ``tool_call`` (the env's tools offered through the chat template's ``tools=`` list, each
+            action one ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` block, Qwen2.5's format; the
+            results come back as ``tool`` messages; needs an env that declares tools and a template that renders
+            them, e.g. Qwen2.5's: ``rollout/tool_calls.py``, docs/environments.md). A malformed call is an invalid
+            action (the format penalty).
         stop: stop strings of every turn (e.g. ``["</answer>"]``): a turn ends with the token that completes one, and
             those tokens stay in the response, token for token, as sampled. The expert demonstrations of a warm start
             do not use them (an expert answer ends with ``</answer>`` and the end-of-turn token either way).
@@ -75,6 +83,7 @@ class EpisodeSettings:
     enable_think: bool = True
     observation_last: bool = False
     format_penalty: float = -0.1
+    action_format: ActionFormat = "text"
     stop: tuple[str, ...] = ()
     max_workers: int = 1
     step_timeout_s: float | None = DEFAULT_STEP_TIMEOUT_S
@@ -84,6 +93,8 @@ class EpisodeSettings:
         if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
             raise ConfigError(f"{FLAG_PREFIX}stop must be a list of non-empty strings, got {self.stop!r}")
         object.__setattr__(self, "stop", tuple(self.stop))  # a YAML list arrives as a list; keep it hashable
+        if self.action_format not in ACTION_FORMATS:
+            raise ConfigError(f"{FLAG_PREFIX}action_format must be 'text' or 'tool_call', got {self.action_format!r}")
         if self.context_window not in CONTEXT_WINDOWS:
             raise ConfigError(f"{FLAG_PREFIX}context_window must be 'full', 'limited' or 'single_turn', "
                               f"got {self.context_window!r}")
@@ -97,6 +108,8 @@ class EpisodeSettings:
             fields.pop(name)
         if not fields["observation_last"]:  # RAGEN's order: the keys of warm starts built before the option
             fields.pop("observation_last")
+        if fields["action_format"] == "text":  # likewise: the keys of warm starts built before tool calls
+            fields.pop("action_format")
         return fields
 
 

@@ -18,7 +18,8 @@ non-canonical split of a word); :meth:`ChatTokens.drift` measures exactly that.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ragen_lightning.rollout.prompting import generation_prefix
 from ragen_lightning.types import Conversation
@@ -31,25 +32,35 @@ class ChatTokens:
 
     Args:
         tokenizer: a transformers tokenizer with a chat template and an end-of-turn (eos) token.
-        enable_think: prime each assistant turn with ``<think>`` (else ``<answer>``).
+        enable_think: prime each assistant turn with ``<think>`` (else ``<answer>``, or nothing with ``tools``).
+        tools: the tool-call action format: the chat template's ``tools`` list (rendered into the first prompt and
+            every re-rendering); the env's results then come back as ``tool`` messages (:meth:`tool_ids`). The
+            template must render tools and tool messages append-only, else ``ValueError``.
     """
 
-    def __init__(self, tokenizer: Any, *, enable_think: bool = True):
+    def __init__(self, tokenizer: Any, *, enable_think: bool = True, tools: Sequence[dict[str, Any]] | None = None):
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no chat template")
         self.tokenizer = tokenizer
         self.enable_think = enable_think
-        self.prefix = generation_prefix(enable_think)
+        self.tools = list(tools) if tools is not None else None
+        self.prefix = generation_prefix(enable_think, tool_calls=self.tools is not None)
         self.eos_id = tokenizer.eos_token_id
         self.eos_text = tokenizer.eos_token
         if self.eos_id is None:
             raise ValueError("tokenizer has no eos (end-of-turn) token; generation could never stop a turn")
         self._glue_after_eos, self._glue_no_eos, self._user_before, self._user_after = self._probe_template()
+        self._tool_glue = self._probe_tools() if self.tools is not None else None
         self.prefix_ids = self.encode(self.prefix)
 
+    def with_tools(self, tools: Sequence[dict[str, Any]]) -> ChatTokens:
+        """This builder for the tool-call action format with ``tools`` (same tokenizer and thinking setting)."""
+        return ChatTokens(self.tokenizer, enable_think=self.enable_think, tools=tools)
+
     # -- template probing -------------------------------------------------------------------------------------
-    def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+    def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool, tools: Any = None) -> str:
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
+                                                  tools=tools)
 
     def _probe_template(self) -> tuple[str, str, str, str]:
         base = [{"role": "system", "content": _PROBE_SYS}, {"role": "user", "content": _PROBE_USER}]
@@ -72,6 +83,32 @@ class ChatTokens:
             )
         return glue_after_eos, after_assistant, user_before, user_after
 
+    def _probe_tools(self) -> tuple[str, str, str]:
+        """``(before, between, after)`` of tool messages following an assistant message: N results render as
+        ``before + r1 + between + r2 ... + rN + after`` (after includes the next assistant header). Checks that the
+        template renders the tools at all and appends tool messages without rewriting what came before."""
+        name = getattr(self.tokenizer, "name_or_path", "") or type(self.tokenizer).__name__
+        base = [{"role": "system", "content": _PROBE_SYS}, {"role": "user", "content": _PROBE_USER}]
+        if self._render(base, True, self.tools) == self._render(base, True):
+            raise ValueError(f"the chat template of {name!r} ignores tools=...: the tool-call action format "
+                             "(--data.episode.action_format tool_call) needs a template that offers tools, e.g. "
+                             "Qwen2.5's (--model.model tiny:qwen, or a Qwen2.5 model)")
+        a = self._render(base + [{"role": "assistant", "content": _PROBE_ASSISTANT}], False)
+        results = ["\x01R\x01", "\x01Q\x01", "\x01W\x01"]
+        deltas = []
+        for n in (1, 2, 3):
+            b = self._render(base + [{"role": "assistant", "content": _PROBE_ASSISTANT}]
+                             + [{"role": "tool", "content": r} for r in results[:n]], True)
+            if not b.startswith(a):
+                raise ValueError(f"the chat template of {name!r} does not append tool messages to the conversation "
+                                 "(it rewrites earlier text); token-in/token-out needs an append-only template")
+            deltas.append(b[len(a):])
+        before, after = deltas[0].split(results[0])
+        between = deltas[1][len(before) + len(results[0]):deltas[1].index(results[1])]
+        if any(d != before + between.join(results[:n]) + after for n, d in zip((1, 2, 3), deltas)):
+            raise ValueError(f"the chat template of {name!r} renders consecutive tool messages inconsistently")
+        return before, between, after
+
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
@@ -80,7 +117,7 @@ class ChatTokens:
         """A new conversation: system + first user message + assistant header + generation prefix."""
         conv = Conversation(messages=[{"role": "system", "content": system}, {"role": "user", "content": user}])
         ids = self.tokenizer.apply_chat_template(
-            conv.messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            conv.messages, add_generation_prompt=True, tokenize=True, return_dict=False, tools=self.tools
         )
         conv.extend(list(ids) + self.prefix_ids, sampled=False)
         return conv
@@ -112,15 +149,42 @@ class ChatTokens:
         conv.extend(self.next_user_ids(conv, user), sampled=False)
         conv.messages.append({"role": "user", "content": user})
 
+    def tool_ids(self, conv: Conversation, results: Sequence[str]) -> list[int]:
+        """Ids that :meth:`add_tools` would append: the assistant turn closed, one tool message per result, the next
+        assistant header and the generation prefix."""
+        if self._tool_glue is None:
+            raise ValueError("tool messages need a ChatTokens built with tools (ChatTokens.with_tools)")
+        if not results:
+            raise ValueError("tool messages need at least one result")
+        before, between, after = self._tool_glue
+        glue = self._glue_after_eos if conv.ended_with_eos else self._glue_no_eos
+        return self.encode(glue + before + between.join(results) + after) + self.prefix_ids
+
+    def add_tools(self, conv: Conversation, results: Sequence[str]) -> None:
+        """Close the assistant turn and append one ``tool`` message per result (the env's answers to its calls)."""
+        conv.extend(self.tool_ids(conv, results), sampled=False)
+        conv.messages.extend({"role": "tool", "content": r} for r in results)
+
+    def next_message_ids(self, conv: Conversation, message: str | Sequence[str]) -> list[int]:
+        """:meth:`next_user_ids` of a user message (a string) or :meth:`tool_ids` of tool results (a sequence)."""
+        return self.next_user_ids(conv, message) if isinstance(message, str) else self.tool_ids(conv, message)
+
+    def add_message(self, conv: Conversation, message: str | Sequence[str]) -> None:
+        """:meth:`add_user` of a user message (a string) or :meth:`add_tools` of tool results (a sequence)."""
+        if isinstance(message, str):
+            self.add_user(conv, message)
+        else:
+            self.add_tools(conv, message)
+
     # -- checks -----------------------------------------------------------------------------------------------
     def retokenize(self, conv: Conversation) -> list[int]:
         """Ids of the conversation's messages rendered by the chat template, cut where the stored ids end."""
+        follows_user = conv.messages[-1]["role"] in ("user", "tool")
         ids = self.tokenizer.apply_chat_template(
-            conv.messages, add_generation_prompt=conv.messages[-1]["role"] == "user", tokenize=True,
-            return_dict=False,
+            conv.messages, add_generation_prompt=follows_user, tokenize=True, return_dict=False, tools=self.tools,
         )
         ids = list(ids)
-        if conv.messages[-1]["role"] == "user":
+        if follows_user:
             ids += self.prefix_ids
         elif not conv.ended_with_eos:
             # the template closes the last assistant message with eos + glue; the stored stream stops before it

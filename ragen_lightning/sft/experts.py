@@ -14,11 +14,13 @@ env names. An env without one fails at configuration time (:func:`require_expert
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from functools import partial
+from typing import Any
 
 from ragen_lightning.errors import ConfigError
-from ragen_lightning.rollout import prompting
+from ragen_lightning.rollout import prompting, tool_calls
 from ragen_lightning.rollout.engine import Generation, SamplingParams
 from ragen_lightning.rollout.settings import EpisodeSettings
 
@@ -91,9 +93,13 @@ def expert_actions(env: Any, max_actions: int = 2) -> list[str]:
     return list(expert_turn(env, max_actions).actions)
 
 
-def render_response(turn: ExpertTurn, enable_think: bool = True) -> str:
+def render_response(turn: ExpertTurn, enable_think: bool = True, tools: Sequence[Any] | None = None) -> str:
     """The assistant text AFTER the generation prefix: ``"reasoning</think><answer>A || B</answer>"`` (thinking on)
-    or ``"A || B</answer>"`` (off)."""
+    or ``"A || B</answer>"`` (off); with ``tools`` (the tool-call format) one call block per action instead,
+    ``"reasoning</think>\n<tool_call>\n{...}\n</tool_call>"``."""
+    if tools:
+        calls = "\n".join(tool_calls.action_as_call(a, tools) for a in turn.actions)
+        return turn.reasoning + prompting.THINK_CLOSE + "\n" + calls if enable_think else calls
     answer = f" {prompting.ACTION_SEP} ".join(turn.actions) + prompting.ANSWER_CLOSE
     if enable_think:
         return turn.reasoning + prompting.THINK_CLOSE + prompting.ANSWER_OPEN + answer
@@ -120,10 +126,28 @@ class ExpertEngine:
         self.tokenizer = tokenizer
         self.enable_think = episode.enable_think
         self.max_actions_per_turn = episode.max_actions_per_turn
+        self.tool_calls = episode.action_format == "tool_call"
         self.num_truncated = 0  # answers longer than max_new_tokens (cut, finish_reason "length")
 
     def sync_weights(self) -> None:
         return None
+
+    def _encode_after_prefix(self, text: str) -> list[int]:
+        """The ids of ``text`` as the turn's response, so that prefix + response re-renders to the same ids.
+
+        The prompt ends with the generation prefix's own ids (``<think>``), and the response is appended to them.
+        Where the tokenizer merges the prefix's last character with the text's first (Qwen2.5's BPE, in which
+        ``<think>`` is plain text, reads ``<think>I`` as ``<th`` ``ink`` ``>I``), the demonstration would teach a
+        split that re-rendering the conversation never produces; the text then starts with a space (``<think> I``,
+        the spacing the prompt's format line shows), which every byte-level BPE splits from ``>``. Tokenizers that
+        hold the tags as single tokens (the embedded model's) never merge: their demonstrations are unchanged.
+        """
+        encode = partial(self.tokenizer.encode, add_special_tokens=False)
+        prefix = prompting.generation_prefix(self.enable_think, self.tool_calls)
+        head = list(encode(prefix))
+        if prefix and text and list(encode(prefix + text))[:len(head)] != head:
+            text = " " + text
+        return list(encode(text))
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int] | None = None,
                  envs: Sequence[Any] | None = None) -> list[Generation]:
@@ -134,8 +158,9 @@ class ExpertEngine:
             )
         out = []
         for env in envs:
-            text = render_response(expert_turn(env, self.max_actions_per_turn), self.enable_think)
-            ids = list(self.tokenizer.encode(text, add_special_tokens=False)) + [self.tokenizer.eos_token_id]
+            tools = env.prompt_spec().tools if self.tool_calls else None
+            text = render_response(expert_turn(env, self.max_actions_per_turn), self.enable_think, tools)
+            ids = self._encode_after_prefix(text) + [self.tokenizer.eos_token_id]
             finish = "stop"
             if len(ids) > params.max_new_tokens:
                 ids, finish = ids[: params.max_new_tokens], "length"

@@ -304,3 +304,68 @@ def test_fuzz_adversarial_outputs_through_the_runner_for_every_env(tiny_tokenize
     assert len(parse_seconds) == len(env_ids) * len(ADVERSARIAL)
     # ~2 ms an output at most here; the quadratic parser took 0.2-0.6 s on the 20 KB tag repeats
     assert max(parse_seconds) < 0.1, max(parse_seconds)
+
+
+# ------------------------------------------------------------------------------------------ tool-call fuzz
+
+TOOL_ADVERSARIAL = [  # text after the "<think>" prefix; each 100 KB case took the quadratic path it guards
+    "",
+    "no calls",
+    "x</think>" + "<tool_call>" * 9_000,
+    "x</think>" + "<tool_call></tool_call>" * 4_200,
+    "x</think><tool_call>" + "[" * 100_000 + "</tool_call>",
+    "x</think><tool_call>" + '{"a":' * 20_000 + "1" + "}" * 20_000 + "</tool_call>",
+    'x</think><tool_call>{"name": "search", "arguments": {"query": "' + "q" * 100_000 + '"}}</tool_call>',
+    'x</think><tool_call>{"name": "search", "arguments": {"query": "\\u0000\\ud800 <|im_end|>"}}</tool_call>',
+    'x</think><tool_call>{"name": "click", "arguments": {"target": "buy now"}}</tool_call>' * 3,
+    'x</think><tool_call>{"name": "finish", "arguments": {"answer": 1e999}}</tool_call>',
+    'x</think><tool_call>{"name": "search", "arguments": {"query": NaN}}</tool_call>',
+    "x</think><tool_call>{'name': 'search', 'arguments': {'query': 'single quotes'}}</tool_call>",
+    'x</think><tool_call>{"name": "search", "arguments": {"query": "a"}, "name": "finish"}</tool_call>',
+    "x</think></tool_call><tool_call>",
+]
+
+
+def test_tool_call_parsing_of_100kb_inputs_is_bounded():
+    seconds = run_bounded(f"""
+        import json, time
+        from envs.searchqa import TOOLS
+        from ragen_lightning.rollout.tool_calls import parse_tool_calls
+        out = []
+        for text in {TOOL_ADVERSARIAL!r}:
+            t = time.perf_counter()
+            r = parse_tool_calls(text, TOOLS, prefix="<think>", max_actions_per_turn=20)
+            out.append([time.perf_counter() - t, r.num_proposed])
+        print(json.dumps(out))
+    """)
+    assert [n for _, n in seconds][:5] == [0, 0, 1, 4200, 1]  # 9000 opens: one unclosed block
+    assert max(t for t, _ in seconds) < 1.0, seconds
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["<think>", "</think>", "<tool_call>", "</tool_call>", "{", "}", '"name"', ":",
+                                 '"search"', '"arguments"', '"query"', '"x"', ",", "[", "]", " ", "\n", "1", "null"]),
+                max_size=24), st.booleans())
+def test_tool_call_parser_never_raises_and_only_runs_declared_calls(pieces, think):
+    from envs.searchqa import TOOLS
+    from ragen_lightning.rollout.tool_calls import parse_tool_calls
+
+    text = "".join(pieces)
+    p = parse_tool_calls(text, TOOLS, prefix="<think>" if think else "", enable_think=think, max_actions_per_turn=3)
+    assert p.num_proposed >= len(p.actions) and (p.format_ok == (p.num_proposed > 0))
+    assert all(a is None or (a.startswith(("search[", "finish[")) and a.endswith("]")) for a in p.actions)
+
+
+@pytest.mark.parametrize("env_id", ["ragen/SearchQA-v0", "ragen/WebShop-v0"])
+def test_fuzz_adversarial_tool_calls_through_the_runner(qwen_tokenizer, env_id):
+    engine = _ListEngine(qwen_tokenizer, TOOL_ADVERSARIAL)
+    longest = max(len(ids) for ids in engine.ids)
+    episode = EpisodeSettings(max_turns=1, max_actions_per_turn=20, max_actions_per_episode=20,
+                              max_new_tokens=longest, max_model_len=longest + 8192, action_format="tool_call")
+    runner = RolloutRunner(env_id, None, ChatTokens(qwen_tokenizer), engine, episode)
+    trajs = runner.run(list(range(len(TOOL_ADVERSARIAL))), group_size=1, params=SamplingParams(max_new_tokens=longest))
+    runner.close()
+    assert all(t.num_turns == 1 and np.isfinite(t.score) for t in trajs)
+    # no call, an unclosed block, only invalid calls: a format error each (a penalty, never an exception)
+    errors = [t.num_format_errors for t in trajs]
+    assert errors[:6] == [1] * 6 and errors[9:13] == [1] * 4, errors

@@ -23,7 +23,7 @@ NAMES = [f.name for f in dataclasses.fields(EpisodeSettings)]
 # a value for every field, none of them the default
 VALUES = {"max_turns": 3, "max_actions_per_turn": 1, "max_actions_per_episode": 7, "max_new_tokens": 40,
           "context_window": "limited", "window_turns": 3, "max_model_len": 1024, "enable_think": False,
-          "observation_last": True, "format_penalty": -0.5, "stop": ["</answer>"], "max_workers": 2,
+          "observation_last": True, "format_penalty": -0.5, "action_format": "tool_call", "stop": ["</answer>"], "max_workers": 2,
           "step_timeout_s": 2.5}
 
 

@@ -20,8 +20,9 @@ HOME = "rollout/settings.py:EpisodeSettings"
 PRIMITIVES = {
     "enable_think": {"rollout/prompting.py:format_prompt", "rollout/prompting.py:generation_prefix",
                      "rollout/prompting.py:instruction_line", "rollout/prompting.py:parse_response",
-                     "rollout/tokens.py:ChatTokens.__init__", "sft/experts.py:render_response"},
-    "max_actions_per_turn": {"rollout/prompting.py:parse_response"},
+                     "rollout/tokens.py:ChatTokens.__init__", "sft/experts.py:render_response",
+                     "rollout/tool_calls.py:parse_tool_calls", "rollout/tool_calls.py:_calls_region"},
+    "max_actions_per_turn": {"rollout/prompting.py:parse_response", "rollout/tool_calls.py:parse_tool_calls"},
     "observation_last": {"rollout/prompting.py:turn_block"},
     "max_actions_per_episode": {"rollout/prompting.py:system_prompt"},
     "max_new_tokens": {"rollout/engine.py:SamplingParams"},  # the sampling cap handed to an engine
@@ -64,10 +65,11 @@ def test_episode_settings_are_declared_in_one_signature():
         declared = {sig for sig, params in signatures.items() if name in params}
         assert declared == {HOME} | PRIMITIVES.get(name, set()), (
             f"{name!r} is declared in {sorted(declared - {HOME})}: take an EpisodeSettings instead")
-    # no signature but the dataclass declares two settings, except the one primitive parser and the per-request
-    # record an engine takes (the runner fills its cap and stop strings from the EpisodeSettings)
+    # no signature but the dataclass declares two settings, except the two primitive parsers (one per action format)
+    # and the per-request record an engine takes (the runner fills its cap and stop strings from the EpisodeSettings)
     for sig, params in signatures.items():
-        if sig not in (HOME, "rollout/prompting.py:parse_response", "rollout/engine.py:SamplingParams"):
+        if sig not in (HOME, "rollout/prompting.py:parse_response", "rollout/tool_calls.py:parse_tool_calls",
+                       "rollout/engine.py:SamplingParams"):
             assert len(params & set(NAMES)) <= 1, (sig, sorted(params & set(NAMES)))
 
 
@@ -99,11 +101,12 @@ def test_as_episode_and_demonstration_fields():
     ep = EpisodeSettings(format_penalty=-0.5)
     assert as_episode(ep) is ep
     # the warm-start key hashes these: every field but the RL-only format penalty, and observation_last only when
-    # set (warm starts built before the option keep their keys)
-    # set (warm starts built before the option keep their keys); the rollout layer's stop strings, worker pool and
+    # set, action_format only when tool_call (warm starts built before the options keep their keys); the rollout layer's stop strings, worker pool and
     # timeout shape no demonstration (the expert ignores stop strings; transitions do not depend on threads)
     rollout_layer = {"stop", "max_workers", "step_timeout_s"}
-    assert set(ep.demonstration_fields()) == set(NAMES) - {"format_penalty", "observation_last"} - rollout_layer
+    assert set(ep.demonstration_fields()) == set(NAMES) - {"format_penalty", "observation_last", "action_format"} \
+        - rollout_layer
+    assert EpisodeSettings(action_format="tool_call").demonstration_fields()["action_format"] == "tool_call"
     assert EpisodeSettings(observation_last=True).demonstration_fields()["observation_last"] is True
     assert EpisodeSettings(stop=["</answer>"], max_workers=8, step_timeout_s=2.0).demonstration_fields() == \
         EpisodeSettings().demonstration_fields()
