@@ -26,7 +26,8 @@ ALGORITHM_KEYS = (
     "data.val_temperature", "data.val_group_size",
     "data.episode.max_turns", "data.episode.max_actions_per_turn", "data.episode.max_actions_per_episode",
     "data.episode.context_window", "data.episode.window_turns", "data.episode.enable_think",
-    "data.episode.observation_last", "data.episode.format_penalty", "data.episode.stop",
+    "data.episode.observation_last", "data.episode.format_penalty", "data.episode.action_format",
+    "data.episode.stop",
 )
 OVERLAYS = sorted([*(CONFIGS / "models").glob("*.yaml"), *(CONFIGS / "recipes").glob("*.yaml"),
                    *(CONFIGS / "engines").glob("*.yaml"),
