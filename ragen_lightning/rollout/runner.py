@@ -151,6 +151,10 @@ class RolloutRunner:
                 probe.close()
                 raise ConfigError(f"--data.episode.action_format tool_call: {env_id} declares no tools "
                                   "(PromptSpec.tools); use the text format for it")
+            if getattr(engine, "needs_messages", False):
+                probe.close()
+                raise ConfigError("--data.episode.action_format tool_call: the API engine sends chat messages without "
+                                  "the tools; use the text format with it")
             self.chat = chat.with_tools(tool_calls.tool_schemas(self.tools))
         probe.close()
         if isinstance(branches, bool) or not isinstance(branches, int) or branches < 1:
@@ -380,7 +384,9 @@ class RolloutRunner:
         limited = self.episode.context_window == "limited" and self.episode.window_turns > 1
         window = ep.turns[-(self.episode.window_turns - 1):] if limited else []
         users = [t.user for t in window] + [user]
-        conv = self.chat.start(ep.system, users[0])
+        # a window that opens after a tool-call turn opens with that turn's text as the user message (a conversation
+        # starts with one; the tool results before it are outside the window)
+        conv = self.chat.start(ep.system, users[0] if isinstance(users[0], str) else users[0][-1])
         for prev, next_user in zip(window, users[1:]):
             self.chat.add_response(conv, prev.sampled, trainable=False)
             self.chat.add_message(conv, next_user)

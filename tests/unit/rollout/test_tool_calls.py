@@ -180,3 +180,26 @@ def test_expert_demonstrations_in_the_tool_call_format(qwen_tokenizer, env_id):
         conv = t.samples[0].conversation
         assert "tool" in [m["role"] for m in conv.messages[2:]] or t.num_turns == 1
         assert "<tool_call>\n{" in conv.messages[2]["content"] and not chat.drift(conv)
+
+
+def test_the_api_engine_is_refused_in_the_tool_call_format(qwen_tokenizer):
+    engine = _Scripted(qwen_tokenizer, [])
+    engine.needs_messages = True  # text-in/text-out engines get the messages, not the tools
+    with pytest.raises(ConfigError, match=r"^--data.episode.action_format tool_call: the API engine"):
+        RolloutRunner("ragen/SearchQA-v0", None, ChatTokens(qwen_tokenizer), engine, TOOL)
+
+
+def test_a_limited_window_after_tool_turns_opens_with_a_user_message(qwen_tokenizer):
+    texts = [" a</think>\n" + SEARCH, " b</think>\n" + SEARCH, " c</think>\n" + SEARCH]
+    episode = EpisodeSettings(**{**TOOL.__dict__, "context_window": "limited", "window_turns": 2})
+    runner = RolloutRunner("ragen/SearchQA-v0", None, ChatTokens(qwen_tokenizer), _Scripted(qwen_tokenizer, texts),
+                           episode)
+    (traj,) = runner.run([3], 1, SamplingParams(max_new_tokens=200))
+    runner.close()
+    roles = [[m["role"] for m in s.conversation.messages] for s in traj.samples]
+    # turn 1 alone; turn 2: turn 1 replayed, its result as a tool message; turn 3: the window starts at turn 2,
+    # whose opening tool results become its user text, then turn 2's result as a tool message
+    assert roles == [["system", "user", "assistant"], ["system", "user", "assistant", "tool", "assistant"],
+                     ["system", "user", "assistant", "tool", "assistant"]]
+    assert "Turn 2:" in traj.samples[2].conversation.messages[1]["content"]
+    assert not any(runner.chat.drift(s.conversation) for s in traj.samples)
