@@ -108,3 +108,19 @@ def qwen_tokenizer():
     from ragen_lightning.models.qwen import qwen25_tokenizer
 
     return qwen25_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def qwen_standin_path():
+    """``tiny:qwen`` (the embedded model with Qwen2.5's tokenizer and 151,936-row vocabulary), built once into the
+    test cache with its tokenizer and reused by later runs."""
+    from ragen_lightning.models.tiny import cache_root, spec_from_name, tiny_model_path
+
+    return tiny_model_path(spec_from_name("tiny:qwen"), cache_dir=cache_root())
+
+
+@pytest.fixture(scope="session")
+def qwen_standin_tokenizer(qwen_standin_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(qwen_standin_path)

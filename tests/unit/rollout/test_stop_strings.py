@@ -76,34 +76,107 @@ def test_stop_strings_need_a_tokenizer_and_are_validated(engine, tiny_tokenizer)
 
 
 class StopAtAnswer:
-    """Scripted engine: answers ``x</think><answer>Left</answer>`` and then garbage, cut after the stop string
-    the way an engine does (no end-of-turn token); records the params it got."""
+    """Scripted engine: answers ``text`` (``x</think><answer>Left</answer>``), cut after the stop string the way an
+    engine does (no end-of-turn token); records the params it got."""
 
-    def __init__(self, tok):
-        self.tok, self.params = tok, []
+    def __init__(self, tok, text="x</think><answer>Left</answer>"):
+        self.tok, self.text, self.params = tok, text, []
 
     def generate(self, prompts, params, seeds=None):
         self.params.append(params)
-        ids = self.tok.encode("x</think><answer>Left</answer>", add_special_tokens=False)
+        ids = self.tok.encode(self.text, add_special_tokens=False)
         return [Generation(list(ids), [-0.25] * len(ids), "stop") for _ in prompts]
 
     def sync_weights(self):
         pass
 
 
-def test_runner_adds_the_episode_stop_strings_and_keeps_the_turn_token_exact(tiny_tokenizer):
+# Qwen2.5's BPE joins a letter to the ">" before it: after the primed "<think>", re-encoding "<think>x" gives ">x", not
+# the sampled "x" (drift, which rollout/token_drift_rate counts; the trained ids are the sampled ones all the same),
+# while " x" starts a token of its own
+@pytest.mark.parametrize(("tokenizer", "answer", "drifts"), [
+    ("tiny_tokenizer", "x</think><answer>Left</answer>", False),
+    ("qwen_standin_tokenizer", " x</think><answer>Left</answer>", False),
+    ("qwen_standin_tokenizer", "x</think><answer>Left</answer>", True),
+])
+def test_runner_adds_the_episode_stop_strings_and_keeps_the_turn_token_exact(request, tokenizer, answer, drifts):
     from tests.unit.rollout.test_runner import LineEnv  # noqa: F401 - registers test/Line-v0
 
-    engine = StopAtAnswer(tiny_tokenizer)
-    runner = RolloutRunner("test/Line-v0", None, ChatTokens(tiny_tokenizer), engine,
+    tok = request.getfixturevalue(tokenizer)
+    engine = StopAtAnswer(tok, answer)
+    runner = RolloutRunner("test/Line-v0", None, ChatTokens(tok), engine,
                            EpisodeSettings(max_turns=2, stop=("</answer>",)))
     (t,) = runner.run([0], 1, SamplingParams(max_new_tokens=40, stop=("STOP",)))
     assert [p.stop for p in engine.params] == [("STOP", "</answer>")] * 2
     conv = t.samples[0].conversation
-    sampled = tiny_tokenizer.encode("x</think><answer>Left</answer>", add_special_tokens=False)
+    sampled = tok.encode(answer, add_special_tokens=False)
     # each turn trains exactly the sampled ids; the end-of-turn token the template needs is glue (mask 0)
     for start, end in conv.turn_spans:
         assert conv.input_ids[start:end] == sampled and all(conv.loss_mask[start:end])
     start, end = conv.turn_spans[0]
-    assert conv.input_ids[end] == tiny_tokenizer.eos_token_id and conv.loss_mask[end] == 0
-    assert t.num_actions == 2 and not runner.chat.drift(conv)
+    assert conv.input_ids[end] == tok.eos_token_id and conv.loss_mask[end] == 0
+    assert t.num_actions == 2 and runner.chat.drift(conv) is drifts
+
+
+# -- Qwen2.5's byte-level BPE (the tiny:qwen stand-in) ----------------------------------------------------------------
+# how Qwen2.5's tokenizer splits the strings below (ids from its ranks, checked in the first test)
+ANSWER = "<think>x</think><answer>Left</answer> Right Up Down"
+ANSWER_IDS = [13708, 766, 28257, 522, 26865, 1784, 9217, 29, 5415, 522, 9217, 29, 10083, 3138, 6285]
+NEWLINE = "Left</answer>\nUp Down"  # "</answer>" ends inside the token ">\n"
+NEWLINE_IDS = [5415, 522, 9217, 397, 2324, 6285]
+
+
+class Forced:
+    """Adds +40 to the logit of ``script[k]`` for the k-th sampled token of every request (prompts of one length):
+    the stand-in's own forward pass, sampling and stop handling, with a known continuation."""
+
+    def __init__(self, model, script: list[int], prompt_len: int):
+        self.script, self.prompt_len = script, prompt_len
+        self.handle = model.register_forward_hook(self.hook, with_kwargs=True)
+
+    def hook(self, module, args, kwargs, output):
+        k = kwargs["position_ids"][:, -1] + 1 - self.prompt_len  # index of the token these logits sample
+        for row, i in enumerate(k.tolist()):
+            if 0 <= i < len(self.script):
+                output.logits[row, -1, self.script[i]] += 40.0
+        return output
+
+
+@pytest.fixture(scope="module")
+def qwen_engine(qwen_standin_path, qwen_standin_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(qwen_standin_path).eval()
+    tok = qwen_standin_tokenizer
+    return HFEngine(model, stop_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id, tokenizer=tok)
+
+
+def test_qwen_splits_the_answer_tag_across_tokens(qwen_standin_tokenizer):
+    tok = qwen_standin_tokenizer
+    assert tok.encode(ANSWER, add_special_tokens=False) == ANSWER_IDS
+    assert [tok.decode([i]) for i in ANSWER_IDS[8:12]] == ["Left", "</", "answer", ">"]
+    assert [tok.decode([i]) for i in ANSWER_IDS[3:6]] == ["</", "think", "><"]  # "</think>" ends inside "><"
+    assert tok.encode(NEWLINE, add_special_tokens=False) == NEWLINE_IDS and tok.decode([397]) == ">\n"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize(("script", "stop", "kept"), [
+    (ANSWER_IDS, ("</answer>",), 12),  # completed by ">", the third of "</" "answer" ">"
+    (ANSWER_IDS, ("</think>",), 6),  # completed inside "><", which is kept whole as sampled
+    (NEWLINE_IDS, ("</answer>",), 4),  # completed inside ">\n"
+    (ANSWER_IDS, ("Up", "</think>"), 6),  # the first string completed ends the turn
+])
+def test_qwen_stop_strings_end_on_the_completing_token(qwen_engine, script, stop, kept, temperature):
+    prompts = [[151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198], [151644, 872, 198, 1, 2, 3, 4, 5, 6]]
+    forced = Forced(qwen_engine.model, script, prompt_len=9)
+    try:
+        free = qwen_engine.generate(prompts, SamplingParams(temperature, max_new_tokens=len(script)), seeds=[1, 2])
+        cut = qwen_engine.generate(prompts, SamplingParams(temperature, max_new_tokens=len(script), stop=stop),
+                                   seeds=[1, 2])
+    finally:
+        forced.handle.remove()
+    for f, c in zip(free, cut):
+        assert f.token_ids == script and f.finish_reason == "length"
+        # exactly the sampled ids (and their log-probs) up to and including the completing token, nothing after
+        assert c.token_ids == script[:kept] and c.finish_reason == "stop"
+        assert c.logprobs == pytest.approx(f.logprobs[:kept], abs=1e-5)
