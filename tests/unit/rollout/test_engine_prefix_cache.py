@@ -137,3 +137,34 @@ def test_runner_clears_the_cache_around_a_rollout(tiny_path, tiny_tokenizer):
     trajs = runner.run([0, 1], 2, SamplingParams(temperature=1.0, max_new_tokens=8), seed=3)
     assert len(trajs) == 4 and eng.cached_tokens == 0
     assert sum(t.num_turns for t in trajs) <= 4 or eng.stats["reused_tokens"] > 0
+
+
+def test_reuse_on_the_qwen_standin_gives_the_same_tokens_and_logprobs(qwen_standin_path, qwen_standin_tokenizer):
+    """The same multi-turn equivalence on ``tiny:qwen``: Qwen2.5's chat-template ids, its 151,936-row vocabulary,
+    and turns ended by ``<|im_end|>`` or the length cap."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(qwen_standin_path).eval()
+    tok = qwen_standin_tokenizer
+    reuse, plain = engines(model, tok)
+    params = SamplingParams(temperature=1.0, max_new_tokens=5)
+    user = [tok.encode(tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                               add_generation_prompt=True))
+            for text in ("hi", "Push the box left.", "你好", "#_OX__#")]
+    runs = []
+    for engine in (reuse, plain):
+        prompts, history = [list(u) for u in user], []
+        for turn in range(3):
+            outs = engine.generate(prompts, params, [100 * turn + i for i in range(len(prompts))])
+            history.append(outs)
+            follow = tok.encode(f"<|im_end|>\n<|im_start|>user\nturn {turn}<|im_end|>\n<|im_start|>assistant\n")
+            prompts = [p + o.token_ids + follow for p, o in zip(prompts, outs)]
+        runs.append(history)
+    for a_turn, b_turn in zip(*runs):
+        for a, b in zip(a_turn, b_turn):
+            assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+    assert max(t for turn in runs[0] for o in turn for t in o.token_ids) > 1024  # ids beyond the tiny vocabulary
+    assert reuse.stats["reused_tokens"] > 0
+    assert reuse.stats["reused_tokens"] + reuse.stats["prefill_tokens"] == plain.stats["prefill_tokens"]
