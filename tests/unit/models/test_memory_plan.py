@@ -301,3 +301,44 @@ def test_refusal_counts_the_vllm_reservation():
     note = memory.plan(memory.PUBLISHED["Qwen/Qwen2.5-7B-Instruct"], engine="vllm", gpu_memory_utilization=0.5,
                        gpu_gib=24.0).notes
     assert any("below its own weights" in n for n in note)  # 12 GiB < 7.6e9 x 2 bytes
+
+
+def _merged(*paths):
+    """The YAML files deep-merged in order (a later file's keys win), as the CLI composes --config files."""
+    import yaml
+
+    def merge(a, b):
+        return {**a, **{k: merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
+                        for k, v in b.items()}}
+
+    out: dict = {}
+    for path in paths:
+        out = merge(out, yaml.safe_load(path.read_text()) or {})
+    return out
+
+
+def test_logits_term_of_the_qwen_standin_uses_its_151936_rows(qwen_standin_path):
+    # --model.model tiny:qwen, micro-batch 2 x max_model_len 1024 = 2,048 tokens, fp32 (32-true), no chunking:
+    # logits value + gradient 2 x 2048 x 151936 x 4 B = 2,489,319,424; log-softmax 3 x 2048 x 151936 x 4 B =
+    # 3,733,979,136; together 6,223,298,560 B (5.80 GiB)
+    p = memory_check.plan_from_config({"model": "tiny:qwen", "update": {"micro_batch_size": 2}},
+                                      {"engine": "hf", "episode": {"max_model_len": 1024}},
+                                      {"precision": "32-true"})
+    assert memory.architecture("tiny:qwen").vocab_size == 151936
+    assert p.logits == 6_223_298_560
+    # with 1,024-row chunks (what the Qwen2.5 overlays set) the log-softmax term is 3 x 1024 x 151936 x 4 B
+    chunked = memory_check.plan_from_config(
+        {"model": "tiny:qwen", "update": {"micro_batch_size": 2, "logits_chunk_size": 1024}},
+        {"engine": "hf", "episode": {"max_model_len": 1024}}, {"precision": "32-true"})
+    assert chunked.logits == 2_489_319_424 + 1_866_989_568
+
+
+def test_the_qwen25_05b_overlay_plan_uses_the_same_formula():
+    from tests.unit.test_config_overlays import CONFIGS
+
+    cfg = _merged(CONFIGS / "sokoban_starpo_s.yaml", CONFIGS / "models" / "qwen2.5-0.5b-instruct.yaml")
+    p = memory_check.plan_from_config(cfg["model"], cfg["data"], cfg["trainer"], gpu_gib=80.0)
+    # the overlay: micro-batch 4 x max_model_len 3600 = 14,400 tokens, bf16-mixed (2-byte activations), 1,024-row
+    # chunks: 2 x 14400 x 151936 x 2 B = 8,751,513,600 + 3 x 1024 x 151936 x 4 B = 1,866,989,568
+    assert memory.architecture("Qwen/Qwen2.5-0.5B-Instruct").vocab_size == 151936
+    assert p.logits == 8_751_513_600 + 1_866_989_568
