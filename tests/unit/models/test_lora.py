@@ -95,9 +95,13 @@ def test_reference_is_the_base_with_adapters_off(tiny_path):
     assert ref.__class__ is lora.AdaptersDisabled
 
 
-def test_exported_adapter_loads_with_peft_and_reproduces_logits(tiny_path, tiny_tokenizer, tmp_path):
+@pytest.mark.parametrize("model", ["tiny", "qwen_standin"])
+def test_exported_adapter_loads_with_peft_and_reproduces_logits(request, model, tmp_path):
+    """Also on ``tiny:qwen``: the export carries Qwen2.5's tokenizer (151,665 ids, its chat template)."""
     from peft import PeftModel
+    from transformers import AutoTokenizer
 
+    tiny_path, tiny_tokenizer = (request.getfixturevalue(f"{model}_{part}") for part in ("path", "tokenizer"))
     actor, _, _ = build_lora_models(str(tiny_path), None, "float32", settings(export_merged=True),
                                     with_critic=False, with_reference=False)
     train_steps(actor, None, steps=2)
@@ -109,6 +113,16 @@ def test_exported_adapter_loads_with_peft_and_reproduces_logits(tiny_path, tiny_
 
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "merged")  # plain HF weights, no peft
     torch.testing.assert_close(logits(merged), logits(actor), rtol=1e-4, atol=1e-4)
+    assert merged.config.vocab_size == actor.get_input_embeddings().weight.shape[0]
+    for folder in (tmp_path / "out", tmp_path / "out" / "merged"):
+        exported = AutoTokenizer.from_pretrained(folder)
+        assert exported.get_vocab() == tiny_tokenizer.get_vocab()
+        assert exported.chat_template == tiny_tokenizer.chat_template
+        assert (exported.eos_token_id, exported.pad_token_id) == (tiny_tokenizer.eos_token_id,
+                                                                  tiny_tokenizer.pad_token_id)
+    if model == "qwen_standin":
+        assert len(exported) == 151665 and merged.config.vocab_size == 151936
+        assert (exported.eos_token, exported.pad_token) == ("<|im_end|>", "<|endoftext|>")
 
 
 def test_shared_base_adapters_are_disjoint_and_gradients_reach_only_the_active_one(tiny_path):
