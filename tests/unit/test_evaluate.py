@@ -334,3 +334,31 @@ def test_a_checkpoint_that_would_run_pickled_code_is_refused_before_anything_is_
     assert not marker.exists() and not out.exists()  # no code ran, no run.json, not even the folder
     assert err.startswith(f"error: --ckpt {evil}: refused: it holds pickled objects other than tensors") \
         and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("by", ["name", "folder"])
+def test_the_qwen_standin_evaluates_by_name_or_folder(tmp_path, qwen_standin_path, by):
+    """``--model tiny:qwen`` (or its folder): the conversations are Qwen2.5's chat template around the env's
+    system message, and the report is written."""
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "out"
+    model = "tiny:qwen" if by == "name" else str(qwen_standin_path)
+    args = ["--model", model, "--entry", "{env_id: ragen/Bandit-v0, num_episodes: 2, episode: {max_turns: 1}}",
+            "--out", str(out), "--samples", "1", "--episode", "{max_new_tokens: 6}", "--no-progress",
+            "--device", "cpu"]
+    assert ev.main(args) == 0
+    records = read_jsonl(out / "trajectories.jsonl")
+    assert sorted((r["pass"], r["seed"]) for r in records) == sorted(
+        (p, s) for p in ("greedy", "sampled") for s in {r["seed"] for r in records}) and len(records) == 4
+    tok = AutoTokenizer.from_pretrained(qwen_standin_path)
+    for r in records:
+        assert [m["role"] for m in r["messages"]] == ["system", "user", "assistant"]
+        # the env's system message replaces Qwen's default one: the prompt renders as Qwen2.5 renders it
+        prompt = tok.apply_chat_template(r["messages"][:2], tokenize=False, add_generation_prompt=True)
+        assert prompt.startswith("<|im_start|>system\n" + r["messages"][0]["content"] + "<|im_end|>\n")
+        assert "You are Qwen" not in prompt
+    rows = list(__import__("csv").DictReader((out / "report.csv").open()))
+    assert [(r["tag"], r["pass"], r["episodes"]) for r in rows] == [("ragen/Bandit-v0", "greedy", "2"),
+                                                                    ("ragen/Bandit-v0", "sampled", "2")]
+    assert (out / "report.md").is_file() and (out / "run.json").is_file()
