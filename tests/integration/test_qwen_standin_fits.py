@@ -25,3 +25,28 @@ def test_task_config_fit_on_the_qwen_standin(task, more):
     assert 0.0 <= m["rollout/token_drift_rate"] <= 1.0 and 0.0 <= m["val/success"] <= 1.0
     # the tool-call runs offered the env's two tools (search/finish, search/click); the text run none
     assert m["tools"] == (2.0 if more else 0.0)
+
+
+def test_the_lora_overlay_fits_and_exports_the_standin(qwen_standin_path, qwen_standin_tokenizer, tmp_path):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.integration.standin_every_config import ROOT
+
+    exported = tmp_path / "exported"
+    m = run("bandit", "--config", str(ROOT / "configs" / "lora.yaml"), "--model.export_dir", str(exported),
+            "--model.lora.export_merged", "true")
+    assert m["global_step"] >= 1 and math.isfinite(m["actor/pg_loss"])
+    ids = torch.tensor([qwen_standin_tokenizer.encode("<|im_start|>user\n你好 Left</answer><|im_end|>")])
+    with torch.no_grad():
+        adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(qwen_standin_path), exported)
+        merged = AutoModelForCausalLM.from_pretrained(exported / "merged")
+        base = AutoModelForCausalLM.from_pretrained(qwen_standin_path)
+        a, merged_logits, b = (model(input_ids=ids).logits for model in (adapter, merged, base))
+    assert a.shape == (1, ids.shape[1], 151936)
+    torch.testing.assert_close(merged_logits, a, rtol=1e-4, atol=1e-4)  # merged = base + the exported adapter
+    assert not torch.allclose(a, b)  # the iteration moved the adapter (peft starts it at zero)
+    for folder in (exported, exported / "merged"):
+        tok = AutoTokenizer.from_pretrained(folder)
+        assert len(tok) == 151665 and tok.chat_template == qwen_standin_tokenizer.chat_template

@@ -29,7 +29,7 @@ STEPS = 60  # loss 11.9 -> 0.08: the greedy answers are well-formed for all 5 tu
 def result(tmp_path_factory):
     from ragen_lightning.models.tiny import spec_from_name, tiny_model_path
 
-    standin = tiny_model_path(spec_from_name("tiny:qwen"))  # the test cache (tests/conftest.py)
+    standin = tiny_model_path(spec_from_name("tiny:qwen"))  # the test cache (tests/conftest.py: qwen_standin_path)
     out = tmp_path_factory.mktemp("qwen-parity")
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).parents[2]))
     proc = subprocess.run([sys.executable, str(SCRIPT), str(standin), str(out), str(STEPS)], check=False,
