@@ -6,8 +6,8 @@
 The flags are the suite's task-config smoke test's (``test_configs.py::test_task_config_fit_smoke``: 2 groups of 2,
 2 turns of at most 12 tokens, no warm start, one iteration and its validation), with the stand-in as the model, so
 every config runs through Qwen2.5's tokenizer, chat template and 151,936-row vocabulary with the config's own engine
-(``auto``: vLLM where installed). ~1 min per config on 2 cores; too slow for the suite, which runs three of them
-(``test_configs.py::test_task_config_fit_on_the_qwen_standin``). Prints a table and exits 1 if any config failed.
+(``auto``: vLLM where installed). 20-35 s per config on 2 cores, ~8 min in all: too slow for the suite, which runs
+three of them (``test_qwen_standin_fits.py``). Prints a table and exits 1 if any config failed.
 """
 
 from __future__ import annotations
