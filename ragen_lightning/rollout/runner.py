@@ -143,20 +143,12 @@ class RolloutRunner:
         self.timing = {"generate": 0.0, "env": 0.0}  # seconds spent in the last run()
         probe = make_env(env_id, self.env_kwargs)  # fail now, with the id in the message, not mid-rollout
         branchable = bool(getattr(probe.unwrapped, "branchable", False))
-        self.tools: tuple = ()
-        if self.episode.action_format == "tool_call":
-            spec = probe.unwrapped.prompt_spec()
-            self.tools = tuple(getattr(spec, "tools", ()) or ())
-            if not self.tools:
-                probe.close()
-                raise ConfigError(f"--data.episode.action_format tool_call: {env_id} declares no tools "
-                                  "(PromptSpec.tools); use the text format for it")
-            if getattr(engine, "needs_messages", False):
-                probe.close()
-                raise ConfigError("--data.episode.action_format tool_call: the API engine sends chat messages without "
-                                  "the tools; use the text format with it")
+        try:
+            self.tools = self._offered_tools(probe, engine)
+        finally:
+            probe.close()
+        if self.tools:
             self.chat = chat.with_tools(tool_calls.tool_schemas(self.tools))
-        probe.close()
         if isinstance(branches, bool) or not isinstance(branches, int) or branches < 1:
             raise ValueError(f"branches must be an int >= 1, got {branches!r}")
         if branches > 1 and self.episode.context_window == "full":
@@ -168,6 +160,20 @@ class RolloutRunner:
         if branch_follow not in branching.BRANCH_FOLLOW:
             raise ValueError(f"branch_follow must be 'first' or 'best', got {branch_follow!r}")
         self.branches, self.branch_follow = branches, branch_follow
+
+    def _offered_tools(self, probe: gym.Env, engine: GenerationEngine) -> tuple:
+        """The env's tools under the tool-call action format (empty in the text format); one-line errors where the
+        format cannot work."""
+        if self.episode.action_format != "tool_call":
+            return ()
+        tools = tuple(getattr(probe.unwrapped.prompt_spec(), "tools", ()) or ())
+        if not tools:
+            raise ConfigError(f"--data.episode.action_format tool_call: {self.env_id} declares no tools "
+                              "(PromptSpec.tools); use the text format for it")
+        if getattr(engine, "needs_messages", False):
+            raise ConfigError("--data.episode.action_format tool_call: the API engine sends chat messages without "
+                              "the tools; use the text format with it")
+        return tools
 
     # -- env pool ---------------------------------------------------------------------------------------------
     def _env(self, i: int) -> gym.Env:

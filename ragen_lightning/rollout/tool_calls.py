@@ -79,14 +79,14 @@ def call_action(block: str, tools: Sequence[ToolLike]) -> str | None:
     return tool.action.format(value) if isinstance(value, str) else None
 
 
-def _calls_region(full: str, enable_think: bool) -> str | None:
-    """The text after the reasoning (thinking on: after the first ``</think>`` that follows ``<think>``), where the
-    calls are; None when the reasoning is not closed."""
+def _split_reasoning(full: str, enable_think: bool) -> tuple[str, str] | None:
+    """``(reasoning, calls region)``: thinking on, the text between ``<think>`` and the first ``</think>`` after it
+    and the text after that; thinking off, ``("", full)``. None when the reasoning is not closed."""
     if not enable_think:
-        return full
+        return "", full
     start = full.find(THINK_OPEN)
     close = full.find(THINK_CLOSE, start + len(THINK_OPEN)) if start >= 0 else -1
-    return None if close < 0 else full[close + len(THINK_CLOSE):]
+    return None if close < 0 else (full[start + len(THINK_OPEN):close], full[close + len(THINK_CLOSE):])
 
 
 def parse_tool_calls(text: str, tools: Sequence[ToolLike], *, prefix: str, enable_think: bool = True,
@@ -100,12 +100,10 @@ def parse_tool_calls(text: str, tools: Sequence[ToolLike], *, prefix: str, enabl
     """
     if max_actions_per_turn < 1:
         raise ValueError(f"max_actions_per_turn must be >= 1, got {max_actions_per_turn}")
-    full = prefix + text
-    region = _calls_region(full, enable_think)
-    if region is None:
+    split = _split_reasoning(prefix + text, enable_think)
+    if split is None:
         return ParsedResponse("", "", (), False, 0)
-    think = full[full.find(THINK_OPEN) + len(THINK_OPEN):len(full) - len(region) - len(THINK_CLOSE)] \
-        if enable_think else ""
+    think, region = split
     actions: list[str | None] = []
     pos = region.find(TOOL_CALL_OPEN)
     while pos >= 0:

@@ -21,7 +21,7 @@ PRIMITIVES = {
     "enable_think": {"rollout/prompting.py:format_prompt", "rollout/prompting.py:generation_prefix",
                      "rollout/prompting.py:instruction_line", "rollout/prompting.py:parse_response",
                      "rollout/tokens.py:ChatTokens.__init__", "sft/experts.py:render_response",
-                     "rollout/tool_calls.py:parse_tool_calls", "rollout/tool_calls.py:_calls_region"},
+                     "rollout/tool_calls.py:parse_tool_calls", "rollout/tool_calls.py:_split_reasoning"},
     "max_actions_per_turn": {"rollout/prompting.py:parse_response", "rollout/tool_calls.py:parse_tool_calls"},
     "observation_last": {"rollout/prompting.py:turn_block"},
     "max_actions_per_episode": {"rollout/prompting.py:system_prompt"},
