@@ -152,7 +152,7 @@ def overlay(cfg: dict[str, Any], run_dir: Path, best: bool = False) -> Path:
 
 def indicators(run_dir: Path) -> dict[str, float]:
     """Collapse indicators from the run's metrics.csv: first/last-quarter means of reward std and entropy, first and
-    last MI, the last filter keep ratio and the training success of the first and last quarter."""
+    last MI and H(Z|X) of the first turn, the filter keep ratio and the training success of the first and last quarter."""
     from plot_run import read_metrics
 
     series = read_metrics(run_dir / "csv")
@@ -169,9 +169,10 @@ def indicators(run_dir: Path) -> dict[str, float]:
     quarter("actor/entropy", "entropy")
     quarter("train/success", "train_success")
     quarter("rollout/filter_kept_ratio", "kept")
-    mi = [v for _, v in series.get("collapse/first_turn/mi", [])]
-    if mi:
-        out["mi_first"], out["mi_last"] = mi[0], mi[-1]
+    for key, name in (("collapse/first_turn/mi", "mi"), ("collapse/first_turn/conditional_entropy", "cond_entropy")):
+        vals = [v for _, v in series.get(key, [])]
+        if vals:
+            out[f"{name}_first"], out[f"{name}_last"] = vals[0], vals[-1]
     return out
 
 

@@ -46,10 +46,12 @@ def test_config_path_accepts_a_task_name_or_a_yaml(tmp_path):
 
 def test_indicators_average_first_and_last_quarter(tmp_path):
     # 8 iterations: quarter = 2 rows. reward std 1..8 -> first (1+2)/2 = 1.5, last (7+8)/2 = 7.5; MI at steps 0 and 4
-    rows = ["epoch,step,iteration,rollout/in_group_reward_std,actor/entropy,collapse/first_turn/mi"]
+    rows = ["epoch,step,iteration,rollout/in_group_reward_std,actor/entropy,collapse/first_turn/mi,"
+            "collapse/first_turn/conditional_entropy"]
     for i in range(8):
         mi = {0: "0.3", 4: "0.1"}.get(i, "")
-        rows.append(f"0,{i},{i}.0,{i + 1},{2.0 - 0.1 * i},{mi}")
+        h = {0: "2.5", 4: "2.25"}.get(i, "")
+        rows.append(f"0,{i},{i}.0,{i + 1},{2.0 - 0.1 * i},{mi},{h}")
     (tmp_path / "csv" / "version_0").mkdir(parents=True)
     (tmp_path / "csv" / "version_0" / "metrics.csv").write_text("\n".join(rows) + "\n")
     ind = bench.indicators(tmp_path)
@@ -57,6 +59,7 @@ def test_indicators_average_first_and_last_quarter(tmp_path):
     # entropy 2.0, 1.9 -> 1.95; 1.4, 1.3 -> 1.35
     assert ind["entropy_first"] == pytest.approx(1.95) and ind["entropy_last"] == pytest.approx(1.35)
     assert ind["mi_first"] == pytest.approx(0.3) and ind["mi_last"] == pytest.approx(0.1)
+    assert ind["cond_entropy_first"] == pytest.approx(2.5) and ind["cond_entropy_last"] == pytest.approx(2.25)
     assert "train_success_first" not in ind and not math.isnan(ind["reward_std_last"])
 
 
