@@ -1,7 +1,8 @@
 """Does the reward-variance filter help? Filter vs no filter, per task and estimator, over training seeds.
 
-    python benchmarks/filter_table.py --tasks bandit frozen_lake --estimators gae grpo --seeds 0 1 2 \\
-        --eval-episodes 1024 --jobs 2 --out outputs/filter_table --fit-args --data.num_iterations 40
+    python benchmarks/filter_table.py --tasks bandit --out outputs/filter_table --fit-args \\
+        --model.update.micro_batch_threads 1 --model.critic.in_background false      # docs/learning.md, C10
+    python benchmarks/filter_table.py --summary --tasks bandit frozen_lake --out outputs/filter_table
 
 Every cell (task x estimator x arm x training seed) runs ``python main.py fit --config configs/<task>.yaml`` with
 the estimator, the arm's filter and the seed's flags (seed k: ``--seed_everything k --data.train_seed
@@ -13,9 +14,10 @@ episodes for every cell and for the warm start: common random numbers). The two 
   top_p_mode: linear}``: the groups that carry 90 % of the summed in-group reward std, zero-variance groups dropped.
 
 Both arms generate the same rollouts per iteration (same groups, same iterations, same learning rate); the filter
-only chooses which of them train, as in RAGEN. Cells already measured (``<out>/<task>/<cell>/result.json``) are read,
-not rerun, so an interrupted table resumes. ``--jobs 2`` runs two cells at a time (set the fit flags so that each
-uses one core, e.g. ``--model.update.micro_batch_threads 1``).
+only chooses which of them train, as in RAGEN. Cells already measured (``<out>/<task>/<cell>/result.json``) are
+read, not rerun, so an interrupted table resumes (stop it with Ctrl-C, which reaches the whole process group;
+killing the main process alone leaves the pool's workers finishing their cells). ``--jobs 2`` runs two cells at a
+time (set the fit flags so that each uses one core, e.g. ``--model.update.micro_batch_threads 1``).
 
 The summary gives per (task, estimator, arm): held-out success after training (mean over seeds with Student's t
 95 % interval), the gain over the warm start, the paired filter - none difference per seed (same seed, same training
@@ -31,9 +33,7 @@ import json
 import math
 import multiprocessing
 import statistics
-import subprocess
 import sys
-import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # learning.py
 sys.path.insert(0, str(ROOT))  # before benchmarks/: `import envs` is the project's envs package, not benchmarks/envs.py
+
+from ragen_lightning.evaluate import wilson
 
 ARMS: dict[str, str] = {
     "none": "{strategy: top_p, value: 1.0, include_zero: true}",
@@ -58,12 +60,6 @@ def mean_interval(values: list[float]) -> tuple[float, float, float]:
         return m, m, m
     half = T95.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
     return m, m - half, m + half
-
-
-def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return centre - half, centre + half
 
 
 def seed_flags(seed: int) -> list[str]:
@@ -89,8 +85,6 @@ def with_collapse_every(cfg: dict[str, Any], every: int | None) -> dict[str, Any
 def run_cell(task: str, estimator: str, arm: str, seed: int, fit_args: list[str], eval_episodes: int,
              temperature: float, eval_seed: int, out: str, collapse_every: int | None = None) -> dict[str, Any]:
     """Fit one cell in a subprocess, evaluate its actor here (one torch thread), write ``result.json``."""
-    import os
-
     import torch
 
     torch.set_num_threads(1)
@@ -98,30 +92,14 @@ def run_cell(task: str, estimator: str, arm: str, seed: int, fit_args: list[str]
 
     import envs  # noqa: F401  (registers the env ids)
 
-    cfg = learning.load_config(task)
+    cfg = with_collapse_every(learning.load_config(task), collapse_every)
     run_dir = Path(out) / Path(task).stem / f"{estimator}-{arm}-s{seed}"
-    if run_dir.exists():
-        import shutil
-
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
-    overlay = learning.overlay(with_collapse_every(cfg, collapse_every), run_dir)
-    cmd = [sys.executable, str(ROOT / "main.py"), "fit", "--config", str(learning.config_path(task)),
-           "--config", str(overlay), *cell_flags(estimator, arm, seed), *fit_args,
-           "--model.export_dir", str(run_dir / "actor")]
-    (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
-    t = time.perf_counter()
-    with open(run_dir / "fit.log", "w") as log:
-        rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                             env={**os.environ, "WANDB_MODE": "offline"})
-    fit_s = time.perf_counter() - t
-    if rc != 0:
-        raise RuntimeError(f"fit failed ({rc}); see {run_dir / 'fit.log'}")
+    fit_s = learning.fit_into(task, cfg, run_dir, [*cell_flags(estimator, arm, seed), *fit_args])
     _, demo = learning.warm_model(cfg)
     after = learning.evaluate(str(run_dir / "actor"), cfg, eval_episodes, temperature, eval_seed, demo)
     row = {"task": Path(task).stem, "estimator": estimator, "arm": arm, "seed": seed, "fit_s": fit_s,
            "after": after, "eval_episodes": eval_episodes, "temperature": temperature,
-           "indicators": learning.indicators(run_dir), "command": " ".join(cmd)}
+           "indicators": learning.indicators(run_dir), "command": (run_dir / "command.txt").read_text().strip()}
     (run_dir / "result.json").write_text(json.dumps(row, indent=1))
     return row
 
@@ -182,7 +160,7 @@ def summary(out: Path, tasks: list[str], estimators: list[str], seeds: list[int]
             continue
         before = json.loads(bpath.read_text())
         b = before["success_rate"]
-        blo, bhi = wilson(b, before["eval_episodes"])
+        blo, bhi = wilson(round(b * before["eval_episodes"]), before["eval_episodes"])
         for est in estimators:
             rows = {}
             for arm in ARMS:

@@ -176,27 +176,37 @@ def indicators(run_dir: Path) -> dict[str, float]:
     return out
 
 
-def run_fit(task: str, cfg: dict[str, Any], variant: str, extra: list[str], out: Path,
-            best: bool = False) -> tuple[Path, float]:
-    run_dir = (out / f"{Path(task).stem}-{variant}").resolve()
+def fit_into(task: str, cfg: dict[str, Any], run_dir: Path, flags: list[str], best: bool = False,
+             echo: bool = False) -> float:
+    """Run ``main.py fit --config <task>`` plus the run overlay and ``flags`` into a fresh ``run_dir`` (its
+    ``command.txt``, ``fit.log``, ``csv/`` and the exported ``actor/``); the wall time in seconds. A failed fit
+    raises RuntimeError naming its log."""
     if run_dir.exists():
         import shutil
 
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     cmd = [sys.executable, str(ROOT / "main.py"), "fit", "--config", str(config_path(task)),
-           "--config", str(overlay(cfg, run_dir, best)), *VARIANTS[variant], *extra,
-           "--model.export_dir", str(run_dir / "actor")]
+           "--config", str(overlay(cfg, run_dir, best)), *flags, "--model.export_dir", str(run_dir / "actor")]
     (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
-    print("$", " ".join(cmd), flush=True)
+    if echo:
+        print("$", " ".join(cmd), flush=True)
     t = time.perf_counter()
     with open(run_dir / "fit.log", "w") as log:
         rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                              env={**os.environ, "WANDB_MODE": "offline"})
-    wall = time.perf_counter() - t
     if rc != 0:
-        raise SystemExit(f"fit failed ({rc}); see {run_dir / 'fit.log'}")
-    return run_dir, wall
+        raise RuntimeError(f"fit failed ({rc}); see {run_dir / 'fit.log'}")
+    return time.perf_counter() - t
+
+
+def run_fit(task: str, cfg: dict[str, Any], variant: str, extra: list[str], out: Path,
+            best: bool = False) -> tuple[Path, float]:
+    run_dir = (out / f"{Path(task).stem}-{variant}").resolve()
+    try:
+        return run_dir, fit_into(task, cfg, run_dir, [*VARIANTS[variant], *extra], best, echo=True)
+    except RuntimeError as e:
+        raise SystemExit(str(e)) from None
 
 
 def fmt_row(r: dict[str, Any]) -> str:

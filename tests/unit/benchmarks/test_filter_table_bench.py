@@ -36,7 +36,7 @@ def test_mean_interval_by_hand():
     assert m == pytest.approx(0.5) and lo == pytest.approx(0.5 - 0.248434) and hi == pytest.approx(0.5 + 0.248434)
     assert bench.mean_interval([0.3]) == (0.3, 0.3, 0.3)
     # Wilson at p = 0.5, n = 100: centre 0.5, half 1.96 * sqrt(0.0025 + 0.000096) / 1.038416 = 0.096170
-    lo, hi = bench.wilson(0.5, 100)
+    lo, hi = bench.wilson(50, 100)
     assert lo == pytest.approx(0.5 - 0.096170, abs=1e-6) and hi == pytest.approx(0.5 + 0.096170, abs=1e-6)
 
 
@@ -76,6 +76,6 @@ def test_collapse_every_sets_the_monitors_compute_freq_only():
     assert [m["init_args"] for m in monitor] == [{"actions": ["log"], "compute_freq": 4, "num_samples": 8}]
     # the other callbacks and the task config itself are untouched
     assert len(out["trainer"]["callbacks"]) == len(cfg["trainer"]["callbacks"])
-    assert [c for c in cfg["trainer"]["callbacks"] if c["class_path"] == "callbacks.CollapseMonitor"][0][
-        "init_args"]["compute_freq"] == 10
+    original = [c for c in cfg["trainer"]["callbacks"] if c["class_path"] == "callbacks.CollapseMonitor"]
+    assert original[0]["init_args"]["compute_freq"] == 10
     assert bench.with_collapse_every(cfg, None) is cfg

@@ -46,8 +46,9 @@ def test_config_path_accepts_a_task_name_or_a_yaml(tmp_path):
 
 def test_indicators_average_first_and_last_quarter(tmp_path):
     # 8 iterations: quarter = 2 rows. reward std 1..8 -> first (1+2)/2 = 1.5, last (7+8)/2 = 7.5; MI at steps 0 and 4
-    rows = ["epoch,step,iteration,rollout/in_group_reward_std,actor/entropy,collapse/first_turn/mi,"
-            "collapse/first_turn/conditional_entropy"]
+    header = ("epoch,step,iteration,rollout/in_group_reward_std,actor/entropy,collapse/first_turn/mi,"
+              "collapse/first_turn/conditional_entropy")
+    rows = [header]
     for i in range(8):
         mi = {0: "0.3", 4: "0.1"}.get(i, "")
         h = {0: "2.5", 4: "2.25"}.get(i, "")
