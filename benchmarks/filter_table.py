@@ -135,14 +135,14 @@ def paired_cell(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
     differences exclude 0 on their own evaluation (normal approximation for two proportions over the episodes)."""
     if not pairs:
         return "-"
+    import learning
+
     d, beyond = [], 0
     for none, filt in pairs:
-        p1, n1 = none["after"]["success_rate"], none["eval_episodes"]
-        p2, n2 = filt["after"]["success_rate"], filt["eval_episodes"]
-        diff = p2 - p1
-        half = 1.96 * math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2)
+        diff, lo, hi = learning.diff_interval(none["after"]["success_rate"], none["eval_episodes"],
+                                              filt["after"]["success_rate"], filt["eval_episodes"])
         d.append(diff)
-        beyond += abs(diff) > half
+        beyond += lo > 0 or hi < 0
     m, lo, hi = mean_interval(d)
     return (f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]; per seed {', '.join(f'{x:+.3f}' for x in d)} "
             f"({beyond}/{len(d)} beyond evaluation noise)")
