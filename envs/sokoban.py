@@ -79,6 +79,7 @@ DEFAULTS: dict[str, Any] = {
     "search_budget": 10_000,
     "generator": "uniform_depth",
     "distance_reward": 0.0,
+    "heuristic_reward": 0.0,
     "dead_distance": 20,
 }
 GENERATORS = ("ragen", "uniform_depth")
@@ -165,6 +166,16 @@ class SokobanEnv(TextEnv):
     episode that got closer from one that did not. ``info["success"]`` and the unshaped reward's ranking of solved
     episodes do not change.
 
+    Optional heuristic shaping (``heuristic_reward`` c > 0; off by default): the same potential-based form with a
+    distance read from the observed grid alone, no search and no solver: h = 3 x the sum over boxes off a target of
+    the Manhattan distance to the nearest free target, plus the Manhattan distance from the player to the nearest cell
+    it must stand on to push such a box towards that target (the cell behind the box on an axis where box and target
+    differ). The factor 3 makes every push towards a target a gain, also one after which the player must walk round
+    the box (at most 2 steps further from the next push cell); a box off a target in a corner (a wall above or below it and a wall left or right of it) can never move
+    again, and h is then ``dead_distance``; h is capped at ``dead_distance`` and is 0 when solved. Every valid
+    action earns ``c * (h_before - h_after)``. It ignores walls between cells, so a detour around the box or a wall
+    scores as a step away. Use one of the two shapings (both > 0 is refused).
+
     ## Episode End
     ``terminated`` when every box is on a target (``info["success"]``). ``truncated`` when ``max_steps`` valid
     actions were taken without solving. After the end, ``step`` is harmless: same observation, reward 0, the same
@@ -192,7 +203,9 @@ class SokobanEnv(TextEnv):
     * ``search_budget=10000`` (at most 1000000): states the backward search may find per room (``"uniform_depth"`` only: bounds
       generation time of big rooms; ``"ragen"`` caps its reverse play at RAGEN's 300000 explored states).
     * ``distance_reward=0.0``: the shaping coefficient c above (finite, >= 0; 0 = RAGEN's rewards).
-    * ``dead_distance=20``: the distance an unsolvable state counts as under shaping (>= 1).
+    * ``heuristic_reward=0.0``: the heuristic shaping's coefficient c above (finite, >= 0; 0 = RAGEN's rewards).
+    * ``dead_distance=20``: the distance an unsolvable state (a cornered box under heuristic shaping) counts as
+      (>= 1).
     * ``preset=None``: one of ``PRESETS`` (SimpleSokoban, LargerSokoban, CoordSokoban, SokobanDifferentGridVocab).
     * ``render_mode=None``: ``"ansi"`` makes ``render()`` return the observation text.
     """
@@ -201,7 +214,7 @@ class SokobanEnv(TextEnv):
 
     action_names = ACTION_NAMES
     # settings that change rewards only (not observations or the expert's actions): warm starts ignore them
-    reward_only_kwargs = ("distance_reward", "dead_distance")
+    reward_only_kwargs = ("distance_reward", "heuristic_reward", "dead_distance")
 
     def __init__(
         self,
@@ -217,6 +230,7 @@ class SokobanEnv(TextEnv):
         generator: str | None = None,
         distance_reward: float | None = None,
         dead_distance: int | None = None,
+        heuristic_reward: float | None = None,
         preset: str | None = None,
         render_mode: str | None = None,
     ):
@@ -239,6 +253,7 @@ class SokobanEnv(TextEnv):
             "generator": generator,
             "distance_reward": distance_reward,
             "dead_distance": dead_distance,
+            "heuristic_reward": heuristic_reward,
         }
         cfg.update({k: v for k, v in explicit.items() if v is not None})
         self.preset = preset
@@ -284,11 +299,15 @@ class SokobanEnv(TextEnv):
         if cfg["generator"] not in GENERATORS:
             raise ValueError(f"generator must be one of {GENERATORS}, got {cfg['generator']!r}")
         self.generator = cfg["generator"]
-        c = cfg["distance_reward"]
-        if (isinstance(c, bool) or not isinstance(c, (int, float, np.integer, np.floating)) or not math.isfinite(c)
-                or c < 0):
-            raise ValueError(f"distance_reward must be a finite number >= 0, got {c!r}")
-        self.distance_reward = float(c)
+        for name in ("distance_reward", "heuristic_reward"):
+            c = cfg[name]
+            if (isinstance(c, bool) or not isinstance(c, (int, float, np.integer, np.floating))
+                    or not math.isfinite(c) or c < 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {c!r}")
+            setattr(self, name, float(c))
+        if self.distance_reward and self.heuristic_reward:
+            raise ValueError(f"distance_reward={self.distance_reward} and heuristic_reward={self.heuristic_reward}: "
+                             "two shapings of the same progress; set one of them (the other 0)")
         self.dead_distance = _positive_int("dead_distance", cfg["dead_distance"])
 
     # ------------------------------------------------------------------ gymnasium API
@@ -327,6 +346,8 @@ class SokobanEnv(TextEnv):
             )
         if self.distance_reward:
             self._distance = self._optimal_steps if self._optimal_steps is not None else self._distance_now()
+        elif self.heuristic_reward:
+            self._distance = self.heuristic_distance()
         info = self._info(effective=False, valid=True)
         if self._optimal_steps is not None:
             info["optimal_steps"] = self._optimal_steps
@@ -364,6 +385,9 @@ class SokobanEnv(TextEnv):
         if moved and self.distance_reward:
             before, self._distance = self._distance, self._distance_now()
             reward += self.distance_reward * (before - self._distance)
+        elif moved and self.heuristic_reward:
+            before, self._distance = self._distance, self.heuristic_distance()
+            reward += self.heuristic_reward * (before - self._distance)
         if self._boxes == self._targets:
             reward += 10.0
             self._terminated = True
@@ -394,6 +418,33 @@ class SokobanEnv(TextEnv):
         """Shortest-solution length from the current state, ``dead_distance`` when unsolvable (distance shaping)."""
         plan = self.solve(self.search_budget)
         return self.dead_distance if plan is None else min(len(plan), self.dead_distance)
+
+    def heuristic_distance(self) -> int:
+        """The heuristic shaping's h of the current state (class docstring, "Rewards"): read from the grid, no
+        search. 0 when solved, ``dead_distance`` with a cornered box off a target."""
+        geo, floor = self._geo, self._floor
+        off = _bits(self._boxes & ~self._targets)
+        if not off:
+            return 0
+        up, down, left, right = self._offsets
+        free_targets = [geo.coords(t) for t in _bits(self._targets & ~self._boxes)]
+        pr, pc = geo.coords(self._player)
+        boxes_term, player_term = 0, None
+        for b in off:
+            wall = [not (floor >> (b + o)) & 1 for o in (up, down, left, right)]
+            if (wall[0] or wall[1]) and (wall[2] or wall[3]):
+                return self.dead_distance
+            br, bc = geo.coords(b)
+            tr, tc = min(free_targets, key=lambda t: abs(t[0] - br) + abs(t[1] - bc))
+            boxes_term += 3 * (abs(tr - br) + abs(tc - bc))
+            pushes = []
+            if tr != br:
+                pushes.append((br - (1 if tr > br else -1), bc))
+            if tc != bc:
+                pushes.append((br, bc - (1 if tc > bc else -1)))
+            near = min(abs(pr - r) + abs(pc - c) for r, c in pushes)
+            player_term = near if player_term is None else min(player_term, near)
+        return min(boxes_term + player_term, self.dead_distance)
 
     @property
     def optimal_steps(self) -> int | None:
@@ -501,3 +552,13 @@ def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
+
+
+def _bits(mask: int) -> list[int]:
+    """Indices of the set bits of ``mask``, ascending."""
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out

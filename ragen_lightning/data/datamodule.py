@@ -43,7 +43,7 @@ from ragen_lightning.data.mixture import (
     val_entries,
     val_seeds,
 )
-from ragen_lightning.data.sampler import FilterConfig, filter_groups
+from ragen_lightning.data.sampler import FilterConfig, filter_groups, filter_states
 from ragen_lightning.data.suite import SuiteEntry
 from ragen_lightning.errors import ConfigError, Domain, check_domains
 from ragen_lightning.parallel import (
@@ -89,6 +89,11 @@ def check_rollout_settings(hp: dict[str, Any]) -> None:
         raise ConfigError("--data.branches > 1 needs --data.reward_placement turn and a windowed "
                           "--data.episode.context_window (limited or single_turn): each branch is a one-turn sample "
                           "scored by its own turn reward")
+    filt = hp.get("filter")
+    over = getattr(filt, "over", None) or (filt.get("over") if isinstance(filt, dict) else None)
+    if over == "states" and hp.get("branches", 1) < 2:
+        raise ConfigError("--data.filter.over states selects among the responses to each visited state: it needs "
+                          "--data.branches > 1 (else use over: groups)")
     if hp.get("branch_follow", "first") not in BRANCH_FOLLOW:
         raise ConfigError(f"--data.branch_follow must be 'first' or 'best', got {hp['branch_follow']!r}")
     if hp.get("branch_follow", "first") == "best" and hp.get("branches", 1) == 1:
@@ -397,9 +402,17 @@ class RolloutDataModule(L.LightningDataModule):
             metrics.update(tag_metrics(trajectories, hp.group_size, "train"))
         metrics.update(sync)
         metrics["rollout/token_drift_rate"] = self._drift_rate(trajectories, parts)
-        kept, _, filter_stats = filter_groups(trajectories, hp.group_size, self.filter)
+        by_states = self.filter.over == "states"
+        if by_states:  # the states are known once the batch is built (below)
+            kept, filter_stats = trajectories, {}
+        else:
+            kept, _, filter_stats = filter_groups(trajectories, hp.group_size, self.filter)
+        batch = build_batch(kept, pad_token_id=self.chat.tokenizer.pad_token_id, reward_placement=hp.reward_placement,
+                            norm_grouping=hp.norm_grouping, norm_method=hp.norm_method, metrics=metrics)
+        if by_states:
+            batch, filter_stats = filter_states(batch, self.filter)
         metrics.update(filter_stats)
-        if kept:
+        if len(batch):
             self.consecutive_empty = 0
         else:
             self.consecutive_empty += 1
@@ -409,7 +422,7 @@ class RolloutDataModule(L.LightningDataModule):
                 warnings.warn(f"stopping: {self.consecutive_empty} consecutive empty filter results "
                               f"(--data.empty_stop_steps={hp.empty_stop_steps})", stacklevel=2)
                 self.trainer.should_stop = True
-        metrics["rollout/empty_after_filter"] = float(not kept)
+        metrics["rollout/empty_after_filter"] = float(not len(batch))
         metrics["rollout/consecutive_empty_after_filter_steps"] = float(self.consecutive_empty)
         metrics["timing_s/rollout"] = t_rollout
         for runner in self._runners:  # generate, env
@@ -417,8 +430,7 @@ class RolloutDataModule(L.LightningDataModule):
                 metrics[f"timing_s/rollout_{k}"] = metrics.get(f"timing_s/rollout_{k}", 0.0) + v
         metrics["rollout/generated_tokens"] = float(sum(t.response_tokens for t in trajectories))
         metrics["iteration"] = float(iteration)
-        batch = build_batch(kept, pad_token_id=self.chat.tokenizer.pad_token_id, reward_placement=hp.reward_placement,
-                            norm_grouping=hp.norm_grouping, norm_method=hp.norm_method, metrics=metrics)
+        batch.metrics.update(metrics)
         batch.metrics["train/batch_size"] = float(len(batch))
         return batch
 

@@ -8,6 +8,12 @@ Per-trajectory quantities: ``reward*`` metrics use the episode score (env return
 ``entropy*`` metrics use the mean negative log-prob of the sampled tokens as reported by the engine (an unbiased
 estimate of the token entropy at temperature 1; RAGEN runs an extra forward pass for it); ``length`` uses the
 sampled response tokens.
+
+With branching rollouts (``--data.branches`` K > 1) the filter can select **states** instead of episode groups
+(``over: states``): the K responses sampled for one visited state are a group, scored by their turn rewards (the
+turn's env reward plus its format penalty), and the rows of the dropped states leave the batch (:func:`filter_states`).
+That is the StarPO-S filter for per-state baselines: a state whose K answers all scored alike carries no signal
+for ``state_grpo``, and one whose answers differ only by a step penalty carries little.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from ragen_lightning.algos.filtering import (
 )
 from ragen_lightning.data.batching import sampled_entropy, trajectory_matrix
 from ragen_lightning.errors import ConfigError, Domain
-from ragen_lightning.types import Trajectory
+from ragen_lightning.types import RolloutBatch, Trajectory
 
 _METRIC_ALIASES = {"reward_std": "reward_variance", "entropy_std": "entropy_variance"}
 _METRIC_SOURCE = {"reward_variance": "reward", "reward": "reward", "reward_sum": "reward",
@@ -48,6 +54,9 @@ class FilterConfig:
         include_zero: keep groups whose score is 0 (e.g. every member got the same reward).
         top_p_mode: ``linear`` (score mass, RAGEN's default) or ``softmax``.
         eps: slack of the linear top_p threshold.
+        over: ``groups`` (the ``group_size`` episodes sharing an initial state, RAGEN's filter) or ``states`` (with
+            ``--data.branches`` K > 1: the K responses to each visited state, scored by their turn rewards; reward
+            metrics only).
     """
 
     strategy: str = DEFAULT_STRATEGY
@@ -58,6 +67,7 @@ class FilterConfig:
     include_zero: bool = True
     top_p_mode: Literal["linear", "softmax"] = "linear"
     eps: float = 0.01
+    over: Literal["groups", "states"] = "groups"
 
     def __post_init__(self):
         self.metric = _METRIC_ALIASES.get(self.metric, self.metric)
@@ -70,6 +80,11 @@ class FilterConfig:
             raise ConfigError(f"--data.filter.value must be a whole number for --data.filter.strategy {strategy.name} "
                               f"({strategy.value_help}), got {self.value}")
         Domain(low=0).check("--data.filter.eps", self.eps)
+        if self.over not in ("groups", "states"):
+            raise ConfigError(f"--data.filter.over must be 'groups' or 'states', got {self.over!r}")
+        if self.over == "states" and _METRIC_SOURCE[self.metric] != "reward":
+            raise ConfigError(f"--data.filter.over states scores a state's responses by their turn rewards: "
+                              f"--data.filter.metric must be reward_variance, reward or reward_sum, got {self.metric!r}")
 
     @property
     def keeps_everything(self) -> bool:
@@ -109,3 +124,47 @@ def filter_groups(trajectories: Sequence[Trajectory], group_size: int,
     keep = set(kept.tolist())
     kept_trajectories = [t for t in trajectories if t.group_id in keep]
     return kept_trajectories, kept, metrics
+
+
+def filter_states(batch: RolloutBatch, config: FilterConfig) -> tuple[RolloutBatch, dict[str, float]]:
+    """``(kept rows, rollout/* metrics)``: the StarPO-S filter over the states of a branching batch.
+
+    Each state's responses (rows sharing ``batch.state_index``; K of them, the ``--data.branches``) form a group
+    scored by ``config.metric`` over their turn rewards (row sums of ``batch.rewards``: with ``reward_placement
+    turn`` a one-turn row holds its turn's env reward plus format penalty); ``select_groups`` picks the states as it
+    picks episode groups, and the rows of the other states are dropped. Metrics carry the same names as the group
+    filter's, counting states."""
+    if batch.state_index is None or not batch.per_turn_rewards:
+        raise ConfigError("--data.filter.over states needs branching rollouts (--data.branches > 1 with "
+                          "--data.reward_placement turn)")
+    if len(batch) == 0:
+        return batch, {}
+    _, state = torch.unique(batch.state_index, return_inverse=True)
+    sizes = torch.bincount(state)
+    k = int(sizes[0])
+    if k == 1 and bool((sizes == 1).all()):
+        raise ConfigError("--data.filter.over states: every state of the batch has one response; it needs branching "
+                          "rollouts (--data.branches > 1)")
+    if not bool((sizes == k).all()):
+        raise ValueError(f"--data.filter.over states: every state needs the same number of responses, got sizes "
+                         f"{sorted(set(sizes.tolist()))}")
+    order = torch.argsort(state, stable=True)  # rows grouped by state, in row order within a state
+    turn_reward = batch.rewards[:, 1:].float().sum(dim=-1)
+    values = turn_reward[order].view(-1, k)  # [S, K]
+    scores = group_scores(values, config.metric)
+    if config.keeps_everything:
+        kept = torch.arange(values.shape[0])
+    else:
+        kept = select_groups(scores, config.strategy, config.value, largest=config.largest,
+                             include_zero=config.include_zero, top_p_mode=config.top_p_mode, eps=config.eps)
+    stats = filter_metrics(values, scores, kept)
+    metrics = {f"rollout/{key}": v for key, v in stats.items() if key.startswith("filter_")}
+    for key, v in stats.items():
+        if key.startswith(("in_group_", "chosen_in_group_")):
+            metrics[f"rollout/{key}"] = v
+            head, _, stat = key.rpartition("_")
+            metrics[f"rollout/{head}_reward_{stat}"] = v
+    keep = torch.zeros(values.shape[0], dtype=torch.bool)
+    keep[kept] = True
+    rows = torch.nonzero(keep[state]).squeeze(-1)
+    return batch.select(rows), metrics

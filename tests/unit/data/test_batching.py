@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from ragen_lightning.data.batching import build_batch, normalize_scores, rollout_metrics
-from ragen_lightning.data.sampler import FilterConfig, filter_groups
+from ragen_lightning.data.sampler import FilterConfig, filter_groups, filter_states
+from ragen_lightning.errors import ConfigError
 from ragen_lightning.types import Conversation, Sample, Trajectory
 
 
@@ -158,3 +159,45 @@ def test_length_filter_uses_response_tokens():
         t.response_tokens = 10
     _, idx, m = filter_groups(ts, 2, FilterConfig(strategy="top_k_abs", value=1, metric="length"))
     assert idx.tolist() == [1] and m["rollout/in_group_length_mean"] == pytest.approx(6.0)
+
+
+def branching(state_rewards):
+    """A batch of one episode whose turn t was answered K times with turn rewards ``state_rewards[t]``, as a
+    branching rollout builds it."""
+    t = Trajectory(env_index=0, group_id=0, seed=0, turn_rewards=[r[0] for r in state_rewards], penalty=0.0,
+                   success=False, num_turns=len(state_rewards), response_tokens=2)
+    t.samples = [Sample(conv([(1, False), (2 + k, True)]), [r], turn=turn)
+                 for turn, rewards in enumerate(state_rewards) for k, r in enumerate(rewards)]
+    return build_batch([t], pad_token_id=0, reward_placement="turn")
+
+
+def test_state_filter_keeps_the_states_with_most_turn_reward_spread():
+    # three states x K = 2: stds 0, 0.7071 * 2 = 1.414, 0.7071 * 0.2 = 0.141 (unbiased std of two values: |a-b|/sqrt 2)
+    b = branching([[-0.2, -0.2], [1.8, -0.2], [-0.2, -0.1]])
+    assert b.state_index.tolist() == [0, 0, 1, 1, 2, 2]
+    cfg = FilterConfig(strategy="top_p", value=0.9, include_zero=False, over="states")
+    kept, m = filter_states(b, cfg)
+    # linear top_p: threshold 0.9 x (1.414 + 0.141) - 0.01 = 1.390; 1.414 alone reaches it -> the second state only
+    assert kept.rewards[:, 1:].sum(dim=-1).tolist() == pytest.approx([1.8, -0.2])
+    assert m["rollout/filter_kept_count"] == 1.0 and m["rollout/filter_kept_ratio"] == pytest.approx(1 / 3)
+    assert m["rollout/filter_zero_count"] == 1.0
+    assert m["rollout/in_group_std"] == pytest.approx((0 + 2 / 2 ** 0.5 + 0.1 / 2 ** 0.5) / 3)
+    # value 1.0 with zero-variance states dropped: the two states with spread, rows in batch order
+    kept, _ = filter_states(b, FilterConfig(value=1.0, include_zero=False, over="states"))
+    assert kept.rewards[:, 1:].sum(dim=-1).tolist() == pytest.approx([1.8, -0.2, -0.2, -0.1])
+    # the default keeps every state
+    kept, m = filter_states(b, FilterConfig(over="states"))
+    assert len(kept) == 6 and m["rollout/filter_kept_ratio"] == 1.0
+
+
+def test_state_filter_refuses_what_it_cannot_score():
+    with pytest.raises(ConfigError, match="turn rewards: --data.filter.metric must be reward_variance"):
+        FilterConfig(metric="length", over="states")
+    with pytest.raises(ConfigError, match="--data.filter.over must be 'groups' or 'states'"):
+        FilterConfig(over="episodes")
+    unbranched = build_batch([traj(0, 0, [1.0])], pad_token_id=0, reward_placement="turn")
+    with pytest.raises(ConfigError, match="every state of the batch has one response"):
+        filter_states(unbranched, FilterConfig(over="states"))
+    last = build_batch([traj(0, 0, [1.0])], pad_token_id=0)
+    with pytest.raises(ConfigError, match="needs branching rollouts"):
+        filter_states(last, FilterConfig(over="states"))

@@ -93,6 +93,49 @@ def test_distance_shaping_arguments_are_checked():
         SokobanEnv(dead_distance=0)
 
 
+def test_heuristic_shaping_reads_the_grid_and_telescopes():
+    # corridor: player (1,2), box (1,4), target (1,5): h = 3 x 1 + |player - push cell (1,3)| = 4
+    board = ["#######", "#_P_XO#", "#######"]
+    env, _ = board_env(board, heuristic_reward=1.0)
+    assert env.heuristic_distance() == 4
+    expected = [(LEFT, -0.1 - 1), (RIGHT, -0.1 + 1), (RIGHT, -0.1 + 1), (RIGHT, -0.1 + 1 + 10 + 3)]
+    shaping = 0.0
+    for action, reward in expected:  # h: 4 -> 5 -> 4 -> 3 -> 0
+        _, r, terminated, _, info = env.step(action)
+        assert r == pytest.approx(reward)
+        shaping += r - (10.9 if terminated else -0.1)
+    assert info["success"] and shaping == pytest.approx(4.0)  # h at the start: the episode's shaping telescopes
+
+
+def test_heuristic_shaping_push_cells_and_a_cornered_box():
+    # box (2,2), target (1,1): 3 x 2; push cells (3,2) (Up) and (2,3) (Left); player (3,3) one step from either
+    env, _ = board_env(["#####", "#O__#", "#_X_#", "#__P#", "#####"], heuristic_reward=1.0, dead_distance=12)
+    assert env.heuristic_distance() == 7
+    steps = [(UP, 6), (UP, 7), (LEFT, 8),  # onto the push cell (2,3), then away round the box
+             (DOWN, 11),  # pushes the box to (3,2), away from the target: 3 x 3 + 2 to (4,2) / (3,3)
+             (RIGHT, 10), (DOWN, 9),  # the player walks to (3,3), behind the box for a Left push
+             (LEFT, 12)]  # the box into the corner (3,1): dead, h = dead_distance
+    h = 7
+    for action, after in steps:
+        r = env.step(action)[1]
+        assert env.heuristic_distance() == after
+        assert r == pytest.approx(-0.1 + (h - after))
+        h = after
+    assert env.solve() is None
+    # a bump into the wall moves nothing: no shaping
+    env, _ = board_env(["######", "#P_XO#", "######"], heuristic_reward=1.0)
+    assert env.step(UP)[1] == pytest.approx(-0.1)
+
+
+def test_heuristic_shaping_arguments_are_checked():
+    for bad in (-0.1, float("nan"), "1", True):
+        with pytest.raises(ValueError, match="heuristic_reward must be a finite number >= 0"):
+            SokobanEnv(heuristic_reward=bad)
+    with pytest.raises(ValueError, match="two shapings of the same progress; set one of them"):
+        SokobanEnv(distance_reward=1.0, heuristic_reward=1.0)
+    assert "heuristic_reward" in SokobanEnv.reward_only_kwargs  # warm starts ignore it
+
+
 def test_solving_gives_plus_ten_and_terminates_then_steps_are_harmless():
     env, _ = board_env(["######", "#P_XO#", "######"])
     _, reward, terminated, _, _ = env.step(RIGHT)
