@@ -70,20 +70,23 @@ def cell_flags(estimator: str, arm: str, seed: int) -> list[str]:
     return ["--model.advantage.estimator", estimator, "--data.filter", ARMS[arm], *seed_flags(seed)]
 
 
-def with_collapse_every(cfg: dict[str, Any], every: int | None) -> dict[str, Any]:
-    """``cfg`` with its ``callbacks.CollapseMonitor`` measuring MI every ``every`` iterations (unchanged for None)."""
-    if every is None:
+def with_collapse_every(cfg: dict[str, Any], every: int | None, samples: int | None = None) -> dict[str, Any]:
+    """``cfg`` with its ``callbacks.CollapseMonitor`` measuring MI every ``every`` iterations on ``samples`` sampled
+    first turns (each unchanged for None)."""
+    if every is None and samples is None:
         return cfg
+    changes = {k: v for k, v in (("compute_freq", every), ("num_samples", samples)) if v is not None}
     callbacks = []
     for c in cfg.get("trainer", {}).get("callbacks", []):
         if str(c.get("class_path", "")).endswith("CollapseMonitor"):
-            c = {**c, "init_args": {**c.get("init_args", {}), "compute_freq": every}}
+            c = {**c, "init_args": {**c.get("init_args", {}), **changes}}
         callbacks.append(c)
     return {**cfg, "trainer": {**cfg.get("trainer", {}), "callbacks": callbacks}}
 
 
 def run_cell(task: str, estimator: str, arm: str, seed: int, fit_args: list[str], eval_episodes: int,
-             temperature: float, eval_seed: int, out: str, collapse_every: int | None = None) -> dict[str, Any]:
+             temperature: float, eval_seed: int, out: str, collapse_every: int | None = None,
+             collapse_samples: int | None = None) -> dict[str, Any]:
     """Fit one cell in a subprocess, evaluate its actor here (one torch thread), write ``result.json``."""
     import torch
 
@@ -92,7 +95,7 @@ def run_cell(task: str, estimator: str, arm: str, seed: int, fit_args: list[str]
 
     import envs  # noqa: F401  (registers the env ids)
 
-    cfg = with_collapse_every(learning.load_config(task), collapse_every)
+    cfg = with_collapse_every(learning.load_config(task), collapse_every, collapse_samples)
     run_dir = Path(out) / Path(task).stem / f"{estimator}-{arm}-s{seed}"
     fit_s = learning.fit_into(task, cfg, run_dir, [*cell_flags(estimator, arm, seed), *fit_args])
     _, demo = learning.warm_model(cfg)
@@ -118,7 +121,7 @@ def before_of(task: str, eval_episodes: int, temperature: float, eval_seed: int,
 
     cfg = learning.load_config(task)
     warm, demo = learning.warm_model(cfg)
-    result = learning.evaluate(warm, cfg, eval_episodes, temperature, eval_seed, demo)
+    result = learning.evaluate_warm_start(warm, cfg, eval_episodes, temperature, eval_seed, demo)
     saved = {"warm_start": warm, "eval_episodes": eval_episodes, "temperature": temperature, "eval_seed": eval_seed,
              **result}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -212,6 +215,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="outputs/filter_table")
     p.add_argument("--collapse-every", type=int, default=None,
                    help="measure the MI proxy every N iterations (the task config's CollapseMonitor compute_freq)")
+    p.add_argument("--collapse-samples", type=int, default=None,
+                   help="sampled first turns per MI measurement (the CollapseMonitor's num_samples)")
     p.add_argument("--summary", action="store_true", help="only print the table of the cells measured")
     p.add_argument("--fit-args", nargs=argparse.REMAINDER, default=[], help="extra main.py flags (put last)")
     a = p.parse_args(argv)
@@ -229,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=a.jobs, mp_context=ctx) as pool:
             futures = {pool.submit(run_cell, *c, a.fit_args, a.eval_episodes, a.temperature, a.eval_seed,
-                                   str(out), a.collapse_every): c for c in cells}
+                                   str(out), a.collapse_every, a.collapse_samples): c for c in cells}
             for f in as_completed(futures):
                 c = futures[f]
                 try:

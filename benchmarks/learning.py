@@ -117,6 +117,29 @@ def evaluate(path, cfg: dict[str, Any], n: int, temperature: float, seed: int,
     return out
 
 
+def evaluate_warm_start(path: str, cfg: dict[str, Any], n: int, temperature: float, seed: int,
+                        exclude: list[int]) -> dict[str, float]:
+    """:func:`evaluate` of a cached warm start, itself cached in the warm start's folder (content-addressed, so the
+    figure cannot go stale): ``heldout-<key>.json``, the key a hash of everything the evaluation reads. Several
+    benchmark runs from one warm start then share one "before" instead of each spending minutes on it."""
+    import hashlib
+
+    if not Path(path).is_dir():  # no warm start: a model name
+        return evaluate(path, cfg, n, temperature, seed, exclude)
+    data = cfg["data"]
+    spec = {"env_id": data["env_id"], "env_kwargs": data.get("env_kwargs"), "n": n, "temperature": temperature,
+            "seed": seed, "exclude": list(exclude), "episode": str(episode_of(data))}
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    cached = Path(path) / f"heldout-{key}.json"
+    if cached.is_file():
+        return json.loads(cached.read_text())
+    out = evaluate(path, cfg, n, temperature, seed, exclude)
+    tmp = cached.with_suffix(".tmp")
+    tmp.write_text(json.dumps(out))
+    tmp.replace(cached)  # whole or not at all: a concurrent run reads the old state or the new file
+    return out
+
+
 def with_warm_start(cfg: dict[str, Any], spec: str | None) -> tuple[dict[str, Any], list[str]]:
     """``cfg`` with ``model.warm_start`` replaced by the JSON/YAML ``spec`` (e.g. ``'{steps: 2000}'``), and the
     ``main.py`` flags that make the fit train from that same warm start; unchanged when ``spec`` is None."""
@@ -259,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
         t = time.perf_counter()
         warm, demo_seeds = warm_model(cfg)
         warm_s = time.perf_counter() - t
-        before = evaluate(warm, cfg, a.eval_episodes, a.temperature, a.seed, demo_seeds)
+        before = evaluate_warm_start(warm, cfg, a.eval_episodes, a.temperature, a.seed, demo_seeds)
         print(f"{task} warm start {warm} ({warm_s:.0f} s, {cfg['model'].get('warm_start')}): {before}", flush=True)
         if a.no_fit:
             continue

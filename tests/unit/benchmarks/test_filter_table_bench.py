@@ -67,7 +67,7 @@ def test_summary_pairs_seeds_and_averages_indicators(tmp_path):
     assert filt[14] == "0.60" and none[14] == "-"
 
 
-def test_collapse_every_sets_the_monitors_compute_freq_only():
+def test_collapse_every_sets_the_monitors_compute_freq_and_samples_only():
     from pathlib import Path
 
     cfg = yaml.safe_load((Path(bench.ROOT) / "configs" / "bandit.yaml").read_text())
@@ -79,3 +79,6 @@ def test_collapse_every_sets_the_monitors_compute_freq_only():
     original = [c for c in cfg["trainer"]["callbacks"] if c["class_path"] == "callbacks.CollapseMonitor"]
     assert original[0]["init_args"]["compute_freq"] == 10
     assert bench.with_collapse_every(cfg, None) is cfg
+    both = bench.with_collapse_every(cfg, None, 16)  # the number of sampled first turns alone
+    monitor = [c for c in both["trainer"]["callbacks"] if c["class_path"] == "callbacks.CollapseMonitor"]
+    assert [m["init_args"] for m in monitor] == [{"actions": ["log"], "compute_freq": 10, "num_samples": 16}]

@@ -74,3 +74,29 @@ def test_warm_start_override_reaches_the_evaluation_and_the_fit():
     assert bench.with_warm_start(cfg, "false")[1] == ["--model.warm_start", "false"]
     with pytest.raises(SystemExit, match="--warm-start"):
         bench.with_warm_start(cfg, "[1, 2]")
+
+
+def test_warm_start_evaluation_is_cached_in_its_folder_by_everything_it_reads(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_evaluate(path, cfg, n, temperature, seed, exclude, tokenizer=None):
+        calls.append((path, n, temperature))
+        return {"success_rate": 0.25 * len(calls)}
+
+    monkeypatch.setattr(bench, "evaluate", fake_evaluate)
+    cfg = {"data": {"env_id": "ragen/Bandit-v0", "env_kwargs": None}}
+    warm = str(tmp_path)
+    first = bench.evaluate_warm_start(warm, cfg, 64, 1.0, 0, [1, 2])
+    assert first == {"success_rate": 0.25} and len(calls) == 1
+    assert bench.evaluate_warm_start(warm, cfg, 64, 1.0, 0, [1, 2]) == first and len(calls) == 1  # read back
+    assert len(list(tmp_path.glob("heldout-*.json"))) == 1 and not list(tmp_path.glob("*.tmp"))
+    # another episode count, temperature or env setting is another evaluation
+    assert bench.evaluate_warm_start(warm, cfg, 128, 1.0, 0, [1, 2])["success_rate"] == 0.5
+    assert bench.evaluate_warm_start(warm, cfg, 64, 0.5, 0, [1, 2])["success_rate"] == 0.75
+    other = {"data": {"env_id": "ragen/Bandit-v0", "env_kwargs": {"num_arms": 3}}}
+    assert bench.evaluate_warm_start(warm, other, 64, 1.0, 0, [1, 2])["success_rate"] == 1.0
+    assert len(calls) == 4
+    # a model name (no warm start folder) is evaluated every time, nothing written
+    bench.evaluate_warm_start(str(tmp_path / "tiny"), cfg, 64, 1.0, 0, [1, 2])
+    bench.evaluate_warm_start(str(tmp_path / "tiny"), cfg, 64, 1.0, 0, [1, 2])
+    assert len(calls) == 6 and len(list(tmp_path.glob("heldout-*.json"))) == 4
