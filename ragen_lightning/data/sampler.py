@@ -100,14 +100,8 @@ def _per_trajectory(trajectories: Sequence[Trajectory], group_size: int, source:
     return torch.tensor([sampled_entropy(t) for t in trajectories], dtype=torch.float32).view(-1, group_size)
 
 
-def filter_groups(trajectories: Sequence[Trajectory], group_size: int,
-                  config: FilterConfig) -> tuple[list[Trajectory], torch.Tensor, dict[str, float]]:
-    """Select groups; returns the kept trajectories, the kept group indices and ``rollout/*`` metrics.
-
-    ``trajectories`` are group-major (``group_id * group_size + member``), as the runner returns them.
-    """
-    source = _METRIC_SOURCE[config.metric]
-    values = _per_trajectory(trajectories, group_size, source)  # [G, N]
+def _select(values: torch.Tensor, config: FilterConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    """The kept group indices of a ``[G, N]`` matrix by ``config`` and the ``rollout/*`` filter metrics."""
     scores = group_scores(values, config.metric)
     if config.keeps_everything:
         kept = torch.arange(values.shape[0])
@@ -116,11 +110,23 @@ def filter_groups(trajectories: Sequence[Trajectory], group_size: int,
                              include_zero=config.include_zero, top_p_mode=config.top_p_mode, eps=config.eps)
     stats = filter_metrics(values, scores, kept)
     metrics = {f"rollout/{k}": v for k, v in stats.items() if k.startswith("filter_")}
+    source = _METRIC_SOURCE[config.metric]
     for k, v in stats.items():
         if k.startswith(("in_group_", "chosen_in_group_")):
             metrics[f"rollout/{k}"] = v  # RAGEN's generic names (the selection metric's statistics)
             head, _, stat = k.rpartition("_")
             metrics[f"rollout/{head}_{source}_{stat}"] = v  # and the metric-specific ones
+    return kept, metrics
+
+
+def filter_groups(trajectories: Sequence[Trajectory], group_size: int,
+                  config: FilterConfig) -> tuple[list[Trajectory], torch.Tensor, dict[str, float]]:
+    """Select groups; returns the kept trajectories, the kept group indices and ``rollout/*`` metrics.
+
+    ``trajectories`` are group-major (``group_id * group_size + member``), as the runner returns them.
+    """
+    values = _per_trajectory(trajectories, group_size, _METRIC_SOURCE[config.metric])  # [G, N]
+    kept, metrics = _select(values, config)
     keep = set(kept.tolist())
     kept_trajectories = [t for t in trajectories if t.group_id in keep]
     return kept_trajectories, kept, metrics
@@ -151,19 +157,7 @@ def filter_states(batch: RolloutBatch, config: FilterConfig) -> tuple[RolloutBat
     order = torch.argsort(state, stable=True)  # rows grouped by state, in row order within a state
     turn_reward = batch.rewards[:, 1:].float().sum(dim=-1)
     values = turn_reward[order].view(-1, k)  # [S, K]
-    scores = group_scores(values, config.metric)
-    if config.keeps_everything:
-        kept = torch.arange(values.shape[0])
-    else:
-        kept = select_groups(scores, config.strategy, config.value, largest=config.largest,
-                             include_zero=config.include_zero, top_p_mode=config.top_p_mode, eps=config.eps)
-    stats = filter_metrics(values, scores, kept)
-    metrics = {f"rollout/{key}": v for key, v in stats.items() if key.startswith("filter_")}
-    for key, v in stats.items():
-        if key.startswith(("in_group_", "chosen_in_group_")):
-            metrics[f"rollout/{key}"] = v
-            head, _, stat = key.rpartition("_")
-            metrics[f"rollout/{head}_reward_{stat}"] = v
+    kept, metrics = _select(values, config)
     keep = torch.zeros(values.shape[0], dtype=torch.bool)
     keep[kept] = True
     rows = torch.nonzero(keep[state]).squeeze(-1)
