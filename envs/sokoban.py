@@ -171,8 +171,9 @@ class SokobanEnv(TextEnv):
     the Manhattan distance to the nearest free target, plus the Manhattan distance from the player to the nearest cell
     it must stand on to push such a box towards that target (the cell behind the box on an axis where box and target
     differ). The factor 3 makes every push towards a target a gain, also one after which the player must walk round
-    the box (at most 2 steps further from the next push cell); a box off a target in a corner (a wall above or below it and a wall left or right of it) can never move
-    again, and h is then ``dead_distance``; h is capped at ``dead_distance`` and is 0 when solved. Every valid
+    the box (at most 2 steps further from the next push cell); a box off a target in a corner (a wall above or below
+    it and a wall left or right of it) can never move again, and h is then ``dead_distance``; h is capped at
+    ``dead_distance`` and is 0 when solved. Every valid
     action earns ``c * (h_before - h_after)``. It ignores walls between cells, so a detour around the box or a wall
     scores as a step away. Use one of the two shapings (both > 0 is refused).
 
@@ -423,11 +424,11 @@ class SokobanEnv(TextEnv):
         """The heuristic shaping's h of the current state (class docstring, "Rewards"): read from the grid, no
         search. 0 when solved, ``dead_distance`` with a cornered box off a target."""
         geo, floor = self._geo, self._floor
-        off = _bits(self._boxes & ~self._targets)
+        off = list(gen.iter_bits(self._boxes & ~self._targets))
         if not off:
             return 0
         up, down, left, right = self._offsets
-        free_targets = [geo.coords(t) for t in _bits(self._targets & ~self._boxes)]
+        free_targets = [geo.coords(t) for t in gen.iter_bits(self._targets & ~self._boxes)]
         pr, pc = geo.coords(self._player)
         boxes_term, player_term = 0, None
         for b in off:
@@ -553,12 +554,3 @@ def _positive_int(name: str, value: Any) -> int:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
 
-
-def _bits(mask: int) -> list[int]:
-    """Indices of the set bits of ``mask``, ascending."""
-    out = []
-    while mask:
-        low = mask & -mask
-        out.append(low.bit_length() - 1)
-        mask ^= low
-    return out

@@ -148,7 +148,7 @@ def filter_states(batch: RolloutBatch, config: FilterConfig) -> tuple[RolloutBat
     _, state = torch.unique(batch.state_index, return_inverse=True)
     sizes = torch.bincount(state)
     k = int(sizes[0])
-    if k == 1 and bool((sizes == 1).all()):
+    if bool((sizes == 1).all()):
         raise ConfigError("--data.filter.over states: every state of the batch has one response; it needs branching "
                           "rollouts (--data.branches > 1)")
     if not bool((sizes == k).all()):
