@@ -90,11 +90,16 @@ def first_turn_messages(tokenizer, seeds: list[int], episode) -> list[list[dict[
 
 # -- part 1: the update on one fixed batch ------------------------------------------------------------------------
 def fixed_batch(tokenizer, rows: int, group_size: int, prompt_len: int, completion_len: int, seed: int = 0,
-                distinct: bool = False):
+                distinct: bool = False, varied: bool = False):
     """``(RolloutBatch, trl_inputs)`` holding the same rows: prompt + completion ids, GRPO advantages of random
     rewards (the project computes them itself from the scores; TRL gets them precomputed, as its
     ``_generate_and_score_completions`` would). The rows of a group share their prompt (GRPO's case), unless
-    ``distinct``: then every row's prompt differs from its first token on (no shared prefix to run once)."""
+    ``distinct``: then every row's prompt differs from its first token on (no shared prefix to run once).
+
+    ``varied``: lengths vary as in a rollout: each prompt keeps its last ``prompt_len / 2 .. prompt_len`` tokens
+    (per row when ``distinct``, else per group) and each completion ends (eos) after ``completion_len / 4 ..
+    completion_len`` tokens. This project gets the rows right-padded; TRL gets what its generation step hands its
+    loss: prompts left-padded and completions right-padded to the batch's longest, with their masks."""
     from ragen_lightning.rollout.settings import EpisodeSettings
     from ragen_lightning.types import RolloutBatch
 
@@ -107,37 +112,56 @@ def fixed_batch(tokenizer, rows: int, group_size: int, prompt_len: int, completi
         ids = (list(ids) * (prompt_len // len(ids) + 1))[-prompt_len:]  # exactly prompt_len tokens
         prompts.extend([ids] * group_size)
     prompt = torch.tensor(prompts)
-    if distinct:  # a different first token per row: no two rows share a prefix
-        prompt[:, 0] = torch.randperm(len(tokenizer) - 20, generator=g)[:rows] + 10
     completion = torch.randint(10, len(tokenizer) - 1, (rows, completion_len), generator=g)
-    completion[:, -1] = tokenizer.eos_token_id
+    if varied:
+        p_len = torch.randint(prompt_len // 2, prompt_len + 1, (rows if distinct else groups,), generator=g)
+        p_len = p_len if distinct else p_len.repeat_interleave(group_size)
+        c_len = torch.randint(max(completion_len // 4, 1), completion_len + 1, (rows,), generator=g)
+    else:
+        p_len, c_len = torch.full((rows,), prompt_len), torch.full((rows,), completion_len)
+    first = prompt_len - p_len  # a row's prompt is prompt[first:]
+    if distinct:  # a different first token per row: no two rows share a prefix
+        prompt[torch.arange(rows), first] = torch.randperm(len(tokenizer) - 20, generator=g)[:rows] + 10
+    completion[torch.arange(rows), c_len - 1] = tokenizer.eos_token_id
     scores = torch.randint(0, 2, (rows,), generator=g).float()
     group = torch.arange(rows) // group_size
     grouped = scores.view(groups, group_size)
     adv = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-6)).flatten()
-    ids = torch.cat([prompt, completion], 1)
-    T = ids.shape[1]
+    n = p_len + c_len
+    T = int(n.max())
+    ids = torch.full((rows, T), tokenizer.pad_token_id or 0)
+    att = torch.zeros(rows, T, dtype=torch.long)
     loss_mask = torch.zeros(rows, T, dtype=torch.long)
-    loss_mask[:, prompt_len:] = 1
     rewards = torch.zeros(rows, T)
-    rewards[:, -1] = scores
     turn_ends = torch.zeros(rows, T, dtype=torch.bool)
-    turn_ends[:, -1] = True
-    batch = RolloutBatch(ids, torch.ones_like(ids), loss_mask, rewards, turn_ends, torch.zeros(rows, T), scores, group,
+    for i in range(rows):
+        p, c = int(p_len[i]), int(c_len[i])
+        ids[i, :p + c] = torch.cat([prompt[i, int(first[i]):], completion[i, :c]])
+        att[i, :p + c] = 1
+        loss_mask[i, p:p + c] = 1
+        rewards[i, p + c - 1] = scores[i]
+        turn_ends[i, p + c - 1] = True
+    batch = RolloutBatch(ids, att, loss_mask, rewards, turn_ends, torch.zeros(rows, T), scores, group,
                          torch.arange(rows), metrics={})
-    trl_inputs = {"prompt_ids": prompt, "prompt_mask": torch.ones_like(prompt), "completion_ids": completion,
-                  "completion_mask": torch.ones_like(completion), "advantages": adv,
-                  "num_items_in_batch": torch.tensor(float(rows * completion_len))}
+    P, C = int(p_len.max()), int(c_len.max())
+    prompt_mask = (torch.arange(P)[None] >= P - p_len[:, None]).long()  # left-padded
+    completion_mask = (torch.arange(C)[None] < c_len[:, None]).long()  # right-padded
+    trl_prompt = torch.where(prompt_mask.bool(), prompt[:, prompt_len - P:], tokenizer.pad_token_id or 0)
+    trl_completion = torch.where(completion_mask.bool(), completion[:, :C], tokenizer.pad_token_id or 0)
+    trl_inputs = {"prompt_ids": trl_prompt, "prompt_mask": prompt_mask, "completion_ids": trl_completion,
+                  "completion_mask": completion_mask, "advantages": adv,
+                  "num_items_in_batch": torch.tensor(float(c_len.sum()))}
     return batch, trl_inputs
 
 
-def project_settings(a, micro_batch_threads: int) -> dict:
-    """``StarPOModule``'s settings groups for the update TRL's ``trl_config`` makes."""
+def project_settings(a, micro_batch_threads: int, **update) -> dict:
+    """``StarPOModule``'s settings groups for the update TRL's ``trl_config`` makes (``update``: more
+    ``--model.update.*`` settings, e.g. a token budget)."""
     return {"advantage": {"estimator": "grpo"},
             "loss": {"agg_mode": "token-mean", "clip_low": 0.2, "clip_high": 0.2, "dual_clip": None, "entropy_coeff": 0.0},
             "optim": {"actor_lr": a.lr, "grad_clip": 1.0, "weight_decay": 0.0},
             "update": {"mini_batch_size": a.rows, "micro_batch_size": a.micro_batch, "ppo_epochs": 1,
-                       "micro_batch_threads": micro_batch_threads}}
+                       "micro_batch_threads": micro_batch_threads, **update}}
 
 
 class _Times:
@@ -155,7 +179,7 @@ class _Times:
         self.callback = Cb()
 
 
-def project_update_runner(a, path: str, batch, threads: int):
+def project_update_runner(a, path: str, batch, threads: int, **update):
     """A closure running ``n`` iterations of the project's update on ``batch``; returns their update seconds."""
     import lightning as L
     from torch.utils.data import DataLoader
@@ -171,7 +195,7 @@ def project_update_runner(a, path: str, batch, threads: int):
         def train_dataloader(self):
             return DataLoader([batch] * self.n, batch_size=None, collate_fn=lambda b: b)
 
-    module = StarPOModule(model=path, **project_settings(a, micro_batch_threads=threads))
+    module = StarPOModule(model=path, **project_settings(a, micro_batch_threads=threads, **update))
 
     def run(n: int, torch_threads: int) -> list[float]:
         torch.set_num_threads(torch_threads)
@@ -242,8 +266,8 @@ def check_same_update(a) -> tuple[float, float, float]:
 
     path = tiny_model(a.model)
     batch, inputs = fixed_batch(models.load_tokenizer(path), a.rows, a.group_size, a.prompt_len, a.completion_len,
-                                distinct=a.prompts == "distinct")
-    ours, trl = project_update_runner(a, path, batch, 1), trl_update_runner(a, path, inputs)
+                                distinct=a.prompts == "distinct", varied=a.lengths == "varied")
+    ours, trl = project_update_runner(a, path, batch, 1, **a.update), trl_update_runner(a, path, inputs)
     before = {k: v.detach().clone() for k, v in trl.actor().state_dict().items()}
     ours(1, a.threads)
     trl(1, a.threads)
@@ -258,10 +282,15 @@ def compare_update(a) -> None:
     path = tiny_model(a.model)
     tokenizer = models.load_tokenizer(path)
     batch, inputs = fixed_batch(tokenizer, a.rows, a.group_size, a.prompt_len, a.completion_len,
-                                distinct=a.prompts == "distinct")
+                                distinct=a.prompts == "distinct", varied=a.lengths == "varied")
     trl = trl_update_runner(a, path, inputs)
+    budget = a.micro_batch * (a.prompt_len + a.completion_len)  # the memory of a micro-batch of full-length rows
     runs = {"this project": (project_update_runner(a, path, batch, 1), a.threads),
             "TRL GRPOTrainer": (trl, a.threads),
+            f"this project, micro_batch_tokens {budget}": (
+                project_update_runner(a, path, batch, 1, micro_batch_tokens=budget), a.threads),
+            f"this project, micro_batch_tokens {budget}, pack": (
+                project_update_runner(a, path, batch, 1, micro_batch_tokens=budget, pack=True), a.threads),
             "this project, micro_batch_threads 2 (torch threads 1 each)": (project_update_runner(a, path, batch, 2), 1),
             "TRL GRPOTrainer, torch threads 1": (trl, 1)}
     times: dict[str, list[float]] = {k: [] for k in runs}
@@ -270,15 +299,18 @@ def compare_update(a) -> None:
     for _ in range(a.repeats):
         for name, (run, threads) in runs.items():
             times[name] += run(a.steps, threads)
-    tokens = a.rows * a.completion_len
-    base = statistics.median(times["TRL GRPOTrainer"])
-    print(f"\n### Update: {a.rows} rows x ({a.prompt_len} prompt + {a.completion_len} trained tokens), prompts "
-          f"{a.prompts}, micro-batch {a.micro_batch}, model {a.model}, {a.device}, torch threads {a.threads}, "
-          f"{a.repeats} x {a.steps} steps\n")
-    print("| | s / update (median) | trained tokens/s | vs TRL |\n|---|---:|---:|---:|")
+    tokens = int(inputs["num_items_in_batch"])
+    base, ours = statistics.median(times["TRL GRPOTrainer"]), statistics.median(times["this project"])
+    shape = (f"({a.prompt_len} prompt + {a.completion_len} trained tokens)" if a.lengths == "equal" else
+             f"({a.prompt_len // 2}-{a.prompt_len} prompt + {max(a.completion_len // 4, 1)}-{a.completion_len} trained "
+             f"tokens; {tokens} trained, {int(batch.attention_mask.sum())} real of {batch.attention_mask.numel()})")
+    print(f"\n### Update: {a.rows} rows x {shape}, prompts {a.prompts}, micro-batch {a.micro_batch}, model {a.model}, "
+          f"{a.device}, torch threads {a.threads}, {a.repeats} x {a.steps} steps\n")
+    print("| | s / update (median) | trained tokens/s | vs TRL | vs this project's default |\n|---|---:|---:|---:|---:|")
     for name, ts in times.items():
         med = statistics.median(ts)
-        print(f"| {name} | {med:.3f} (min {min(ts):.3f}, max {max(ts):.3f}) | {tokens / med:,.0f} | {base / med:.2f}x |")
+        print(f"| {name} | {med:.3f} (min {min(ts):.3f}, max {max(ts):.3f}) | {tokens / med:,.0f} | {base / med:.2f}x "
+              f"| {ours / med:.2f}x |")
 
 
 # -- part 2: a single-turn iteration ------------------------------------------------------------------------------
@@ -397,10 +429,15 @@ def main(argv=None) -> None:
                    help="instead of timing: one update of each from the same weights, print how far apart they land")
     p.add_argument("--prompts", choices=["grouped", "distinct"], default="grouped",
                    help="update: a group's rows share their prompt (GRPO), or every prompt differs")
+    p.add_argument("--lengths", choices=["equal", "varied"], default="equal",
+                   help="update: every row prompt-len + completion-len tokens, or lengths varied as in a rollout")
+    p.add_argument("--micro-batch-tokens", type=int, default=None, help="--check: the project's token budget")
+    p.add_argument("--pack", action="store_true", help="--check: the project's micro-batches packed")
     p.add_argument("--steps", type=int, default=2, help="update: steps per interleaved turn")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--iterations", type=int, default=3, help="iteration: iterations per run (the first is warm-up)")
     a = p.parse_args(argv)
+    a.update = {"micro_batch_tokens": a.micro_batch_tokens, "pack": a.pack}
     warnings.filterwarnings("ignore")
     if a.rows % a.group_size or a.rows % a.micro_batch or (a.num_groups * a.group_size) % a.micro_batch:
         p.error("--rows (and num_groups x group_size) must be divisible by --group-size and --micro-batch")

@@ -248,7 +248,7 @@ class StarPOModule(L.LightningModule):
         u = self.settings.update  # (a critic pass ignores temperature, chunking and the mask)
         return score_sharded(net, ids, att, u.scoring_micro_batch_size, kind=kind, with_entropy=with_entropy,
                              temperature=self.settings.temperature, chunk_size=u.logits_chunk_size, loss_mask=mask,
-                             threads=u.micro_batch_threads)
+                             threads=u.micro_batch_threads, micro_batch_tokens=u.micro_batch_tokens, pack=u.pack)
 
     def network_optimizer(self, network: str):
         """The optimizer of ``"actor"`` or ``"critic"`` (Lightning's wrapper)."""

@@ -36,7 +36,7 @@ from ragen_lightning.parallel import (
 from ragen_lightning.parallel.threads import backward_in_order
 from ragen_lightning.starpo.checks import check_threads_precision
 from ragen_lightning.starpo.optim import guarded_step, step_warmup
-from ragen_lightning.starpo.scoring import micro_slices, score_batch
+from ragen_lightning.starpo.scoring import plan_micro_batches, score_batch
 
 
 @dataclass
@@ -142,7 +142,8 @@ def clip_grad_norm(module: L.LightningModule, params, max_norm: float, every_par
 
 def accumulate(module, opt, rows: torch.Tensor, loss_fn: LossFn, *, micro_batch_size: int, max_norm: float,
                pad_row: int = -1, on_step: Callable[[object], None] | None = None, threads: int = 1,
-               check: StepCheck | None = None) -> StepResult:
+               check: StepCheck | None = None, lengths: torch.Tensor | None = None,
+               micro_batch_tokens: int | None = None, packed: bool = False) -> StepResult:
     """zero_grad -> backward over micro-batches of ``rows`` -> clip -> step.
 
     The step is skipped when a loss, the gradient norm, the learning rate or the updated weights are non-finite
@@ -160,11 +161,18 @@ def accumulate(module, opt, rows: torch.Tensor, loss_fn: LossFn, *, micro_batch_
     (:func:`~ragen_lightning.parallel.threads.backward_in_order`: bit-for-bit the one-thread step). Their backward
     calls autograd directly: Lightning's ``manual_backward`` keeps per-module hook state that concurrent calls would
     corrupt, and its precision plugin is plain under the ``*-true`` precisions this needs (checked with the settings).
+
+    ``micro_batch_tokens`` (with every row's token count ``lengths``) forms the micro-batches by a token budget
+    instead of ``micro_batch_size`` rows, ``packed`` counting the rows' lengths rather than their padded size
+    (:func:`~ragen_lightning.starpo.scoring.plan_micro_batches`).
     """
     size = world()[1]
     opt.zero_grad()
     params = [p for g in opt.param_groups for p in g["params"]]  # a shared LoRA base holds both adapters
-    seen = _backward_micro_batches(module, rows, loss_fn, micro_batch_size, pad_row, threads, params)
+    if micro_batch_tokens is not None and lengths is None:
+        raise ValueError("a token budget for the micro-batches needs the rows' lengths")
+    micros = plan_micro_batches(rows, lengths, micro_batch_size, micro_batch_tokens, packed=packed, pad_row=pad_row)
+    seen = _backward_micro_batches(module, micros, loss_fn, pad_row, threads, params)
     finite = seen.finite
     if size > 1:
         finite = bool(all_reduce_(torch.tensor(float(finite), device=module.device), "min"))
@@ -203,13 +211,12 @@ class _Backward:
     finite: bool = True
 
 
-def _backward_micro_batches(module, rows: torch.Tensor, loss_fn: LossFn, micro_batch_size: int, pad_row: int,
-                            threads: int, params: list[torch.Tensor]) -> _Backward:
-    """Forward and backward every micro-batch of ``rows`` (on ``threads`` CPU threads in one process, the gradients
-    of ``params`` added in order), in order."""
+def _backward_micro_batches(module, micros: list[torch.Tensor], loss_fn: LossFn, pad_row: int, threads: int,
+                            params: list[torch.Tensor]) -> _Backward:
+    """Forward and backward every micro-batch (its rows) of ``micros`` (on ``threads`` CPU threads in one
+    process, the gradients of ``params`` added in order), in order."""
     size = world()[1]
     seen = _Backward()
-    micros = list(micro_slices(rows, micro_batch_size))
     done = None
     if size == 1 and threads > 1 and len(micros) > 1:
         check_threads_precision(threads, module._trainer.precision if module._trainer is not None else None)
@@ -240,12 +247,13 @@ def _backward_micro_batches(module, rows: torch.Tensor, loss_fn: LossFn, micro_b
 
 
 def network_step(module, network: str, rows: torch.Tensor, loss_fn: LossFn, *, background=None,
-                 check: StepCheck | None = None) -> StepResult:
+                 check: StepCheck | None = None, lengths: torch.Tensor | None = None) -> StepResult:
     """One optimizer step of the StarPO ``module``'s ``network`` (``"actor"`` | ``"critic"``) over ``rows``:
     :func:`accumulate` with the module's micro-batch size, threads, gradient clip and warm-up schedule; the step is
     recorded with ``module.skips`` (which raises after too many skips in a row). With ``background`` (a
     :class:`~ragen_lightning.starpo.background.BackgroundSteps`, called on its worker thread) the step backpropagates
-    directly and steps the raw optimizer, on one thread (the other core runs the rollout)."""
+    directly and steps the raw optimizer, on one thread (the other core runs the rollout). ``lengths`` (every row's
+    token count) sizes the micro-batches under ``--model.update.micro_batch_tokens``."""
     update, optim = module.settings.update, module.settings.optim
     opt = module.network_optimizer(network)
     scheduled = optim.warmup_steps or optim.decay_iterations
@@ -253,7 +261,8 @@ def network_step(module, network: str, rows: torch.Tensor, loss_fn: LossFn, *, b
     target, opt = (module, opt) if background is None else background.worker_view(module, opt)
     result = accumulate(target, opt, rows, loss_fn, micro_batch_size=update.micro_batch_size,
                         max_norm=optim.grad_clip, pad_row=module.pad_row, on_step=warmup,
-                        threads=update.micro_batch_threads if background is None else 1, check=check)
+                        threads=update.micro_batch_threads if background is None else 1, check=check,
+                        lengths=lengths, micro_batch_tokens=update.micro_batch_tokens, packed=update.pack)
     module.skips.record(network, result.stepped, result.skip_reason)  # raises after too many in a row
     return result
 

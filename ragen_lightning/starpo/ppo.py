@@ -35,9 +35,9 @@ from ragen_lightning.starpo.optimizer_steps import (
 )
 from ragen_lightning.starpo.scoring import (
     actor_outputs,
-    by_length,
     critic_values,
     first_target,
+    update_order,
 )
 from ragen_lightning.starpo.settings import ModuleSettings
 from ragen_lightning.types import UpdateBatch
@@ -64,6 +64,7 @@ class ActorLoss:
     logits_chunk_size: int | None
     share_prefix: bool = True  # run the rows' common prefix once (scoring.shared_prefix); exact
     max_step_kl: float | None = None  # undo an actor step whose KL on its own rows exceeds this (step_kl)
+    pack: bool = False  # run each micro-batch's rows packed, without padding (models.packing); exact
 
     @classmethod
     def of(cls, s: ModuleSettings) -> ActorLoss:
@@ -74,7 +75,8 @@ class ActorLoss:
                    loss_agg_mode=loss.agg_mode, entropy_coeff=loss.entropy_coeff, kl_coef=loss.kl_coef,
                    kl_kind=loss.kl_kind, temperature=s.temperature, tis_cap=loss.tis_cap,
                    logits_chunk_size=s.update.logits_chunk_size,
-                   share_prefix=not s.update.activation_checkpointing, max_step_kl=s.optim.max_step_kl)
+                   share_prefix=not s.update.activation_checkpointing, max_step_kl=s.optim.max_step_kl,
+                   pack=s.update.pack)
 
 
 def actor_micro_loss(actor: nn.Module, batch: UpdateBatch, settings: ActorLoss, *,
@@ -87,7 +89,7 @@ def actor_micro_loss(actor: nn.Module, batch: UpdateBatch, settings: ActorLoss, 
     logprobs, entropy = actor_outputs(actor, batch.input_ids, batch.attention_mask,
                                       with_entropy=s.entropy_coeff != 0 or record, temperature=s.temperature,
                                       chunk_size=s.logits_chunk_size, skip=first_target(batch.loss_mask),
-                                      share_prefix=s.share_prefix)
+                                      share_prefix=s.share_prefix, pack=s.pack)
     old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
     is_w = tis_weights(old, batch.engine_logprobs, s.tis_cap) if s.tis_cap is not None else None
     loss, metrics = actor_loss(logprobs, old, batch.advantages, batch.loss_mask,
@@ -118,7 +120,8 @@ def step_kl(actor: nn.Module, data: UpdateBatch, probes: list[tuple[torch.Tensor
         b = data.rows(rows)
         after, _ = actor_outputs(actor, b.input_ids, b.attention_mask, with_entropy=False,
                                  temperature=settings.temperature, chunk_size=settings.logits_chunk_size,
-                                 skip=first_target(b.loss_mask), share_prefix=settings.share_prefix)
+                                 skip=first_target(b.loss_mask), share_prefix=settings.share_prefix,
+                                 pack=settings.pack)
         d = (after.float() - before).clamp(-20.0, 20.0)
         mask = b.loss_mask.to(d.dtype)
         total += torch.stack([((d.exp() - d - 1.0) * mask).sum(), mask.sum()]).double().cpu()
@@ -131,14 +134,14 @@ def step_kl(actor: nn.Module, data: UpdateBatch, probes: list[tuple[torch.Tensor
 
 def critic_micro_loss(critic: nn.Module, batch: UpdateBatch, *, clip_range: float, normalizer: torch.Tensor,
                       returns_of: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                      share_prefix: bool = False) -> MicroOutput:
+                      share_prefix: bool = False, pack: bool = False) -> MicroOutput:
     """Clipped value loss of one micro-batch; ``vf_loss`` and ``vpred_mean`` are shares of the mini-batch's
     token means (they add up over micro-batches), ``vf_clipfrac`` is this micro-batch's fraction.
 
     On-policy (``batch.values`` None) this forward's values are the rollout-time values: the targets come from
     ``returns_of(values)`` (per row, so a micro-batch needs only its own rows) and the values are returned."""
     v = critic_values(critic, batch.input_ids, batch.attention_mask, skip=first_target(batch.loss_mask),
-                      share_prefix=share_prefix)
+                      share_prefix=share_prefix, pack=pack)
     values = batch.values if batch.values is not None else v.detach()
     returns = batch.returns if batch.values is not None else returns_of(values)
     loss, metrics = value_loss(v, values, returns, batch.loss_mask, clip_range=clip_range, agg="token-mean",
@@ -179,15 +182,18 @@ def ppo_update(data: UpdateBatch, actor: nn.Module | None, critic: nn.Module | N
     logs: dict[str, list[float]] = {}
     adv_logs: dict[str, float] = {}
     seen: list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = []  # (rows, first-pass outputs) of the actor's steps
+    lengths = padded.attention_mask.sum(-1)  # the token budget's measure (--model.update.micro_batch_tokens)
     for epoch in range(ppo_epochs):
         for mb, rows in mini_batches(B, mini_batch_size, shuffle=shuffle, epoch=epoch, iteration=iteration,
                                      device=data.input_ids.device):
-            rows = by_length(rows, padded.attention_mask.sum(-1))
+            rows = update_order(rows, padded.input_ids, lengths, policy_loss.pack)
             if critic is not None:
                 norm = agg_normalizer(padded.loss_mask[mb], "token-mean")
                 result = step("critic", rows, lambda m, n=norm: critic_micro_loss(
                     critic, padded.rows(m), clip_range=value_clip, normalizer=n, share_prefix=policy_loss.share_prefix,
-                    returns_of=lambda v, m=m: advantages_of(_widen(v, width), torch.where(m < B, m, 0))[1][:, : v.shape[1]]))
+                    pack=policy_loss.pack,
+                    returns_of=lambda v, m=m: advantages_of(_widen(v, width), torch.where(m < B, m, 0))[1][:, : v.shape[1]]),
+                    lengths=lengths)
                 _merge(logs, result, "critic")
                 if data.values is None:  # on-policy: the advantages need the values this step just computed
                     (values,) = scatter_outputs(result.outputs, 1, padded.loss_mask, B)
@@ -200,7 +206,8 @@ def ppo_update(data: UpdateBatch, actor: nn.Module | None, critic: nn.Module | N
             guard = {} if policy_loss.max_step_kl is None else {
                 "check": lambda probes, d=padded: step_kl(actor, d, probes, policy_loss)}
             result = step("actor", rows, lambda m, n=norm, first=epoch == 0: actor_micro_loss(
-                actor, padded.rows(m), policy_loss, normalizer=n, horizon=width, first_pass=first), **guard)
+                actor, padded.rows(m), policy_loss, normalizer=n, horizon=width, first_pass=first), **guard,
+                lengths=lengths)
             _merge(logs, result, "actor")
             seen += result.outputs
     means = {k: sum(v) / len(v) for k, v in logs.items()} | adv_logs
@@ -216,7 +223,8 @@ def _critic_in_background(data: UpdateBatch, update: Callable, actor, critic, st
     if data.values is None:
         raise ValueError("critic steps in the background need the values of a separate value pass")
     result = update(actor, None, step=step)
-    background.submit(lambda: update(None, critic, step=lambda *a: step(*a, background=background))[0], steps=steps)
+    background.submit(lambda: update(None, critic, step=lambda *a, **k: step(*a, **k, background=background))[0],
+                      steps=steps)
     return result
 
 

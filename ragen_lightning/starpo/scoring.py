@@ -25,10 +25,19 @@ from torch import nn
 
 from ragen_lightning.algos.logits import entropy_from_logits, logprobs_from_logits
 from ragen_lightning.models.forward import (
+    MIN_SHARED,
     causal_only,
     run_on_shared_prefix,
     shared_prefix,
 )
+from ragen_lightning.models.packing import (
+    by_tokens,
+    run_packed,
+    unpack,
+    use_packed_attention,
+)
+from ragen_lightning.models.packing import pack as pack_rows
+from ragen_lightning.parallel.ranks import all_reduce_, world
 from ragen_lightning.parallel.threads import map_threads
 
 
@@ -38,10 +47,51 @@ def micro_slices(rows: torch.Tensor, micro_batch_size: int) -> Iterator[torch.Te
         yield rows[start:start + micro_batch_size]
 
 
+def token_slices(rows: torch.Tensor, lengths: torch.Tensor, budget: int, *, packed: bool) -> list[torch.Tensor]:
+    """Consecutive chunks of ``rows`` (in order; longest first, :func:`by_length`, makes them fullest) holding as
+    many rows as fit ``budget`` tokens: padded, a chunk costs its rows times its longest row; ``packed``, the sum
+    of its rows' lengths. A row longer than the budget forms a chunk of its own. Exact like any other split."""
+    chunks, current, cost, longest = [], [], 0, 0
+    for row, n in zip(rows.tolist(), lengths[rows].tolist()):
+        grown = cost + n if packed else (len(current) + 1) * max(longest, n)
+        if current and grown > budget:
+            chunks.append(current)
+            current, grown, longest = [], n, 0
+        current.append(row)
+        cost, longest = grown, max(longest, n)
+    if current:
+        chunks.append(current)
+    return [torch.tensor(c, dtype=rows.dtype, device=rows.device) for c in chunks]
+
+
+def plan_micro_batches(rows: torch.Tensor, lengths: torch.Tensor, micro_batch_size: int,
+                       micro_batch_tokens: int | None = None, *, packed: bool = False,
+                       pad_row: int | None = None) -> list[torch.Tensor]:
+    """The micro-batches of ``rows``: ``micro_batch_size`` rows each, or by a token budget
+    (:func:`token_slices`). With several ranks and a token budget every rank must run as many as the busiest one
+    (each forward and backward is collective): the others get extra micro-batches of ``pad_row`` alone (a
+    collective: every rank calls it)."""
+    if micro_batch_tokens is None:
+        return list(micro_slices(rows, micro_batch_size))
+    micros = token_slices(rows, lengths, micro_batch_tokens, packed=packed)
+    if world()[1] > 1:
+        most = int(all_reduce_(torch.tensor(float(len(micros)), device=rows.device), "max"))
+        fill = rows[:1] if pad_row is None else torch.tensor([pad_row], dtype=rows.dtype, device=rows.device)
+        micros += [fill] * (most - len(micros))
+    return micros
+
+
 def by_length(rows: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """``rows`` longest first (ties in order), so consecutive micro-batches hold rows of similar length and each is
     trimmed to little padding. Exact: a mini-batch's loss and gradient do not depend on how it is split."""
     return rows[torch.argsort(lengths[rows], descending=True, stable=True)]
+
+
+def update_order(rows: torch.Tensor, input_ids: torch.Tensor, lengths: torch.Tensor, packed: bool) -> torch.Tensor:
+    """The order micro-batches take ``rows`` in: longest first when padded (:func:`by_length`: least padding);
+    packed, where padding costs nothing, rows that start alike together (:func:`~ragen_lightning.models.packing.by_tokens`:
+    each common prefix packs once)."""
+    return by_tokens(rows, input_ids, lengths) if packed else by_length(rows, lengths)
 
 
 def trimmed(attention_mask: torch.Tensor, rows: torch.Tensor) -> int:
@@ -60,17 +110,22 @@ def first_target(loss_mask: torch.Tensor | None) -> int:
 
 def actor_outputs(actor: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
                   with_entropy: bool, temperature: float = 1.0, chunk_size: int | None = None,
-                  skip: int = 0, share_prefix: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  skip: int = 0, share_prefix: bool = False, pack: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of ``input_ids[:, 1:]`` under ``actor``: ``[b, t - 1]`` each.
 
     The first ``skip`` target columns (a prompt no row trains, :func:`first_target`) read 0: the LM head, the
     log-softmax and the entropy run only on the other positions (``logits_to_keep``), which is exact and saves the
     vocabulary-sized work on the prompt (half of a multi-turn row's tokens). With ``share_prefix`` the rows' common
-    leading tokens (up to ``skip``) run once (:func:`run_on_shared_prefix`).
+    leading tokens (up to ``skip``) run once (:func:`run_on_shared_prefix`). With ``pack`` the rows run as one
+    packed sequence without padding (:mod:`ragen_lightning.models.packing`); columns past a row's end read 0.
     """
     length = input_ids.shape[1]
     skip = min(max(skip, 0), length - 1)
     keep = length - skip if skip else 0
+    if pack:
+        return _packed_actor_outputs(actor, input_ids, attention_mask, skip, share_prefix, with_entropy=with_entropy,
+                                     temperature=temperature, chunk_size=chunk_size)
     prefix = shared_prefix(input_ids, attention_mask, skip, actor) if share_prefix else 0
     if prefix:
         logits = run_on_shared_prefix(actor, input_ids, prefix, attention_mask=None, logits_to_keep=keep).logits
@@ -87,10 +142,38 @@ def actor_outputs(actor: nn.Module, input_ids: torch.Tensor, attention_mask: tor
     return logprobs, entropy
 
 
+def _packed_actor_outputs(actor: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, skip: int,
+                          share_prefix: bool, *, with_entropy: bool, temperature: float, chunk_size: int | None):
+    """:func:`actor_outputs` with the rows packed (with ``share_prefix``, common prefixes up to ``skip`` once): the
+    LM head runs on the trained columns' positions only (from ``skip`` to each row's last-but-one token)."""
+    use_packed_attention(actor)
+    b, length = input_ids.shape
+    lengths = attention_mask.sum(-1)
+    packing = pack_rows(input_ids, attention_mask, limit=skip if share_prefix else 0, min_shared=MIN_SHARED)
+    owned = packing.owned
+    rows, cols = packing.rows[owned], packing.cols[owned]
+    keep = owned[(cols >= skip) & (cols <= lengths[rows] - 2)]
+    logits = run_packed(actor, packing, logits_to_keep=keep).logits[0]
+    if temperature != 1.0:
+        logits = logits / temperature
+    targets = input_ids[packing.rows[keep], packing.cols[keep] + 1]
+    logprobs = unpack(logprobs_from_logits(logits, targets, chunk_size=chunk_size), packing, (b, length - 1), keep)
+    entropy = (unpack(entropy_from_logits(logits, chunk_size=chunk_size), packing, (b, length - 1), keep)
+               if with_entropy else None)
+    return logprobs, entropy
+
+
 def critic_values(critic: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
-                  skip: int = 0, share_prefix: bool = False) -> torch.Tensor:
+                  skip: int = 0, share_prefix: bool = False, pack: bool = False) -> torch.Tensor:
     """``V`` after each prefix, on the target axis: ``[b, t - 1]``. With ``share_prefix`` the rows' common leading
-    tokens (up to ``skip``, the first column a value is read from) run once and their columns read 0."""
+    tokens (up to ``skip``, the first column a value is read from) run once and their columns read 0. With
+    ``pack`` the rows run packed without padding; columns past a row's end read 0."""
+    if pack:
+        use_packed_attention(critic)
+        packing = pack_rows(input_ids, attention_mask, limit=skip if share_prefix else 0, min_shared=MIN_SHARED)
+        owned = packing.owned
+        values = run_packed(critic, packing)[0, owned].float()
+        return unpack(values, packing, tuple(input_ids.shape), owned)[:, :-1]
     prefix = shared_prefix(input_ids, attention_mask, skip, critic) if share_prefix else 0
     if prefix:
         values = run_on_shared_prefix(critic, input_ids, prefix, attention_mask=None)
@@ -101,12 +184,15 @@ def critic_values(critic: nn.Module, input_ids: torch.Tensor, attention_mask: to
 @torch.no_grad()
 def score_batch(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro_batch_size: int, *,
                 kind: str, with_entropy: bool = False, temperature: float = 1.0, chunk_size: int | None = None,
-                loss_mask: torch.Tensor | None = None, threads: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
+                loss_mask: torch.Tensor | None = None, threads: int = 1, micro_batch_tokens: int | None = None,
+                pack: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run ``actor`` (``kind="actor"``: log-probs [+ entropy]) or ``critic`` (``kind="critic"``: values) over a
     whole batch in micro-batches, returning ``[B, T - 1]`` tensors padded with zeros. With ``loss_mask``
     [B, T - 1] outputs are computed on trained columns onward only (:func:`actor_outputs` ``skip``; the rows'
     common prefix before them runs once, :func:`shared_prefix`) and read 0 before. ``threads`` > 1 scores that
-    many micro-batches at a time on CPU threads (:func:`~ragen_lightning.parallel.threads.map_threads`)."""
+    many micro-batches at a time on CPU threads (:func:`~ragen_lightning.parallel.threads.map_threads`).
+    ``micro_batch_tokens`` forms the micro-batches by a token budget instead (:func:`plan_micro_batches`) and
+    ``pack`` runs each without padding."""
     B, T = input_ids.shape
     first = torch.zeros((B, T - 1), device=input_ids.device)
     second = torch.zeros((B, T - 1), device=input_ids.device) if with_entropy else None
@@ -117,11 +203,12 @@ def score_batch(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
         skip = first_target(loss_mask[rows, : L - 1] if loss_mask is not None else None)
         if kind == "actor":
             return actor_outputs(model, ids, att, with_entropy=with_entropy, temperature=temperature,
-                                 chunk_size=chunk_size, skip=skip, share_prefix=True)
-        return critic_values(model, ids, att, skip=skip, share_prefix=True), None
+                                 chunk_size=chunk_size, skip=skip, share_prefix=True, pack=pack)
+        return critic_values(model, ids, att, skip=skip, share_prefix=True, pack=pack), None
 
-    micros = list(micro_slices(by_length(torch.arange(B, device=input_ids.device), attention_mask.sum(-1)),
-                               micro_batch_size))
+    lengths = attention_mask.sum(-1)
+    micros = plan_micro_batches(update_order(torch.arange(B, device=input_ids.device), input_ids, lengths, pack),
+                                lengths, micro_batch_size, micro_batch_tokens, packed=pack)
     for rows, (a, b) in zip(micros, map_threads(score, micros, threads)):
         first[rows, : a.shape[1]] = a.float()
         if second is not None and b is not None:

@@ -204,6 +204,10 @@ class UpdateSettings:
         logprob_micro_batch_size: micro-batch size of the no-grad scoring passes (null: ``micro_batch_size``).
         logits_chunk_size: rows per chunk when computing log-probs/entropy from logits (bounds memory).
         activation_checkpointing: recompute each transformer block in backward (less memory, one more forward).
+        micro_batch_tokens: form micro-batches by this token budget instead of ``micro_batch_size`` rows (rows
+            sorted by length fill each up to the budget: padded rows x longest row, or packed the sum of lengths;
+            the scoring passes too). Bounds activation memory by tokens, not rows; null: by rows.
+        pack: run each micro-batch's rows as one sequence without padding (attention inside each row; exact).
     """
 
     ppo_epochs: int = 1
@@ -214,11 +218,17 @@ class UpdateSettings:
     logprob_micro_batch_size: int | None = None
     logits_chunk_size: int | None = None
     activation_checkpointing: bool = False
+    micro_batch_tokens: int | None = None
+    pack: bool = False
 
     def __post_init__(self):
         check_domains("--model.update.", self, {
             "ppo_epochs": _COUNT, "mini_batch_size": _COUNT, "micro_batch_size": _COUNT, "micro_batch_threads": _COUNT,
-            "logprob_micro_batch_size": _OPTIONAL_COUNT, "logits_chunk_size": _OPTIONAL_COUNT})
+            "logprob_micro_batch_size": _OPTIONAL_COUNT, "logits_chunk_size": _OPTIONAL_COUNT,
+            "micro_batch_tokens": _OPTIONAL_COUNT})
+        if self.pack and self.activation_checkpointing:
+            raise ConfigError("--model.update.pack true cannot run with --model.update.activation_checkpointing true: "
+                              "a block recomputed in backward would attend across the packed rows")
         if self.micro_batch_size > self.mini_batch_size:
             raise ConfigError(f"--model.update.micro_batch_size ({self.micro_batch_size}) must be <= "
                               f"--model.update.mini_batch_size ({self.mini_batch_size})")

@@ -117,9 +117,9 @@ def test_ppo_update_guards_the_actor_step_only_when_set(tiny_model, limit):
     opt = torch.optim.AdamW(tiny_model.parameters(), lr=1e-2)
     module = SimpleNamespace(manual_backward=lambda loss: loss.backward(), _trainer=None)
 
-    def step(network, rows, loss_fn, **guard):
+    def step(network, rows, loss_fn, lengths=None, **guard):
         assert network == "actor" and set(guard) == ({"check"} if limit is not None else set())
-        return accumulate(module, opt, rows, loss_fn, micro_batch_size=2, max_norm=1.0, **guard)
+        return accumulate(module, opt, rows, loss_fn, micro_batch_size=2, max_norm=1.0, lengths=lengths, **guard)
 
     logs, _ = ppo_update(data, tiny_model, None, policy_loss=_settings(limit), value_clip=0.5, ppo_epochs=1,
                          mini_batch_size=3, shuffle=False, iteration=0, step=step)
