@@ -82,10 +82,14 @@ def plan_from_config(model: dict[str, Any], data: dict[str, Any], trainer: dict[
     optimizers = [_as_dict(optim.get(k)).get("class_path", "") for k in ("actor_optimizer", "critic_optimizer")]
     engine = rollout_engine(model, data)
     vllm, note = _vllm_memory(data, gpu_gib) if engine == "vllm" else ({"gpu_gib": gpu_gib}, None)
+    max_len = _as_dict(data.get("episode")).get("max_model_len", 4096)
+    rows = s.update.micro_batch_size
+    if s.update.micro_batch_tokens is not None:  # a micro-batch holds the budget, or one longer row alone
+        rows = -(-max(s.update.micro_batch_tokens, max_len) // max_len)
     result = plan(
         architecture(model.get("model", "tiny")), dtype=model.get("dtype", "float32"),
         activation_bytes=activation_bytes(trainer.get("precision"), model.get("dtype", "float32")),
-        micro_batch_size=s.update.micro_batch_size, max_model_len=_as_dict(data.get("episode")).get("max_model_len", 4096),
+        micro_batch_size=rows, max_model_len=max_len,
         logits_chunk_size=s.update.logits_chunk_size, activation_checkpointing=s.update.activation_checkpointing,
         with_critic=get_estimator(s.advantage.estimator).critic, with_reference=s.uses_reference, lora=lora,
         engine=engine, max_batch_size=data.get("max_batch_size", 128),

@@ -158,10 +158,14 @@ def load_critic(name_or_path: str, dtype: str = "float32", quantization_config=N
 
 def enable_activation_checkpointing(net: nn.Module) -> None:
     """Recompute each transformer block in backward instead of keeping its activations (the first HF model found
-    inside ``net``: the causal LM of a ``PeftModel``, the backbone of a :class:`ValueModel`)."""
+    inside ``net``: the causal LM of a ``PeftModel``, the backbone of a :class:`ValueModel`). A block recomputed in
+    backward sees the packed segments of its forward (:func:`~ragen_lightning.models.packing.checkpoint_contexts`)."""
     from transformers import PreTrainedModel
+
+    from ragen_lightning.models.packing import checkpoint_contexts
 
     for m in net.modules():
         if isinstance(m, PreTrainedModel) and m.supports_gradient_checkpointing:
-            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # 5.19-safe name
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={  # 5.19-safe names
+                "use_reentrant": False, "context_fn": checkpoint_contexts})
             return

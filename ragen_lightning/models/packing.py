@@ -26,6 +26,7 @@ rows share a prefix. The loop here costs one SDPA call per segment and layer.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 from dataclasses import dataclass
 
@@ -67,6 +68,23 @@ def _packed_attention(module, query, key, value, attention_mask, dropout: float 
         else:
             outs.append(sdpa(q, k, v, is_causal=n > 1, dropout_p=dropout, scale=scaling))
     return torch.cat(outs, 2).transpose(1, 2).contiguous(), None
+
+
+def checkpoint_contexts():
+    """``context_fn`` for non-reentrant activation checkpointing (``torch.utils.checkpoint``): a block recomputed in
+    backward (on autograd's thread, where no packed forward is running) runs with the packed segments of the forward
+    it recomputes, so it attends exactly as that forward did."""
+    segments = _SEGMENTS.get()
+
+    @contextlib.contextmanager
+    def recompute():
+        token = _SEGMENTS.set(segments)
+        try:
+            yield
+        finally:
+            _SEGMENTS.reset(token)
+
+    return contextlib.nullcontext(), recompute()
 
 
 def _packed_mask(*args, **kwargs):

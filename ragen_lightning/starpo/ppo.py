@@ -182,7 +182,7 @@ def ppo_update(data: UpdateBatch, actor: nn.Module | None, critic: nn.Module | N
     logs: dict[str, list[float]] = {}
     adv_logs: dict[str, float] = {}
     seen: list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = []  # (rows, first-pass outputs) of the actor's steps
-    lengths = padded.attention_mask.sum(-1)  # the token budget's measure (--model.update.micro_batch_tokens)
+    step = functools.partial(step, lengths=(lengths := padded.attention_mask.sum(-1)))  # order and token budget
     for epoch in range(ppo_epochs):
         for mb, rows in mini_batches(B, mini_batch_size, shuffle=shuffle, epoch=epoch, iteration=iteration,
                                      device=data.input_ids.device):
@@ -192,22 +192,17 @@ def ppo_update(data: UpdateBatch, actor: nn.Module | None, critic: nn.Module | N
                 result = step("critic", rows, lambda m, n=norm: critic_micro_loss(
                     critic, padded.rows(m), clip_range=value_clip, normalizer=n, share_prefix=policy_loss.share_prefix,
                     pack=policy_loss.pack,
-                    returns_of=lambda v, m=m: advantages_of(_widen(v, width), torch.where(m < B, m, 0))[1][:, : v.shape[1]]),
-                    lengths=lengths)
+                    returns_of=lambda v, m=m: advantages_of(_widen(v, width), torch.where(m < B, m, 0))[1][:, : v.shape[1]]))
                 _merge(logs, result, "critic")
                 if data.values is None:  # on-policy: the advantages need the values this step just computed
-                    (values,) = scatter_outputs(result.outputs, 1, padded.loss_mask, B)
-                    advantages, returns, adv_logs = advantages_of(values, None)
-                    data = dataclasses.replace(data, values=values, advantages=advantages, returns=returns)
-                    padded = data.with_inert_row() if world()[1] > 1 else data
+                    data, padded, adv_logs = _with_values(data, padded, result, advantages_of)
             if actor is None:
                 continue
             norm = agg_normalizer(padded.loss_mask[mb], policy_loss.loss_agg_mode, horizon=width)
             guard = {} if policy_loss.max_step_kl is None else {
                 "check": lambda probes, d=padded: step_kl(actor, d, probes, policy_loss)}
             result = step("actor", rows, lambda m, n=norm, first=epoch == 0: actor_micro_loss(
-                actor, padded.rows(m), policy_loss, normalizer=n, horizon=width, first_pass=first), **guard,
-                lengths=lengths)
+                actor, padded.rows(m), policy_loss, normalizer=n, horizon=width, first_pass=first), **guard)
             _merge(logs, result, "actor")
             seen += result.outputs
     means = {k: sum(v) / len(v) for k, v in logs.items()} | adv_logs
@@ -226,6 +221,15 @@ def _critic_in_background(data: UpdateBatch, update: Callable, actor, critic, st
     background.submit(lambda: update(None, critic, step=lambda *a, **k: step(*a, **k, background=background))[0],
                       steps=steps)
     return result
+
+
+def _with_values(data: UpdateBatch, padded: UpdateBatch, result: StepResult, advantages_of: AdvantagesOf):
+    """``(data, padded, advantage logs)`` with the values of the on-policy critic step ``result`` and the
+    advantages and returns they give."""
+    (values,) = scatter_outputs(result.outputs, 1, padded.loss_mask, len(data))
+    advantages, returns, logs = advantages_of(values, None)
+    data = dataclasses.replace(data, values=values, advantages=advantages, returns=returns)
+    return data, (data.with_inert_row() if world()[1] > 1 else data), logs
 
 
 def _widen(values: torch.Tensor, width: int) -> torch.Tensor:

@@ -226,9 +226,7 @@ class UpdateSettings:
             "ppo_epochs": _COUNT, "mini_batch_size": _COUNT, "micro_batch_size": _COUNT, "micro_batch_threads": _COUNT,
             "logprob_micro_batch_size": _OPTIONAL_COUNT, "logits_chunk_size": _OPTIONAL_COUNT,
             "micro_batch_tokens": _OPTIONAL_COUNT})
-        if self.pack and self.activation_checkpointing:
-            raise ConfigError("--model.update.pack true cannot run with --model.update.activation_checkpointing true: "
-                              "a block recomputed in backward would attend across the packed rows")
+
         if self.micro_batch_size > self.mini_batch_size:
             raise ConfigError(f"--model.update.micro_batch_size ({self.micro_batch_size}) must be <= "
                               f"--model.update.mini_batch_size ({self.mini_batch_size})")

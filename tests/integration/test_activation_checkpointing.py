@@ -14,12 +14,15 @@ from ragen_lightning.starpo.module import StarPOModule
 pytestmark = pytest.mark.slow
 
 
-def test_activation_checkpointing_gives_the_same_update(tmp_path, tiny_path):
+@pytest.mark.parametrize("pack", [False, True])
+def test_activation_checkpointing_gives_the_same_update(tmp_path, tiny_path, pack):
+    """Also packed: a block recomputed in backward attends within the packed rows as its forward did."""
     results = []
     for on in (False, True):
         torch.manual_seed(0)
         module = StarPOModule(model=str(tiny_path), advantage={"estimator": "gae"},
-                              update={"mini_batch_size": 8, "micro_batch_size": 4, "activation_checkpointing": on},
+                              update={"mini_batch_size": 8, "micro_batch_size": 4, "activation_checkpointing": on,
+                                      "pack": pack},
                               optim={"actor_lr": 1e-2, "critic_lr": 1e-2})
         dm = RolloutDataModule(env_id="ragen/Bandit-v0", num_groups=2, group_size=4, num_iterations=1,
                                episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1,

@@ -38,7 +38,8 @@ def test_packed_and_token_budget_updates_equal_the_row_micro_batches(tmp_path, t
     _, rows = _fit(tmp_path, tiny_path)
     _, other = _fit(tmp_path, tiny_path, ppo_epochs=2)  # a different update lands far outside the tolerance below
     assert max(float((other[k] - rows[k]).abs().max()) for k in rows) > 1e-3
-    for update in ({"micro_batch_tokens": 600}, {"micro_batch_tokens": 600, "pack": True}, {"pack": True}):
+    for update in ({"micro_batch_tokens": 600}, {"micro_batch_tokens": 600, "pack": True}, {"pack": True},
+                   {"pack": True, "micro_batch_threads": 2}):  # packed micro-batches on two threads at once
         _, got = _fit(tmp_path, tiny_path, **update)
         assert rows["critic.value_head.weight"].abs().sum() > 0  # the update ran (the value head starts at zero)
         for k in rows:

@@ -123,6 +123,12 @@ def test_plan_from_config_reads_the_model_settings_groups():
     assert planned(update=update) == memory.plan(arch, dtype="float32", activation_bytes=4, micro_batch_size=2,
                                                  max_model_len=256, logits_chunk_size=64,
                                                  activation_checkpointing=True, with_critic=True)
+    # a token budget: a micro-batch holds the budget (or one longer row): 600 tokens of 256-token rows are 3 rows
+    # at most (rounded up), 100 tokens one row
+    for tokens, rows in ((600, 3), (100, 1), (512, 2)):
+        budget = {"micro_batch_size": 8, "micro_batch_tokens": tokens, "pack": True}
+        assert planned(update=budget) == memory.plan(arch, dtype="float32", activation_bytes=4, micro_batch_size=rows,
+                                                     max_model_len=256, with_critic=True)
     eight_bit = {"class_path": "bitsandbytes.optim.AdamW8bit"}
     assert planned(optim={"actor_optimizer": eight_bit, "critic_optimizer": eight_bit}).optimizer < planned().optimizer
 

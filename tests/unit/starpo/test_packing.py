@@ -160,3 +160,27 @@ def test_score_batch_by_token_budget_and_packed_matches_by_rows(nets):
         v, _ = score_batch(critic, ids, att, 2, kind="critic", micro_batch_tokens=tokens, pack=packed)
         for a, b in ((lp, ref_lp), (ent, ref_ent), (v, ref_v)):
             torch.testing.assert_close(a[real], b[real], atol=1e-10, rtol=1e-10)
+
+
+def test_packed_lora_actor_and_shared_base_critic_equal_the_padded_ones(tiny_path):
+    """Under LoRA (a PEFT wrapper, and a critic that is the actor's base with its own adapter) the packed pass is
+    the padded one too."""
+    from ragen_lightning.models import lora
+    from ragen_lightning.models.build import build_lora_models
+
+    actor, critic, _ = build_lora_models(str(tiny_path), None, "float32", lora.LoraSettings(rank=4, alpha=8.0,
+                                         shared_base=True), with_critic=True, with_reference=False)
+    torch.manual_seed(0)
+    for _, p in actor.named_parameters():  # non-zero adapters, so they take part
+        p.data.normal_(0, 0.05) if p.requires_grad else None
+    critic.value_head.weight.data.normal_(0, 0.1)
+    ids, att = rows_of([30, 45, 38, 21], common=20, groups=2)
+    read = att[:, 1:].bool()
+    with torch.no_grad():
+        outs = [(actor_outputs(actor, ids, att, with_entropy=False, skip=22, share_prefix=True, pack=packed)[0],
+                 critic_values(critic, ids, att, skip=22, share_prefix=True, pack=packed)) for packed in (False, True)]
+    (lp0, v0), (lp1, v1) = outs
+    read[:, :22] = False
+    torch.testing.assert_close(lp1[read], lp0[read], atol=2e-5, rtol=0)
+    torch.testing.assert_close(v1[read], v0[read], atol=2e-5, rtol=1e-5)
+    assert float(v0[read].abs().max()) > 1e-3  # the critic's values are not all 0
