@@ -184,3 +184,18 @@ def test_packed_lora_actor_and_shared_base_critic_equal_the_padded_ones(tiny_pat
     torch.testing.assert_close(lp1[read], lp0[read], atol=2e-5, rtol=0)
     torch.testing.assert_close(v1[read], v0[read], atol=2e-5, rtol=1e-5)
     assert float(v0[read].abs().max()) > 1e-3  # the critic's values are not all 0
+
+
+def test_packing_runs_only_where_it_saves_tokens():
+    from ragen_lightning.starpo.scoring import PACK_SAVING, cheaper_packing
+
+    same, att = rows_of([40, 40, 40, 40])  # nothing to save: the padded pass runs
+    assert cheaper_packing(same, att, limit=0, prefix=0) is None
+    varied, att = rows_of([40, 20, 30, 10])  # 100 tokens packed vs 160 padded
+    assert cheaper_packing(varied, att, limit=0, prefix=0).input_ids.shape[1] == 100
+    # rows sharing a 24-token prefix, of one length: the padded pass shares it too (24 + 4 x 16 = 88 tokens, as
+    # many as packed), so it runs; two groups of two: the padded pass shares nothing (160), packing 2 x 24 + 4 x 16
+    one, att1 = rows_of([40, 40, 40, 40], common=24)
+    assert cheaper_packing(one, att1, limit=30, prefix=24) is None
+    two, att2 = rows_of([40, 40, 40, 40], common=24, groups=2)
+    assert cheaper_packing(two, att2, limit=30, prefix=0).input_ids.shape[1] == 112 <= PACK_SAVING * 160
