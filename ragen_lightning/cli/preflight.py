@@ -86,7 +86,7 @@ def check_settings(config: Any, run: bool = True) -> None:
         check_module_settings(settings, lora_mod.as_settings(model.get("lora")))
         check_optimizer_factories(model.get("optim") or {})
         check_threads_precision(settings.update.micro_batch_threads, trainer.get("precision"))
-        check_data_settings(settings.advantage, data or None)
+        check_data_settings(settings.advantage, data or None, tis_cap=settings.loss.tis_cap)
     if data and (size := world_size(trainer)) is not None:
         check_world_size(data, size)
 

@@ -15,6 +15,7 @@ rank (:mod:`ragen_lightning.parallel`); the module then splits the update rows e
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from typing import Any, Literal, Protocol
 import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
+from ragen_lightning.data.ahead import STALENESS, OneStepAhead
 from ragen_lightning.data.batching import (
     NormGrouping,
     NormMethod,
@@ -55,7 +57,7 @@ from ragen_lightning.parallel import (
 )
 from ragen_lightning.rollout.branching import BRANCH_FOLLOW, BranchFollow
 from ragen_lightning.rollout.engine import SamplingParams
-from ragen_lightning.rollout.engines import ENGINES
+from ragen_lightning.rollout.engines import ENGINES, snapshot_engine
 from ragen_lightning.rollout.runner import RolloutRunner, UnknownEnvError, make_env
 from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
 from ragen_lightning.rollout.tokens import ChatTokens
@@ -73,6 +75,8 @@ DATA_DOMAINS: dict[str, Domain] = {
     "temperature": Domain(0, MAX_TEMPERATURE), "val_temperature": Domain(0, MAX_TEMPERATURE),
     "top_p": Domain(0, 1, low_open=True), "top_k": Domain(low=1, integer=True, special=(-1,)),
     "empty_stop_steps": Domain(low=0, integer=True), "train_seed": _SEED, "val_seed": _SEED, "branches": _COUNT,
+    # 1: one rollout in flight; more would need a bounded buffer of several (and older weights), not built
+    "async_level": Domain(0, 1, integer=True),
 }
 
 
@@ -81,6 +85,9 @@ def check_rollout_settings(hp: dict[str, Any]) -> None:
     (:data:`DATA_DOMAINS`), impossible combination, bad mixture entry, unknown env id, env that its kwargs cannot build
     (a missing data file included) or engine that is not installed. ``hp``: the data module's arguments (the nested
     groups ``episode``, ``filter`` and ``vllm`` check themselves when built)."""
+    if isinstance(level := hp.get("async_level", 0), int) and level > 1:
+        raise ConfigError(f"--data.async_level {level}: only 1 (one rollout in flight, one update old) is built; more "
+                          "needs a bounded buffer of rollouts sampled with several older weights")
     check_domains("--data.", hp, DATA_DOMAINS)
     if hp.get("reward_placement") == "turn" and hp.get("norm_method", "identity") != "identity":
         raise ConfigError("--data.norm_method must be 'identity' with --data.reward_placement turn")
@@ -134,6 +141,9 @@ def check_world_size(hp: dict[str, Any], size: int) -> None:
     """``--data.vllm.tensor_parallel_size`` (k, vLLM engines only) must divide the number of processes ``size``, and
     the groups of a training and of a validation rollout (``--data.num_groups`` and ``--data.val_num_groups``; with
     ``--data.mixture`` / ``--data.val_suite`` the sum over the entries) the number of rollout groups ``size / k``."""
+    if hp.get("async_level", 0) and size > 1:
+        raise ConfigError(f"--data.async_level 1 runs in one process for now ({size} processes here): a rollout on "
+                          "a worker thread would run its cross-rank gathers beside the update's collectives")
     tp = rollout_tensor_parallel(hp)
     dp = rollout_rank(0, size, tp)[1]
     where = f"processes ({size}): every rank" if tp == 1 else \
@@ -184,7 +194,7 @@ class _ResumableLoader(DataLoader):
         self.datamodule = datamodule
 
     def state_dict(self) -> dict[str, Any]:
-        return self.datamodule.state_dict()
+        return self.datamodule.state_dict(with_rollout=False)  # the data module's own state holds the rollout
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if "iteration" in state_dict:
@@ -240,6 +250,9 @@ class RolloutDataModule(L.LightningDataModule):
             shards) or ``auto`` (``vllm`` when installed and the actor is not 4-bit, else ``hf``; the task configs'
             choice: vLLM's prefix cache makes multi-turn rollouts several times faster).
         vllm: vLLM engine settings (``VLLMConfig``: memory, sleep level, dtype, probe threshold, ...).
+        async_level: 0: every rollout is generated with the weights it trains (on-policy); 1: iteration ``k + 1``'s
+            rollout is generated on a worker thread, with the weights iteration ``k``'s update starts from, while
+            that update runs (:mod:`ragen_lightning.data.ahead`; needs ``--model.loss.tis_cap``; one process).
     """
 
     def __init__(
@@ -270,6 +283,7 @@ class RolloutDataModule(L.LightningDataModule):
         max_batch_size: int = 128,
         engine: Literal["hf", "vllm", "auto"] = "hf",
         vllm: VLLMConfig | None = None,
+        async_level: int = 0,
     ):
         super().__init__()
         check_rollout_settings(locals())
@@ -287,6 +301,8 @@ class RolloutDataModule(L.LightningDataModule):
         self.engine = None
         self.policy: RolloutPolicy | None = None  # connect()
         self._val_runners: list[RolloutRunner] = []
+        self._train_engine = None  # the engine of the training rollouts: self.engine, or its snapshot (async)
+        self._ahead = OneStepAhead() if async_level else None
 
     # -- wiring ---------------------------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -325,8 +341,10 @@ class RolloutDataModule(L.LightningDataModule):
                                               "max_model_len": self.episode.max_model_len, "seed": hp.train_seed}
         engine = self.policy.make_engine(max_batch_size=hp.max_batch_size, **extra)
         self.engine = engine
+        self._train_engine = snapshot_engine(engine) if self._ahead is not None else engine
         self.chat = chat
-        self._runners = self._make_runners(self.train_entries, chat, engine, hp.branches, hp.branch_follow)
+        self._runners = self._make_runners(self.train_entries, chat, self._train_engine, hp.branches,
+                                           hp.branch_follow)
         self._val_runners = self._make_runners(self.val_entries, chat, engine)
         self._check_budget(self._runners, self._val_runners)  # the first prompt must fit (the CLI checked it too)
 
@@ -346,11 +364,13 @@ class RolloutDataModule(L.LightningDataModule):
     def teardown(self, stage: str) -> None:
         """Close the envs and the engine (a vLLM engine holds its KV cache until closed); a later stage in the same
         process (``validate`` after ``fit``) builds them again."""
+        if self._ahead is not None:
+            self._ahead.close()
         for runner in self._runners + self._val_runners:
             runner.close()
         if (close := getattr(self.engine, "close", None)) is not None:
             close()
-        self._runners, self._val_runners, self.engine = [], [], None
+        self._runners, self._val_runners, self.engine, self._train_engine = [], [], None, None
 
     def train_dataloader(self) -> DataLoader:
         stream = _Stream(self._next_train_batch, lambda: self.hparams.num_iterations - self.iteration,
@@ -382,15 +402,26 @@ class RolloutDataModule(L.LightningDataModule):
         return [val_seeds(e, hp.val_seed) for e in self.val_entries]
 
     def _next_train_batch(self) -> RolloutBatch:
-        batch = self.train_batch(self.iteration)
+        """Iteration ``self.iteration``'s batch: generated now, or (``async_level`` 1) taken from the worker that
+        generated it during the last update, the next one then launched with the weights this update starts from."""
+        batch = self._ahead.take(self.iteration) if self._ahead is not None else None
+        if batch is None:
+            batch = self.train_batch(self.iteration)
         self.iteration += 1
+        if self._ahead is not None and self.iteration < self.hparams.num_iterations:
+            self._ensure_runners()  # (a resumed run's first batch came from its checkpoint)
+            sync = self._sync_engine(self._train_engine)  # on this thread, before the update changes the weights
+            self._ahead.launch(self.iteration, functools.partial(self._rollout_batch, self.iteration, sync))
         return batch
 
     def train_batch(self, iteration: int) -> RolloutBatch:
         """Rollout of ``iteration`` (the current actor), filtered and padded."""
         self._ensure_runners()
+        return self._rollout_batch(iteration, self._sync_engine(self._train_engine))
+
+    def _rollout_batch(self, iteration: int, sync: dict[str, float]) -> RolloutBatch:
+        """Rollout of ``iteration`` with the engine as synced (``sync``: its stats), filtered and padded."""
         hp = self.hparams
-        sync = self._sync_engine()
         t0 = time.perf_counter()
         parts = self._parts(self._runners, self.train_entries, self.entry_seeds(iteration), self.train_params,
                             (hp.train_seed << 20) + iteration, self.mixture)
@@ -402,6 +433,7 @@ class RolloutDataModule(L.LightningDataModule):
             metrics.update(tag_metrics(trajectories, hp.group_size, "train"))
         metrics.update(sync)
         metrics["rollout/token_drift_rate"] = self._drift_rate(trajectories, parts)
+        metrics[STALENESS] = 0.0  # generated with the weights it trains (OneStepAhead.take sets 1)
         by_states = self.filter.over == "states"
         if by_states:  # the states are known once the batch is built (below)
             kept, filter_stats = trajectories, {}
@@ -455,7 +487,10 @@ class RolloutDataModule(L.LightningDataModule):
         return local if size == 1 else concat_ranks(tp_leaders(gather_objects(local), tp))
 
     def validation_batch(self) -> RolloutBatch:
-        """The fixed validation rollout (:meth:`val_entry_seeds`), unfiltered; per-tag metrics for entries."""
+        """The fixed validation rollout (:meth:`val_entry_seeds`), unfiltered; per-tag metrics for entries (after
+        the training rollout in flight, which may share the engine, has finished)."""
+        if self._ahead is not None:
+            self._ahead.wait()
         self._ensure_runners()
         hp = self.hparams
         sync = self._sync_engine()
@@ -499,9 +534,10 @@ class RolloutDataModule(L.LightningDataModule):
                     f"{ep.max_new_tokens})"
                 )
 
-    def _sync_engine(self) -> dict[str, float]:
-        """Bring the engine's weights up to the actor's before a rollout; its stats (sync time, probe) as metrics."""
-        return dict(self.engine.sync_weights() or {})
+    def _sync_engine(self, engine: Any = None) -> dict[str, float]:
+        """Bring ``engine``'s (default: the validation engine's) weights up to the actor's before a rollout; its
+        stats (sync time, probe) as metrics."""
+        return dict((engine or self.engine).sync_weights() or {})
 
     def _engine_sleep(self) -> None:
         """Let an engine that holds its own weights free its memory for the update (vLLM sleep mode)."""
@@ -518,12 +554,18 @@ class RolloutDataModule(L.LightningDataModule):
         return sum(chat.drift(c) for chat, c in samples) / len(samples)
 
     # -- resume ---------------------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {"iteration": self.iteration, "consecutive_empty": self.consecutive_empty}
+    def state_dict(self, with_rollout: bool = True) -> dict[str, Any]:
+        """The iteration to resume from, and (``async_level`` 1, ``with_rollout``) the rollout in flight, waited
+        for: its weights are gone once the update ran, so a resumed run trains on this very batch."""
+        ahead = self._ahead.state() if self._ahead is not None and with_rollout else None  # first: it may count
+        out = {"iteration": self.iteration, "consecutive_empty": self.consecutive_empty}  # an empty filter result
+        return out if ahead is None else {**out, "ahead": ahead}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.iteration = int(state_dict["iteration"])
         self.consecutive_empty = int(state_dict.get("consecutive_empty", 0))
+        if self._ahead is not None and "ahead" in state_dict:
+            self._ahead.restore(state_dict["ahead"])
 
 
 class _OneShot(IterableDataset):

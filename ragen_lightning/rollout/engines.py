@@ -8,6 +8,7 @@ gathered from the shards one tensor at a time, :meth:`~ragen_lightning.rollout.v
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -63,6 +64,18 @@ def build_engine(actor: torch.nn.Module, tokenizer, *, model_path: str, rollout_
 
     return VLLMEngine(actor, model_path, stop, pad, vllm, max_model_len=max_model_len, max_batch_size=max_batch_size,
                       seed=seed)
+
+
+def snapshot_engine(engine: GenerationEngine) -> GenerationEngine:
+    """An engine that samples from weights of its own, which only ``sync_weights`` changes (one-step-off-policy
+    rollouts generate while the update changes the actor): ``engine`` itself when it holds such a copy already
+    (vLLM, the unsharded copy of an FSDP2 actor), else the HF engine over a frozen copy of its model (as much memory
+    again as the actor's weights)."""
+    if type(engine) is not HFEngine:
+        return engine
+    copy_ = copy.deepcopy(engine.model).eval().requires_grad_(False)
+    return GatheredWeightsEngine(engine.model, copy_, engine.stop_token_ids, engine.pad_token_id,
+                                 engine.max_batch_size, tokenizer=engine.tokenizer)
 
 
 class GatheredWeightsEngine(HFEngine):

@@ -43,10 +43,16 @@ def check_module_settings(s: ModuleSettings, lora) -> None:
         raise ConfigError("--model.lora.shared_base uses the actor's model for the critic: unset --model.critic.model")
 
 
-def check_data_settings(adv: AdvantageSettings, data_hp: Mapping[str, Any] | None) -> None:
-    """Combinations of the advantage settings and the data module's settings that cannot work."""
+def check_data_settings(adv: AdvantageSettings, data_hp: Mapping[str, Any] | None, tis_cap: float | None = None
+                        ) -> None:
+    """Combinations of the advantage settings (and ``--model.loss.tis_cap``) and the data module's settings that
+    cannot work."""
     if data_hp is None:
         return
+    if data_hp.get("async_level", 0) and tis_cap is None:
+        raise ConfigError("--data.async_level 1 trains on rollouts sampled one update earlier: set "
+                          "--model.loss.tis_cap (e.g. 2.0), the cap of the importance weight that corrects the update "
+                          "with the rollout's own log-probs")
     estimator, branches = get_estimator(adv.estimator), data_hp.get("branches", 1)
     flag = f"--model.advantage.estimator {estimator.name}"
     if estimator.groups and data_hp["group_size"] < 2:

@@ -153,7 +153,8 @@ class StarPOModule(L.LightningModule):
         self.rollouts = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if hasattr(self.rollouts, "connect"):
             self.rollouts.connect(self)
-        check_data_settings(self.advantage, getattr(self.rollouts, "hparams", None))  # the CLI checked them already
+        check_data_settings(self.advantage, getattr(self.rollouts, "hparams", None),  # the CLI checked them already
+                            tis_cap=self.settings.loss.tis_cap)
         self.model_path = warm_started_path(self.hparams.model, self.hparams.warm_start, self.rollouts)
 
     def _actor_path(self) -> str:

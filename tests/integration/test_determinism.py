@@ -62,14 +62,17 @@ def _rows(path: Path) -> dict[int, dict[str, str]]:
     return rows
 
 
-def test_kill_9_mid_run_and_resume_gives_the_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("rollouts", ["synchronous", "async"])
+def test_kill_9_mid_run_and_resume_gives_the_uninterrupted_run(tmp_path, rollouts):
     """SIGKILL a little after the run's first checkpoint (somewhere in the rollout, update or validation of a later
     iteration), resume from last.ckpt: weights, optimizer states, data-module (seed stream) state, counters and
     every value logged after the resume equal the uninterrupted run's bit for bit, including the critic's metrics of
-    the checkpoint's iteration (logged with the next one: the checkpoint carries them)."""
+    the checkpoint's iteration (logged with the next one: the checkpoint carries them). With one-step-off-policy
+    rollouts the checkpoint carries the rollout that was in flight (sampled with weights no checkpoint holds)."""
     flags = ["fit", *SHORT, "--data.engine", "hf", "--data.num_iterations", "8",
              # the untrained model fails the format (success 0): no early stop for low validation success
-             "--model.early_stop.low_val_success_patience", "0", "--model.early_stop.rv_collapse_window", "0"]
+             "--model.early_stop.low_val_success_patience", "0", "--model.early_stop.rv_collapse_window", "0",
+             *(["--data.async_level", "1", "--model.loss.tis_cap", "2.0"] if rollouts == "async" else [])]
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
 
     def fit(root: Path, *more: str, background: bool = False):
@@ -92,8 +95,11 @@ def test_kill_9_mid_run_and_resume_gives_the_uninterrupted_run(tmp_path):
     assert proc.poll() is None, "the run ended before it was killed"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    killed_at = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
+    saved = torch.load(last, map_location="cpu", weights_only=False)
+    killed_at = saved["global_step"]
     assert 2 <= killed_at < 16  # 2 optimizer steps (critic, actor) an iteration: killed before the end of 8
+    if rollouts == "async":  # the next iteration's rollout, finished before the save
+        assert saved["RolloutDataModule"]["ahead"]["iteration"] == killed_at // 2
 
     fit(part, "--ckpt_path", str(last))
     a, b = fingerprint(full), fingerprint(part)

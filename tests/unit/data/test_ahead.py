@@ -1,0 +1,79 @@
+"""One-step-off-policy rollouts: the one-batch buffer, its checkpoint form and the settings it refuses."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from ragen_lightning.data.ahead import STALENESS, OneStepAhead, batch_from_state, batch_state
+from ragen_lightning.data.datamodule import check_rollout_settings, check_world_size
+from ragen_lightning.errors import ConfigError
+from ragen_lightning.starpo.checks import check_data_settings
+from ragen_lightning.starpo.settings import AdvantageSettings
+from ragen_lightning.types import RolloutBatch
+
+
+def batch(value: float) -> RolloutBatch:
+    t = torch.full((2, 3), value)
+    return RolloutBatch(t.long(), torch.ones(2, 3, dtype=torch.long), t.long(), t, t.bool(), t, t[:, 0],
+                        torch.tensor([0, 0]), torch.tensor([0, 1]), per_turn_rewards=True,
+                        metrics={"train/score": value, STALENESS: 0.0}, state_index=torch.tensor([5, 6]))
+
+
+def test_the_launched_batch_is_taken_for_its_iteration_only_and_marked_one_update_old():
+    ahead, started = OneStepAhead(), threading.Event()
+
+    def produce():
+        started.set()
+        return batch(1.0)
+
+    ahead.launch(4, produce)
+    with pytest.raises(RuntimeError, match="iteration 4"):  # one in flight at most
+        ahead.launch(5, produce)
+    assert started.wait(10)
+    assert ahead.take(3) is None  # another iteration's batch stays
+    got = ahead.take(4)
+    assert got.metrics == {"train/score": 1.0, STALENESS: 1.0}
+    assert ahead.take(4) is None  # taken once
+    ahead.close()
+
+
+def test_a_rollout_error_is_raised_where_the_batch_is_taken():
+    ahead = OneStepAhead()
+    ahead.launch(0, lambda: (_ for _ in ()).throw(ValueError("env crashed")))
+    ahead.wait()  # waiting does not raise: taking does
+    with pytest.raises(ValueError, match="env crashed"):
+        ahead.take(0)
+    ahead.close()
+
+
+def test_the_checkpoint_form_holds_the_batch_without_trajectories_and_restores_it():
+    ahead = OneStepAhead()
+    ahead.launch(7, lambda: batch(2.0))
+    state = ahead.state()  # waits for the worker
+    assert state["iteration"] == 7 and set(state["batch"]) == {*RolloutBatch._TENSORS, "state_index", "metrics",
+                                                               "per_turn_rewards"}
+    restored = OneStepAhead()
+    restored.restore(state)
+    got, want = restored.take(7), batch(2.0)
+    for k in want._tensors():
+        assert torch.equal(getattr(got, k), getattr(want, k)), k
+    assert got.per_turn_rewards and got.trajectories == [] and got.metrics[STALENESS] == 1.0
+    plain = batch_from_state(batch_state(RolloutBatch(*[getattr(want, k) for k in RolloutBatch._TENSORS])))
+    assert plain.state_index is None and not plain.per_turn_rewards
+    ahead.close()
+
+
+def test_settings_async_cannot_run_with():
+    with pytest.raises(ConfigError, match=r"^--data.async_level 2: only 1 \(one rollout in flight"):
+        check_rollout_settings({"async_level": 2, "num_groups": 2, "group_size": 2})
+    hp = {"async_level": 1, "num_groups": 2, "val_num_groups": 2, "engine": "hf"}
+    with pytest.raises(ConfigError, match=r"^--data.async_level 1 runs in one process for now \(2 processes here\)"):
+        check_world_size(hp, 2)
+    check_world_size(hp, 1)
+    with pytest.raises(ConfigError, match=r"^--data.async_level 1 trains on rollouts sampled one update earlier: set "
+                                          r"--model.loss.tis_cap"):
+        check_data_settings(AdvantageSettings(estimator="grpo"), {"async_level": 1, "group_size": 4}, tis_cap=None)
+    check_data_settings(AdvantageSettings(estimator="grpo"), {"async_level": 1, "group_size": 4}, tis_cap=2.0)
