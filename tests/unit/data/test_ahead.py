@@ -7,7 +7,12 @@ import threading
 import pytest
 import torch
 
-from ragen_lightning.data.ahead import STALENESS, OneStepAhead, batch_from_state, batch_state
+from ragen_lightning.data.ahead import (
+    STALENESS,
+    OneStepAhead,
+    batch_from_state,
+    batch_state,
+)
 from ragen_lightning.data.datamodule import check_rollout_settings, check_world_size
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.starpo.checks import check_data_settings
