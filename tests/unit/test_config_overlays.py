@@ -23,7 +23,7 @@ ALGORITHM_KEYS = (
     "data.env_id", "data.env_kwargs", "data.mixture", "data.val_suite", "data.filter", "data.empty_stop_steps",
     "data.branches", "data.branch_follow", "data.group_size", "data.num_groups", "data.reward_placement",
     "data.num_iterations", "data.norm_grouping", "data.norm_method", "data.temperature", "data.top_p", "data.top_k",
-    "data.val_temperature", "data.val_group_size",
+    "data.val_temperature", "data.val_group_size", "data.async_level",
     "data.episode.max_turns", "data.episode.max_actions_per_turn", "data.episode.max_actions_per_episode",
     "data.episode.context_window", "data.episode.window_turns", "data.episode.enable_think",
     "data.episode.observation_last", "data.episode.format_penalty", "data.episode.action_format",
