@@ -194,7 +194,8 @@ class _ResumableLoader(DataLoader):
         self.datamodule = datamodule
 
     def state_dict(self) -> dict[str, Any]:
-        return self.datamodule.state_dict(with_rollout=False)  # the data module's own state holds the rollout
+        # read after the rollout in flight finished (it may change the count); the data module's own state holds it
+        return {k: v for k, v in self.datamodule.state_dict().items() if k != "ahead"}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if "iteration" in state_dict:
@@ -554,16 +555,17 @@ class RolloutDataModule(L.LightningDataModule):
         return sum(chat.drift(c) for chat, c in samples) / len(samples)
 
     # -- resume ---------------------------------------------------------------------------------------------------
-    def state_dict(self, with_rollout: bool = True) -> dict[str, Any]:
-        """The iteration to resume from, and (``async_level`` 1, ``with_rollout``) the rollout in flight, waited
-        for: its weights are gone once the update ran, so a resumed run trains on this very batch."""
-        ahead = self._ahead.state() if self._ahead is not None and with_rollout else None  # first: it may count
+    def state_dict(self) -> dict[str, Any]:
+        """The iteration to resume from, and (``async_level`` 1) the rollout in flight, waited for: its weights are
+        gone once the update ran, so a resumed run trains on this very batch."""
+        ahead = self._ahead.state() if self._ahead is not None else None  # first: the rollout may count
         out = {"iteration": self.iteration, "consecutive_empty": self.consecutive_empty}  # an empty filter result
         return out if ahead is None else {**out, "ahead": ahead}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.iteration = int(state_dict["iteration"])
-        self.consecutive_empty = int(state_dict.get("consecutive_empty", 0))
+        if "consecutive_empty" in state_dict:  # (the loader's own state holds the iteration only)
+            self.consecutive_empty = int(state_dict["consecutive_empty"])
         if self._ahead is not None and "ahead" in state_dict:
             self._ahead.restore(state_dict["ahead"])
 
