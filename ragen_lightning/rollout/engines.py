@@ -73,7 +73,11 @@ def snapshot_engine(engine: GenerationEngine) -> GenerationEngine:
     again as the actor's weights)."""
     if type(engine) is not HFEngine:
         return engine
-    copy_ = copy.deepcopy(engine.model).eval().requires_grad_(False)
+    try:
+        copy_ = copy.deepcopy(engine.model).eval().requires_grad_(False)
+    except (TypeError, RuntimeError, NotImplementedError) as e:  # e.g. a quantized layer that does not deep-copy
+        raise ConfigError(f"--data.async_level 1 samples from a copy of the actor with the HF engine, and this actor "
+                          f"cannot be copied ({type(e).__name__}: {e}): use --data.async_level 0") from None
     return GatheredWeightsEngine(engine.model, copy_, engine.stop_token_ids, engine.pad_token_id,
                                  engine.max_batch_size, tokenizer=engine.tokenizer)
 

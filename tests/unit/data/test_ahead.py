@@ -82,3 +82,27 @@ def test_settings_async_cannot_run_with():
                                           r"--model.loss.tis_cap"):
         check_data_settings(AdvantageSettings(estimator="grpo"), {"async_level": 1, "group_size": 4}, tis_cap=None)
     check_data_settings(AdvantageSettings(estimator="grpo"), {"async_level": 1, "group_size": 4}, tis_cap=2.0)
+
+
+def test_the_hf_engine_samples_from_a_copy_refreshed_by_sync_and_an_uncopyable_actor_is_refused():
+    from ragen_lightning.rollout.engine import HFEngine
+    from ragen_lightning.rollout.engines import snapshot_engine
+
+    actor = torch.nn.Linear(2, 2)
+    engine = snapshot_engine(HFEngine(actor, [0], 0))
+    assert engine.model is not actor and not any(p.requires_grad for p in engine.model.parameters())
+    with torch.no_grad():
+        actor.weight.add_(1.0)  # the update moves the actor: the copy keeps the old weights until a sync
+    assert not torch.equal(engine.model.weight, actor.weight)
+    engine.sync_weights()
+    assert torch.equal(engine.model.weight, actor.weight)
+    other = object()
+    assert snapshot_engine(other) is other  # an engine with weights of its own (vLLM) is used as it is
+
+    class Quantized(torch.nn.Linear):
+        def __deepcopy__(self, memo):
+            raise TypeError("cannot pickle 'Params4bit'")
+
+    with pytest.raises(ConfigError, match=r"^--data.async_level 1 samples from a copy of the actor .* \(TypeError: "
+                                          r"cannot pickle 'Params4bit'\): use --data.async_level 0$"):
+        snapshot_engine(HFEngine(Quantized(2, 2), [0], 0))
