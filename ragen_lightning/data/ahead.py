@@ -21,9 +21,22 @@ from typing import Any
 
 import torch
 
+from ragen_lightning.errors import ConfigError
 from ragen_lightning.types import RolloutBatch
 
 STALENESS = "rollout/staleness"
+
+
+def check_async_level(hp: dict[str, Any], processes: int = 1) -> None:
+    """Refuse, naming the flag, an ``--data.async_level`` this module cannot run: above 1, or with several
+    processes."""
+    level = hp.get("async_level", 0)
+    if isinstance(level, int) and level > 1:
+        raise ConfigError(f"--data.async_level {level}: only 1 (one rollout in flight, one update old) is built; more "
+                          "needs a bounded buffer of rollouts sampled with several older weights")
+    if level and processes > 1:
+        raise ConfigError(f"--data.async_level 1 runs in one process for now ({processes} processes here): a rollout "
+                          "on a worker thread would run its cross-rank gathers beside the update's collectives")
 
 
 class OneStepAhead:

@@ -25,7 +25,7 @@ from typing import Any, Literal, Protocol
 import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
-from ragen_lightning.data.ahead import STALENESS, OneStepAhead
+from ragen_lightning.data.ahead import STALENESS, OneStepAhead, check_async_level
 from ragen_lightning.data.batching import (
     NormGrouping,
     NormMethod,
@@ -85,9 +85,7 @@ def check_rollout_settings(hp: dict[str, Any]) -> None:
     (:data:`DATA_DOMAINS`), impossible combination, bad mixture entry, unknown env id, env that its kwargs cannot build
     (a missing data file included) or engine that is not installed. ``hp``: the data module's arguments (the nested
     groups ``episode``, ``filter`` and ``vllm`` check themselves when built)."""
-    if isinstance(level := hp.get("async_level", 0), int) and level > 1:
-        raise ConfigError(f"--data.async_level {level}: only 1 (one rollout in flight, one update old) is built; more "
-                          "needs a bounded buffer of rollouts sampled with several older weights")
+    check_async_level(hp)
     check_domains("--data.", hp, DATA_DOMAINS)
     if hp.get("reward_placement") == "turn" and hp.get("norm_method", "identity") != "identity":
         raise ConfigError("--data.norm_method must be 'identity' with --data.reward_placement turn")
@@ -141,9 +139,7 @@ def check_world_size(hp: dict[str, Any], size: int) -> None:
     """``--data.vllm.tensor_parallel_size`` (k, vLLM engines only) must divide the number of processes ``size``, and
     the groups of a training and of a validation rollout (``--data.num_groups`` and ``--data.val_num_groups``; with
     ``--data.mixture`` / ``--data.val_suite`` the sum over the entries) the number of rollout groups ``size / k``."""
-    if hp.get("async_level", 0) and size > 1:
-        raise ConfigError(f"--data.async_level 1 runs in one process for now ({size} processes here): a rollout on "
-                          "a worker thread would run its cross-rank gathers beside the update's collectives")
+    check_async_level(hp, size)
     tp = rollout_tensor_parallel(hp)
     dp = rollout_rank(0, size, tp)[1]
     where = f"processes ({size}): every rank" if tp == 1 else \
