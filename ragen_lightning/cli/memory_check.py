@@ -94,7 +94,8 @@ def plan_from_config(model: dict[str, Any], data: dict[str, Any], trainer: dict[
         with_critic=get_estimator(s.advantage.estimator).critic, with_reference=s.uses_reference, lora=lora,
         engine=engine, max_batch_size=data.get("max_batch_size", 128),
         optimizer_8bit=bool(optimizers[0]) and all("8bit" in o for o in optimizers if o),
-        mixed_precision="mixed" in str(trainer.get("precision") or ""), **vllm,
+        mixed_precision="mixed" in str(trainer.get("precision") or ""),
+        async_rollouts=bool(data.get("async_level")), **vllm,
     )
     if note:
         result.notes.append(note)
@@ -115,11 +116,13 @@ def check_memory(config: Any, *, print_plan: bool, refuse: bool = True) -> Memor
     if refuse and gpu is not None and not result.fits(gpu):
         if print_plan:
             print(result.table(gpu))
+        overlap = ("; --data.async_level 0: the engine's rollout memory then leaves the update phase"
+                   if result.engine_async else "")
         raise ConfigError(f"--gpu_memory_gb {gpu:g}: the estimated peak {result.peak / GIB:.1f} GiB does not fit "
                           "(see --memory_plan true); lower --model.update.micro_batch_size / --data.episode.max_model_len, set "
                           "--model.update.activation_checkpointing true or --model.update.logits_chunk_size, lower "
                           "--data.vllm.gpu_memory_utilization (vLLM) or --data.max_batch_size (HF engine), or use LoRA/QLoRA "
-                          "(configs/lora.yaml, configs/qlora.yaml); docs/memory.md")
+                          f"(configs/lora.yaml, configs/qlora.yaml){overlap}; docs/memory.md")
     if print_plan:
         print(result.table(gpu))
         raise SystemExit(0)

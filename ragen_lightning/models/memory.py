@@ -30,6 +30,9 @@ first rolls out, then scores and updates, and the peak is the larger of the two 
 - vLLM engine (colocated): its reservation ``gpu_memory_utilization x GPU memory`` (its weights, KV cache and
   workspace) during the rollout; during the update it holds all of it at ``sleep_level`` 0, nothing at 1 (weights
   offloaded to CPU, KV cache dropped) or 2 (both dropped).
+- one-step-off-policy rollouts (``--data.async_level 1``): the next rollout is generated during the update, so the
+  engine's rollout memory (vLLM's whole reservation, whatever the sleep level; the HF engine's KV cache) counts in
+  the update phase too, and the HF engine samples from a frozen copy of the actor (its weights again, static).
 
 An estimate, not a measurement: allocator fragmentation and library workspaces are covered by ``overhead_gib``.
 Architectures come from a local folder's ``config.json`` or from :data:`PUBLISHED` (no download needed).
@@ -157,6 +160,7 @@ class MemoryPlan:
     autocast_copies: int = 0
     engine: str = "hf"
     engine_asleep: int = 0  # what vLLM keeps on the GPU during the update (its whole reservation at sleep_level 0)
+    engine_async: int = 0  # what the engine holds besides during the update when it generates then (async_level 1)
 
     @property
     def rollout(self) -> int:
@@ -167,7 +171,7 @@ class MemoryPlan:
     def update(self) -> int:
         """The scoring and update phase: the training state, one micro-batch's activations and logits, and what a
         vLLM engine keeps while asleep."""
-        return self.static + self.activations + self.logits + self.engine_asleep + self.overhead
+        return self.static + self.activations + self.logits + self.engine_asleep + self.engine_async + self.overhead
 
     @property
     def static(self) -> int:
@@ -188,7 +192,10 @@ class MemoryPlan:
         rows += [("update activations (micro-batch)", self.activations), ("logits + log-softmax", self.logits),
                  ("HF engine KV cache (rollout)", self.engine_kv_cache),
                  ("vLLM reservation (rollout)", self.engine_reserved),
-                 ("vLLM while asleep (update)", self.engine_asleep), ("runtime overhead", self.overhead),
+                 ("vLLM while asleep (update)", self.engine_asleep)]
+        if self.engine_async:
+            rows.append(("engine generating during the update (async)", self.engine_async))
+        rows += [("runtime overhead", self.overhead),
                  ("phase rollout (static + engine + overhead)", self.rollout),
                  ("phase update (static + update + vLLM asleep + overhead)", self.update),
                  ("PEAK (max over the phases)", self.peak)]
@@ -209,7 +216,7 @@ def plan(arch: Architecture, *, dtype: str = "float32", activation_bytes: int = 
          with_critic: bool = True, with_reference: bool = False, lora: dict[str, Any] | None = None,
          engine: str = "hf", max_batch_size: int = 128, gpu_memory_utilization: float = 0.0,
          gpu_gib: float | None = None, overhead_gib: float = 1.0, optimizer_8bit: bool = False,
-         mixed_precision: bool = False, sleep_level: int = 1) -> MemoryPlan:
+         mixed_precision: bool = False, sleep_level: int = 1, async_rollouts: bool = False) -> MemoryPlan:
     """Estimate one GPU's peak memory (see the module docstring for every term).
 
     Args:
@@ -234,6 +241,8 @@ def plan(arch: Architecture, *, dtype: str = "float32", activation_bytes: int = 
         mixed_precision: 16-bit mixed precision (``bf16-mixed`` / ``16-mixed``): autocast caches 16-bit copies of
             the fp32 trainable weights it casts.
         sleep_level: vLLM's ``--data.vllm.sleep_level``: 0 keeps its reservation through the update, 1 and 2 free it.
+        async_rollouts: ``--data.async_level 1``: the engine generates during the update (and the HF engine from a
+            frozen copy of the actor).
     """
     pbytes = DTYPE_BYTES[dtype]
     if lora is None:
@@ -252,11 +261,25 @@ def plan(arch: Architecture, *, dtype: str = "float32", activation_bytes: int = 
                          f"({vllm_weights / GIB:.2f} GiB): raise --data.vllm.gpu_memory_utilization")
     # LoRA adapters are fp32 whatever the dtype; full fine-tuning casts only fp32 weights
     copies = 2 * model.cast if mixed_precision and (lora is not None or pbytes == 4) else 0
+    asleep = reserved if sleep_level == 0 else 0
+    during_update = (reserved - asleep + kv_cache) if async_rollouts else 0
+    if async_rollouts and engine == "hf":  # the frozen copy it samples from
+        model.weights["actor copy (async HF engine)"] = _actor_bytes(model.weights, lora, with_critic)
     return MemoryPlan(weights={k: int(v) for k, v in model.weights.items()}, grads=int(model.grads),
                       optimizer=int(model.optimizer), activations=int(activations), logits=int(logits),
                       engine_kv_cache=int(kv_cache), engine_reserved=reserved, overhead=int(overhead_gib * GIB),
                       notes=notes, autocast_copies=int(copies), engine=engine,
-                      engine_asleep=reserved if sleep_level == 0 else 0)
+                      engine_asleep=asleep, engine_async=int(during_update))
+
+
+def _actor_bytes(weights: dict[str, int], lora: dict[str, Any] | None, with_critic: bool) -> int:
+    """Bytes of the actor model itself (what a deep copy of it holds): its weights, or its base and adapters (both
+    adapters when the critic's shares its base)."""
+    if lora is None:
+        return weights["actor"]
+    adapters = weights["LoRA adapters (fp32)"]
+    own = adapters // 2 if with_critic and not lora.get("shared_base") else adapters
+    return next(v for k, v in weights.items() if k.startswith("actor base")) + own
 
 
 @dataclass

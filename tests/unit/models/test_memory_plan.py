@@ -348,3 +348,47 @@ def test_the_qwen25_05b_overlay_plan_uses_the_same_formula():
     # chunks: 2 x 14400 x 151936 x 2 B = 8,751,513,600 + 3 x 1024 x 151936 x 4 B = 1,866,989,568
     assert memory.architecture("Qwen/Qwen2.5-0.5B-Instruct").vocab_size == 151936
     assert p.logits == 8_751_513_600 + 1_866_989_568
+
+
+def test_async_rollouts_hold_the_engine_through_the_update_and_the_hf_engine_a_copy_of_the_actor():
+    """--data.async_level 1: the next rollout is generated during the update."""
+    kw = {"dtype": "float32", "activation_bytes": 4, "micro_batch_size": 1, "max_model_len": 4, "with_critic": True,
+          "overhead_gib": 0}
+    static = 5216 + 5252 + 10468 + 20936
+    vllm = {**kw, "engine": "vllm", "gpu_memory_utilization": 0.25, "gpu_gib": 8.0}
+    for level in (0, 1, 2):  # vLLM's whole reservation, whatever the sleep level, and counted once
+        p = memory.plan(SMALL, sleep_level=level, async_rollouts=True, **vllm)
+        assert p.update == static + 4992 + 800 + 2 * memory.GIB and p.rollout == static + 2 * memory.GIB
+        assert "engine generating during the update (async)" in p.table() or level == 0
+    # HF engine: its KV cache in both phases, and a frozen copy of the actor (1304 fp32 parameters) in the static part
+    sync = memory.plan(SMALL, max_batch_size=3000, **kw)
+    hf = memory.plan(SMALL, max_batch_size=3000, async_rollouts=True, **kw)
+    kv = 768_000  # test_phases_with_the_hf_engine_by_hand
+    assert hf.weights["actor copy (async HF engine)"] == 1304 * 4 == hf.weights["actor"]
+    assert hf.update == sync.update + 1304 * 4 + kv and hf.rollout == sync.rollout + 1304 * 4
+    # LoRA: the copy is the whole actor, base and its adapters (one of the two: the critic's stays home)
+    lora = memory.plan(SMALL, lora={"rank": 2}, async_rollouts=True, **{**kw, "dtype": "bfloat16"})
+    assert lora.weights["actor copy (async HF engine)"] == 1304 * 2 + 512 * 4
+    shared = memory.plan(SMALL, lora={"rank": 2, "shared_base": True}, async_rollouts=True, **{**kw, "dtype": "bfloat16"})
+    assert shared.weights["actor copy (async HF engine)"] == 1304 * 2 + 2 * 512 * 4  # one model, both adapters
+
+
+def test_a_refusal_under_async_names_the_async_level():
+    fits = config(dtype="bfloat16", update={"activation_checkpointing": True, "logits_chunk_size": 1024},
+                  lora={"rank": 64})
+    fits["data"]["engine"] = "hf"
+    assert "async_level" not in str(pytest.raises(ConfigError, memory_check.check_memory, {
+        **fits, "gpu_memory_gb": 1.0}, print_plan=False).value)
+    with pytest.raises(ConfigError, match=r"; --data.async_level 0: the engine's rollout memory then leaves the update "
+                                          r"phase; docs/memory.md$"):
+        memory_check.check_memory({**fits, "data": {**fits["data"], "async_level": 1}, "gpu_memory_gb": 1.0},
+                                  print_plan=False)
+
+
+def test_plan_from_config_reads_the_async_level():
+    model = {"model": "Qwen/Qwen2.5-0.5B-Instruct", "dtype": "bfloat16", "advantage": {"estimator": "grpo"}}
+    data = {"episode": {"max_model_len": 2048}, "max_batch_size": 64, "engine": "hf"}
+    sync = memory_check.plan_from_config(model, data, {"precision": "bf16-true"})
+    ahead = memory_check.plan_from_config(model, {**data, "async_level": 1}, {"precision": "bf16-true"})
+    assert ahead.update - sync.update == ahead.engine_async + ahead.weights["actor copy (async HF engine)"]
+    assert ahead.engine_async == sync.engine_kv_cache > 0
