@@ -3,7 +3,7 @@
 A bad value fails here with one line naming the flag and its allowed values (:class:`~ragen_lightning.errors.
 ConfigError`; the CLI prints it and exits with 2), never after the run's folders, logs or ``config.yaml`` exist or
 its processes started. The checks are the owners' own (each setting's domain is declared where the setting is:
-:data:`~ragen_lightning.starpo.checks.MODULE_DOMAINS`, :data:`~ragen_lightning.data.datamodule.DATA_DOMAINS`, the
+:data:`~ragen_lightning.starpo.checks.MODULE_DOMAINS`, :data:`~ragen_lightning.data.checks.DATA_DOMAINS`, the
 settings dataclasses' ``__post_init__``); this module only runs them on the parsed configuration, plus what only the
 command line knows: model and data paths, strategy refusals, writable output folders, a reachable wandb server.
 

@@ -8,6 +8,11 @@ copy of the actor for the HF engine, :func:`~ragen_lightning.rollout.engines.sna
 changes the weights a rollout is sampling from. Each batch is thus one update old (``rollout/staleness`` 1; the first
 is on-policy); the update corrects for it with the rollout's own log-probs (``--model.loss.tis_cap``).
 
+With several processes (DDP, FSDP) every rank does the same: its worker generates the rank's share of the groups,
+and the rest of the rollout (the cross-rank gather, the filter, the batch) runs when the batch is taken, on the
+training thread (``finish``), so every collective stays on that thread, in the same order on every rank. A vLLM
+engine that spans several ranks (tensor parallel) is refused: its generation runs collectives of its own.
+
 Everything that reads the rollout's state waits for the worker first: validation (it shares the engine), a
 checkpoint (:meth:`OneStepAhead.state` stores the finished batch, so a resumed run trains on the very batch the
 uninterrupted run trained on: the weights it was sampled with are gone by then) and teardown.
@@ -21,22 +26,9 @@ from typing import Any
 
 import torch
 
-from ragen_lightning.errors import ConfigError
 from ragen_lightning.types import RolloutBatch
 
 STALENESS = "rollout/staleness"
-
-
-def check_async_level(hp: dict[str, Any], processes: int = 1) -> None:
-    """Refuse, naming the flag, an ``--data.async_level`` this module cannot run: above 1, or with several
-    processes."""
-    level = hp.get("async_level", 0)
-    if isinstance(level, int) and level > 1:
-        raise ConfigError(f"--data.async_level {level}: only 1 (one rollout in flight, one update old) is built; more "
-                          "needs a bounded buffer of rollouts sampled with several older weights")
-    if level and processes > 1:
-        raise ConfigError(f"--data.async_level 1 runs in one process for now ({processes} processes here): a rollout "
-                          "on a worker thread would run its cross-rank gathers beside the update's collectives")
 
 
 class OneStepAhead:
@@ -44,25 +36,38 @@ class OneStepAhead:
 
     def __init__(self):
         self._pool: ThreadPoolExecutor | None = None
-        self._pending: tuple[int, Future] | None = None
+        self._pending: tuple[int, Future, Callable[[Any], RolloutBatch] | None] | None = None
 
-    def launch(self, iteration: int, produce: Callable[[], RolloutBatch]) -> None:
-        """Start ``produce()`` (iteration ``iteration``'s rollout; the engine already synced) on the worker."""
+    def launch(self, iteration: int, produce: Callable[[], Any],
+               finish: Callable[[Any], RolloutBatch] | None = None) -> None:
+        """Start ``produce()`` (iteration ``iteration``'s rollout; the engine already synced) on the worker; its
+        result becomes the batch through ``finish`` on the thread that takes it (or stores it): the part of a
+        rollout that runs collectives (the cross-rank gather) stays on the training thread, in step with the other
+        ranks."""
         if self._pending is not None:
             raise RuntimeError(f"a rollout (iteration {self._pending[0]}) is still in flight")
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout-ahead")
-        self._pending = (iteration, self._pool.submit(produce))
+        self._pending = (iteration, self._pool.submit(produce), finish)
 
     def take(self, iteration: int) -> RolloutBatch | None:
-        """The batch launched for ``iteration`` (waiting for it; its error raised here), else None."""
+        """The batch launched for ``iteration`` (waiting for it and finishing it here; its error raised here), else
+        None."""
         if self._pending is None or self._pending[0] != iteration:
             return None
-        _, future = self._pending
+        batch = self._finished()
         self._pending = None
-        batch = future.result()
         batch.metrics[STALENESS] = 1.0
         return batch
+
+    def _finished(self) -> RolloutBatch:
+        """The batch in flight, waited for and finished on this thread (kept finished in the slot)."""
+        iteration, future, finish = self._pending
+        if finish is not None:
+            done: Future = Future()
+            done.set_result(finish(future.result()))
+            self._pending = (iteration, done, None)
+        return self._pending[1].result()
 
     def wait(self) -> None:
         """Block until the rollout in flight (if any) has finished; it stays to be taken."""
@@ -70,11 +75,11 @@ class OneStepAhead:
             self._pending[1].exception()
 
     def state(self) -> dict[str, Any] | None:
-        """The finished in-flight batch as plain tensors and numbers (for a checkpoint), or None."""
+        """The in-flight batch, waited for and finished, as plain tensors and numbers (for a checkpoint), or
+        None."""
         if self._pending is None:
             return None
-        iteration, future = self._pending
-        return {"iteration": iteration, "batch": batch_state(future.result())}
+        return {"iteration": self._pending[0], "batch": batch_state(self._finished())}
 
     def restore(self, state: dict[str, Any] | None) -> None:
         """Put a :meth:`state` back in flight, finished."""
@@ -82,7 +87,7 @@ class OneStepAhead:
         if state is not None:
             future: Future = Future()
             future.set_result(batch_from_state(state["batch"]))
-            self._pending = (int(state["iteration"]), future)
+            self._pending = (int(state["iteration"]), future, None)
 
     def close(self) -> None:
         """Wait for the worker and drop what it produced."""

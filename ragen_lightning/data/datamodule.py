@@ -25,7 +25,7 @@ from typing import Any, Literal, Protocol
 import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
-from ragen_lightning.data.ahead import STALENESS, OneStepAhead, check_async_level
+from ragen_lightning.data.ahead import STALENESS, OneStepAhead
 from ragen_lightning.data.batching import (
     NormGrouping,
     NormMethod,
@@ -33,9 +33,14 @@ from ragen_lightning.data.batching import (
     build_batch,
     rollout_metrics,
 )
+from ragen_lightning.data.checks import (  # noqa: F401 (re-exported: the checks were defined here)
+    DATA_DOMAINS,
+    check_rollout_settings,
+    check_world_size,
+    rollout_tensor_parallel,
+)
 from ragen_lightning.data.mixture import (
     Part,
-    check_entry_episode,
     generation_seed,
     is_mixture,
     run_parts,
@@ -47,7 +52,7 @@ from ragen_lightning.data.mixture import (
 )
 from ragen_lightning.data.sampler import FilterConfig, filter_groups, filter_states
 from ragen_lightning.data.suite import SuiteEntry
-from ragen_lightning.errors import ConfigError, Domain, check_domains
+from ragen_lightning.errors import ConfigError
 from ragen_lightning.parallel import (
     concat_ranks,
     gather_objects,
@@ -55,103 +60,14 @@ from ragen_lightning.parallel import (
     tp_leaders,
     world,
 )
-from ragen_lightning.rollout.branching import BRANCH_FOLLOW, BranchFollow
+from ragen_lightning.rollout.branching import BranchFollow
 from ragen_lightning.rollout.engine import SamplingParams
-from ragen_lightning.rollout.engines import ENGINES, snapshot_engine
-from ragen_lightning.rollout.runner import RolloutRunner, UnknownEnvError, make_env
+from ragen_lightning.rollout.engines import snapshot_engine
+from ragen_lightning.rollout.runner import RolloutRunner
 from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
 from ragen_lightning.rollout.tokens import ChatTokens
-from ragen_lightning.rollout.vllm_engine import VLLMConfig, require_vllm
+from ragen_lightning.rollout.vllm_engine import VLLMConfig
 from ragen_lightning.types import RolloutBatch
-
-_COUNT = Domain(low=1, integer=True)
-_SEED = Domain(low=0, integer=True)  # numpy and gymnasium take non-negative seeds only
-MAX_TEMPERATURE = 2.0
-# The allowed values of every numeric ``--data.*`` setting (the nested groups check their own fields).
-DATA_DOMAINS: dict[str, Domain] = {
-    "num_groups": _COUNT, "group_size": _COUNT, "num_iterations": _COUNT, "val_num_groups": _COUNT,
-    "val_group_size": _COUNT, "max_batch_size": _COUNT,
-    # 0 = greedy; vLLM's sampler takes at most 2 (and a flatter distribution samples noise)
-    "temperature": Domain(0, MAX_TEMPERATURE), "val_temperature": Domain(0, MAX_TEMPERATURE),
-    "top_p": Domain(0, 1, low_open=True), "top_k": Domain(low=1, integer=True, special=(-1,)),
-    "empty_stop_steps": Domain(low=0, integer=True), "train_seed": _SEED, "val_seed": _SEED, "branches": _COUNT,
-    # 1: one rollout in flight; more would need a bounded buffer of several (and older weights), not built
-    "async_level": Domain(0, 1, integer=True),
-}
-
-
-def check_rollout_settings(hp: dict[str, Any]) -> None:
-    """Raise :class:`ConfigError` naming the flag for the first ``--data.*`` value outside its domain
-    (:data:`DATA_DOMAINS`), impossible combination, bad mixture entry, unknown env id, env that its kwargs cannot build
-    (a missing data file included) or engine that is not installed. ``hp``: the data module's arguments (the nested
-    groups ``episode``, ``filter`` and ``vllm`` check themselves when built)."""
-    check_async_level(hp)
-    check_domains("--data.", hp, DATA_DOMAINS)
-    if hp.get("reward_placement") == "turn" and hp.get("norm_method", "identity") != "identity":
-        raise ConfigError("--data.norm_method must be 'identity' with --data.reward_placement turn")
-    engine, episode = hp.get("engine", "hf"), as_episode(hp.get("episode"))
-    if hp.get("branches", 1) > 1 and (hp.get("reward_placement") != "turn" or episode.context_window == "full"):
-        raise ConfigError("--data.branches > 1 needs --data.reward_placement turn and a windowed "
-                          "--data.episode.context_window (limited or single_turn): each branch is a one-turn sample "
-                          "scored by its own turn reward")
-    filt = hp.get("filter")
-    over = getattr(filt, "over", None) or (filt.get("over") if isinstance(filt, dict) else None)
-    if over == "states" and hp.get("branches", 1) < 2:
-        raise ConfigError("--data.filter.over states selects among the responses to each visited state: it needs "
-                          "--data.branches > 1 (else use over: groups)")
-    if hp.get("branch_follow", "first") not in BRANCH_FOLLOW:
-        raise ConfigError(f"--data.branch_follow must be 'first' or 'best', got {hp['branch_follow']!r}")
-    if hp.get("branch_follow", "first") == "best" and hp.get("branches", 1) == 1:
-        raise ConfigError("--data.branch_follow best needs --data.branches > 1: it picks among the responses "
-                          "sampled for one state")
-    lists = [(train_entries(hp), "--data.mixture" if is_mixture(hp) else "")]
-    if hp.get("val_suite") is not None:  # else validation runs the training entries
-        lists.append((val_entries(hp), "--data.val_suite"))
-    for entries, flag in lists:
-        for i, entry in enumerate(entries):
-            where = f"{flag}[{i}]." if flag else "--data."
-            check_entry_episode(entry, episode, where[:-1])
-            try:  # an unknown id or bad env kwargs fail here, naming the flag, not in the first rollout
-                env = make_env(entry.env_id, entry.env_kwargs)
-                branchable = bool(getattr(env.unwrapped, "branchable", False))
-                env.close()
-            except UnknownEnvError as e:
-                raise ConfigError(f"{where}env_id: {e}") from None
-            except (TypeError, ValueError, OSError, ImportError) as e:  # OSError: a data file named there is missing
-                raise ConfigError(f"{where}env_kwargs for {entry.env_id}: {e}") from None
-            if hp.get("branches", 1) > 1 and not branchable and flag != "--data.val_suite":
-                raise ConfigError(f"--data.branches {hp['branches']}: {entry.env_id} does not declare branchable = "
-                                  "True (its state must be an in-process object that copy.deepcopy duplicates)")
-    if engine not in ENGINES:
-        raise ConfigError(f"--data.engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-    if engine == "vllm":
-        require_vllm()
-
-
-def rollout_tensor_parallel(hp: dict[str, Any]) -> int:
-    """Ranks per vLLM engine: ``--data.vllm.tensor_parallel_size`` unless ``--data.engine hf`` (1)."""
-    vllm = hp.get("vllm")
-    tp = vllm.get("tensor_parallel_size", 1) if isinstance(vllm, dict) else getattr(vllm, "tensor_parallel_size", 1)
-    return 1 if hp.get("engine", "hf") == "hf" else int(tp)
-
-
-def check_world_size(hp: dict[str, Any], size: int) -> None:
-    """``--data.vllm.tensor_parallel_size`` (k, vLLM engines only) must divide the number of processes ``size``, and
-    the groups of a training and of a validation rollout (``--data.num_groups`` and ``--data.val_num_groups``; with
-    ``--data.mixture`` / ``--data.val_suite`` the sum over the entries) the number of rollout groups ``size / k``."""
-    check_async_level(hp, size)
-    tp = rollout_tensor_parallel(hp)
-    dp = rollout_rank(0, size, tp)[1]
-    where = f"processes ({size}): every rank" if tp == 1 else \
-        f"tensor-parallel vLLM engines ({size} processes / --data.vllm.tensor_parallel_size {tp}): every engine"
-    rollouts = {"training": ("--data.num_groups", hp["num_groups"], is_mixture(hp), train_entries),
-                "validation": ("--data.val_num_groups", hp["val_num_groups"],
-                               is_mixture(hp) or hp.get("val_suite") is not None, val_entries)}
-    for kind, (flag, groups, entries_given, entries) in rollouts.items():
-        if entries_given:
-            groups, flag = sum(e.num_groups for e in entries(hp)), f"the {kind} entries' num_groups summed"
-        if groups % dp:
-            raise ConfigError(f"{flag} ({groups}) must be divisible by the number of {where} runs whole env groups")
 
 
 class RolloutPolicy(Protocol):
@@ -249,7 +165,8 @@ class RolloutDataModule(L.LightningDataModule):
         vllm: vLLM engine settings (``VLLMConfig``: memory, sleep level, dtype, probe threshold, ...).
         async_level: 0: every rollout is generated with the weights it trains (on-policy); 1: iteration ``k + 1``'s
             rollout is generated on a worker thread, with the weights iteration ``k``'s update starts from, while
-            that update runs (:mod:`ragen_lightning.data.ahead`; needs ``--model.loss.tis_cap``; one process).
+            that update runs (:mod:`ragen_lightning.data.ahead`; needs ``--model.loss.tis_cap``; every rank alike;
+            not with a tensor-parallel vLLM engine).
     """
 
     def __init__(
@@ -408,23 +325,38 @@ class RolloutDataModule(L.LightningDataModule):
         if self._ahead is not None and self.iteration < self.hparams.num_iterations:
             self._ensure_runners()  # (a resumed run's first batch came from its checkpoint)
             sync = self._sync_engine(self._train_engine)  # on this thread, before the update changes the weights
-            self._ahead.launch(self.iteration, functools.partial(self._rollout_batch, self.iteration, sync))
+            self._ahead.launch(self.iteration, functools.partial(self._generate, self.iteration),
+                               functools.partial(self._finish, self.iteration, sync))
         return batch
 
     def train_batch(self, iteration: int) -> RolloutBatch:
         """Rollout of ``iteration`` (the current actor), filtered and padded."""
         self._ensure_runners()
-        return self._rollout_batch(iteration, self._sync_engine(self._train_engine))
+        sync = self._sync_engine(self._train_engine)
+        return self._finish(iteration, sync, self._generate(iteration))
 
-    def _rollout_batch(self, iteration: int, sync: dict[str, float]) -> RolloutBatch:
-        """Rollout of ``iteration`` with the engine as synced (``sync``: its stats), filtered and padded."""
+    def _generate(self, iteration: int) -> tuple[list[Part], list, float, dict[str, float]]:
+        """This rank's share of iteration ``iteration``'s rollout with the engine as synced: ``(parts, its
+        trajectories, seconds, rollout timings)``. No collective: it may run on the async worker."""
         hp = self.hparams
         t0 = time.perf_counter()
         parts = self._parts(self._runners, self.train_entries, self.entry_seeds(iteration), self.train_params,
                             (hp.train_seed << 20) + iteration, self.mixture)
-        trajectories = self._run(parts, hp.group_size)
+        local = self._run_local(parts, hp.group_size)
         t_rollout = time.perf_counter() - t0
         self._engine_sleep()
+        timing = {"timing_s/rollout": t_rollout}
+        for runner in self._runners:  # generate, env
+            for k, v in runner.timing.items():
+                timing[f"timing_s/rollout_{k}"] = timing.get(f"timing_s/rollout_{k}", 0.0) + v
+        return parts, local, t_rollout, timing
+
+    def _finish(self, iteration: int, sync: dict[str, float], generated: tuple) -> RolloutBatch:
+        """Every rank's trajectories of :meth:`_generate`'s ``generated`` (a collective: on the training thread),
+        filtered and padded into the batch, with its metrics (``sync``: the engine sync's)."""
+        hp = self.hparams
+        parts, local, _, timing = generated
+        trajectories = self._gather(local)
         metrics = {f"train/{k}": v for k, v in rollout_metrics(trajectories, hp.group_size).items()}
         if self.mixture:
             metrics.update(tag_metrics(trajectories, hp.group_size, "train"))
@@ -453,10 +385,7 @@ class RolloutDataModule(L.LightningDataModule):
                 self.trainer.should_stop = True
         metrics["rollout/empty_after_filter"] = float(not len(batch))
         metrics["rollout/consecutive_empty_after_filter_steps"] = float(self.consecutive_empty)
-        metrics["timing_s/rollout"] = t_rollout
-        for runner in self._runners:  # generate, env
-            for k, v in runner.timing.items():
-                metrics[f"timing_s/rollout_{k}"] = metrics.get(f"timing_s/rollout_{k}", 0.0) + v
+        metrics.update(timing)
         metrics["rollout/generated_tokens"] = float(sum(t.response_tokens for t in trajectories))
         metrics["iteration"] = float(iteration)
         batch.metrics.update(metrics)
@@ -472,15 +401,19 @@ class RolloutDataModule(L.LightningDataModule):
                      generation_seed(base, e.tag) if tagged else base, e.tag if tagged else "")
                 for r, e, s in zip(runners, entries, seeds)]
 
-    def _run(self, parts: list[Part], group_size: int) -> list:
-        """This rank's share of the groups, then every rank's trajectories in global group order (the caller has
-        synced the engine: a collective for sharded actors, which every rank runs before every rollout). A
-        tensor-parallel vLLM engine spans ``k`` ranks: they run the same share (same prompts and seeds, one engine)
-        and the gather keeps one copy per TP group."""
+    def _run_local(self, parts: list[Part], group_size: int) -> list:
+        """This rank's share of the groups (the caller has synced the engine: a collective for sharded actors, which
+        every rank runs before every rollout). A tensor-parallel vLLM engine spans ``k`` ranks: they run the same
+        share (same prompts and seeds, one engine)."""
         rank, size = world()
+        dp_rank, dp_size = rollout_rank(rank, size, getattr(self.engine, "tensor_parallel_size", 1))
+        return run_parts(parts, group_size, dp_rank, dp_size)
+
+    def _gather(self, local: list) -> list:
+        """Every rank's :meth:`_run_local` trajectories in global group order (a collective; one copy per
+        tensor-parallel group)."""
+        size = world()[1]
         tp = getattr(self.engine, "tensor_parallel_size", 1)
-        dp_rank, dp_size = rollout_rank(rank, size, tp)
-        local = run_parts(parts, group_size, dp_rank, dp_size)
         return local if size == 1 else concat_ranks(tp_leaders(gather_objects(local), tp))
 
     def validation_batch(self) -> RolloutBatch:
@@ -493,7 +426,7 @@ class RolloutDataModule(L.LightningDataModule):
         sync = self._sync_engine()
         parts = self._parts(self._val_runners, self.val_entries, self.val_entry_seeds(), self.val_params,
                             hp.val_seed, self.tagged_validation)
-        trajectories = self._run(parts, hp.val_group_size)
+        trajectories = self._gather(self._run_local(parts, hp.val_group_size))
         self._engine_sleep()
         metrics = {f"val/{k}": v for k, v in rollout_metrics(trajectories, hp.val_group_size).items()}
         if self.tagged_validation:

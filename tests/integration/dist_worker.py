@@ -53,8 +53,8 @@ class Recording(RolloutDataModule):
         super().__init__(**kwargs)
         self.kept: list[list[int]] = []
 
-    def train_batch(self, iteration):
-        batch = super().train_batch(iteration)
+    def _finish(self, iteration, sync, generated):  # every batch, taken from the async worker or not
+        batch = super()._finish(iteration, sync, generated)
         self.kept.append(sorted({t.group_id for t in batch.trajectories}))
         return batch
 
@@ -108,7 +108,8 @@ def main(cfg: dict) -> None:
     cls = Scripted if cfg.get("engine", "scripted") == "scripted" else StarPOModule
     module = cls(model=cfg["model"], advantage={"estimator": cfg.get("estimator", "gae")},
                  update={"mini_batch_size": cfg.get("mini", 2), "micro_batch_size": cfg.get("micro", 1)},
-                 loss={"entropy_coeff": 0.01, "kl_coef": 0.1 if cfg.get("kl") else 0.0},  # a KL loss: coef > 0
+                 loss={"entropy_coeff": 0.01, "kl_coef": 0.1 if cfg.get("kl") else 0.0,  # a KL loss: coef > 0
+                       "tis_cap": 2.0 if cfg.get("async") else None},
                  optim={"grad_clip": 1.0, "actor_optimizer": partial(torch.optim.SGD, lr=0.5, momentum=0.9),
                         "critic_optimizer": partial(torch.optim.SGD, lr=0.5, momentum=0.9)},
                  export_dir=str(out / "export") if cfg.get("export") else None, lora=cfg.get("lora"))
@@ -121,7 +122,7 @@ def main(cfg: dict) -> None:
     dm = Recording(**envs_, num_groups=4, group_size=3, num_iterations=cfg["iterations"],
                    episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1,
                                            max_new_tokens=8, max_model_len=1024),
-                   val_num_groups=2, filter=flt, temperature=1.0, **engine)
+                   val_num_groups=2, filter=flt, temperature=1.0, async_level=int(bool(cfg.get("async"))), **engine)
     callbacks = [Metrics()]
     if cfg.get("ckpt_dir"):
         callbacks.append(ModelCheckpoint(dirpath=cfg["ckpt_dir"], every_n_train_steps=1, save_top_k=-1,

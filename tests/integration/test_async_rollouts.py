@@ -46,9 +46,12 @@ def test_async_batches_are_one_update_old(tmp_path, monkeypatch):
 
 
 def test_with_weights_that_do_not_move_async_is_the_synchronous_run(tmp_path, monkeypatch):
-    sync_cli, sync = _fit(tmp_path / "sync", monkeypatch, *FROZEN)
-    cli, ahead = _fit(tmp_path / "async", monkeypatch, *ASYNC, *FROZEN)
-    same = ("train/score", "train/success", "rollout/generated_tokens", "actor/entropy", "val/success")
+    drop = ["--data.filter", "{strategy: top_k_abs, value: 1}"]  # the filter works unchanged: one group kept
+    sync_cli, sync = _fit(tmp_path / "sync", monkeypatch, *FROZEN, *drop)
+    cli, ahead = _fit(tmp_path / "async", monkeypatch, *ASYNC, *FROZEN, *drop)
+    same = ("train/score", "train/success", "rollout/generated_tokens", "actor/entropy", "val/success",
+            "rollout/filter_kept_count")
+    assert [r["rollout/filter_kept_count"] for r in sync] == [1.0] * 4
     for a, s in zip(ahead, sync, strict=True):
         assert {k: a.get(k) for k in same} == {k: s.get(k) for k in same}
     for k, v in sync_cli.model.state_dict().items():

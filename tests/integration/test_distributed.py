@@ -174,6 +174,23 @@ def test_fsdp2_sharded_checkpoint_resumes_on_other_world_sizes(tmp_path, tiny_pa
         assert c0["metrics"][-1][key] == pytest.approx(single["metrics"][-1][key], abs=1e-5), key
 
 
+def test_async_rollouts_under_fsdp2_equal_one_async_process(tmp_path, tiny_path):
+    """``--data.async_level 1`` on 2 FSDP2 ranks: each rank generates its share of the next rollout on its worker
+    (from the unsharded copy, synced from the shards on the training thread), the trajectories are gathered on the
+    training thread; the kept groups and the weights equal one async process (both runs at once)."""
+    cfg = {"model": str(tiny_path), "iterations": 3, "top_k_abs": 2, "estimator": "grpo", "mini": 6, "micro": 3,
+           "engine": "hf", "async": True}
+    jobs = launch(tmp_path, "single", 1, strategy="single", **cfg), launch(tmp_path, "fsdp", 2, strategy="fsdp", **cfg)
+    [(single, p_single)], [(j0, p0), (j1, p1)] = (collect(job, timeout=400) for job in jobs)
+    for run_ in (single, j0, j1):  # batches 2 and 3: one update old
+        assert [m["rollout/staleness"] for m in run_["metrics"]] == [0.0, 1.0, 1.0]
+    assert j0["kept"] == j1["kept"] == single["kept"] and len(single["kept"]) == 3
+    assert_same(p0, p1, atol=0)
+    assert_same(p0, p_single, atol=1e-5)
+    for key in ("train/score", "actor/pg_loss", "rollout/engine_logprob_abs_diff"):
+        assert j0["metrics"][-1][key] == pytest.approx(single["metrics"][-1][key], abs=1e-5), key
+
+
 @pytest.fixture(scope="module")
 def vllm_tiny_path():
     from ragen_lightning.models.tiny import TinySpec, cache_root, tiny_model_path

@@ -217,9 +217,9 @@ def test_the_good_config_and_edge_values_pass(config):
 
 
 def test_fsdp2_takes_the_vllm_engine_lora_and_qlora_but_not_a_shared_base(config, monkeypatch):
-    from ragen_lightning.data import datamodule
+    from ragen_lightning.data import checks
 
-    monkeypatch.setattr(datamodule, "require_vllm", lambda: None)  # as where vLLM is installed
+    monkeypatch.setattr(checks, "require_vllm", lambda: None)  # as where vLLM is installed
     fsdp2 = {"trainer__strategy": {"class_path": "ragen_lightning.parallel.FSDP2Strategy"}, "trainer__devices": 2}
     for engine in ("vllm", "auto", "hf"):  # each rank's vLLM engine receives the weights gathered from the shards
         preflight.check_settings(changed(config, data__engine=engine, **fsdp2))

@@ -45,6 +45,28 @@ def test_the_launched_batch_is_taken_for_its_iteration_only_and_marked_one_updat
     ahead.close()
 
 
+def test_the_batch_is_finished_on_the_thread_that_takes_or_stores_it_and_once():
+    ahead, threads, finished = OneStepAhead(), {}, []
+
+    def produce():
+        threads["produce"] = threading.get_ident()
+        return 3.0
+
+    def finish(value):
+        threads["finish"] = threading.get_ident()
+        finished.append(value)
+        return batch(value)
+
+    ahead.launch(0, produce, finish)
+    assert ahead.take(0).metrics["train/score"] == 3.0
+    assert threads["finish"] == threading.get_ident() != threads["produce"]  # the gather runs in step with the ranks
+    ahead.launch(1, produce, finish)
+    state = ahead.state()  # a checkpoint finishes it ...
+    assert ahead.take(1).metrics["train/score"] == 3.0 and finished == [3.0, 3.0]  # ... once
+    assert state["batch"]["metrics"]["train/score"] == 3.0
+    ahead.close()
+
+
 def test_a_rollout_error_is_raised_where_the_batch_is_taken():
     ahead = OneStepAhead()
     ahead.launch(0, lambda: (_ for _ in ()).throw(ValueError("env crashed")))
@@ -75,9 +97,11 @@ def test_settings_async_cannot_run_with():
     with pytest.raises(ConfigError, match=r"^--data.async_level 2: only 1 \(one rollout in flight"):
         check_rollout_settings({"async_level": 2, "num_groups": 2, "group_size": 2})
     hp = {"async_level": 1, "num_groups": 2, "val_num_groups": 2, "engine": "hf"}
-    with pytest.raises(ConfigError, match=r"^--data.async_level 1 runs in one process for now \(2 processes here\)"):
-        check_world_size(hp, 2)
-    check_world_size(hp, 1)
+    check_world_size(hp, 2)  # several processes: each rank's rollout on its worker, the gather on the main thread
+    tp = {**hp, "engine": "vllm", "vllm": {"tensor_parallel_size": 2}}
+    with pytest.raises(ConfigError, match=r"^--data.async_level 1 with --data.vllm.tensor_parallel_size 2: one engine "
+                                          r"spans 2 ranks .* or --data.async_level 0$"):
+        check_rollout_settings(tp)
     with pytest.raises(ConfigError, match=r"^--data.async_level 1 trains on rollouts sampled one update earlier: set "
                                           r"--model.loss.tis_cap"):
         check_data_settings(AdvantageSettings(estimator="grpo"), {"async_level": 1, "group_size": 4}, tis_cap=None)

@@ -112,11 +112,11 @@ def test_tensor_parallel_ranks_roll_out_their_engines_share_and_keep_one_copy(mo
     monkeypatch.setattr(datamodule, "gather_objects", lambda local: [["a"], ["a'"], ["b"], local])
     d = RolloutDataModule(**DATA)
     d.engine = SimpleNamespace(tensor_parallel_size=2)
-    out = d._run(parts(), 2)
+    out = d._gather(d._run_local(parts(), 2))
     assert calls == [([12, 13], 2)]  # engine 1's half of the groups, global ids from 2 (ranks 2 and 3 alike)
     assert out == ["a", "b"]  # one copy per engine (ranks 0 and 2), in group order
     d.engine = SimpleNamespace()  # an engine without tensor parallelism: every rank its own quarter
-    out = d._run(parts(), 2)
+    out = d._gather(d._run_local(parts(), 2))
     assert out[:3] == ["a", "a'", "b"] and out[3].group_id == 3
     assert calls[-1] == ([13], 3)
 

@@ -128,7 +128,7 @@ def _code_strings(path: Path):
 
 # Nucleus sampling's parameters share two filter strategies' names: the data module's --data.top_p / --data.top_k
 # domains and the OpenAI-compatible request body (a different concept, not a filter).
-SAMPLING = {("data/datamodule.py", "top_p"), ("data/datamodule.py", "top_k"), ("rollout/api_engine.py", "top_p"),
+SAMPLING = {("data/checks.py", "top_p"), ("data/checks.py", "top_k"), ("rollout/api_engine.py", "top_p"),
             ("rollout/api_engine.py", "top_k")}
 
 
