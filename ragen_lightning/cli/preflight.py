@@ -21,11 +21,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ragen_lightning.data.datamodule import (
-    RolloutDataModule,
-    check_rollout_settings,
-    check_world_size,
-)
+from ragen_lightning.data.checks import check_rollout_settings, check_world_size
+from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.mixture import train_entries
 from ragen_lightning.data.sampler import FilterConfig
 from ragen_lightning.errors import ConfigError, Domain

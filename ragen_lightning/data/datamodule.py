@@ -33,12 +33,7 @@ from ragen_lightning.data.batching import (
     build_batch,
     rollout_metrics,
 )
-from ragen_lightning.data.checks import (  # noqa: F401 (re-exported: the checks were defined here)
-    DATA_DOMAINS,
-    check_rollout_settings,
-    check_world_size,
-    rollout_tensor_parallel,
-)
+from ragen_lightning.data.checks import check_rollout_settings, check_world_size
 from ragen_lightning.data.mixture import (
     Part,
     generation_seed,
@@ -335,27 +330,26 @@ class RolloutDataModule(L.LightningDataModule):
         sync = self._sync_engine(self._train_engine)
         return self._finish(iteration, sync, self._generate(iteration))
 
-    def _generate(self, iteration: int) -> tuple[list[Part], list, float, dict[str, float]]:
+    def _generate(self, iteration: int) -> tuple[list[Part], list, dict[str, float]]:
         """This rank's share of iteration ``iteration``'s rollout with the engine as synced: ``(parts, its
-        trajectories, seconds, rollout timings)``. No collective: it may run on the async worker."""
+        trajectories, timing_s/rollout* metrics)``. No collective: it may run on the async worker."""
         hp = self.hparams
         t0 = time.perf_counter()
         parts = self._parts(self._runners, self.train_entries, self.entry_seeds(iteration), self.train_params,
                             (hp.train_seed << 20) + iteration, self.mixture)
         local = self._run_local(parts, hp.group_size)
-        t_rollout = time.perf_counter() - t0
+        timing = {"timing_s/rollout": time.perf_counter() - t0}
         self._engine_sleep()
-        timing = {"timing_s/rollout": t_rollout}
         for runner in self._runners:  # generate, env
             for k, v in runner.timing.items():
                 timing[f"timing_s/rollout_{k}"] = timing.get(f"timing_s/rollout_{k}", 0.0) + v
-        return parts, local, t_rollout, timing
+        return parts, local, timing
 
     def _finish(self, iteration: int, sync: dict[str, float], generated: tuple) -> RolloutBatch:
         """Every rank's trajectories of :meth:`_generate`'s ``generated`` (a collective: on the training thread),
         filtered and padded into the batch, with its metrics (``sync``: the engine sync's)."""
         hp = self.hparams
-        parts, local, _, timing = generated
+        parts, local, timing = generated
         trajectories = self._gather(local)
         metrics = {f"train/{k}": v for k, v in rollout_metrics(trajectories, hp.group_size).items()}
         if self.mixture:

@@ -169,8 +169,8 @@ class MemoryPlan:
 
     @property
     def update(self) -> int:
-        """The scoring and update phase: the training state, one micro-batch's activations and logits, and what a
-        vLLM engine keeps while asleep."""
+        """The scoring and update phase: the training state, one micro-batch's activations and logits, what a
+        vLLM engine keeps while asleep, and (async) what the engine generating beside the update holds."""
         return self.static + self.activations + self.logits + self.engine_asleep + self.engine_async + self.overhead
 
     @property
@@ -264,7 +264,7 @@ def plan(arch: Architecture, *, dtype: str = "float32", activation_bytes: int = 
     asleep = reserved if sleep_level == 0 else 0
     during_update = (reserved - asleep + kv_cache) if async_rollouts else 0
     if async_rollouts and engine == "hf":  # the frozen copy it samples from
-        model.weights["actor copy (async HF engine)"] = _actor_bytes(model.weights, lora, with_critic)
+        model.weights["actor copy (async HF engine)"] = model.actor
     return MemoryPlan(weights={k: int(v) for k, v in model.weights.items()}, grads=int(model.grads),
                       optimizer=int(model.optimizer), activations=int(activations), logits=int(logits),
                       engine_kv_cache=int(kv_cache), engine_reserved=reserved, overhead=int(overhead_gib * GIB),
@@ -272,25 +272,17 @@ def plan(arch: Architecture, *, dtype: str = "float32", activation_bytes: int = 
                       engine_asleep=asleep, engine_async=int(during_update))
 
 
-def _actor_bytes(weights: dict[str, int], lora: dict[str, Any] | None, with_critic: bool) -> int:
-    """Bytes of the actor model itself (what a deep copy of it holds): its weights, or its base and adapters (both
-    adapters when the critic's shares its base)."""
-    if lora is None:
-        return weights["actor"]
-    adapters = weights["LoRA adapters (fp32)"]
-    own = adapters // 2 if with_critic and not lora.get("shared_base") else adapters
-    return next(v for k, v in weights.items() if k.startswith("actor base")) + own
-
-
 @dataclass
 class _ModelBytes:
     """The static part of a plan's models: bytes of the weights per component, of the trainable parameters' grads
-    and of their AdamW states; ``cast`` counts the fp32 trainable weights autocast casts (parameters, not bytes)."""
+    and of their AdamW states; ``cast`` counts the fp32 trainable weights autocast casts (parameters, not bytes);
+    ``actor``: bytes of the actor model itself (what a deep copy of it holds: its base and the adapters on it)."""
 
     weights: dict[str, int]
     grads: int
     optimizer: int
     cast: int
+    actor: int
     notes: list[str] = field(default_factory=list)
 
 
@@ -309,7 +301,7 @@ def _full_fine_tuning(arch: Architecture, pbytes: int, with_critic: bool, with_r
     # matmul weights autocast casts: blocks' linear layers and the LM head (tied or not), the critic's blocks
     cast = arch.block_linear_weights() + arch.embedding_params()
     cast += arch.block_linear_weights() + arch.hidden_size if with_critic else 0
-    return _ModelBytes(weights, grads, opt, cast)
+    return _ModelBytes(weights, grads, opt, cast, weights["actor"])
 
 
 def _lora_fine_tuning(arch: Architecture, pbytes: int, lora: dict[str, Any], with_critic: bool,
@@ -329,7 +321,7 @@ def _lora_fine_tuning(arch: Architecture, pbytes: int, lora: dict[str, Any], wit
     adapter = arch.lora_params(int(lora.get("rank", 64)), lora.get("target_modules", "all-linear"))
     n_adapters = 2 if with_critic else 1
     shared = bool(lora.get("shared_base")) and with_critic
-    weights["actor base (frozen" + (", nf4)" if quant else ")")] = frozen(lm)
+    base = weights["actor base (frozen" + (", nf4)" if quant else ")")] = frozen(lm)
     if with_critic and not shared:
         weights["critic base (frozen" + (", nf4)" if quant else ")")] = frozen(backbone)
     weights["LoRA adapters (fp32)"] = n_adapters * adapter * 4
@@ -342,7 +334,8 @@ def _lora_fine_tuning(arch: Architecture, pbytes: int, lora: dict[str, Any], wit
         notes.append("reference = actor with adapters disabled: no extra weights")
     if shared:
         notes.append("shared base: actor and critic are two adapters on one frozen model")
-    return _ModelBytes(weights, grads, opt, cast, notes)
+    actor = base + (n_adapters if shared else 1) * adapter * 4  # a shared base carries the critic's adapter too
+    return _ModelBytes(weights, grads, opt, cast, actor, notes)
 
 
 def _update_bytes(arch: Architecture, activation_bytes: int, micro_batch_size: int, seq_len: int,

@@ -13,7 +13,7 @@ from ragen_lightning.data.ahead import (
     batch_from_state,
     batch_state,
 )
-from ragen_lightning.data.datamodule import check_rollout_settings, check_world_size
+from ragen_lightning.data.checks import check_rollout_settings, check_world_size
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.starpo.checks import check_data_settings
 from ragen_lightning.starpo.settings import AdvantageSettings

@@ -11,7 +11,8 @@ import torch
 import envs  # noqa: F401
 from ragen_lightning.data import mixture as mix
 from ragen_lightning.data.batching import build_batch, normalize_scores
-from ragen_lightning.data.datamodule import RolloutDataModule, check_world_size
+from ragen_lightning.data.checks import check_world_size
+from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.suite import SuiteEntry, as_entry
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.engine import Generation, SamplingParams

@@ -75,7 +75,7 @@ def test_tensor_parallel_engine_needs_k_processes_before_importing_vllm(model, m
 
 
 def test_tensor_parallel_splits_env_groups_by_engine_not_by_rank():
-    from ragen_lightning.data.datamodule import check_world_size
+    from ragen_lightning.data.checks import check_world_size
 
     hp = {"num_groups": 2, "val_num_groups": 6, "engine": "vllm", "vllm": {"tensor_parallel_size": 2}}
     check_world_size(hp, 4)  # 4 ranks / TP 2 = 2 engines: 2 and 6 groups split evenly
