@@ -8,7 +8,9 @@ run's input files (read-only) and its requested output files (each bound to a ho
 ``file_size_bytes`` each reach the host's disk); ``/tmp`` is another tmpfs of at most ``disk_bytes``.
 So the code sees none of the host's files, has no network interface but loopback, and cannot signal or even see a
 host process. ``--die-with-parent`` and the PID namespace make the kernel kill every process of the run when the run
-ends: when the run's first process exits, is killed by a limit or by the wall-clock timeout. Nested user namespaces
+ends: when the run's first process exits, is killed by a limit or by the wall-clock timeout. bubblewrap itself exits
+as soon as the first process does, while the namespace's init may still be taking the others down, so a run returns
+only once its namespace is empty (its init, named by ``--json-status-fd``, is dead). Nested user namespaces
 are refused (``--disable-userns`` when bubblewrap makes one) and, on x86_64, a seccomp filter (:mod:`envs._seccomp`)
 answers EPERM to namespace, mount, ptrace, keyring, bpf and perf system calls.
 
@@ -42,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,6 +178,34 @@ def _kill_uid(uid: int) -> None:
                 continue
 
 
+def _await_namespace_end(status: Path, seconds: float = 10.0) -> None:
+    """Return once the run's PID namespace is empty. ``status`` holds bubblewrap's ``--json-status-fd`` documents; the
+    first names the namespace's init (its host pid) and the namespace. bubblewrap has exited by now; its init is
+    killed (``--die-with-parent`` already sends it SIGKILL, which may still be on its way) and awaited: the kernel
+    empties a PID namespace before its init becomes a zombie. Nothing to wait for when bubblewrap failed before
+    starting the run."""
+    try:
+        first = json.loads(status.read_text().split("\n", 1)[0])
+        pid, link = int(first["child-pid"]), f"pid:[{int(first['pid-namespace'])}]"
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    deadline = time.monotonic() + seconds
+    while True:
+        try:  # the namespace link guards against a reused pid
+            if os.readlink(f"/proc/{pid}/ns/pid") != link:
+                return
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                return
+            os.kill(pid, signal.SIGKILL)
+        except (OSError, IndexError):
+            return  # gone (or reaped) already
+        if time.monotonic() > deadline:  # the kernel has not run the kill yet (an uninterruptible wait)
+            warnings.warn(f"the sandbox's PID namespace (init pid {pid}) did not end within {seconds:g} s of its "
+                          "run; returning with it still ending", RuntimeWarning, stacklevel=3)
+            return
+        time.sleep(0.002)
+
+
 # The first program of a run (trusted, ours): it sets the resource limits, drops to the run's user id when the host is
 # root (the process limit already set, so the candidate can never exceed it), and replaces itself with the
 # interpreter running the candidate. Limits are set here rather than in a ``preexec_fn``, which is unsafe in a
@@ -276,13 +307,20 @@ class Sandbox:
             *(a for name in outputs for a in ("--bind", f"{out}/{name}", f"{SANDBOX_DIR}/{name}")),
             *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else [])])
 
+        status_fd = None
+        if bwrap is not None:  # bubblewrap names the namespace's init here (see _await_namespace_end)
+            status_fd = os.open(Path(host, "status.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            argv[1:1] = ["--json-status-fd", str(status_fd)]
         start = time.monotonic()
         timed_out = False
         with open(Path(host, "stdin"), "rb") as fin, open(Path(host, "stdout"), "wb") as fout, \
                 open(Path(host, "stderr"), "wb") as ferr:
+            passed = tuple(fd for fd in (seccomp_fd, status_fd) if fd is not None)
             proc = subprocess.Popen(argv, stdin=fin, stdout=fout, stderr=ferr, cwd=work, start_new_session=True,
-                                    close_fds=True, pass_fds=() if seccomp_fd is None else (seccomp_fd,),
+                                    close_fds=True, pass_fds=passed,
                                     env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+            if status_fd is not None:
+                os.close(status_fd)
             try:
                 returncode: int | None = proc.wait(timeout=limits.wall_seconds)
             except subprocess.TimeoutExpired:
@@ -290,6 +328,8 @@ class Sandbox:
                 returncode = None
             finally:
                 self._terminate(proc, uid)
+                if bwrap is not None:
+                    _await_namespace_end(Path(host, "status.json"))
         seconds = time.monotonic() - start
         cap = limits.file_size_bytes
         read = {name: _read_capped(Path(out, name), cap) for name in outputs}

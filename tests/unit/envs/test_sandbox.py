@@ -8,8 +8,10 @@ These tests need bubblewrap (the README's first line installs it; CI runs as roo
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -32,8 +34,6 @@ def box() -> Sandbox:
 
 def problem(expected_return: object, inputs: tuple = ((),)) -> Problem:
     """A one-test function problem: ``f()`` must return ``expected_return``."""
-    import json
-
     return Problem("return it", "function", "f", inputs, (json.dumps(expected_return),) * len(inputs), None)
 
 
@@ -112,6 +112,31 @@ def test_an_unbounded_fork_is_contained_and_leaves_no_process(box):
     assert time.monotonic() - start < LIMITS.wall_seconds + SLACK
     assert verdict.passed == 0
     assert processes_with(marker) == []  # every sleeper died with the run
+
+
+def test_a_run_returns_only_once_its_namespace_init_is_dead(tmp_path):
+    # bubblewrap exits with the run's first process while the namespace's init may still be killing the rest (seen
+    # in CI: sleepers still alive when judge() returned); the run then kills and awaits the init it was told of
+    sleeper = subprocess.Popen(["sleep", "60"])
+    namespace = int(os.readlink(f"/proc/{sleeper.pid}/ns/pid")[len("pid:["):-1])
+    status = tmp_path / "status.json"
+    try:
+        # another namespace under that pid (a reused pid): left alone
+        status.write_text(json.dumps({"child-pid": sleeper.pid, "pid-namespace": namespace + 1}) + "\n")
+        sandbox_module._await_namespace_end(status)
+        assert sleeper.poll() is None
+        # the init it names: killed, and dead (a zombie until its parent reaps it) on return
+        status.write_text(json.dumps({"child-pid": sleeper.pid, "pid-namespace": namespace}) + "\n"
+                          + json.dumps({"exit-code": 0}) + "\n")
+        sandbox_module._await_namespace_end(status)
+        assert Path(f"/proc/{sleeper.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        assert sleeper.wait(timeout=1) == -9
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    status.write_text("")  # bubblewrap failed before starting the run: nothing to wait for
+    sandbox_module._await_namespace_end(status)
+    sandbox_module._await_namespace_end(tmp_path / "missing.json")
 
 
 def test_the_fork_count_stops_at_max_processes(box):
