@@ -195,6 +195,7 @@ def _await_namespace_end(status: Path, seconds: float = 10.0) -> None:
             if os.readlink(f"/proc/{pid}/ns/pid") != link:
                 return
             if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                _reap_if_ours(pid)
                 return
             os.kill(pid, signal.SIGKILL)
         except (OSError, IndexError):
@@ -204,6 +205,16 @@ def _await_namespace_end(status: Path, seconds: float = 10.0) -> None:
                           "run; returning with it still ending", RuntimeWarning, stacklevel=3)
             return
         time.sleep(0.002)
+
+
+def _reap_if_ours(pid: int) -> None:
+    """Reap the dead init when it was reparented to this process: it is when this process is PID 1 (``python main.py
+    fit`` as a container's command) or a child subreaper; otherwise nobody here would, and each run would leave a
+    zombie holding a pid."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
 
 
 # The first program of a run (trusted, ours): it sets the resource limits, drops to the run's user id when the host is
