@@ -4,8 +4,9 @@ RAGEN-2's SNR argument says low-reward-variance groups carry a weak task gradien
 KL) keep theirs. This callback measures it: every ``every_n`` iterations (and at iteration 1) it takes the iteration's
 kept batch, recomputes old log-probs / reference log-probs / values and the advantages exactly as the module does
 (``scoring.score_batch``, ``starpo.estimators.starpo_advantages``), splits the groups into buckets by their reward std and, per
-bucket and per component, backpropagates that component alone over micro-batches and records the global grad norm
-of the actor. No optimizer step is taken and the gradients are cleared afterwards.
+bucket and per component, backpropagates that component alone over micro-batches (the update's: ``micro_batch_size``
+rows, or ``micro_batch_tokens`` padded tokens, longest rows first; the norm does not depend on the split, the memory
+does) and records the global grad norm of the actor. No optimizer step is taken and the gradients are cleared afterwards.
 
 Components (the same aggregation as the actor loss, ``algos.losses``): ``task`` = PPO policy loss (``pg_loss``),
 ``entropy`` = ``-entropy_coeff * agg(H)`` (when ``entropy_coeff != 0``), ``kl`` = ``kl_coef * agg(KL)`` (when
@@ -42,7 +43,8 @@ from ragen_lightning.metrics.functional import within_group_reward_std
 from ragen_lightning.starpo.estimators import starpo_advantages
 from ragen_lightning.starpo.scoring import (
     actor_outputs,
-    micro_slices,
+    by_length,
+    plan_micro_batches,
     score_batch,
     trimmed,
 )
@@ -117,7 +119,9 @@ class GradientAnalysis(Callback):
         horizon = d["mask"].shape[1]
         norm = agg_normalizer(d["mask"][rows], agg_mode, horizon=horizon)
         total = 0.0
-        for micro in micro_slices(rows, s.update.micro_batch_size):
+        lengths = d["att"].sum(-1)
+        for micro in plan_micro_batches(by_length(rows, lengths), lengths, s.update.micro_batch_size,
+                                        s.update.micro_batch_tokens):
             L = trimmed(d["att"], micro)
             with torch.enable_grad():
                 lp, ent = actor_outputs(actor, d["ids"][micro, :L], d["att"][micro, :L],

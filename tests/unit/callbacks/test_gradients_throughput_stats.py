@@ -70,6 +70,35 @@ def test_gradient_analysis_entropy_component_follows_the_flag(grpo_module):
     assert not any(k.endswith("/entropy") for k in out) and "grad_norm/all/task" in out
 
 
+def test_gradient_analysis_takes_the_updates_micro_batches(grpo_module, tiny_path, monkeypatch):
+    from callbacks import gradients
+
+    module, batch = grpo_module
+    seen: list[int] = []
+    real = gradients.actor_outputs
+
+    def recording(actor, ids, *args, **kwargs):
+        seen.append(ids.shape[0])
+        return real(actor, ids, *args, **kwargs)
+
+    monkeypatch.setattr(gradients, "actor_outputs", recording)
+    by_rows = GradientAnalysis(num_buckets=2).analyse(module, batch)
+    # buckets of 2, 2 and 4 rows (bucket_1, bucket_2, all) x 2 components (task, entropy), 2 rows a micro-batch
+    assert seen == [2] * (1 + 1 + 2) * 2
+    # a token budget below every row's length: one row per micro-batch, as the update would run them
+    torch.manual_seed(0)
+    budget = StarPOModule(model=str(tiny_path), advantage={"estimator": "grpo"}, loss={"entropy_coeff": 0.01},
+                          update={"micro_batch_size": 2, "mini_batch_size": 8, "micro_batch_tokens": 4})
+    budget.configure_model()
+    budget.actor.load_state_dict(module.actor.state_dict())
+    seen.clear()
+    by_tokens = GradientAnalysis(num_buckets=2).analyse(budget, batch)
+    assert seen == [1] * (2 + 2 + 4) * 2
+    assert by_tokens.keys() == by_rows.keys()
+    for key, value in by_rows.items():  # the split changes the memory, not the norms
+        assert by_tokens[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+
+
 def test_throughput_values_by_hand():
     logs = {"rollout/generated_tokens": 600.0, "timing_s/rollout": 3.0, "timing_s/rollout_generate": 2.0,
             "timing_s/rollout_env": 0.5, "timing_s/update": 4.0}
