@@ -287,7 +287,6 @@ class Sandbox:
 
     def _run_in(self, host: str, bwrap: str | None, program: str, stdin: str, files: dict[str, str],
                 outputs: tuple[str, ...], seccomp_fd: int | None) -> RunResult:
-        limits = self.limits
         work = os.path.join(host, "work")  # the candidate's directory; stdin/stdout/stderr live beside it
         out = os.path.join(host, "out") if bwrap is not None else work  # sandboxed: the output files bound in
         os.mkdir(work)
@@ -305,6 +304,7 @@ class Sandbox:
             Path(out, name).touch()
             if uid is not None:
                 os.chown(Path(out, name), uid, uid)
+        limits = self.limits
         interpreter = [self.python, "-I", "-B"]  # isolated mode: no user site, no PYTHON* variables; no .pyc
         nproc = limits.max_processes  # the launcher becomes the main program; bwrap's init runs as root
         if uid is None:  # the limit counts every process of the user (see the module docstring)
@@ -317,19 +317,24 @@ class Sandbox:
             *(a for name in ["main.py", *files] for a in ("--ro-bind", f"{work}/{name}", f"{SANDBOX_DIR}/{name}")),
             *(a for name in outputs for a in ("--bind", f"{out}/{name}", f"{SANDBOX_DIR}/{name}")),
             *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else [])])
+        return self._execute(argv, host, work, out, uid, outputs, seccomp_fd, isolated=bwrap is not None)
 
+    def _execute(self, argv: list[str], host: str, work: str, out: str, uid: int | None, outputs: tuple[str, ...],
+                 seccomp_fd: int | None, *, isolated: bool) -> RunResult:
+        """Start ``argv``, wait at most the wall-clock limit, kill what is left (:meth:`_terminate`, then the
+        namespace: :func:`_await_namespace_end`) and read the run's outputs back."""
+        limits = self.limits
         status_fd = None
-        if bwrap is not None:  # bubblewrap names the namespace's init here (see _await_namespace_end)
+        if isolated:  # bubblewrap names the namespace's init here (see _await_namespace_end)
             status_fd = os.open(Path(host, "status.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            argv[1:1] = ["--json-status-fd", str(status_fd)]
+            argv = [argv[0], "--json-status-fd", str(status_fd), *argv[1:]]
         start = time.monotonic()
         timed_out = False
         with open(Path(host, "stdin"), "rb") as fin, open(Path(host, "stdout"), "wb") as fout, \
                 open(Path(host, "stderr"), "wb") as ferr:
             passed = tuple(fd for fd in (seccomp_fd, status_fd) if fd is not None)
             proc = subprocess.Popen(argv, stdin=fin, stdout=fout, stderr=ferr, cwd=work, start_new_session=True,
-                                    close_fds=True, pass_fds=passed,
-                                    env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+                                    close_fds=True, pass_fds=passed, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
             if status_fd is not None:
                 os.close(status_fd)
             try:
@@ -339,7 +344,7 @@ class Sandbox:
                 returncode = None
             finally:
                 self._terminate(proc, uid)
-                if bwrap is not None:
+                if isolated:
                     _await_namespace_end(Path(host, "status.json"))
         seconds = time.monotonic() - start
         cap = limits.file_size_bytes
