@@ -324,19 +324,23 @@ class Sandbox:
         """Start ``argv``, wait at most the wall-clock limit, kill what is left (:meth:`_terminate`, then the
         namespace: :func:`_await_namespace_end`) and read the run's outputs back."""
         limits = self.limits
-        status_fd = None
-        if isolated:  # bubblewrap names the namespace's init here (see _await_namespace_end)
-            status_fd = os.open(Path(host, "status.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            argv = [argv[0], "--json-status-fd", str(status_fd), *argv[1:]]
         start = time.monotonic()
         timed_out = False
         with open(Path(host, "stdin"), "rb") as fin, open(Path(host, "stdout"), "wb") as fout, \
                 open(Path(host, "stderr"), "wb") as ferr:
-            passed = tuple(fd for fd in (seccomp_fd, status_fd) if fd is not None)
-            proc = subprocess.Popen(argv, stdin=fin, stdout=fout, stderr=ferr, cwd=work, start_new_session=True,
-                                    close_fds=True, pass_fds=passed, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
-            if status_fd is not None:
-                os.close(status_fd)
+            # bubblewrap names the namespace's init in this file (see _await_namespace_end); only the child keeps it
+            status_fd = os.open(Path(host, "status.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600) \
+                if isolated else None
+            try:
+                if status_fd is not None:
+                    argv = [argv[0], "--json-status-fd", str(status_fd), *argv[1:]]
+                passed = tuple(fd for fd in (seccomp_fd, status_fd) if fd is not None)
+                proc = subprocess.Popen(argv, stdin=fin, stdout=fout, stderr=ferr, cwd=work, start_new_session=True,
+                                        close_fds=True, pass_fds=passed,
+                                        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+            finally:
+                if status_fd is not None:
+                    os.close(status_fd)
             try:
                 returncode: int | None = proc.wait(timeout=limits.wall_seconds)
             except subprocess.TimeoutExpired:

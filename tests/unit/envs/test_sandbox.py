@@ -139,6 +139,22 @@ def test_a_run_returns_only_once_its_namespace_init_is_dead(tmp_path):
     sandbox_module._await_namespace_end(tmp_path / "missing.json")
 
 
+def test_a_run_that_cannot_start_leaves_no_descriptor_open(box, tmp_path, monkeypatch):
+    # the status file is opened for bubblewrap before the start; a start that fails must not leak its descriptor
+    (tmp_path / "stdin").write_bytes(b"")
+
+    def refuse(*args, **kwargs):
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(sandbox_module.subprocess, "Popen", refuse)
+    before = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError, match="Too many open files"):
+        box._execute(["bwrap", "--", "true"], str(tmp_path), str(tmp_path), str(tmp_path), None, (), None,
+                     isolated=True)
+    assert sorted(os.listdir("/proc/self/fd")) == before
+    assert (tmp_path / "status.json").exists()  # it was opened (and closed again)
+
+
 def test_the_fork_count_stops_at_max_processes(box):
     # the candidate reports how many children it could start: max_processes - 1 (the main program counts too)
     code = ("import os, time\ndef f():\n    n = 0\n    while n < 100:\n        try:\n            pid = os.fork()\n"
