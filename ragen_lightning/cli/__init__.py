@@ -14,9 +14,10 @@ from typing import Optional
 
 import torch
 from jsonargparse import ArgumentError
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
 
-from ragen_lightning.cli import preflight
+from ragen_lightning.cli import preflight, progress
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.errors import (
     ConfigError,
@@ -35,6 +36,17 @@ class StarPOCLI(LightningCLI):
         # LightningCLI's would be ignored or crash ("empty parameter list"); preflight.removed_flag_error answers them
         kwargs.setdefault("auto_configure_optimizers", False)
         super().__init__(*args, **kwargs)
+
+    def instantiate_trainer(self, **kwargs):
+        """LightningCLI's, plus :class:`~ragen_lightning.cli.progress.IterationLines` when stderr is not a terminal
+        (Lightning's bar writes nothing readable to a log file) and no other progress bar is set or disabled."""
+        trainer = self._get(self.config_init, "trainer", default={}) or {}
+        callbacks = trainer.get("callbacks") or []
+        bars = [c for c in (callbacks if isinstance(callbacks, list) else [callbacks]) if isinstance(c, ProgressBar)]
+        if progress.plain_lines_wanted() and trainer.get("enable_progress_bar") is not False and not bars:
+            extra = self.trainer_defaults.get("callbacks") or []
+            self.trainer_defaults = {**self.trainer_defaults, "callbacks": [*extra, progress.IterationLines()]}
+        return super().instantiate_trainer(**kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.temperature", "model.temperature")

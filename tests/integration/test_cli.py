@@ -140,7 +140,6 @@ def test_unreachable_wandb_server_logs_offline_within_seconds(tmp_path):
     import socket
     import subprocess
     import sys
-    import time
 
     with socket.socket() as s:  # a loopback port that was free a moment ago: connections are refused
         s.bind(("127.0.0.1", 0))
@@ -151,7 +150,8 @@ def test_unreachable_wandb_server_logs_offline_within_seconds(tmp_path):
     online.write_text("trainer:\n  logger:\n    - class_path: lightning.pytorch.loggers.WandbLogger\n"
                       "      init_args: {project: ragen_lightning, save_dir: outputs/bandit, offline: false}\n")
     main_py = Path(__file__).resolve().parents[2] / "main.py"
-    start = time.perf_counter()
+    # no wall-clock bound here (a loaded machine fails it): the probe's deadline is unit-tested
+    # (tests/unit/test_preflight.py); the subprocess timeout is the hang guard
     proc = subprocess.run([sys.executable, str(main_py), "fit", "--config", str(CONFIGS / "bandit.yaml"),
                            "--config", str(online), "--model.warm_start", "false", "--data.engine", "hf", *SMALL_RUN],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
@@ -159,4 +159,7 @@ def test_unreachable_wandb_server_logs_offline_within_seconds(tmp_path):
     warning = f"warning: wandb server http://127.0.0.1:{port} unreachable (Connection refused): logging offline"
     assert proc.stderr.startswith(warning), proc.stderr[:2000]
     assert list((tmp_path / "outputs" / "bandit" / "wandb").glob("offline-run-*"))
-    assert time.perf_counter() - start < 300
+    # stderr is a pipe, not a terminal: one plain line per iteration (ragen_lightning.cli.progress)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("iteration ")]
+    total = int(SMALL_RUN[SMALL_RUN.index("--data.num_iterations") + 1])
+    assert [line.split(" | ")[0] for line in lines] == [f"iteration {i}/{total}" for i in range(1, total + 1)]
