@@ -10,7 +10,7 @@ The task configs log with a ``CSVLogger`` next to wandb (wandb's offline run fil
 
 Panels over iterations: reward (``train/score``, ``train/success``) and in-group reward std, token entropy, MI
 estimates with their upper bound log N, conditional entropy H(Z|X), actor/critic grad norm, the filter's keep ratio,
-MI retrieval accuracy vs chance, and the four reasoning regimes (SPEC §6.2): H(Z|X) against I(X;Z) per MI
+MI retrieval accuracy vs chance, and the four reasoning regimes (RAGEN-2): H(Z|X) against I(X;Z) per MI
 measurement, coloured by iteration. The quadrant split is ``--i-split`` (default half the mean log N, the MI's upper
 bound) and ``--h-split`` (default 0.5 nats per reasoning token; sampled LLM reasoning at temperature 1 typically sits
 around 0.3-1.5, a low-entropy collapse far below): high H and high I = diverse reasoning, low H and high I =
@@ -71,7 +71,7 @@ def read_metrics(path: str | Path) -> dict[str, list[tuple[float, float]]]:
 
 
 def regime(h: float, i: float, h_split: float, i_split: float) -> str:
-    """The SPEC §6.2 regime of a point (H(Z|X), I(X;Z))."""
+    """RAGEN-2's reasoning regime of a point (H(Z|X), I(X;Z))."""
     if i >= i_split:
         return "diverse reasoning" if h >= h_split else "compressed reasoning"
     return "template collapse" if h >= h_split else "low-entropy collapse"
