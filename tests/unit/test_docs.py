@@ -193,3 +193,37 @@ def test_docs_and_configs_cite_no_missing_spec_file():
     citing = [f"{p.relative_to(ROOT)}:{n}" for p in files for n, line in enumerate(p.read_text().splitlines(), 1)
               if re.search(r"\bSPEC\b|SPEC\.md", line)]
     assert citing == []
+
+
+_NOT_PROSE = re.compile(r"^(\s{4}|\s*[|#!<>]|\s*[-*+] |\s*\d+\. |\[\^)")
+_SENTENCE_END = re.compile(r"""[.:;!?)`*'"]$""")
+
+
+def cut_off_paragraphs(text: str) -> list[str]:
+    """The last lines of prose paragraphs that stop mid-sentence: no closing punctuation, and what follows is not the
+    code block, list or table the line introduces (a heading, another paragraph, the end of the page)."""
+    lines = text.splitlines()
+    found, fenced = [], False
+    for n, line in enumerate(lines):
+        if _FENCE.match(line):
+            fenced = not fenced
+            continue
+        if fenced or not line.strip() or _NOT_PROSE.match(line) or _SENTENCE_END.search(line.rstrip()):
+            continue
+        if n + 1 < len(lines) and lines[n + 1].strip():
+            continue  # the paragraph goes on
+        after = next((x for x in lines[n + 1:] if x.strip()), "")
+        if after and (_FENCE.match(after) or re.match(r"^(\s{4}|\s*[-*+] |\s*\d+\. |\s*\|)", after)):
+            continue  # introduces a block: "Run it:" may also be "it" + a numbered list
+        found.append(line.strip()[-60:])
+    return found
+
+
+def test_cut_off_sentences_are_found():
+    text = "Para one ends well.\n\nIt keeps the caches (kept between runs so\n\n## Next\n\nIntro to a list\n\n1. item\n\nlast"
+    assert cut_off_paragraphs(text) == ["It keeps the caches (kept between runs so", "last"]
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: p.name)
+def test_no_sentence_is_cut_off(page):
+    assert cut_off_paragraphs(page.read_text()) == []
