@@ -7,15 +7,21 @@
 The task configs log with a ``CSVLogger`` next to wandb (wandb's offline run files are a binary protobuf stream;
 ``wandb sync`` them and use wandb's own charts, or point this script at the CSV). Given a folder, the newest
 ``metrics.csv`` under it is read. Rows of one step are merged (callbacks and the module log separately).
+Training values sit at their iteration counted from 1; a validation at the number of iterations done before it, so
+``--validate_first``'s validation of the warm start is iteration 0.
 
 Panels over iterations: reward (``train/score``, ``train/success``) and in-group reward std, token entropy, MI
 estimates with their upper bound log N, conditional entropy H(Z|X), actor/critic grad norm, the filter's keep ratio,
-MI retrieval accuracy vs chance, and the four reasoning regimes (SPEC §6.2): H(Z|X) against I(X;Z) per MI
-measurement, coloured by iteration. The quadrant split is ``--i-split`` (default half the mean log N, the MI's upper
-bound) and ``--h-split`` (default 0.5 nats per reasoning token; sampled LLM reasoning at temperature 1 typically sits
-around 0.3-1.5, a low-entropy collapse far below): high H and high I = diverse reasoning, low H and high I =
-compressed reasoning, high H and low I = template collapse, low H and low I = low-entropy collapse. The splits are
-conventions for reading the plot, not thresholds from the paper.
+MI retrieval accuracy vs chance, and the four reasoning regimes (RAGEN-2): H(Z|X) against I(X;Z) per MI
+measurement, coloured by iteration. With groups of one episode (``--data.group_size 1``, as ``configs/sokoban.yaml``
+branches instead) every in-group reward std is 0 by construction: the panel says so rather than look like the echo
+trap. The quadrant split is ``--i-split`` (default a tenth of the mean log N, the MI's upper bound: in the runs of
+docs/learning.md and docs/dashboard_bandit.md reasoning that read its input measured 13-51 % of log N, reasoning
+that ignored it 0-7 %) and ``--h-split`` (default 0.5 nats per reasoning token; sampled LLM reasoning at temperature 1
+typically sits around 0.3-1.5, a low-entropy collapse far below; the tiny model's reasoning measured 0.015-0.43 while
+its format held, so pass a split at its scale there, e.g. half its first measurements): high H and high I = diverse
+reasoning, low H and high I = compressed reasoning, high H and low I = template collapse, low H and low I =
+low-entropy collapse. The splits are conventions for reading the plot, not thresholds from the paper.
 """
 
 from __future__ import annotations
@@ -23,10 +29,14 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import re
 from pathlib import Path
 
 MI_LABELS = ("first_turn", "trajectory")
 DEFAULT_H_SPLIT = 0.5  # nats per reasoning token
+I_SPLIT_OF_BOUND = 0.1  # the default I(X;Z) split as a fraction of the mean log N
+VALIDATION = ("val/", "val_")  # the prefixes of the keys a validation logs
+REWARD_STD = "rollout/in_group_reward_std"
 
 
 def find_csv(path: str | Path) -> Path:
@@ -43,35 +53,95 @@ def find_csv(path: str | Path) -> Path:
 def read_metrics(path: str | Path) -> dict[str, list[tuple[float, float]]]:
     """``key -> [(iteration, value), ...]`` sorted by iteration; rows of one step merged.
 
-    The iteration is the logged 0-based ``iteration`` + 1 when present in the step's rows, else the step + 1.
+    A training value's iteration is the logged 0-based ``iteration`` + 1 of its step's rows (the callbacks' rows of
+    a step carry none), else the step + 1. A validation value (``val/*``, ``val_*``) sits at the number of iterations
+    done when it ran: its step's ``iteration`` + 1 when it comes after that iteration's row in the file, the
+    ``iteration`` itself when before it (``--validate_first``: 0), else the last iteration before it + 1.
     Empty and non-finite cells are skipped.
     """
     steps: dict[int, dict[str, float]] = {}
+    trained_at: dict[int, int] = {}  # step -> the file row that logged its iteration
+    validations: list[tuple[int, int, dict[str, float]]] = []  # (file row, step, values)
     with open(find_csv(path), newline="") as f:
-        for row in csv.DictReader(f):
+        for index, row in enumerate(csv.DictReader(f)):
             if not row.get("step"):
                 continue
-            merged = steps.setdefault(int(float(row["step"])), {})
-            for k, v in row.items():
-                if k in ("step", "epoch") or v in ("", None):
-                    continue
-                try:
-                    x = float(v)
-                except ValueError:
-                    continue
-                if math.isfinite(x):
-                    merged[k] = x
+            step = int(float(row["step"]))
+            values = _numbers(row)
+            validation = {k: v for k, v in values.items() if k.startswith(VALIDATION)}
+            if validation:
+                validations.append((index, step, validation))
+            rest = {k: v for k, v in values.items() if k not in validation}
+            if "iteration" in rest:
+                trained_at.setdefault(step, index)
+            if rest or not validation:
+                steps.setdefault(step, {}).update(rest)
     series: dict[str, list[tuple[float, float]]] = {}
     for step in sorted(steps):
         values = steps[step]
         it = values["iteration"] + 1 if "iteration" in values else step + 1
         for k, v in values.items():
             series.setdefault(k, []).append((it, v))
-    return series
+    for index, step, values in validations:
+        done = _iterations_done(index, step, steps, trained_at)
+        for k, v in values.items():
+            series.setdefault(k, []).append((done, v))
+    return {k: sorted(points, key=lambda p: p[0]) for k, points in series.items()}
+
+
+def _numbers(row: dict[str, str]) -> dict[str, float]:
+    out = {}
+    for k, v in row.items():
+        if k in ("step", "epoch") or v in ("", None):
+            continue
+        try:
+            x = float(v)
+        except ValueError:
+            continue
+        if math.isfinite(x):
+            out[k] = x
+    return out
+
+
+def _iterations_done(index: int, step: int, steps: dict[int, dict[str, float]], trained_at: dict[int, int]) -> float:
+    """How many iterations a validation logged at file row ``index`` and ``step`` came after."""
+    if step in trained_at:
+        it = steps[step]["iteration"]
+        return it + 1 if trained_at[step] <= index else it
+    before = [steps[s]["iteration"] for s, row in trained_at.items() if row < index]
+    return max(before) + 1 if before else 0.0
+
+
+def group_size(series: dict[str, list[tuple[float, float]]]) -> int | None:
+    """The run's group size, read from its ``train/pass@k`` key (k = ``--data.group_size``), if logged."""
+    sizes = {int(m.group(1)) for k in series if (m := re.fullmatch(r"train/pass@(\d+)", k))}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def reward_std_note(series: dict[str, list[tuple[float, float]]]) -> str | None:
+    """What the in-group reward std panel must say beside its line: groups of one episode have no in-group std (the
+    panel's 0 is not the echo trap); with groups of one, a std that is not 0 is over each state's branches
+    (``--data.filter.over states``). None otherwise."""
+    if group_size(series) != 1 or REWARD_STD not in series:
+        return None
+    if all(v == 0 for _, v in series[REWARD_STD]):
+        return ("group size 1: no in-group reward std\n(0 by construction, not the echo trap;\n"
+                "--data.filter.over states logs it per state)")
+    return "group size 1: the std over each state's branches"
+
+
+def default_splits(series: dict[str, list[tuple[float, float]]]) -> tuple[float, float]:
+    """``(h_split, i_split)`` of the regime panel when not given: ``DEFAULT_H_SPLIT`` and a tenth of the mean MI
+    bound log N (without a logged bound, half the largest MI)."""
+    bounds = [v for lab in MI_LABELS for _, v in series.get(f"collapse/{lab}/mi_upper_bound", [])]
+    if bounds:
+        return DEFAULT_H_SPLIT, I_SPLIT_OF_BOUND * sum(bounds) / len(bounds)
+    mis = [v for lab in MI_LABELS for _, v in series.get(f"collapse/{lab}/mi", [])]
+    return DEFAULT_H_SPLIT, 0.5 * max(max(mis, default=0.0), 1e-6)
 
 
 def regime(h: float, i: float, h_split: float, i_split: float) -> str:
-    """The SPEC §6.2 regime of a point (H(Z|X), I(X;Z))."""
+    """RAGEN-2's reasoning regime of a point (H(Z|X), I(X;Z))."""
     if i >= i_split:
         return "diverse reasoning" if h >= h_split else "compressed reasoning"
     return "template collapse" if h >= h_split else "low-entropy collapse"
@@ -121,7 +191,10 @@ def figure(series: dict[str, list[tuple[float, float]]], title: str = "collapse 
     fig, axes = plt.subplots(3, 3, figsize=(15, 12))
     ax = axes.flat
     _plot(ax[0], series, ["train/score", "train/success"], "reward (mean score, success)")
-    _plot(ax[1], series, ["rollout/in_group_reward_std"], "in-group reward std (healthy: clearly > 0)")
+    _plot(ax[1], series, [REWARD_STD], "in-group reward std (healthy: clearly > 0)")
+    if note := reward_std_note(series):
+        ax[1].text(0.5, 0.5, note, ha="center", va="center", transform=ax[1].transAxes, fontsize=9,
+                   color="firebrick", bbox={"facecolor": "white", "edgecolor": "grey"})
     _plot(ax[2], series, ["actor/entropy"], "token entropy (healthy: slow decline)")
     mi_keys = [f"collapse/{lab}/{k}" for lab in MI_LABELS for k in ("mi", "mi_upper_bound")]
     dashed = {k: {"linestyle": "--"} for k in mi_keys if k.endswith("upper_bound")}
@@ -164,11 +237,9 @@ def _quadrant(ax, series, h_split, i_split) -> None:
         ax.text(0.5, 0.5, "MI not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
         return
     hs, is_ = [p[1] for p in points], [p[2] for p in points]
-    bounds = [v for lab in MI_LABELS for _, v in series.get(f"collapse/{lab}/mi_upper_bound", [])]
-    if i_split is None:
-        i_split = 0.5 * sum(bounds) / len(bounds) if bounds else 0.5 * max(max(is_), 1e-6)
-    if h_split is None:
-        h_split = DEFAULT_H_SPLIT
+    default_h, default_i = default_splits(series)
+    h_split = default_h if h_split is None else h_split
+    i_split = default_i if i_split is None else i_split
     pad_h = max(0.1, 0.15 * (max(hs) - min(hs)))
     pad_i = max(0.1, 0.15 * (max(is_ + [i_split]) - min(is_ + [0.0])))
     x0, x1 = min(hs + [h_split]) - pad_h, max(hs + [h_split]) + pad_h
@@ -194,8 +265,8 @@ def _quadrant(ax, series, h_split, i_split) -> None:
 
 def success_plot(series: dict[str, list[tuple[float, float]]], out: str | Path,
                  title: str = "success per iteration") -> Path:
-    """One panel: validation success (the fixed validation levels; with ``--validate_first`` the first point is the
-    model before any update) and training success per iteration; returns the PNG's path."""
+    """One panel: validation success (the fixed validation levels; with ``--validate_first`` the first point, at
+    iteration 0, is the model before any update) and training success per iteration; returns the PNG's path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -219,7 +290,8 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--out", default="dashboard.png", help="PNG to write")
     parser.add_argument("--title", default=None)
     parser.add_argument("--h-split", type=float, default=None, help=f"H(Z|X) quadrant split (default {DEFAULT_H_SPLIT})")
-    parser.add_argument("--i-split", type=float, default=None, help="I(X;Z) quadrant split")
+    parser.add_argument("--i-split", type=float, default=None,
+                        help=f"I(X;Z) quadrant split (default {I_SPLIT_OF_BOUND} x the mean MI bound log N)")
     parser.add_argument("--success", action="store_true",
                         help="draw only validation and training success per iteration (the README's learning plot)")
     args = parser.parse_args(argv)

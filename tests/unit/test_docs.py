@@ -141,3 +141,89 @@ def test_readme_first_bash_block_is_the_two_ci_lines():
     assert len(block) == 2
     assert block[0].startswith("apt-get update") and block[0].endswith("python main.py fit --config configs/sokoban.yaml")
     assert block[1] == "python -m pytest -q"
+
+
+# a measured rate or gain (the docs quote three decimals), its sign kept; in a range "0.414-0.508" the "-" is no sign
+_FIGURE = re.compile(r"(?<![\w.])[+-]?\d+\.\d{3}(?!\d)")
+
+
+def section(text: str, heading: str) -> str:
+    """The body of the heading named ``heading`` (any level) up to the next heading of the same or a higher level."""
+    m = re.search(rf"^(#+) {re.escape(heading)}\s*$", text, re.MULTILINE)
+    assert m, f"no heading {heading!r}"
+    end = re.compile(rf"^#{{1,{len(m.group(1))}}} ", re.MULTILINE).search(text, m.end())
+    return text[m.end():end.start() if end else len(text)]
+
+
+def figures(text: str) -> list[str]:
+    """The three-decimal figures of ``text``, signs kept (``+0.155``, ``0.277``)."""
+    return _FIGURE.findall(text)
+
+
+def quoted_in(figure: str, text: str) -> bool:
+    """Whether ``figure`` appears in ``text`` as a whole figure: ``0.155`` is not in ``+0.155`` nor in ``0.1550``."""
+    return re.search(rf"(?<![\w.+-]){re.escape(figure)}(?!\d)", text) is not None
+
+
+def test_figures_are_parsed_and_matched_whole():
+    assert figures("from 0.312 to 0.414-0.508, +0.155 [+0.123, -0.008]; 1.1M, ±0.04, 22.2 min") == [
+        "0.312", "0.414", "0.508", "+0.155", "+0.123", "-0.008"]
+    assert quoted_in("+0.155", "| +0.155 [+0.123, +0.187] |") and quoted_in("0.403", "0.433, 0.403, 0.447")
+    assert not quoted_in("0.155", "+0.155") and not quoted_in("0.312", "0.3125") and not quoted_in("+0.155", "0.155")
+    assert section("# A\nx\n## B\ny 1.000\n### C\nz\n## D\nw\n", "B") == "\ny 1.000\n### C\nz\n"
+
+
+def test_readme_default_run_figures_are_in_the_learning_table():
+    """Every figure the README quotes for the default run (its "What the default run does" section and the
+    ``configs/sokoban.yaml`` line of its results) is a figure of docs/learning.md's table of the shipped recipes."""
+    readme = README.read_text()
+    quoted = figures(section(readme, "What the default run does"))
+    quoted += figures(next(line for line in section(readme, "Results").split("\n- ")
+                           if line.startswith("SimpleSokoban (`configs/sokoban.yaml`)")))
+    assert len(quoted) >= 10, quoted  # the section still quotes its results
+    table = "\n".join(line for line in section((DOCS / "learning.md").read_text(), "The recipes as shipped")
+                      .splitlines() if line.startswith("|"))
+    missing = [f for f in quoted if not quoted_in(f, table)]
+    assert missing == [], f"README quotes {missing} for the default run; docs/learning.md's table does not"
+
+
+def test_docs_and_configs_cite_no_missing_spec_file():
+    """The repository has no SPEC file: docs and config comments cite RAGEN (its files) or the papers instead."""
+    files = [README, *DOCS.glob("*.md"), *(ROOT / "configs").rglob("*.yaml")]
+    citing = [f"{p.relative_to(ROOT)}:{n}" for p in files for n, line in enumerate(p.read_text().splitlines(), 1)
+              if re.search(r"\bSPEC\b|SPEC\.md", line)]
+    assert citing == []
+
+
+_NOT_PROSE = re.compile(r"^(\s{4}|\s*[|#!<>]|\s*[-*+] |\s*\d+\. |\[\^)")
+_SENTENCE_END = re.compile(r"""[.:;!?)`*'"]$""")
+
+
+def cut_off_paragraphs(text: str) -> list[str]:
+    """The last lines of prose paragraphs that stop mid-sentence: no closing punctuation, and what follows is not the
+    code block, list or table the line introduces (a heading, another paragraph, the end of the page)."""
+    lines = text.splitlines()
+    found, fenced = [], False
+    for n, line in enumerate(lines):
+        if _FENCE.match(line):
+            fenced = not fenced
+            continue
+        if fenced or not line.strip() or _NOT_PROSE.match(line) or _SENTENCE_END.search(line.rstrip()):
+            continue
+        if n + 1 < len(lines) and lines[n + 1].strip():
+            continue  # the paragraph goes on
+        after = next((x for x in lines[n + 1:] if x.strip()), "")
+        if after and (_FENCE.match(after) or re.match(r"^(\s{4}|\s*[-*+] |\s*\d+\. |\s*\|)", after)):
+            continue  # introduces a block: "Run it:" may also be "it" + a numbered list
+        found.append(line.strip()[-60:])
+    return found
+
+
+def test_cut_off_sentences_are_found():
+    text = "Para one ends well.\n\nIt keeps the caches (kept between runs so\n\n## Next\n\nIntro to a list\n\n1. item\n\nlast"
+    assert cut_off_paragraphs(text) == ["It keeps the caches (kept between runs so", "last"]
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: p.name)
+def test_no_sentence_is_cut_off(page):
+    assert cut_off_paragraphs(page.read_text()) == []

@@ -1,4 +1,4 @@
-"""Advantage estimators and modifiers against hand-computed numbers (SPEC §4.3-4.6)."""
+"""Advantage estimators and modifiers against hand-computed numbers (RAGEN's core_algos.py, veRL v0.6.1)."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def test_masked_whiten_degenerate_masks_and_constant_input():
 
 
 def test_gae_terminal_reward_gamma_lambda_one():
-    # gamma = lam = 1, reward R = 1 on the last token: A_t = R - V_t, returns_t = R (SPEC §4.3)
+    # gamma = lam = 1, reward R = 1 on the last token: A_t = R - V_t, returns_t = R (veRL's masked GAE)
     rewards = T([[0.0, 0.0, 0.0, 1.0]])
     values = T([[0.1, 0.2, 0.3, 0.4]])
     adv, ret = gae(rewards, values, torch.ones(1, 4), gamma=1.0, lam=1.0)

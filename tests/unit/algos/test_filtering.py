@@ -1,4 +1,5 @@
-"""Rollout filtering: the 18 cases of SPEC §5.7, selection semantics of §5.3, and properties."""
+"""Rollout filtering: the 18 cases of RAGEN's `tests/test_rollout_filter.py`, the selection of its
+`ragen/trainer/rollout_filter.py`, and properties."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def kept(*indices: int) -> torch.Tensor:
     return T(list(indices), dtype=torch.long)
 
 
-# ------------------------------------------------------------------------------------------------ SPEC §5.7 cases
+# ------------------------------------------------------------------- RAGEN's tests/test_rollout_filter.py cases
 # RAGEN's helper batch: token scores arange(G*S*T).reshape(G*S, T), loss mask all ones, groups of contiguous rows.
 
 

@@ -1,4 +1,4 @@
-"""Losses, aggregation, entropy and KL estimators against hand-computed numbers (SPEC §4.1-4.2)."""
+"""Losses, aggregation, entropy and KL estimators against hand-computed numbers (veRL v0.6.1, as RAGEN runs it)."""
 
 from __future__ import annotations
 

@@ -345,7 +345,7 @@ def test_golden_level_seed_0():
 
 
 def test_ragen_generator_matches_ragens_difficulty():
-    # RAGEN's generator on 300 seeds (SPEC 1.1): mean shortest solution 4.0 (1-11) at 6x6/1 box, 5.8 at 8x8/2 boxes;
+    # RAGEN's generator on 300 seeds: mean shortest solution 4.0 (1-11) at 6x6/1 box, 5.8 at 8x8/2 boxes;
     # the uniform-depth generator is harder (5.1 and 8.0)
     def lengths(**kw):
         env = SokobanEnv(**kw)

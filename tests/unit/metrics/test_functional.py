@@ -1,4 +1,4 @@
-"""Hand-computed checks of ``ragen_lightning.metrics.functional`` (SPEC §6.1, §5.4)."""
+"""Hand-computed checks of ``ragen_lightning.metrics.functional`` (RAGEN's collapse and rollout-filter metrics)."""
 
 from __future__ import annotations
 

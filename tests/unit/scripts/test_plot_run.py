@@ -55,12 +55,68 @@ def test_dashboard_png_is_written(tmp_path):
         plot_run.find_csv(tmp_path / "nothing")
 
 
+# A run's validations as Lightning writes them (validate_first, validation every 2 iterations): the validation before
+# any update is logged at step 0 before iteration 0's row, each later one at the step of the iteration it follows
+VAL_CSV = """epoch,step,iteration,train/success,val/success,val_success,collapse/first_turn/mi
+0,0,,,0.25,0.25,
+,0,,,,,0.5
+0,0,0.0,0.5,,,
+0,1,1.0,0.5,,,
+0,1,,,0.5,0.5,
+0,2,2.0,0.5,,,
+0,3,3.0,0.75,,,
+0,3,,,0.625,0.625,
+"""
+
+
+def test_validation_sits_at_the_iterations_done_before_it(tmp_path):
+    (tmp_path / "metrics.csv").write_text(VAL_CSV)
+    series = plot_run.read_metrics(tmp_path / "metrics.csv")
+    # the warm start's validation is iteration 0; the others follow iterations 2 and 4 (0-based 1 and 3)
+    assert series["val/success"] == [(0, 0.25), (2.0, 0.5), (4.0, 0.625)]
+    assert series["val_success"] == series["val/success"]
+    assert series["train/success"] == [(1.0, 0.5), (2.0, 0.5), (3.0, 0.5), (4.0, 0.75)]
+    assert series["collapse/first_turn/mi"] == [(1.0, 0.5)]  # a callback row takes its step's iteration
+    # one iteration, both validations at step 0 (before and after the iteration's row): 0 and 1, neither lost
+    one = "epoch,step,iteration,train/success,val/success\n0,0,,,0.25\n0,0,0.0,0.5,\n0,0,,,0.75\n"
+    (tmp_path / "metrics.csv").write_text(one)
+    assert plot_run.read_metrics(tmp_path / "metrics.csv")["val/success"] == [(0, 0.25), (1.0, 0.75)]
+    # a validation at a step no iteration logged: after the last iteration before it in the file; none: 0
+    (tmp_path / "metrics.csv").write_text("epoch,step,iteration,val/success\n0,0,,0.25\n0,4,4.0,\n0,7,,0.5\n")
+    assert plot_run.read_metrics(tmp_path / "metrics.csv")["val/success"] == [(0, 0.25), (5.0, 0.5)]
+
+
+def test_default_splits_read_a_healthy_run_as_healthy():
+    # docs/dashboard_bandit.png's run: MI bounds log 8 (first turn) and log 16 (trajectory), MI 0.64-1.07, H(Z|X) 0.04-0.21
+    bounds = {"collapse/first_turn/mi_upper_bound": [(2.0, math.log(8))],
+              "collapse/trajectory/mi_upper_bound": [(2.0, math.log(16))]}
+    h_split, i_split = plot_run.default_splits(bounds)
+    assert h_split == 0.5 and i_split == pytest.approx(0.1 * (3 * math.log(2) + 4 * math.log(2)) / 2)  # 0.2426
+    assert plot_run.regime(0.1, 0.64, h_split, i_split) == "compressed reasoning"
+    # the former default, half the mean bound (1.213), put the same point in "low-entropy collapse"
+    assert plot_run.regime(0.1, 0.64, 0.5, 0.5 * 3.5 * math.log(2)) == "low-entropy collapse"
+    # docs/learning.md's template collapse (log 8: split 0.208): MI 0.278 -> 0.134 at H(Z|X) 0.29 -> 0.33, h split 0.15
+    _, i_split = plot_run.default_splits({"collapse/first_turn/mi_upper_bound": [(1.0, math.log(8))]})
+    assert plot_run.regime(0.29, 0.278, 0.15, i_split) == "diverse reasoning"
+    assert plot_run.regime(0.33, 0.134, 0.15, i_split) == "template collapse"
+    # no bound logged: half the largest MI
+    assert plot_run.default_splits({"collapse/first_turn/mi": [(1.0, 0.2), (2.0, 0.6)]}) == (0.5, 0.3)
+
+
+def test_reward_std_of_groups_of_one_is_marked_not_the_echo_trap():
+    zeros = {"train/pass@1": [(1.0, 0.2)], "rollout/in_group_reward_std": [(1.0, 0.0), (2.0, 0.0)]}
+    assert plot_run.group_size(zeros) == 1
+    assert plot_run.reward_std_note(zeros).startswith("group size 1: no in-group reward std")
+    per_state = {**zeros, "rollout/in_group_reward_std": [(1.0, 0.4), (2.0, 0.0)]}  # --data.filter.over states
+    assert plot_run.reward_std_note(per_state) == "group size 1: the std over each state's branches"
+    groups = {"train/pass@8": [(1.0, 0.5)], "rollout/in_group_reward_std": [(1.0, 0.0)]}
+    assert plot_run.group_size(groups) == 8 and plot_run.reward_std_note(groups) is None
+    assert plot_run.group_size({"val/pass@1": [(0, 0.3)]}) is None  # validation's pass@k is not the training group
+
+
 @pytest.mark.slow
 def test_success_plot_draws_validation_and_training_success(tmp_path, monkeypatch):
-    csv_text = CSV.replace("rollout/filter_kept_ratio\n", "rollout/filter_kept_ratio,val/success,train/success\n", 1)
-    lines = csv_text.splitlines()
-    lines = [lines[0]] + [line + (",0.25,0.5" if i == 0 else ",,0.5") for i, line in enumerate(lines[1:])]
-    (tmp_path / "metrics.csv").write_text("\n".join(lines) + "\n")
+    (tmp_path / "metrics.csv").write_text(VAL_CSV)
     drawn = []
     real = plot_run._plot
     monkeypatch.setattr(plot_run, "_plot", lambda ax, series, keys, *a, **k: drawn.append(
@@ -69,10 +125,21 @@ def test_success_plot_draws_validation_and_training_success(tmp_path, monkeypatc
     import matplotlib.image
 
     assert matplotlib.image.imread(out).shape[:2] == (440, 770)  # 7 x 4 inches at 110 dpi
-    assert drawn == [{"val/success": [(1.0, 0.25)], "train/success": [(1.0, 0.5), (2.0, 0.5), (3.0, 0.5), (4.0, 0.5)]}]
+    assert drawn == [{"val/success": [(0, 0.25), (2.0, 0.5), (4.0, 0.625)],
+                      "train/success": [(1.0, 0.5), (2.0, 0.5), (3.0, 0.5), (4.0, 0.75)]}]
     (tmp_path / "metrics.csv").write_text(CSV)
     with pytest.raises(ValueError, match="no val/success"):
         plot_run.main([str(tmp_path / "metrics.csv"), "--success", "--out", str(tmp_path / "s2.png")])
+
+
+@pytest.mark.slow
+def test_the_reward_std_panel_says_group_size_one():
+    series = {"train/pass@1": [(1.0, 0.2), (2.0, 0.3)], "rollout/in_group_reward_std": [(1.0, 0.0), (2.0, 0.0)]}
+    fig = plot_run.figure(series, "t")
+    assert any(text.get_text().startswith("group size 1") for text in fig.axes[1].texts)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
 
 
 @pytest.mark.slow
