@@ -1,8 +1,8 @@
 """The two optimizers of a StarPO run (actor, critic), their optional learning-rate schedule (linear warm-up per
 step, cosine decay per iteration: :class:`LRSchedule`), and the guard that keeps non-finite values out of the weights.
 
-With manual optimisation Lightning does not step schedulers: :func:`step_warmup` advances the schedule of the
-network whose optimizer just stepped, :func:`start_iteration` moves the decay to the new iteration.
+With manual optimisation Lightning does not step schedulers: a network's step steps its scheduler
+(:func:`scheduler_of`), :func:`start_iteration` moves the decay to the new iteration.
 
 Non-finite guard (:func:`guarded_step`): a step is not applied when its inputs are non-finite (loss, gradient norm:
 checked by :func:`~ragen_lightning.starpo.optimizer_steps.accumulate`; learning rate: checked here before the step) or when
@@ -79,12 +79,12 @@ def _schedulers(schedulers) -> list:
     return schedulers if isinstance(schedulers, list) else [] if schedulers is None else [schedulers]
 
 
-def step_warmup(schedulers, opt) -> None:
-    """One scheduler step for the network of ``opt`` (a ``LightningOptimizer`` or a plain optimizer)."""
+def scheduler_of(schedulers, opt):
+    """The scheduler of ``opt`` (a ``LightningOptimizer`` or a plain one) among ``schedulers``, else
+    None: stepped after each of the network's applied steps (Lightning's manual optimisation does
+    not step it)."""
     inner = getattr(opt, "optimizer", opt)
-    for sched in _schedulers(schedulers):
-        if sched.optimizer is inner:
-            sched.step()
+    return next((sched for sched in _schedulers(schedulers) if sched.optimizer is inner), None)
 
 
 def start_iteration(schedulers, iteration: int) -> None:

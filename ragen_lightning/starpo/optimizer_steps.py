@@ -1,7 +1,9 @@
-"""Step 4 of a StarPO iteration: the (data-parallel) mini-batch update, network-agnostic.
+"""Step 4 of a StarPO iteration: one optimizer step of a network, network-agnostic, data parallel.
 
-:class:`~ragen_lightning.starpo.module.StarPOModule` builds the actor and critic losses; this module owns what is the same
-for both and what data parallelism changes:
+:mod:`.ppo` builds the actor and critic losses; this module owns what is the same for both and what
+data parallelism changes. A :class:`StepContext` carries what a step needs (the network, its
+optimizer and scheduler, the skip guard, gradient clip and micro-batching), so nothing here sees the
+LightningModule:
 
 * :func:`mini_batches`: each mini-batch's global rows (shuffled per iteration and epoch when asked) and this rank's
   share of them; short shares are padded with the inert row (:meth:`~ragen_lightning.types.UpdateBatch.with_inert_row`)
@@ -20,10 +22,11 @@ In one process these reduce to the plain loops (``world() == (0, 1)``).
 from __future__ import annotations
 
 import math
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-import lightning as L
 import torch
 
 from ragen_lightning.parallel import (
@@ -35,8 +38,8 @@ from ragen_lightning.parallel import (
 )
 from ragen_lightning.parallel.threads import backward_in_order
 from ragen_lightning.starpo.checks import check_threads_precision
-from ragen_lightning.starpo.optim import guarded_step, step_warmup
-from ragen_lightning.starpo.scoring import plan_micro_batches, score_batch
+from ragen_lightning.starpo.optim import SkipGuard, guarded_step
+from ragen_lightning.starpo.scoring import MicroBatching, plan_micro_batches, score_batch
 
 
 @dataclass
@@ -116,69 +119,112 @@ def score_sharded(model: torch.nn.Module, ids: torch.Tensor, att: torch.Tensor, 
     return tuple(full)
 
 
-def fsdp1_root(module: L.LightningModule):
-    """The FSDP1-wrapped root module when the trainer runs ``FSDPStrategy``, else None."""
-    trainer = module._trainer
-    if trainer is None:
-        return None
+def autograd_backward(loss: torch.Tensor) -> None:
+    """``loss.backward()``: the backward of a step outside Lightning (a worker thread, a test)."""
+    loss.backward()
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What one network's optimizer steps need, built by the module from its trainer per iteration.
+
+    Attributes:
+        network: ``"actor"`` | ``"critic"``: names the step in the skip guard.
+        model: the network the losses run.
+        optimizer: its optimizer (Lightning's wrapper: each ``step`` counts in ``global_step``).
+        micro: how a step's rows split into micro-batches.
+        grad_clip: max global gradient norm (<= 0: measure only).
+        skips: counts skipped steps and stops the run after too many in a row (None: not counted).
+        scheduler: the learning-rate scheduler stepped after each applied step (None: no schedule).
+        backward: ``loss -> None``: Lightning's ``manual_backward`` or autograd's.
+        pad_row: data parallel: the inert row that pads short per-rank shares of a mini-batch.
+        fsdp_root: the FSDP1-wrapped root module, whose own clip is exact (None: other strategies).
+        precision: the trainer's precision (threads need a ``*-true`` one).
+        device: where the ranks' flags are reduced.
+    """
+
+    network: str
+    model: torch.nn.Module | None
+    optimizer: Any
+    micro: MicroBatching = MicroBatching()
+    grad_clip: float = 0.0
+    skips: SkipGuard | None = None
+    scheduler: Any = None
+    backward: Callable[[torch.Tensor], None] = autograd_backward
+    pad_row: int = -1
+    fsdp_root: torch.nn.Module | None = None
+    precision: Any = None
+    device: torch.device | str = "cpu"
+
+    def outside_lightning(self) -> StepContext:
+        """This context for a step on a worker thread: autograd's backward, the raw torch
+        optimizer (Lightning's wrapper and hooks keep state that concurrent calls would corrupt),
+        one thread."""
+        raw = getattr(self.optimizer, "optimizer", self.optimizer)  # LightningOptimizer's torch one
+        return dataclasses.replace(self, optimizer=raw, backward=autograd_backward,
+                                   micro=dataclasses.replace(self.micro, threads=1))
+
+
+def fsdp1_root(strategy: Any) -> torch.nn.Module | None:
+    """The FSDP1-wrapped root module when the trainer's ``strategy`` is FSDP1's, else None."""
     from lightning.pytorch.strategies import FSDPStrategy
 
-    return trainer.strategy.model if isinstance(trainer.strategy, FSDPStrategy) else None
+    return strategy.model if isinstance(strategy, FSDPStrategy) else None
 
 
-def clip_grad_norm(module: L.LightningModule, params, max_norm: float, every_param: bool = False) -> float:
+def clip_grad_norm(params, max_norm: float, every_param: bool = False,
+                   fsdp_root: torch.nn.Module | None = None) -> float:
     """Clip ``params`` by their global norm (``max_norm <= 0``: measure only); under FSDP1 the root module's own
     clip, which is exact (Lightning refuses clip-by-norm there). ``every_param`` includes parameters without a
     gradient (a collective under FSDP2 must run on every rank)."""
     max_norm = max_norm if max_norm > 0 else float("inf")
-    root = fsdp1_root(module)
-    if root is not None:
-        return float(root.clip_grad_norm_(max_norm))
+    if fsdp_root is not None:
+        return float(fsdp_root.clip_grad_norm_(max_norm))
     params = [p for p in params if p.requires_grad and (every_param or p.grad is not None)]
     if not params:
         return 0.0
     return float(full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm)))
 
 
-def accumulate(module, opt, rows: torch.Tensor, loss_fn: LossFn, *, micro_batch_size: int, max_norm: float,
-               pad_row: int = -1, on_step: Callable[[object], None] | None = None, threads: int = 1,
-               check: StepCheck | None = None, lengths: torch.Tensor | None = None,
-               micro_batch_tokens: int | None = None, packed: bool = False) -> StepResult:
-    """zero_grad -> backward over micro-batches of ``rows`` -> clip -> step.
+def accumulate(ctx: StepContext, rows: torch.Tensor, loss_fn: LossFn, *,
+               lengths: torch.Tensor | None = None, check: StepCheck | None = None) -> StepResult:
+    """zero_grad -> backward over micro-batches of ``rows`` -> clip -> step, of ``ctx``'s network.
 
-    The step is skipped when a loss, the gradient norm, the learning rate or the updated weights are non-finite
-    (:func:`~ragen_lightning.starpo.optim.guarded_step`: the weights and optimizer state stay as they were). With
-    several ranks every rank runs all its
-    micro-batches whatever their losses (a rank leaving the loop early would hang the gradient collectives), the
-    loss is scaled by the world size (DDP/FSDP average gradients, the normaliser is already global), the finite flag
-    is agreed by all ranks and metrics are combined across them (micro-batches of ``pad_row`` only log nothing).
-    ``on_step(opt)`` runs after a successful step (the learning-rate schedule). ``check(probes)`` runs after the
-    step with every micro-batch's ``(rows, probe)``; it returns ``(value, reason)`` and a reason undoes the step
-    (:func:`~ragen_lightning.starpo.optim.guarded_step`'s ``after``); the value is logged as ``step_kl``.
+    The step is skipped when a loss, the gradient norm, the learning rate or the updated weights are
+    non-finite (:func:`~ragen_lightning.starpo.optim.guarded_step`: weights and optimizer state stay
+    as they were) and recorded with ``ctx.skips`` (which raises after too many skips in a row). With
+    several ranks every rank runs all its micro-batches whatever their losses (a rank leaving the
+    loop early would hang the gradient collectives), the loss is scaled by the world size (DDP/FSDP
+    average gradients, the normaliser is already global), the finite flag is agreed by all ranks and
+    metrics are combined across them (micro-batches of the pad row only log nothing).
+    ``ctx.scheduler`` steps after a successful step. ``check(probes)`` runs after the step with
+    every micro-batch's ``(rows, probe)``; it returns ``(value, reason)`` and a reason undoes the
+    step (``guarded_step``'s ``after``); the value is logged as ``step_kl``.
 
-    ``threads > 1`` (one process only; ignored with several ranks) runs the micro-batches' forward and backward
-    on that many CPU threads, their gradients added in the micro-batches' order
-    (:func:`~ragen_lightning.parallel.threads.backward_in_order`: bit-for-bit the one-thread step). Their backward
-    calls autograd directly: Lightning's ``manual_backward`` keeps per-module hook state that concurrent calls would
-    corrupt, and its precision plugin is plain under the ``*-true`` precisions this needs (checked with the settings).
+    ``ctx.micro.threads > 1`` (one process only) runs the micro-batches on that many CPU threads,
+    their gradients added in order (:func:`~ragen_lightning.parallel.threads.backward_in_order`:
+    bit-for-bit the one-thread step; autograd's backward, under a ``*-true`` precision).
 
-    ``micro_batch_tokens`` (with every row's token count ``lengths``) forms the micro-batches by a token budget
-    instead of ``micro_batch_size`` rows, ``packed`` counting the rows' lengths rather than their padded size
-    (:func:`~ragen_lightning.starpo.scoring.plan_micro_batches`).
+    ``ctx.micro.tokens`` (with every row's token count ``lengths``) forms the micro-batches by a
+    token budget instead of rows (:func:`~ragen_lightning.starpo.scoring.plan_micro_batches`).
     """
-    size = world()[1]
+    size, opt, micro = world()[1], ctx.optimizer, ctx.micro
     opt.zero_grad()
     params = [p for g in opt.param_groups for p in g["params"]]  # a shared LoRA base holds both adapters
-    if micro_batch_tokens is not None and lengths is None:
+    if micro.tokens is not None and lengths is None:
         raise ValueError("a token budget for the micro-batches needs the rows' lengths")
-    micros = plan_micro_batches(rows, lengths, micro_batch_size, micro_batch_tokens, packed=packed, pad_row=pad_row)
-    seen = _backward_micro_batches(module, micros, loss_fn, pad_row, threads, params)
+    micros = plan_micro_batches(rows, lengths, micro.size, micro.tokens, packed=micro.packed,
+                                pad_row=ctx.pad_row)
+    seen = _backward_micro_batches(ctx, micros, loss_fn, params)
     finite = seen.finite
     if size > 1:
-        finite = bool(all_reduce_(torch.tensor(float(finite), device=module.device), "min"))
-        norm = clip_grad_norm(module, params, max_norm, every_param=True)  # collective: every rank, finite or not
+        finite = bool(all_reduce_(torch.tensor(float(finite), device=ctx.device), "min"))
+        # collective: every rank, finite or not
+        norm = clip_grad_norm(params, ctx.grad_clip, every_param=True, fsdp_root=ctx.fsdp_root)
     else:
-        norm = clip_grad_norm(module, params, max_norm) if finite else float("nan")
+        norm = float("nan")
+        if finite:
+            norm = clip_grad_norm(params, ctx.grad_clip, fsdp_root=ctx.fsdp_root)
     reason = "non-finite loss" if not finite else "" if math.isfinite(norm) else "non-finite gradient norm"
     measured: dict[str, float] = {}
 
@@ -188,15 +234,16 @@ def accumulate(module, opt, rows: torch.Tensor, loss_fn: LossFn, *, micro_batch_
 
     # collectives inside: the ranks agree on the flags above
     reason = reason or guarded_step(opt, params, after=after if check is not None else None) or ""
-    stepped = not reason
-    if stepped and on_step is not None:
-        on_step(opt)
+    if not reason and ctx.scheduler is not None:
+        ctx.scheduler.step()
     opt.zero_grad()  # FSDP1 clips every gradient of the wrapped root: leave none behind for the other network
     metrics = {k: total for k, (total, _) in _across_ranks(seen.terms).items()}
     metrics.update({k: total / count for k, (total, count) in _across_ranks(seen.stats).items()})
     metrics["grad_norm"] = norm
     metrics.update(measured)
-    return StepResult(metrics, stepped, seen.outputs, reason)
+    if ctx.skips is not None:
+        ctx.skips.record(ctx.network, not reason, reason)  # raises after too many in a row
+    return StepResult(metrics, not reason, seen.outputs, reason)
 
 
 @dataclass
@@ -211,15 +258,16 @@ class _Backward:
     finite: bool = True
 
 
-def _backward_micro_batches(module, micros: list[torch.Tensor], loss_fn: LossFn, pad_row: int, threads: int,
+def _backward_micro_batches(ctx: StepContext, micros: list[torch.Tensor], loss_fn: LossFn,
                             params: list[torch.Tensor]) -> _Backward:
-    """Forward and backward every micro-batch (its rows) of ``micros`` (on ``threads`` CPU threads in one
-    process, the gradients of ``params`` added in order), in order."""
-    size = world()[1]
+    """Forward and backward every micro-batch (its rows) of ``micros``, in order (on
+    ``ctx.micro.threads`` CPU threads in one process, the gradients of ``params`` added in
+    order)."""
+    size, threads, pad_row = world()[1], ctx.micro.threads, ctx.pad_row
     seen = _Backward()
     done = None
     if size == 1 and threads > 1 and len(micros) > 1:
-        check_threads_precision(threads, module._trainer.precision if module._trainer is not None else None)
+        check_threads_precision(threads, ctx.precision)
 
         def forward(micro: torch.Tensor) -> tuple[torch.Tensor | None, MicroOutput]:
             out = loss_fn(micro)  # a non-finite loss skips the step: its gradient would only be discarded
@@ -237,34 +285,13 @@ def _backward_micro_batches(module, micros: list[torch.Tensor], loss_fn: LossFn,
             if size == 1:
                 break
         if done is None:
-            module.manual_backward(out.loss * size if size > 1 else out.loss)
+            ctx.backward(out.loss * size if size > 1 else out.loss)
         if size > 1 and bool((micro == pad_row).all()):
             continue  # a micro-batch of padding only: no metrics
         for acc, values in ((seen.terms, out.terms), (seen.stats, out.stats)):
             for k, v in values.items():
                 acc.setdefault(k, []).append(float(v))
     return seen
-
-
-def network_step(module, network: str, rows: torch.Tensor, loss_fn: LossFn, *, background=None,
-                 check: StepCheck | None = None, lengths: torch.Tensor | None = None) -> StepResult:
-    """One optimizer step of the StarPO ``module``'s ``network`` (``"actor"`` | ``"critic"``) over ``rows``:
-    :func:`accumulate` with the module's micro-batch size, threads, gradient clip and warm-up schedule; the step is
-    recorded with ``module.skips`` (which raises after too many skips in a row). With ``background`` (a
-    :class:`~ragen_lightning.starpo.background.BackgroundSteps`, called on its worker thread) the step backpropagates
-    directly and steps the raw optimizer, on one thread (the other core runs the rollout). ``lengths`` (every row's
-    token count) sizes the micro-batches under ``--model.update.micro_batch_tokens``."""
-    update, optim = module.settings.update, module.settings.optim
-    opt = module.network_optimizer(network)
-    scheduled = optim.warmup_steps or optim.decay_iterations
-    warmup = (lambda o: step_warmup(module.lr_schedulers(), o)) if scheduled else None
-    target, opt = (module, opt) if background is None else background.worker_view(module, opt)
-    result = accumulate(target, opt, rows, loss_fn, micro_batch_size=update.micro_batch_size,
-                        max_norm=optim.grad_clip, pad_row=module.pad_row, on_step=warmup,
-                        threads=update.micro_batch_threads if background is None else 1, check=check,
-                        lengths=lengths, micro_batch_tokens=update.micro_batch_tokens, packed=update.pack)
-    module.skips.record(network, result.stepped, result.skip_reason)  # raises after too many in a row
-    return result
 
 
 def _across_ranks(values: dict[str, list[float]]) -> dict[str, tuple[float, int]]:

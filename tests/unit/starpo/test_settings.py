@@ -16,7 +16,6 @@ from ragen_lightning.errors import ConfigError
 from ragen_lightning.starpo.checks import check_data_settings, check_module_settings
 from ragen_lightning.starpo.estimators import ESTIMATORS
 from ragen_lightning.starpo.module import StarPOModule
-from ragen_lightning.starpo.ppo import ActorLoss
 from ragen_lightning.starpo.settings import (
     GROUPS,
     RENAMED,
@@ -104,9 +103,10 @@ def test_settings_travel_as_plain_dicts_in_hparams_and_the_entropy_coefficient_c
                           optim={"actor_lr": 3e-4})
     assert module.hparams["advantage"]["estimator"] == "grpo" and module.hparams["optim"]["actor_lr"] == 3e-4
     assert module.hparams["optim"]["actor_optimizer"] is None
-    assert ActorLoss.of(module.settings).entropy_coeff == 0.01
+    assert module.settings.loss.entropy_coeff == 0.01
     module.set_entropy_coeff(0.05)  # callbacks.CollapseMonitor's adjust_entropy: the next iteration's loss reads it
-    assert ActorLoss.of(module.settings).entropy_coeff == 0.05 and module.hparams["loss"]["entropy_coeff"] == 0.05
+    assert module.settings.loss.entropy_coeff == 0.05
+    assert module.hparams["loss"]["entropy_coeff"] == 0.05
     assert not module.uses_critic and module.settings.uses_reference is False
     assert StarPOModule(loss={"kl_coef": 0.1}).settings.uses_reference  # a KL loss needs the reference
 
