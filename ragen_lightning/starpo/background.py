@@ -12,7 +12,7 @@ wall-clock time.
 
 The worker calls none of Lightning's machinery, whose hooks keep per-module state that concurrent
 calls would corrupt: it backpropagates with autograd directly and steps the raw optimizer
-(:meth:`~.optimizer_steps.StepContext.outside_lightning`). Its steps are counted into
+(:meth:`~.optim.StepContext.outside_lightning`). Its steps are counted into
 ``trainer.global_step`` when the job is submitted (from the main thread, inside ``training_step``:
 :func:`count_steps`), as in the sequential update (a step skipped for a non-finite learning rate,
 which the sequential update does not count, is counted here). The module's ``state_dict`` waits for

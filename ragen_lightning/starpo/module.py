@@ -3,7 +3,8 @@ is one StarPO iteration. Its settings come in typed groups (:mod:`.settings`).
 
 :meth:`StarPOModule.training_step` reads top to bottom as the numbered steps of DESIGN section 3: rollout batch ->
 no-grad scoring -> advantages (:mod:`.estimators`) -> ``ppo_epochs`` x mini-batches of critic then actor steps
-(the loop and losses in :mod:`.ppo`, each optimizer step in :mod:`.optimizer_steps`) -> logs; ``last_rollout`` / ``last_logs``: batch and logs, for callbacks.
+(the loop and losses in :mod:`.ppo`, each optimizer step in :mod:`.optim`) -> logs;
+``last_rollout`` / ``last_logs``: batch and logs, for callbacks.
 Manual optimisation, one optimizer per network: ``trainer.global_step`` counts optimizer steps, the run length is
 ``--data.num_iterations``. Data parallel: every rank holds the global batch, the update splits its rows (``parallel``).
 """
@@ -35,12 +36,14 @@ from ragen_lightning.starpo.export import export_actor
 from ragen_lightning.starpo.optim import (
     LRSchedule,
     SkipGuard,
+    StepContext,
     build_optimizers,
+    fsdp1_root,
     scheduler_of,
     start_iteration,
 )
-from ragen_lightning.starpo.optimizer_steps import StepContext, fsdp1_root, score_sharded
 from ragen_lightning.starpo.ppo import ppo_update
+from ragen_lightning.starpo.scoring import score_sharded
 from ragen_lightning.starpo.settings import (
     GROUPS,
     AdvantageSettings,

@@ -1,7 +1,7 @@
 """Step 4 of a StarPO iteration: ``ppo_epochs`` x mini-batches of a critic step then an actor step.
 
 :func:`ppo_update` is the loop; :func:`critic_step` and :func:`actor_step` are one optimizer step
-each (the mechanics: :func:`~.optimizer_steps.accumulate`). Their micro-batch losses,
+each (the mechanics: :func:`~.optim.accumulate`). Their micro-batch losses,
 :func:`critic_micro_loss` and :func:`actor_micro_loss`, bind the pure losses of
 :mod:`ragen_lightning.algos.losses` to the networks: a teacher-forced forward on the micro-batch's
 rows (cut to their longest row), then the loss with the mini-batch's normaliser, so the terms add up
@@ -24,16 +24,9 @@ from ragen_lightning.algos.losses import (
     tis_weights,
     value_loss,
 )
-from ragen_lightning.parallel import all_reduce_, world
+from ragen_lightning.parallel import all_reduce_, rank_rows, world
 from ragen_lightning.starpo.background import BackgroundSteps
-from ragen_lightning.starpo.optimizer_steps import (
-    MicroOutput,
-    StepContext,
-    StepResult,
-    accumulate,
-    mini_batches,
-    scatter_outputs,
-)
+from ragen_lightning.starpo.optim import MicroOutput, StepContext, StepResult, accumulate
 from ragen_lightning.starpo.scoring import (
     ForwardSettings,
     actor_outputs,
@@ -224,6 +217,33 @@ def step_kl(actor: nn.Module, data: UpdateBatch, forward: ForwardSettings, limit
     kl = float(total[0] / total[1]) if total[1] > 0 else 0.0
     too_far = kl > limit
     return kl, (f"step KL {kl:.4g} > --model.optim.max_step_kl {limit:g}" if too_far else None)
+
+
+def mini_batches(n: int, size: int, *, shuffle: bool, epoch: int, iteration: int,
+                 device: torch.device | str = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(global rows, this rank's rows)`` of each mini-batch of ``size`` over ``n`` rows; the pad
+    row ``n`` fills short per-rank shares (``UpdateBatch.with_inert_row``) so every rank runs the
+    same micro-batches. The shuffle depends only on ``(iteration, epoch)``, so every rank draws the
+    same order."""
+    rows = torch.arange(n, device=device)
+    if shuffle:
+        g = torch.Generator().manual_seed(int(iteration) * 1_000_003 + epoch)
+        rows = rows[torch.randperm(n, generator=g).to(device)]
+    rank, ranks = world()
+    return [(mb, rank_rows(mb, ranks, rank, pad_index=n) if ranks > 1 else mb)
+            for mb in rows.split(size)]
+
+
+def scatter_outputs(outputs: list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]], count: int,
+                    like: torch.Tensor, rows: int) -> tuple[torch.Tensor, ...]:
+    """The ``count`` per-token outputs of a step's micro-batches as full ``[rows, T - 1]`` tensors
+    (zeros where no micro-batch wrote; ``like`` gives the shape ``[B(+1), T - 1]``), summed across
+    ranks: each rank fills its rows (a collective: every rank calls it)."""
+    full = [torch.zeros_like(like, dtype=torch.float32) for _ in range(count)]
+    for micro, tensors in outputs:
+        for dest, t in zip(full, tensors):
+            dest[micro, : t.shape[1]] = t
+    return tuple(all_reduce_(t[:rows].contiguous()) for t in full)
 
 
 def _returns(advantages_of: AdvantagesOf, real_rows: int, width: int, values: torch.Tensor,

@@ -39,7 +39,7 @@ from ragen_lightning.models.packing import (
     use_packed_attention,
 )
 from ragen_lightning.models.packing import pack as pack_rows
-from ragen_lightning.parallel.ranks import all_reduce_, world
+from ragen_lightning.parallel.ranks import all_reduce_, rank_rows, world
 from ragen_lightning.parallel.threads import map_threads
 
 
@@ -273,3 +273,27 @@ def score_batch(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
         if second is not None and b is not None:
             second[rows, : b.shape[1]] = b.float()
     return first, second
+
+
+def score_sharded(model: nn.Module, ids: torch.Tensor, att: torch.Tensor, micro: int,
+                  loss_mask: torch.Tensor | None = None, **kwargs):
+    """:func:`score_batch` over the whole batch; with several ranks each scores its share and the
+    zero-filled full tensors are summed across ranks."""
+    rank, size = world()
+    if size == 1:
+        return score_batch(model, ids, att, micro, loss_mask=loss_mask, **kwargs)
+    kwargs["threads"] = 1  # a sharded forward is collective: concurrent forwards would mix gathers
+    B = ids.shape[0]
+    rows = rank_rows(torch.arange(B, device=ids.device), size, rank, pad_index=0)
+    real = torch.tensor_split(torch.arange(B, device=ids.device), size)[rank].numel()
+    outs = score_batch(model, ids[rows], att[rows], micro, **kwargs,
+                       loss_mask=loss_mask[rows] if loss_mask is not None else None)
+    full = []
+    for out in outs:
+        if out is None:
+            full.append(None)
+            continue
+        whole = torch.zeros((B, out.shape[1]), dtype=out.dtype, device=out.device)
+        whole[rows[:real]] = out[:real]
+        full.append(all_reduce_(whole))
+    return tuple(full)

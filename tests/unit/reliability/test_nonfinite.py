@@ -11,8 +11,15 @@ import torch
 
 from ragen_lightning.errors import ConfigError, TrainingStopped
 from ragen_lightning.starpo.module import StarPOModule
-from ragen_lightning.starpo.optim import SkipGuard, guarded_step, learning_rate_problem, local_numel
-from ragen_lightning.starpo.optimizer_steps import MicroOutput, StepContext, accumulate
+from ragen_lightning.starpo.optim import (
+    MicroOutput,
+    SkipGuard,
+    StepContext,
+    accumulate,
+    guarded_step,
+    learning_rate_problem,
+    local_numel,
+)
 from ragen_lightning.starpo.scoring import MicroBatching
 
 X = torch.tensor([[1.0, 1.0]])

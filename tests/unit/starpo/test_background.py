@@ -8,7 +8,7 @@ import torch
 
 from ragen_lightning.errors import TrainingStopped
 from ragen_lightning.starpo.background import BackgroundSteps, count_steps
-from ragen_lightning.starpo.optimizer_steps import StepContext
+from ragen_lightning.starpo.optim import StepContext
 from ragen_lightning.starpo.scoring import MicroBatching
 
 

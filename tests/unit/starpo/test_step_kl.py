@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from ragen_lightning.errors import ConfigError, TrainingStopped
-from ragen_lightning.starpo.optim import SkipGuard
-from ragen_lightning.starpo.optimizer_steps import MicroOutput, StepContext, accumulate
+from ragen_lightning.starpo.optim import MicroOutput, SkipGuard, StepContext, accumulate
 from ragen_lightning.starpo.ppo import ppo_update, step_kl
 from ragen_lightning.starpo.scoring import ForwardSettings, MicroBatching, actor_outputs
 from ragen_lightning.starpo.settings import ModuleSettings, OptimSettings
