@@ -149,3 +149,24 @@ def test_no_settings_dict_is_built_from_hparams_by_string_keys():
     hits = [f"{p.relative_to(LIB)}:{i}" for p in sorted(LIB.rglob("*.py"))
             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert hits == []
+
+
+def test_the_update_scores_its_own_old_logprobs_only_in_one_epoch_over_one_mini_batch():
+    from ragen_lightning.starpo.module import scores_in_update
+
+    class Batch:
+        def __init__(self, rows=8, chains_turns=False):
+            self.rows, self.chains_turns = rows, chains_turns
+
+        def __len__(self):
+            return self.rows
+
+    one = ModuleSettings.build(update={"mini_batch_size": 8, "micro_batch_size": 4})
+    assert scores_in_update(one, Batch())
+    assert not scores_in_update(one, Batch(rows=9))  # two mini-batches: the second is off-policy
+    assert not scores_in_update(one, Batch(chains_turns=True))  # chained GAE: returns need all rows
+    two = ModuleSettings.build(update={"ppo_epochs": 2, "mini_batch_size": 8, "micro_batch_size": 4})
+    assert not scores_in_update(two, Batch())
+    kl = ModuleSettings.build(update={"mini_batch_size": 8, "micro_batch_size": 4},
+                              advantage={"kl_in_reward_coef": 0.1})
+    assert not scores_in_update(kl, Batch())  # the penalty needs the old log-probs first
