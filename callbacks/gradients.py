@@ -42,6 +42,7 @@ from ragen_lightning.errors import ConfigError
 from ragen_lightning.metrics.functional import within_group_reward_std
 from ragen_lightning.starpo.estimators import starpo_advantages
 from ragen_lightning.starpo.scoring import (
+    ForwardSettings,
     actor_outputs,
     by_length,
     plan_micro_batches,
@@ -97,12 +98,13 @@ class GradientAnalysis(Callback):
         batch = batch.to(pl_module.device)
         ids, att = batch.input_ids, batch.attention_mask
         mask = batch.loss_mask[:, 1:].bool()
-        micro, chunk = s.update.scoring_micro_batch_size, s.update.logits_chunk_size
-        old, _ = score_batch(pl_module.actor, ids, att, micro, kind="actor", temperature=s.temperature, chunk_size=chunk)
+        micro = s.update.scoring_micro_batch_size
+        forward = ForwardSettings(s.temperature, s.update.logits_chunk_size)
+        old, _ = score_batch(pl_module.actor, ids, att, micro, kind="actor", forward=forward)
         ref = None
         if pl_module.reference is not None:
-            ref, _ = score_batch(pl_module.reference, ids, att, micro, kind="actor", temperature=s.temperature,
-                                 chunk_size=chunk)
+            ref, _ = score_batch(pl_module.reference, ids, att, micro, kind="actor",
+                                 forward=forward)
         values = (score_batch(pl_module.critic, ids, att, micro, kind="critic")[0]
                   if pl_module.critic is not None else None)
         advantages, _, _ = starpo_advantages(batch, mask, old_logprobs=old, ref_logprobs=ref, values=values,
@@ -125,13 +127,13 @@ class GradientAnalysis(Callback):
             L = trimmed(d["att"], micro)
             with torch.enable_grad():
                 lp, ent = actor_outputs(actor, d["ids"][micro, :L], d["att"][micro, :L],
-                                        with_entropy=component == "entropy", temperature=s.temperature,
-                                        chunk_size=s.update.logits_chunk_size)
+                                        ForwardSettings(s.temperature, s.update.logits_chunk_size),
+                                        with_entropy=component == "entropy")
                 old, adv, mask = d["old"][micro, : L - 1], d["adv"][micro, : L - 1], d["mask"][micro, : L - 1]
                 agg = {"normalizer": norm, "horizon": horizon}
                 if component == "task":
                     loss, _ = ppo_policy_loss(lp, old, adv, mask, clip_low=loss_s.clip_low, clip_high=loss_s.clip_high,
-                                              dual_clip=loss_s.dual_clip, agg=agg_mode, **agg)
+                                              dual_clip=loss_s.dual_clip, agg_mode=agg_mode, **agg)
                 elif component == "entropy":
                     loss = -loss_s.entropy_coeff * aggregate(ent, mask, agg_mode, **agg)
                 else:

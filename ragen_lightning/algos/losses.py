@@ -44,9 +44,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
+
+from ragen_lightning.errors import Domain, check_domains
 
 from .masked import as_bool_mask, masked_mean, masked_sum, safe_count
 
@@ -55,6 +58,7 @@ __all__ = [
     "KL_KINDS",
     "AggMode",
     "KLKind",
+    "PolicyLossSettings",
     "actor_loss",
     "agg_normalizer",
     "aggregate",
@@ -111,40 +115,42 @@ _AGG: dict[str, tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]]
 AGG_MODES: tuple[str, ...] = tuple(_AGG)
 
 
-def _agg_fns(mode: str) -> tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]:
+def _agg_fns(agg_mode: str) -> tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]:
     try:
-        return _AGG[mode]
+        return _AGG[agg_mode]
     except KeyError:
-        raise ValueError(f"agg must be one of {list(AGG_MODES)}, got {mode!r}") from None
+        raise ValueError(f"agg_mode must be one of {list(AGG_MODES)}, got {agg_mode!r}") from None
 
 
-def agg_normalizer(mask: torch.Tensor, mode: AggMode, *, horizon: int | None = None) -> torch.Tensor:
-    """The denominator of ``mode`` for the mini-batch whose ``[B, T]`` mask is given (see the module docstring).
+def agg_normalizer(mask: torch.Tensor, agg_mode: AggMode, *,
+                   horizon: int | None = None) -> torch.Tensor:
+    """The denominator of ``agg_mode`` for the mini-batch whose ``[B, T]`` mask is given (see the
+    module docstring).
 
     Compute it once per mini-batch and pass it as ``normalizer=`` to every micro-batch's loss.
     ``horizon`` only matters for ``seq-mean-token-sum-norm`` (default: ``mask.shape[-1]``).
     """
-    return _agg_fns(mode)[1](as_bool_mask(mask), horizon)
+    return _agg_fns(agg_mode)[1](as_bool_mask(mask), horizon)
 
 
 def aggregate(
     values: torch.Tensor,
     mask: torch.Tensor,
-    mode: AggMode = "token-mean",
+    agg_mode: AggMode = "token-mean",
     *,
     normalizer: Normalizer = None,
     horizon: int | None = None,
 ) -> torch.Tensor:
-    """Reduce ``[B, T]`` per-token ``values`` to a scalar per ``mode``.
+    """Reduce ``[B, T]`` per-token ``values`` to a scalar per ``agg_mode``.
 
     Args:
         values: ``[B, T]`` per-token losses.
         mask: ``[B, T]`` loss mask of these rows.
-        mode: one of ``AGG_MODES``.
+        agg_mode: one of ``AGG_MODES``.
         normalizer: the mini-batch's ``agg_normalizer``; None = these rows are the whole mini-batch.
         horizon: for ``seq-mean-token-sum-norm`` when ``normalizer`` is None.
     """
-    numerator_fn, normalizer_fn = _agg_fns(mode)
+    numerator_fn, normalizer_fn = _agg_fns(agg_mode)
     m = as_bool_mask(mask)
     numerator = numerator_fn(values, m)
     denom = normalizer_fn(m, horizon) if normalizer is None else normalizer
@@ -166,7 +172,7 @@ def ppo_policy_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.28,
     dual_clip: float | None = 3.0,
-    agg: AggMode = "token-mean",
+    agg_mode: AggMode = "token-mean",
     normalizer: Normalizer = None,
     horizon: int | None = None,
     is_weights: torch.Tensor | None = None,
@@ -181,7 +187,7 @@ def ppo_policy_loss(
         clip_low: ε_low, ratio floor ``1 − ε_low``.
         clip_high: ε_high, ratio ceiling ``1 + ε_high``.
         dual_clip: c > 1; for negative advantages the loss is capped at ``−A·c``. None disables it.
-        agg: aggregation mode; normalizer / horizon: see ``aggregate``.
+        agg_mode: aggregation mode; normalizer / horizon: see ``aggregate``.
         is_weights: ``[B, T]`` importance weights (no grad) multiplying each token's clipped loss, e.g.
             :func:`tis_weights` to correct for the rollout engine's sampling distribution; None = all ones.
 
@@ -207,7 +213,7 @@ def ppo_policy_loss(
         dual_active = (loss_ppo > loss_dual) & negative
     if is_weights is not None:
         per_token = per_token * is_weights.detach()
-    loss = aggregate(per_token, m, agg, normalizer=normalizer, horizon=horizon)
+    loss = aggregate(per_token, m, agg_mode, normalizer=normalizer, horizon=horizon)
     metrics = {
         "pg_clipfrac": masked_mean((loss_clipped > loss_unclipped).float(), m).detach(),
         "pg_clipfrac_lower": masked_mean(dual_active.float(), m).detach(),
@@ -244,7 +250,7 @@ def value_loss(
     mask: torch.Tensor,
     *,
     clip_range: float | None = 0.5,
-    agg: AggMode = "token-mean",
+    agg_mode: AggMode = "token-mean",
     normalizer: Normalizer = None,
     horizon: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -262,7 +268,7 @@ def value_loss(
         loss_clipped = (v_clip - returns) ** 2
         per_token = 0.5 * torch.maximum(loss_unclipped, loss_clipped)
         clipped_frac = masked_mean((loss_clipped > loss_unclipped).float(), m)
-    loss = aggregate(per_token, m, agg, normalizer=normalizer, horizon=horizon)
+    loss = aggregate(per_token, m, agg_mode, normalizer=normalizer, horizon=horizon)
     return loss, {"vf_clipfrac": clipped_frac.detach(), "vpred_mean": masked_mean(values, m).detach()}
 
 
@@ -325,55 +331,96 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind 
 # The actor objective
 # ----------------------------------------------------------------------------------------------------------------
 
+# Bounds past which a value is a typo, not a setting (the fields' docs say why).
+MAX_CLIP_HIGH = 10.0
+MAX_ENTROPY_COEFF = 1.0
+
+
+@dataclass(frozen=True)
+class PolicyLossSettings:
+    """The actor's PPO loss (``--model.loss.*``); :func:`actor_loss` reads every field but
+    ``tis_cap``, which weights the tokens (:func:`tis_weights`).
+
+    Args:
+        clip_low: PPO ratio floor ``1 - clip_low``.
+        clip_high: PPO ratio ceiling ``1 + clip_high`` (clip-higher: 0.28 > 0.2); at most 10: a
+            ceiling of an 11-fold probability ratio never binds, so a larger value is a typo.
+        dual_clip: dual-clip constant for negative advantages (``null`` disables it).
+        agg_mode: ``token-mean`` | ``seq-mean-token-mean`` | ``seq-mean-token-sum`` |
+            ``seq-mean-token-sum-norm``.
+        entropy_coeff: entropy bonus coefficient, in [0, 1]: at 1 the bonus already weighs as much
+            as the policy loss (typical: 0.001-0.01); above that the loss only maximises entropy.
+        kl_coef: coefficient of a ``KL(actor || reference)`` loss term (0: off, no reference model
+            is built).
+        kl_kind: the KL loss's estimator (``k1``/``kl``, ``abs``, ``k2``/``mse``,
+            ``k3``/``low_var_kl``, ``+`` variants).
+        tis_cap: truncated importance sampling (null: off): token weights
+            ``min(exp(old - engine log-probs), tis_cap)``; needs ``--data.temperature 1``.
+    """
+
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float | None = 3.0
+    agg_mode: AggMode = "token-mean"
+    entropy_coeff: float = 0.001
+    kl_coef: float = 0.0
+    kl_kind: KLKind = "k1"
+    tis_cap: float | None = None
+
+    def __post_init__(self):
+        check_domains("--model.loss.", self, {
+            "clip_low": Domain(0, 1, high_open=True),  # the ratio floor 1 - clip_low must stay > 0
+            "clip_high": Domain(0, MAX_CLIP_HIGH),
+            "dual_clip": Domain(low=1, low_open=True, none=True),  # bound c * A (A < 0): c > 1
+            "entropy_coeff": Domain(0, MAX_ENTROPY_COEFF), "kl_coef": Domain(low=0),
+            "tis_cap": Domain(low=0, low_open=True, none=True)})
+
 
 def actor_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
+    loss: PolicyLossSettings,
     *,
     entropy: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
-    entropy_coeff: float = 0.0,
-    kl_coef: float = 0.0,
-    kl_kind: KLKind = "k1",
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
-    dual_clip: float | None = 3.0,
-    agg: AggMode = "token-mean",
     normalizer: Normalizer = None,
     horizon: int | None = None,
     is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``pg_loss − entropy_coeff·agg(H) + kl_coef·agg(KL)`` (SPEC §4.1), every term with the same aggregation.
+    """``pg_loss − entropy_coeff·agg(H) + kl_coef·agg(KL)`` (SPEC §4.1), every term aggregated by
+    ``loss.agg_mode``; clipping and coefficients from ``loss``.
 
     Args:
-        entropy: ``[B, T]`` token entropies (``algos.logits.entropy_from_logits``), needed when ``entropy_coeff != 0``.
-        ref_logprobs: ``[B, T]`` reference log-probs, needed when ``kl_coef != 0``.
-        kl_kind: the KL estimator (``kl_penalty``).
+        entropy: ``[B, T]`` token entropies (``algos.logits.entropy_from_logits``), needed when
+            ``loss.entropy_coeff != 0``; the entropy term is added when it is given.
+        ref_logprobs: ``[B, T]`` reference log-probs, needed when ``loss.kl_coef != 0``; the KL
+            term (estimator ``loss.kl_kind``, :func:`kl_penalty`) is added when they are given.
         is_weights: per-token importance weights of the policy-gradient term only (``tis_weights``).
-        The rest as in ``ppo_policy_loss``.
+        normalizer, horizon: as in ``aggregate``.
 
     Metrics: those of ``ppo_policy_loss`` plus ``pg_loss``, ``entropy_loss`` and ``kl_loss`` (each this micro-batch's
     share of the mini-batch value: they add up over micro-batches) when the term is given.
     """
-    if entropy_coeff != 0.0 and entropy is None:
+    if loss.entropy_coeff != 0.0 and entropy is None:
         raise ValueError("entropy_coeff != 0 needs the token entropy (entropy=...)")
-    if kl_coef != 0.0 and ref_logprobs is None:
+    if loss.kl_coef != 0.0 and ref_logprobs is None:
         raise ValueError("kl_coef != 0 needs the reference log-probs (ref_logprobs=...)")
-    agg_kwargs = {"normalizer": normalizer, "horizon": horizon}
+    agg = {"agg_mode": loss.agg_mode, "normalizer": normalizer, "horizon": horizon}
     pg_loss, metrics = ppo_policy_loss(
         logprobs, old_logprobs, advantages, mask,
-        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, agg=agg, is_weights=is_weights, **agg_kwargs,
+        clip_low=loss.clip_low, clip_high=loss.clip_high, dual_clip=loss.dual_clip,
+        is_weights=is_weights, **agg,
     )  # fmt: skip
-    loss = pg_loss
+    total = pg_loss
     metrics["pg_loss"] = pg_loss.detach()
     if entropy is not None:
-        entropy_loss = aggregate(entropy, mask, agg, **agg_kwargs)
-        loss = loss - entropy_coeff * entropy_loss
+        entropy_loss = aggregate(entropy, mask, **agg)
+        total = total - loss.entropy_coeff * entropy_loss
         metrics["entropy_loss"] = entropy_loss.detach()
     if ref_logprobs is not None:
-        kl_loss = aggregate(kl_penalty(logprobs, ref_logprobs, kl_kind), mask, agg, **agg_kwargs)
-        loss = loss + kl_coef * kl_loss
+        kl_loss = aggregate(kl_penalty(logprobs, ref_logprobs, loss.kl_kind), mask, **agg)
+        total = total + loss.kl_coef * kl_loss
         metrics["kl_loss"] = kl_loss.detach()
-    return loss, metrics
+    return total, metrics

@@ -1,5 +1,5 @@
 """StarPO: the LightningModule (:mod:`.module`), its settings groups (:mod:`.settings`), the advantage estimators'
-table (:mod:`.estimators`) and the update (:mod:`.ppo`, :mod:`.optimizer_steps`).
+table (:mod:`.estimators`) and the update (:mod:`.ppo`, :mod:`.optim`).
 
 Only the estimator table is imported here (torch only), so ``from ragen_lightning.starpo import register_estimator``
 stays cheap; import the module from :mod:`ragen_lightning.starpo.module`."""

@@ -10,15 +10,17 @@ values computed before either network steps (a separate no-grad value pass, whic
 the critic step's own forward). The critic takes the same steps on the same data in the same order, only later in
 wall-clock time.
 
-The worker calls none of Lightning's machinery, whose hooks keep per-module state that concurrent calls would
-corrupt: it backpropagates with autograd directly and steps the raw optimizer. Its steps are counted into
-Lightning's progress when the job is submitted (from the main thread, inside ``training_step``), so
-``trainer.global_step`` counts both networks' steps as in the sequential update (a step skipped for a non-finite
-learning rate, which the sequential update does not count, is counted here). The module's ``state_dict`` waits for
-the job, so a checkpoint holds the critic after its steps, and the checkpoint carries their metrics. The critic's
-metrics of iteration k are logged with iteration k + 1 (those of the last iteration are not logged). Lightning
-zeroes every gradient and switches the networks to eval mode before validating; the module waits for the job
-first (``on_validation_model_zero_grad``), so a run does not depend on how far the critic got by then.
+The worker calls none of Lightning's machinery, whose hooks keep per-module state that concurrent
+calls would corrupt: it backpropagates with autograd directly and steps the raw optimizer
+(:meth:`~.optim.StepContext.outside_lightning`). Its steps are counted into
+``trainer.global_step`` when the job is submitted (from the main thread, inside ``training_step``:
+:func:`count_steps`), as in the sequential update (a step skipped for a non-finite learning rate,
+which the sequential update does not count, is counted here). The module's ``state_dict`` waits for
+the job, so a checkpoint holds the critic after its steps, and the checkpoint carries their metrics.
+The critic's metrics of iteration k are logged with iteration k + 1 (those of the last iteration are
+not logged). Lightning zeroes every gradient and switches the networks to eval mode before
+validating; the module waits for the job first (``on_validation_model_zero_grad``), so a run does
+not depend on how far the critic got by then.
 
 :meth:`BackgroundSteps.active` falls back to the sequential update with several processes (a worker's collectives
 would interleave with the rollout's) and under LoRA with one shared base (``lora.shared_base``: the critic's forward
@@ -32,33 +34,21 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 
-class _DirectBackward:
-    """The module as :func:`~ragen_lightning.starpo.optimizer_steps.accumulate` sees it on the worker: autograd's backward
-    in place of Lightning's ``manual_backward``."""
-
-    def __init__(self, module: Any):
-        self._wrapped = module
-
-    @staticmethod
-    def manual_backward(loss) -> None:
-        loss.backward()
-
-    def __getattr__(self, name: str):
-        return getattr(self._wrapped, name)
-
-
-def count_optimizer_steps(trainer: Any, steps: int) -> None:
-    """Add ``steps`` manual-optimisation steps to Lightning's progress (``trainer.global_step``), as
-    ``LightningOptimizer.step`` does around each step it runs."""
-    progress = trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
+def count_steps(optimizer: Any, steps: int) -> None:
+    """Count ``steps`` optimizer steps into ``trainer.global_step`` through Lightning's public path:
+    its optimizer wrapper counts each ``step()`` call. The network holds no gradient here (its last
+    step set them to None) and torch optimizers skip parameters without one, so nothing changes."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if any(p.grad is not None for p in params):
+        raise RuntimeError("counting optimizer steps needs a network without gradients: "
+                           "they would be applied")
     for _ in range(steps):
-        progress.increment_ready()
-        progress.increment_completed()
+        optimizer.step()
 
 
 class BackgroundSteps:
     """One job at a time on one worker thread: :meth:`submit` a function returning logs, :meth:`join` them.
-    ``module``: the LightningModule whose trainer counts the jobs' optimizer steps (None: not counted)."""
+    ``module``: the StarPO module whose settings say whether the critic steps here."""
 
     def __init__(self, module: Any = None) -> None:
         self._module = module
@@ -80,15 +70,16 @@ class BackgroundSteps:
     def pending(self) -> bool:
         return self._future is not None
 
-    def submit(self, job: Callable[[], dict[str, float]], steps: int = 0) -> None:
-        """Run ``job`` (returning logs) on the worker; ``steps``: the optimizer steps it takes."""
+    def submit(self, job: Callable[[], dict[str, float]], steps: int = 0,
+               optimizer: Any = None) -> None:
+        """Run ``job`` (returning logs) on the worker; the ``steps`` optimizer steps it takes are
+        counted now with ``optimizer`` (Lightning's wrapper, :func:`count_steps`; None: not)."""
         if self._future is not None:
             raise RuntimeError("the previous background job was not joined")
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="critic-steps")
-        trainer = getattr(self._module, "_trainer", None)
-        if trainer is not None and steps:
-            count_optimizer_steps(trainer, steps)
+        if optimizer is not None:
+            count_steps(optimizer, steps)
         self._future = self._pool.submit(job)
 
     def join(self) -> dict[str, float]:
@@ -114,11 +105,6 @@ class BackgroundSteps:
 
     def load_state_dict(self, logs: dict[str, float]) -> None:
         self._logs = {str(k): float(v) for k, v in logs.items()}
-
-    @staticmethod
-    def worker_view(module: Any, opt: Any) -> tuple[Any, Any]:
-        """``(module, optimizer)`` for a step on the worker: direct backward, the raw torch optimizer."""
-        return _DirectBackward(module), getattr(opt, "optimizer", opt)
 
     def close(self) -> None:
         """Wait, then stop the worker thread."""

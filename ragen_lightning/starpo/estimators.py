@@ -228,6 +228,10 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return float(1.0 - masked_var(returns - values, mask) / total)
 
 
+def _pick(t: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    return None if t is None else t[rows]
+
+
 def advantages_for(batch: RolloutBatch, mask: torch.Tensor, old_logprobs: torch.Tensor | None,
                    ref_logprobs: torch.Tensor | None, settings):
     """``of(values, rows)``: :func:`starpo_advantages` of the whole batch (``rows`` None) or of rows ``rows`` only
@@ -241,8 +245,9 @@ def advantages_for(batch: RolloutBatch, mask: torch.Tensor, old_logprobs: torch.
                                      values=values, settings=settings)
         if batch.chains_turns:
             raise ValueError("per-row returns are undefined when GAE chains an episode's turn samples")
-        pick = lambda t: None if t is None else t[rows]
-        return starpo_advantages(batch.select(rows), mask[rows], old_logprobs=pick(old_logprobs),
-                                 ref_logprobs=pick(ref_logprobs), values=values, settings=settings)
+        return starpo_advantages(batch.select(rows), mask[rows],
+                                 old_logprobs=_pick(old_logprobs, rows),
+                                 ref_logprobs=_pick(ref_logprobs, rows), values=values,
+                                 settings=settings)
 
     return of

@@ -3,7 +3,8 @@ is one StarPO iteration. Its settings come in typed groups (:mod:`.settings`).
 
 :meth:`StarPOModule.training_step` reads top to bottom as the numbered steps of DESIGN section 3: rollout batch ->
 no-grad scoring -> advantages (:mod:`.estimators`) -> ``ppo_epochs`` x mini-batches of critic then actor steps
-(the loop and losses in :mod:`.ppo`, each optimizer step in :mod:`.optimizer_steps`) -> logs; ``last_rollout`` / ``last_logs``: batch and logs, for callbacks.
+(the loop and losses in :mod:`.ppo`, each optimizer step in :mod:`.optim`) -> logs;
+``last_rollout`` / ``last_logs``: batch and logs, for callbacks.
 Manual optimisation, one optimizer per network: ``trainer.global_step`` counts optimizer steps, the run length is
 ``--data.num_iterations``. Data parallel: every rank holds the global batch, the update splits its rows (``parallel``).
 """
@@ -11,7 +12,6 @@ Manual optimisation, one optimizer per network: ``trainer.global_step`` counts o
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import time
 from pathlib import Path
@@ -36,11 +36,14 @@ from ragen_lightning.starpo.export import export_actor
 from ragen_lightning.starpo.optim import (
     LRSchedule,
     SkipGuard,
+    StepContext,
     build_optimizers,
+    fsdp1_root,
+    scheduler_of,
     start_iteration,
 )
-from ragen_lightning.starpo.optimizer_steps import network_step, score_sharded
-from ragen_lightning.starpo.ppo import ActorLoss, ppo_update
+from ragen_lightning.starpo.ppo import ppo_update
+from ragen_lightning.starpo.scoring import score_sharded
 from ragen_lightning.starpo.settings import (
     GROUPS,
     AdvantageSettings,
@@ -52,6 +55,15 @@ from ragen_lightning.starpo.settings import (
     as_group,
 )
 from ragen_lightning.types import RolloutBatch, UpdateBatch
+
+
+def scores_in_update(s: ModuleSettings, batch: RolloutBatch) -> bool:
+    """Whether the update's own forward passes supply the old log-probs and values (one epoch over
+    one mini-batch runs them on the rollout weights: ratio 1), so the separate no-grad passes are
+    skipped. Not with a KL-in-reward penalty (the advantages need old log-probs first) or chained
+    GAE (returns need all rows)."""
+    return (s.update.ppo_epochs == 1 and len(batch) <= s.update.mini_batch_size
+            and s.advantage.kl_in_reward_coef == 0 and not batch.chains_turns)
 
 
 class StarPOModule(L.LightningModule):
@@ -109,8 +121,7 @@ class StarPOModule(L.LightningModule):
         self._rollout_actor: list[torch.nn.Module] = []  # FSDP2 + HF engine: an unsharded copy to generate with
         self.tokenizer, self.skips = None, SkipGuard(self.settings.optim.max_consecutive_skips)
         self._background = BackgroundSteps(self)
-        self._force_scoring_pass = False  # tests: always run the separate old-log-prob and value passes
-        self.early_stops, self.pad_row = EarlyStops(stops), -1  # pad_row: data parallel, the inert padding row
+        self.early_stops = EarlyStops(stops)
         self.last_rollout: RolloutBatch | None = None  # the last trained iteration's batch (.trajectories included)
         self.last_logs: dict[str, float] = {}  # and its logged values; callbacks read both in on_train_batch_end
         self.rollouts = None  # the data module this policy serves (set in setup)
@@ -145,12 +156,11 @@ class StarPOModule(L.LightningModule):
         return self._reference[0] if self._reference else None
 
     def setup(self, stage: str) -> None:
-        if self._trainer is not None:  # atomic writes, digest checked on load (before the trainer restores one)
-            checkpointing.install(self.trainer)
+        checkpointing.install(self.trainer)  # atomic writes, digest checked on load
         # The one link between the policy (this module: actor, tokenizer, engine) and the rollouts (the data module):
         # Lightning hands both to the trainer, so it is found there once and kept; the data module gets the policy
         # explicitly (RolloutDataModule.connect) and never looks for it.
-        self.rollouts = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        self.rollouts = getattr(self.trainer, "datamodule", None)
         if hasattr(self.rollouts, "connect"):
             self.rollouts.connect(self)
         check_data_settings(self.advantage, getattr(self.rollouts, "hparams", None),  # the CLI checked them already
@@ -170,11 +180,13 @@ class StarPOModule(L.LightningModule):
                               with_critic=self.uses_critic, with_reference=self.uses_reference,
                               activation_checkpointing=self.settings.update.activation_checkpointing)
         self.actor, self.critic, self._reference = nets.actor, nets.critic, [nets.reference] if nets.reference else []
-        if self._device_mesh is not None:  # FSDP2 (ModelParallelStrategy): shard per transformer block
+        if self.device_mesh is not None:  # FSDP2 (ModelParallelStrategy): shard per block
             engine = resolve_engine(getattr(self.rollouts, "hparams", {}).get("engine", "hf"),
                                     quantized=is_quantized(self.actor))  # auto: QLoRA samples with HF
-            self._rollout_actor = shard_networks([self.actor, self.critic, self.reference], self._device_mesh, lora=(
-                self._lora), cuda=self.trainer.strategy.root_device.type == "cuda", rollout_copy=engine == "hf")
+            cuda = self.trainer.strategy.root_device.type == "cuda"
+            self._rollout_actor = shard_networks([self.actor, self.critic, self.reference],
+                                                 self.device_mesh, lora=self._lora, cuda=cuda,
+                                                 rollout_copy=engine == "hf")
 
     def on_fit_start(self) -> None:
         if self.reference is not None:
@@ -210,8 +222,7 @@ class StarPOModule(L.LightningModule):
         ids, att, mask = batch.input_ids, batch.attention_mask, batch.loss_mask[:, 1:].bool()  # mask: target axis
         # 2. scoring passes (no grad). With one epoch over one mini-batch the update's own forward pass runs on the
         #    rollout weights, so it supplies old_logprobs (ratio 1) and the separate actor pass is skipped.
-        on_policy = (s.update.ppo_epochs == 1 and len(batch) <= s.update.mini_batch_size
-                     and s.advantage.kl_in_reward_coef == 0 and not self._force_scoring_pass and not batch.chains_turns)  # chained GAE: returns need all rows
+        on_policy = scores_in_update(s, batch)
         old_logprobs = entropy = ref_logprobs = values = None
         background = self._background.active()  # None: the critic steps in sequence (several processes, ...)
         if not on_policy:
@@ -228,12 +239,10 @@ class StarPOModule(L.LightningModule):
         # 4. updates: ppo_epochs x mini-batches, critic then actor
         data = UpdateBatch(ids, att, mask, advantages, batch.engine_logprobs[:, 1:], old_logprobs=old_logprobs,
                            ref_logprobs=ref_logprobs, values=values, returns=returns)
-        self.pad_row = len(batch)  # data parallel: the inert row that pads short per-rank shares
-        step_logs, seen = ppo_update(data, self.actor, self.critic, policy_loss=ActorLoss.of(s),
-                                     value_clip=s.critic.value_clip, ppo_epochs=s.update.ppo_epochs,
-                                     mini_batch_size=s.update.mini_batch_size, shuffle=s.update.shuffle,
-                                     background=background, step=functools.partial(network_step, self),
-                                     advantages_of=adv_of, iteration=iteration)
+        critic = self._step_context("critic", len(batch)) if self.critic is not None else None
+        actor = self._step_context("actor", len(batch))
+        step_logs, seen = ppo_update(data, s, actor=actor, critic=critic, iteration=iteration,
+                                     advantages_of=adv_of, background=background)
         logs.update(step_logs)
         old_logprobs, entropy = seen if old_logprobs is None else (old_logprobs, entropy)  # seen: update's pass
         logs["actor/entropy"] = float(masked_mean(entropy, mask))
@@ -247,9 +256,19 @@ class StarPOModule(L.LightningModule):
 
     def _score(self, net, ids, att, mask, *, kind: str = "actor", with_entropy: bool = False):
         u = self.settings.update  # (a critic pass ignores temperature, chunking and the mask)
-        return score_sharded(net, ids, att, u.scoring_micro_batch_size, kind=kind, with_entropy=with_entropy,
-                             temperature=self.settings.temperature, chunk_size=u.logits_chunk_size, loss_mask=mask,
-                             threads=u.micro_batch_threads, micro_batch_tokens=u.micro_batch_tokens, pack=u.pack)
+        return score_sharded(net, ids, att, u.scoring_micro_batch_size, kind=kind,
+                             with_entropy=with_entropy, forward=self.settings.forward,
+                             loss_mask=mask, threads=u.micro_batch_threads,
+                             micro_batch_tokens=u.micro_batch_tokens)
+
+    def _step_context(self, network: str, pad_row: int) -> StepContext:
+        """What an optimizer step of ``network`` needs, from this module and its trainer
+        (``pad_row``: data parallel, the inert row that pads short per-rank shares)."""
+        s, opt, trainer = self.settings, self.network_optimizer(network), self.trainer
+        return StepContext(network, getattr(self, network), opt, s.update.micro_batching,
+                           s.optim.grad_clip, self.skips, scheduler_of(self.lr_schedulers(), opt),
+                           self.manual_backward, pad_row, fsdp1_root(trainer.strategy),
+                           trainer.precision, self.device)
 
     def network_optimizer(self, network: str):
         """The optimizer of ``"actor"`` or ``"critic"`` (Lightning's wrapper)."""
@@ -314,6 +333,7 @@ class StarPOModule(L.LightningModule):
 
     def on_fit_end(self) -> None:
         self._background.close()
-        if self.hparams.export_dir and (self.trainer.is_global_zero or self._device_mesh is not None):
+        sharded = self.device_mesh is not None  # FSDP2: every rank calls the export
+        if self.hparams.export_dir and (self.trainer.is_global_zero or sharded):
             self.export_actor(self.hparams.export_dir)
 

@@ -18,7 +18,9 @@ agree to float rounding; the prefix's gradient is the sum of every row's), at a 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -37,8 +39,44 @@ from ragen_lightning.models.packing import (
     use_packed_attention,
 )
 from ragen_lightning.models.packing import pack as pack_rows
-from ragen_lightning.parallel.ranks import all_reduce_, world
+from ragen_lightning.parallel.ranks import all_reduce_, rank_rows, world
 from ragen_lightning.parallel.threads import map_threads
+
+
+@dataclass(frozen=True)
+class ForwardSettings:
+    """How a teacher-forced forward pass runs; every choice gives the same outputs up to rounding.
+
+    Attributes:
+        temperature: log-probs and entropies are those of ``logits / temperature`` (the rollouts').
+        logits_chunk_size: rows per chunk when computing log-probs/entropy from logits (memory).
+        share_prefix: run the rows' common prefix once (:func:`shared_prefix`); off under activation
+            checkpointing, whose recomputed blocks would append to the prefix cache a second time.
+        pack: run the rows packed without padding (:mod:`ragen_lightning.models.packing`).
+    """
+
+    temperature: float = 1.0
+    logits_chunk_size: int | None = None
+    share_prefix: bool = False
+    pack: bool = False
+
+
+@dataclass(frozen=True)
+class MicroBatching:
+    """How an optimizer step's rows split into forward/backward passes (``--model.update.*``); every
+    split gives the same step (losses are divided by the mini-batch's normaliser).
+
+    Attributes:
+        size: rows per micro-batch.
+        tokens: a token budget per micro-batch instead of ``size`` rows (:func:`token_slices`).
+        packed: the budget counts the rows' lengths (packed rows) rather than their padded size.
+        threads: micro-batches run at once on CPU threads (one process).
+    """
+
+    size: int = 4
+    tokens: int | None = None
+    packed: bool = False
+    threads: int = 1
 
 
 def micro_slices(rows: torch.Tensor, micro_batch_size: int) -> Iterator[torch.Tensor]:
@@ -108,18 +146,20 @@ def first_target(loss_mask: torch.Tensor | None) -> int:
     return int(trained[0]) if len(trained) else max(loss_mask.shape[1] - 1, 0)
 
 
-def actor_outputs(actor: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
-                  with_entropy: bool, temperature: float = 1.0, chunk_size: int | None = None,
-                  skip: int = 0, share_prefix: bool = False, pack: bool = False
-                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def actor_outputs(actor: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  forward: ForwardSettings = ForwardSettings(),  # noqa: B008 (frozen)
+                  *, with_entropy: bool, skip: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of ``input_ids[:, 1:]`` under ``actor``: ``[b, t - 1]`` each.
 
     The first ``skip`` target columns (a prompt no row trains, :func:`first_target`) read 0: the LM head, the
     log-softmax and the entropy run only on the other positions (``logits_to_keep``), which is exact and saves the
-    vocabulary-sized work on the prompt (half of a multi-turn row's tokens). With ``share_prefix`` the rows' common
-    leading tokens (up to ``skip``) run once (:func:`run_on_shared_prefix`). With ``pack`` the rows run as one
-    packed sequence without padding (:mod:`ragen_lightning.models.packing`); columns past a row's end read 0.
+    vocabulary-sized work on the prompt (half of a multi-turn row's tokens). With
+    ``forward.share_prefix`` the rows' common leading tokens (up to ``skip``) run once
+    (:func:`run_on_shared_prefix`). With ``forward.pack`` the rows run as one packed sequence
+    without padding; columns past a row's end read 0.
     """
+    temperature, chunk_size = forward.temperature, forward.logits_chunk_size
+    share_prefix, pack = forward.share_prefix, forward.pack
     length = input_ids.shape[1]
     skip = min(max(skip, 0), length - 1)
     keep = length - skip if skip else 0
@@ -179,11 +219,14 @@ def _packed_actor_outputs(actor: nn.Module, input_ids: torch.Tensor, attention_m
     return logprobs, entropy
 
 
-def critic_values(critic: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
-                  skip: int = 0, share_prefix: bool = False, pack: bool = False) -> torch.Tensor:
-    """``V`` after each prefix, on the target axis: ``[b, t - 1]``. With ``share_prefix`` the rows' common leading
-    tokens (up to ``skip``, the first column a value is read from) run once and their columns read 0. With
-    ``pack`` the rows run packed without padding; columns past a row's end read 0."""
+def critic_values(critic: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  forward: ForwardSettings = ForwardSettings(),  # noqa: B008 (frozen)
+                  *, skip: int = 0) -> torch.Tensor:
+    """``V`` after each prefix, on the target axis: ``[b, t - 1]`` (``forward``'s temperature and
+    logits chunks do not apply). With ``forward.share_prefix`` the rows' common leading tokens (up
+    to ``skip``, the first column a value is read from) run once and their columns read 0. With
+    ``forward.pack`` the rows run packed without padding; columns past a row's end read 0."""
+    share_prefix, pack = forward.share_prefix, forward.pack
     prefix = shared_prefix(input_ids, attention_mask, skip, critic) if share_prefix else 0
     packing = cheaper_packing(input_ids, attention_mask, skip if share_prefix else 0, prefix) if pack else None
     if packing is not None:
@@ -199,17 +242,18 @@ def critic_values(critic: nn.Module, input_ids: torch.Tensor, attention_mask: to
 
 @torch.no_grad()
 def score_batch(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro_batch_size: int, *,
-                kind: str, with_entropy: bool = False, temperature: float = 1.0, chunk_size: int | None = None,
-                loss_mask: torch.Tensor | None = None, threads: int = 1, micro_batch_tokens: int | None = None,
-                pack: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                kind: str, forward: ForwardSettings = ForwardSettings(),  # noqa: B008 (frozen)
+                with_entropy: bool = False, loss_mask: torch.Tensor | None = None, threads: int = 1,
+                micro_batch_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run ``actor`` (``kind="actor"``: log-probs [+ entropy]) or ``critic`` (``kind="critic"``: values) over a
     whole batch in micro-batches, returning ``[B, T - 1]`` tensors padded with zeros. With ``loss_mask``
-    [B, T - 1] outputs are computed on trained columns onward only (:func:`actor_outputs` ``skip``; the rows'
-    common prefix before them runs once, :func:`shared_prefix`) and read 0 before. ``threads`` > 1 scores that
-    many micro-batches at a time on CPU threads (:func:`~ragen_lightning.parallel.threads.map_threads`).
-    ``micro_batch_tokens`` forms the micro-batches by a token budget instead (:func:`plan_micro_batches`) and
-    ``pack`` runs each without padding."""
+    [B, T - 1] outputs are computed on trained columns onward only (:func:`actor_outputs` ``skip``)
+    and read 0 before. No backward runs here, so the rows' common prefix always runs once
+    (``forward.share_prefix`` is ignored). ``threads`` > 1 scores that many micro-batches at a time
+    on CPU threads (:func:`~ragen_lightning.parallel.threads.map_threads`). ``micro_batch_tokens``
+    forms the micro-batches by a token budget instead (:func:`plan_micro_batches`)."""
     B, T = input_ids.shape
+    forward, pack = dataclasses.replace(forward, share_prefix=True), forward.pack
     first = torch.zeros((B, T - 1), device=input_ids.device)
     second = torch.zeros((B, T - 1), device=input_ids.device) if with_entropy else None
 
@@ -218,9 +262,8 @@ def score_batch(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
         ids, att = input_ids[rows, :L], attention_mask[rows, :L]
         skip = first_target(loss_mask[rows, : L - 1] if loss_mask is not None else None)
         if kind == "actor":
-            return actor_outputs(model, ids, att, with_entropy=with_entropy, temperature=temperature,
-                                 chunk_size=chunk_size, skip=skip, share_prefix=True, pack=pack)
-        return critic_values(model, ids, att, skip=skip, share_prefix=True, pack=pack), None
+            return actor_outputs(model, ids, att, forward, with_entropy=with_entropy, skip=skip)
+        return critic_values(model, ids, att, forward, skip=skip), None
 
     lengths = attention_mask.sum(-1)
     micros = plan_micro_batches(update_order(torch.arange(B, device=input_ids.device), input_ids, lengths, pack),
@@ -230,3 +273,27 @@ def score_batch(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
         if second is not None and b is not None:
             second[rows, : b.shape[1]] = b.float()
     return first, second
+
+
+def score_sharded(model: nn.Module, ids: torch.Tensor, att: torch.Tensor, micro: int,
+                  loss_mask: torch.Tensor | None = None, **kwargs):
+    """:func:`score_batch` over the whole batch; with several ranks each scores its share and the
+    zero-filled full tensors are summed across ranks."""
+    rank, size = world()
+    if size == 1:
+        return score_batch(model, ids, att, micro, loss_mask=loss_mask, **kwargs)
+    kwargs["threads"] = 1  # a sharded forward is collective: concurrent forwards would mix gathers
+    B = ids.shape[0]
+    rows = rank_rows(torch.arange(B, device=ids.device), size, rank, pad_index=0)
+    real = torch.tensor_split(torch.arange(B, device=ids.device), size)[rank].numel()
+    outs = score_batch(model, ids[rows], att[rows], micro, **kwargs,
+                       loss_mask=loss_mask[rows] if loss_mask is not None else None)
+    full = []
+    for out in outs:
+        if out is None:
+            full.append(None)
+            continue
+        whole = torch.zeros((B, out.shape[1]), dtype=out.dtype, device=out.device)
+        whole[rows[:real]] = out[:real]
+        full.append(all_reduce_(whole))
+    return tuple(full)

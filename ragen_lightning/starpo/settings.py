@@ -21,9 +21,10 @@ from typing import Any, TypeVar
 from lightning.pytorch.cli import OptimizerCallable
 
 from ragen_lightning.algos.advantages import FilterLossScaling
-from ragen_lightning.algos.losses import AggMode, KLKind
+from ragen_lightning.algos.losses import KLKind, PolicyLossSettings
 from ragen_lightning.errors import ConfigError, Domain, check_domains
 from ragen_lightning.starpo.estimators import DEFAULT_ESTIMATOR, get_estimator
+from ragen_lightning.starpo.scoring import ForwardSettings, MicroBatching
 
 _UNIT = Domain(0, 1)
 _POSITIVE = Domain(low=0, low_open=True)
@@ -32,8 +33,6 @@ _COUNT = Domain(low=1, integer=True)
 _OPTIONAL_COUNT = Domain(low=1, integer=True, none=True)
 _STEPS = Domain(low=0, integer=True)
 # Bounds past which a value is a typo, not a setting (the fields' docs say why).
-MAX_CLIP_HIGH = 10.0
-MAX_ENTROPY_COEFF = 1.0
 MIN_GRAD_CLIP = 1e-6
 MAX_LR = 1.0
 _RATE = Domain(0, MAX_LR, low_open=True)
@@ -82,42 +81,6 @@ class AdvantageSettings:
             "floor": Domain(high=0, none=True),  # a floor above 0 would reward every sample
             "rft_threshold": Domain()})
         get_estimator(self.estimator)  # an unknown name: one line listing the registered ones
-
-
-@dataclass(frozen=True)
-class PolicyLossSettings:
-    """The actor's PPO loss (``--model.loss.*``).
-
-    Args:
-        clip_low: PPO ratio floor ``1 - clip_low``.
-        clip_high: PPO ratio ceiling ``1 + clip_high`` (clip-higher: 0.28 > 0.2); at most 10: a ceiling of an 11-fold
-            probability ratio never binds, so a larger value is a typo, not a setting.
-        dual_clip: dual-clip constant for negative advantages (``null`` disables it).
-        agg_mode: ``token-mean`` | ``seq-mean-token-mean`` | ``seq-mean-token-sum`` | ``seq-mean-token-sum-norm``.
-        entropy_coeff: entropy bonus coefficient, in [0, 1]: at 1 the bonus already weighs as much as the policy
-            loss (typical values are 0.001-0.01); above that the loss only maximises entropy.
-        kl_coef: coefficient of a ``KL(actor || reference)`` loss term (0: off, no reference model is built).
-        kl_kind: the KL loss's estimator (``k1``/``kl``, ``abs``, ``k2``/``mse``, ``k3``/``low_var_kl``, ``+`` variants).
-        tis_cap: truncated importance sampling (null: off): token weights ``min(exp(old - engine log-probs), tis_cap)``;
-            needs ``--data.temperature 1``.
-    """
-
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    dual_clip: float | None = 3.0
-    agg_mode: AggMode = "token-mean"
-    entropy_coeff: float = 0.001
-    kl_coef: float = 0.0
-    kl_kind: KLKind = "k1"
-    tis_cap: float | None = None
-
-    def __post_init__(self):
-        check_domains("--model.loss.", self, {
-            "clip_low": Domain(0, 1, high_open=True),  # the ratio floor 1 - clip_low must stay > 0
-            "clip_high": Domain(0, MAX_CLIP_HIGH),
-            "dual_clip": Domain(low=1, low_open=True, none=True),  # the dual-clip bound c * A (A < 0) needs c > 1
-            "entropy_coeff": Domain(0, MAX_ENTROPY_COEFF), "kl_coef": _NON_NEGATIVE,
-            "tis_cap": Domain(low=0, low_open=True, none=True)})
 
 
 @dataclass(frozen=True)
@@ -235,6 +198,12 @@ class UpdateSettings:
     def scoring_micro_batch_size(self) -> int:
         return self.logprob_micro_batch_size or self.micro_batch_size
 
+    @property
+    def micro_batching(self) -> MicroBatching:
+        """How an optimizer step's rows split into micro-batches."""
+        return MicroBatching(self.micro_batch_size, self.micro_batch_tokens, self.pack,
+                             self.micro_batch_threads)
+
 
 G = TypeVar("G")
 GROUPS: dict[str, type] = {"advantage": AdvantageSettings, "loss": PolicyLossSettings, "critic": CriticSettings,
@@ -314,6 +283,14 @@ class ModuleSettings:
             raise ConfigError(f"--model.{unknown[0]} is not a settings group; the groups are {', '.join(GROUPS)}")
         return cls(**{name: as_group(kind, groups.get(name), f"--model.{name}") for name, kind in GROUPS.items()},
                    temperature=temperature)
+
+    @property
+    def forward(self) -> ForwardSettings:
+        """How the update's forward passes run: at the rollouts' temperature, the common prefix once
+        unless activation checkpointing recomputes blocks (they would append to the cache twice)."""
+        u = self.update
+        return ForwardSettings(self.temperature, u.logits_chunk_size,
+                               share_prefix=not u.activation_checkpointing, pack=u.pack)
 
     @property
     def uses_reference(self) -> bool:

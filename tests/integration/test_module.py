@@ -12,6 +12,7 @@ from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.sampler import FilterConfig
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.settings import EpisodeSettings
+from ragen_lightning.starpo import module as starpo_module
 from ragen_lightning.starpo.early_stop import EarlyStopSettings
 from ragen_lightning.starpo.module import StarPOModule
 from tests.integration.scripted import SeededBanditEngine
@@ -169,7 +170,11 @@ def test_max_model_len_too_small_fails_before_training(tmp_path, tiny_path):
     assert module.global_step == 0
 
 
-def test_single_pass_shortcut_equals_separate_old_logprob_pass(tmp_path, tiny_path):
+def _separate_passes(settings, batch) -> bool:
+    return False
+
+
+def test_single_pass_shortcut_equals_separate_old_logprob_pass(tmp_path, tiny_path, monkeypatch):
     """One epoch over one mini-batch takes old log-probs and (GAE) values from the update's own forward passes:
     same result, two passes less. Micro-batches on two threads (``micro_batch_threads``) give it too, with and
     without the separate passes (which then score on two threads as well)."""
@@ -180,9 +185,11 @@ def test_single_pass_shortcut_equals_separate_old_logprob_pass(tmp_path, tiny_pa
                                 update={"mini_batch_size": 8, "micro_batch_size": 4, "micro_batch_threads": threads},
                                 optim={"actor_lr": 1e-2, "critic_lr": 1e-3}, loss={"entropy_coeff": 0.01},
                                 critic={"in_background": background})
-        module._force_scoring_pass = force
         rec = Recorder()
-        fit(tmp_path, module, data(num_iterations=3), [rec])
+        with monkeypatch.context() as patch:
+            if force:  # always run the separate old-log-prob and value passes
+                patch.setattr(starpo_module, "scores_in_update", _separate_passes)
+            fit(tmp_path, module, data(num_iterations=3), [rec])
         assert module.critic is not None  # GAE: the critic's values come from its step when not forced
         results.append(({**params(module.actor), **params(module.critic)}, rec.rows, module.global_step))
     a, rows_a, steps_a = results[0]

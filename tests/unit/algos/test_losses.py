@@ -11,6 +11,7 @@ import torch
 from ragen_lightning.algos.losses import (
     AGG_MODES,
     KL_KINDS,
+    PolicyLossSettings,
     actor_loss,
     agg_normalizer,
     aggregate,
@@ -49,7 +50,7 @@ def test_aggregate_norm_horizon_and_bad_mode():
     # fixed horizon 7: 7 / (3 * 7)
     close(aggregate(VALUES, MASK, "seq-mean-token-sum-norm", horizon=7), 1.0 / 3.0)
     close(agg_normalizer(MASK, "seq-mean-token-sum-norm", horizon=7), 21.0)
-    with pytest.raises(ValueError, match="agg must be one of"):
+    with pytest.raises(ValueError, match="agg_mode must be one of"):
         aggregate(VALUES, MASK, "token-sum")  # type: ignore[arg-type]
 
 
@@ -79,7 +80,7 @@ def _micro_batch_rows():
 def test_one_micro_batch_of_four_equals_four_of_one(mode):
     logprobs, old, adv, mask = _micro_batch_rows()
     horizon = mask.shape[1]
-    whole, _ = ppo_policy_loss(logprobs, old, adv, mask, agg=mode, horizon=horizon)
+    whole, _ = ppo_policy_loss(logprobs, old, adv, mask, agg_mode=mode, horizon=horizon)
     (grad_whole,) = torch.autograd.grad(whole, logprobs)
 
     normalizer = agg_normalizer(mask, mode, horizon=horizon)
@@ -89,7 +90,7 @@ def test_one_micro_batch_of_four_equals_four_of_one(mode):
         width = max(int(mask[row].nonzero().max()) + 1 if mask[row].any() else 1, 1)
         part, _ = ppo_policy_loss(
             logprobs[row : row + 1, :width], old[row : row + 1, :width], adv[row : row + 1, :width],
-            mask[row : row + 1, :width], agg=mode, normalizer=normalizer,
+            mask[row : row + 1, :width], agg_mode=mode, normalizer=normalizer,
         )  # fmt: skip
         total = total + part
     (grad_micro,) = torch.autograd.grad(total, logprobs)
@@ -98,7 +99,8 @@ def test_one_micro_batch_of_four_equals_four_of_one(mode):
 
     # two micro-batches of two, too
     halves = sum(
-        ppo_policy_loss(logprobs[s], old[s], adv[s], mask[s], agg=mode, normalizer=normalizer)[0]
+        ppo_policy_loss(logprobs[s], old[s], adv[s], mask[s], agg_mode=mode,
+                        normalizer=normalizer)[0]
         for s in (slice(0, 2), slice(2, 4))
     )
     close(halves.detach(), whole.detach(), atol=1e-6)
@@ -146,7 +148,7 @@ def test_ppo_policy_loss_public_signature():
     assert list(params)[:4] == ["logprobs", "old_logprobs", "advantages", "mask"]
     defaults = {name: p.default for name, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
     assert defaults["clip_low"] == 0.2 and defaults["clip_high"] == 0.28
-    assert defaults["dual_clip"] == 3.0 and defaults["agg"] == "token-mean"
+    assert defaults["dual_clip"] == 3.0 and defaults["agg_mode"] == "token-mean"
 
 
 def test_ppo_policy_loss_all_zero_mask():
@@ -208,12 +210,17 @@ def test_dual_clip_changes_only_negative_advantages_with_ratio_above_c():
 # ------------------------------------------------------------------------------------------------ actor objective
 
 
+def _loss(**changes) -> PolicyLossSettings:
+    """``ppo_policy_loss``'s defaults (clip 0.2 / 0.28, dual clip 3, token-mean), no entropy."""
+    return PolicyLossSettings(**{"entropy_coeff": 0.0, **changes})
+
+
 def test_entropy_coefficient_changes_total_but_not_pg_loss_or_policy_gradient():
     logprobs, old, adv, mask = _ppo_case()
     logprobs = logprobs.clone().requires_grad_(True)
     entropy = T([[1.0, 2.0, 3.0, 4.0]])  # token-mean 2.5
-    base, m0 = actor_loss(logprobs, old, adv, mask, entropy=entropy, entropy_coeff=0.0)
-    bonus, m1 = actor_loss(logprobs, old, adv, mask, entropy=entropy, entropy_coeff=0.01)
+    base, m0 = actor_loss(logprobs, old, adv, mask, _loss(), entropy=entropy)
+    bonus, m1 = actor_loss(logprobs, old, adv, mask, _loss(entropy_coeff=0.01), entropy=entropy)
     # total = pg_loss - 0.01 * 2.5 = 0.355 - 0.025
     close(base, 0.355)
     close(bonus, 0.330)
@@ -223,7 +230,7 @@ def test_entropy_coefficient_changes_total_but_not_pg_loss_or_policy_gradient():
     (g1,) = torch.autograd.grad(bonus, logprobs)
     close(g0, g1)
     with pytest.raises(ValueError, match="entropy"):
-        actor_loss(logprobs, old, adv, mask, entropy_coeff=0.01)
+        actor_loss(logprobs, old, adv, mask, _loss(entropy_coeff=0.01))
 
 
 @pytest.mark.parametrize("kind", KL_KINDS)
@@ -231,8 +238,9 @@ def test_each_kl_estimator_adds_coef_times_its_aggregate_and_nothing_else(kind):
     logprobs, old, adv, mask = _ppo_case()
     ref = logprobs.detach() - 0.5  # logp - ref = 0.5 on every token
     pg, _ = ppo_policy_loss(logprobs, old, adv, mask)
-    no_kl, m0 = actor_loss(logprobs, old, adv, mask, ref_logprobs=ref, kl_coef=0.0, kl_kind=kind)
-    with_kl, m1 = actor_loss(logprobs, old, adv, mask, ref_logprobs=ref, kl_coef=0.1, kl_kind=kind)
+    no_kl, m0 = actor_loss(logprobs, old, adv, mask, _loss(kl_kind=kind), ref_logprobs=ref)
+    with_kl, m1 = actor_loss(logprobs, old, adv, mask, _loss(kl_coef=0.1, kl_kind=kind),
+                             ref_logprobs=ref)
     # per token: k1/abs = 0.5, k2 = 0.125, k3 = exp(-0.5) + 0.5 - 1 = 0.1065307 (token-mean of a constant)
     base = kind.rstrip("+")
     expected_kl = {"k1": 0.5, "kl": 0.5, "abs": 0.5, "k2": 0.125, "mse": 0.125,
@@ -246,7 +254,7 @@ def test_each_kl_estimator_adds_coef_times_its_aggregate_and_nothing_else(kind):
 def test_kl_coef_needs_reference():
     logprobs, old, adv, mask = _ppo_case()
     with pytest.raises(ValueError, match="ref_logprobs"):
-        actor_loss(logprobs, old, adv, mask, kl_coef=0.1)
+        actor_loss(logprobs, old, adv, mask, _loss(kl_coef=0.1))
 
 
 # ------------------------------------------------------------------------------------------------ KL estimators
@@ -324,12 +332,13 @@ def test_actor_loss_is_weights_scale_the_policy_gradient_term_only():
     logprobs, old, adv, mask = _ppo_case()
     w = T([[2.0, 1.0, 0.5, 0.0]])
     lp = logprobs.clone().requires_grad_(True)
-    loss, metrics = actor_loss(lp, old, adv, mask, entropy=torch.ones(1, 4), entropy_coeff=0.1, is_weights=w)
+    bonus = _loss(entropy_coeff=0.1)
+    loss, metrics = actor_loss(lp, old, adv, mask, bonus, entropy=torch.ones(1, 4), is_weights=w)
     close(loss, -0.87, atol=1e-6)
     close(metrics["is_weight_mean"], 3.5 / 4)
-    plain, _ = actor_loss(logprobs, old, adv, mask, entropy=torch.ones(1, 4), entropy_coeff=0.1)
+    plain, _ = actor_loss(logprobs, old, adv, mask, bonus, entropy=torch.ones(1, 4))
     close(plain, 0.355 - 0.1, atol=1e-6)  # no weights = weights of one
-    ones, _ = actor_loss(logprobs, old, adv, mask, entropy=torch.ones(1, 4), entropy_coeff=0.1,
+    ones, _ = actor_loss(logprobs, old, adv, mask, bonus, entropy=torch.ones(1, 4),
                          is_weights=torch.ones(1, 4))
     close(ones, plain, atol=0)
     # gradient of token 0 (unclipped, A=+1, r=1.1): d(-w A r)/dlogp / 4 = -2 * 1.1 / 4 = -0.55; the weight is a

@@ -5,15 +5,22 @@ training at temperature 0 is refused (log-probs of logits / 0)."""
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from ragen_lightning.errors import ConfigError, TrainingStopped
 from ragen_lightning.starpo.module import StarPOModule
-from ragen_lightning.starpo.optim import SkipGuard, guarded_step, learning_rate_problem, local_numel
-from ragen_lightning.starpo.optimizer_steps import MicroOutput, accumulate
+from ragen_lightning.starpo.optim import (
+    MicroOutput,
+    SkipGuard,
+    StepContext,
+    accumulate,
+    guarded_step,
+    learning_rate_problem,
+    local_numel,
+)
+from ragen_lightning.starpo.scoring import MicroBatching
 
 X = torch.tensor([[1.0, 1.0]])
 
@@ -25,15 +32,10 @@ def _linear(w=(1.0, 2.0)) -> torch.nn.Linear:
     return net
 
 
-def _module():
-    """What ``accumulate`` needs of a LightningModule in one process: backward and no trainer (no FSDP1)."""
-    return SimpleNamespace(manual_backward=lambda loss: loss.backward(), _trainer=None)
-
-
 def _step(net, opt, loss_scale=1.0):
     # loss = scale * (w . x): the gradient is scale * x = [scale, scale]
-    return accumulate(_module(), opt, torch.arange(1), lambda rows: MicroOutput(loss_scale * net(X).sum()),
-                      micro_batch_size=1, max_norm=0.0)
+    ctx = StepContext("actor", net, opt, MicroBatching(size=1))
+    return accumulate(ctx, torch.arange(1), lambda rows: MicroOutput(loss_scale * net(X).sum()))
 
 
 def test_inf_learning_rate_skips_the_step_and_leaves_everything_as_it_was():

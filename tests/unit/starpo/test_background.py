@@ -7,29 +7,24 @@ import pytest
 import torch
 
 from ragen_lightning.errors import TrainingStopped
-from ragen_lightning.starpo.background import BackgroundSteps
+from ragen_lightning.starpo.background import BackgroundSteps, count_steps
+from ragen_lightning.starpo.optim import StepContext
+from ragen_lightning.starpo.scoring import MicroBatching
 
 
-class Progress:
-    def __init__(self):
-        self.ready = self.completed = 0
+class CountingOptimizer:
+    """What ``count_steps`` needs of Lightning's optimizer wrapper: param groups and ``step``."""
 
-    def increment_ready(self):
-        self.ready += 1
+    def __init__(self, *params):
+        self.param_groups, self.steps = [{"params": list(params)}], 0
 
-    def increment_completed(self):
-        self.completed += 1
-
-
-def fake_module():
-    progress = Progress()
-    loop = SimpleNamespace(manual_optimization=SimpleNamespace(optim_step_progress=progress))
-    return SimpleNamespace(_trainer=SimpleNamespace(fit_loop=SimpleNamespace(epoch_loop=loop))), progress
+    def step(self):
+        self.steps += 1
 
 
 def test_a_job_runs_on_the_worker_while_the_caller_goes_on_and_join_returns_its_logs_once():
-    module, progress = fake_module()
-    bg = BackgroundSteps(module)
+    opt = CountingOptimizer(torch.nn.Parameter(torch.ones(1)))
+    bg = BackgroundSteps()
     started, release = threading.Event(), threading.Event()
 
     def job():
@@ -38,9 +33,9 @@ def test_a_job_runs_on_the_worker_while_the_caller_goes_on_and_join_returns_its_
         return {"critic/vf_loss": 1.5, "thread": threading.current_thread().name}
 
     assert bg.join() == {}  # nothing submitted yet
-    bg.submit(job, steps=3)
+    bg.submit(job, steps=3, optimizer=opt)
     assert started.wait(10) and bg.pending
-    assert (progress.ready, progress.completed) == (3, 3)  # counted at submission, from the caller's thread
+    assert opt.steps == 3  # counted at submission, from the caller's thread
     with pytest.raises(RuntimeError, match="not joined"):
         bg.submit(job)
     release.set()
@@ -57,7 +52,7 @@ def test_the_jobs_error_is_raised_by_the_join_and_the_next_job_runs():
     def stop():
         raise TrainingStopped("critic skipped 5 steps in a row")
 
-    bg.submit(stop, steps=2)  # no trainer: nothing to count
+    bg.submit(stop, steps=2)  # no optimizer: nothing to count
     with pytest.raises(TrainingStopped, match="5 steps"):
         bg.join()
     bg.submit(lambda: {"ok": 1.0})
@@ -65,16 +60,27 @@ def test_the_jobs_error_is_raised_by_the_join_and_the_next_job_runs():
     bg.close()
 
 
+def test_counting_steps_changes_no_weight_and_refuses_a_network_holding_gradients():
+    net = torch.nn.Linear(2, 1, bias=False)
+    opt = torch.optim.AdamW(net.parameters(), lr=1.0)
+    before = net.weight.detach().clone()
+    count_steps(opt, 3)  # no gradient: AdamW skips every parameter
+    assert torch.equal(net.weight, before) and len(opt.state) == 0
+    net(torch.ones(1, 2)).sum().backward()
+    with pytest.raises(RuntimeError, match="without gradients"):
+        count_steps(opt, 1)
+
+
 def test_the_worker_backpropagates_directly_and_steps_the_raw_optimizer():
     net = torch.nn.Linear(2, 1, bias=False)
     raw = torch.optim.SGD(net.parameters(), lr=1.0)
     wrapped = SimpleNamespace(optimizer=raw)  # what a LightningOptimizer holds
-    module = SimpleNamespace(manual_backward=lambda loss: pytest.fail("Lightning's backward on the worker"),
-                             pad_row=-1)
-    view, opt = BackgroundSteps.worker_view(module, wrapped)
-    assert opt is raw and view.pad_row == -1  # everything else is the module's
+    ctx = StepContext("critic", net, wrapped, MicroBatching(threads=2), backward=pytest.fail,
+                      pad_row=-1)
+    worker = ctx.outside_lightning()
+    assert worker.optimizer is raw and worker.micro.threads == 1 and worker.pad_row == -1
     loss = net(torch.ones(1, 2)).sum()
-    view.manual_backward(loss)
+    worker.backward(loss)  # autograd's, not the module's (pytest.fail)
     assert net.weight.grad.tolist() == [[1.0, 1.0]]
 
 

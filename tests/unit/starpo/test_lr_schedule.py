@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from ragen_lightning.starpo.optim import LRSchedule, build_optimizers, start_iteration, step_warmup
+from ragen_lightning.starpo.optim import LRSchedule, build_optimizers, scheduler_of, start_iteration
 
 
 def test_multiplier_by_hand():
@@ -27,7 +27,7 @@ def test_start_iteration_applies_the_decay_before_the_first_step():
                                     schedule=LRSchedule(warmup_steps=2, decay_iterations=4))
     assert [o.param_groups[0]["lr"] for o in opts] == pytest.approx([0.5e-3, 1e-3])  # warm-up step 0, iteration 0
     opts[0].step()
-    step_warmup(scheds, opts[0])  # the actor's step 1: warm-up done; the critic has not stepped
+    scheduler_of(scheds, opts[0]).step()  # the actor's step 1: warm-up done; not the critic's
     assert [o.param_groups[0]["lr"] for o in opts] == pytest.approx([1e-3, 1e-3])
     start_iteration(scheds, 2)  # cosine at 2 of 4: 0.55
     assert [o.param_groups[0]["lr"] for o in opts] == pytest.approx([0.55e-3, 0.5 * 0.55 * 2e-3])

@@ -13,6 +13,7 @@ from ragen_lightning.models.packing import (
     use_packed_attention,
 )
 from ragen_lightning.starpo.scoring import (
+    ForwardSettings,
     actor_outputs,
     critic_values,
     plan_micro_batches,
@@ -95,8 +96,9 @@ def test_packed_outputs_and_gradients_equal_the_padded_ones(nets, common, skip, 
     for packed in (False, True):
         actor.zero_grad()
         critic.zero_grad()
-        lp, ent = actor_outputs(actor, ids, att, with_entropy=True, skip=skip, share_prefix=common > 0, pack=packed)
-        v = critic_values(critic, ids, att, skip=skip, share_prefix=common > 0, pack=packed)
+        forward = ForwardSettings(share_prefix=common > 0, pack=packed)
+        lp, ent = actor_outputs(actor, ids, att, forward, with_entropy=True, skip=skip)
+        v = critic_values(critic, ids, att, forward, skip=skip)
         (lp[read].sum() + ent[read].sum() + v[read].sum()).backward()
         grads = [p.grad.clone() for p in [*actor.parameters(), *critic.parameters()] if p.grad is not None]
         results.append((lp, ent, v, grads))
@@ -156,8 +158,9 @@ def test_score_batch_by_token_budget_and_packed_matches_by_rows(nets):
     ref_v, _ = score_batch(critic, ids, att, 2, kind="critic")
     for tokens, packed in ((60, False), (60, True), (1, True)):
         lp, ent = score_batch(actor, ids, att, 2, kind="actor", with_entropy=True, micro_batch_tokens=tokens,
-                              pack=packed)
-        v, _ = score_batch(critic, ids, att, 2, kind="critic", micro_batch_tokens=tokens, pack=packed)
+                              forward=ForwardSettings(pack=packed))
+        v, _ = score_batch(critic, ids, att, 2, kind="critic", micro_batch_tokens=tokens,
+                           forward=ForwardSettings(pack=packed))
         for a, b in ((lp, ref_lp), (ent, ref_ent), (v, ref_v)):
             torch.testing.assert_close(a[real], b[real], atol=1e-10, rtol=1e-10)
 
@@ -177,8 +180,9 @@ def test_packed_lora_actor_and_shared_base_critic_equal_the_padded_ones(tiny_pat
     ids, att = rows_of([30, 45, 38, 21], common=20, groups=2)
     read = att[:, 1:].bool()
     with torch.no_grad():
-        outs = [(actor_outputs(actor, ids, att, with_entropy=False, skip=22, share_prefix=True, pack=packed)[0],
-                 critic_values(critic, ids, att, skip=22, share_prefix=True, pack=packed)) for packed in (False, True)]
+        forwards = [ForwardSettings(share_prefix=True, pack=packed) for packed in (False, True)]
+        outs = [(actor_outputs(actor, ids, att, forward, with_entropy=False, skip=22)[0],
+                 critic_values(critic, ids, att, forward, skip=22)) for forward in forwards]
     (lp0, v0), (lp1, v1) = outs
     read[:, :22] = False
     torch.testing.assert_close(lp1[read], lp0[read], atol=2e-5, rtol=0)

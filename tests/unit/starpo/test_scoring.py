@@ -4,7 +4,12 @@ import pytest
 import torch
 
 from ragen_lightning.models.forward import MIN_SHARED, causal_only, shared_prefix
-from ragen_lightning.starpo.scoring import actor_outputs, critic_values, score_batch
+from ragen_lightning.starpo.scoring import (
+    ForwardSettings,
+    actor_outputs,
+    critic_values,
+    score_batch,
+)
 
 
 @pytest.fixture(scope="module")
@@ -150,8 +155,9 @@ def test_shared_prefix_gives_the_same_outputs_and_gradients(nets):
     for share in (False, True):
         actor.zero_grad()
         critic.zero_grad()
-        lp, ent = actor_outputs(actor, ids, att, with_entropy=True, skip=skip, share_prefix=share)
-        v = critic_values(critic, ids, att, skip=skip, share_prefix=share)
+        forward = ForwardSettings(share_prefix=share)
+        lp, ent = actor_outputs(actor, ids, att, forward, with_entropy=True, skip=skip)
+        v = critic_values(critic, ids, att, forward, skip=skip)
         (lp[read].sum() + ent[read].sum() + v[read].sum()).backward()
         grads = [p.grad.clone() for p in [*actor.parameters(), *critic.parameters()] if p.grad is not None]
         results.append((lp[read], ent[read], v[read], grads))

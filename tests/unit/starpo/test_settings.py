@@ -16,7 +16,6 @@ from ragen_lightning.errors import ConfigError
 from ragen_lightning.starpo.checks import check_data_settings, check_module_settings
 from ragen_lightning.starpo.estimators import ESTIMATORS
 from ragen_lightning.starpo.module import StarPOModule
-from ragen_lightning.starpo.ppo import ActorLoss
 from ragen_lightning.starpo.settings import (
     GROUPS,
     RENAMED,
@@ -104,9 +103,10 @@ def test_settings_travel_as_plain_dicts_in_hparams_and_the_entropy_coefficient_c
                           optim={"actor_lr": 3e-4})
     assert module.hparams["advantage"]["estimator"] == "grpo" and module.hparams["optim"]["actor_lr"] == 3e-4
     assert module.hparams["optim"]["actor_optimizer"] is None
-    assert ActorLoss.of(module.settings).entropy_coeff == 0.01
+    assert module.settings.loss.entropy_coeff == 0.01
     module.set_entropy_coeff(0.05)  # callbacks.CollapseMonitor's adjust_entropy: the next iteration's loss reads it
-    assert ActorLoss.of(module.settings).entropy_coeff == 0.05 and module.hparams["loss"]["entropy_coeff"] == 0.05
+    assert module.settings.loss.entropy_coeff == 0.05
+    assert module.hparams["loss"]["entropy_coeff"] == 0.05
     assert not module.uses_critic and module.settings.uses_reference is False
     assert StarPOModule(loss={"kl_coef": 0.1}).settings.uses_reference  # a KL loss needs the reference
 
@@ -149,3 +149,24 @@ def test_no_settings_dict_is_built_from_hparams_by_string_keys():
     hits = [f"{p.relative_to(LIB)}:{i}" for p in sorted(LIB.rglob("*.py"))
             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert hits == []
+
+
+def test_the_update_scores_its_own_old_logprobs_only_in_one_epoch_over_one_mini_batch():
+    from ragen_lightning.starpo.module import scores_in_update
+
+    class Batch:
+        def __init__(self, rows=8, chains_turns=False):
+            self.rows, self.chains_turns = rows, chains_turns
+
+        def __len__(self):
+            return self.rows
+
+    one = ModuleSettings.build(update={"mini_batch_size": 8, "micro_batch_size": 4})
+    assert scores_in_update(one, Batch())
+    assert not scores_in_update(one, Batch(rows=9))  # two mini-batches: the second is off-policy
+    assert not scores_in_update(one, Batch(chains_turns=True))  # chained GAE: returns need all rows
+    two = ModuleSettings.build(update={"ppo_epochs": 2, "mini_batch_size": 8, "micro_batch_size": 4})
+    assert not scores_in_update(two, Batch())
+    kl = ModuleSettings.build(update={"mini_batch_size": 8, "micro_batch_size": 4},
+                              advantage={"kl_in_reward_coef": 0.1})
+    assert not scores_in_update(kl, Batch())  # the penalty needs the old log-probs first

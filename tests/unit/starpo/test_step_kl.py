@@ -5,16 +5,14 @@ trained tokens, and the flag reaches the actor step through ``ppo_update``."""
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from ragen_lightning.errors import ConfigError, TrainingStopped
-from ragen_lightning.starpo.optim import SkipGuard
-from ragen_lightning.starpo.scoring import actor_outputs
-from ragen_lightning.starpo.ppo import ActorLoss, ppo_update, step_kl
-from ragen_lightning.starpo.optimizer_steps import MicroOutput, accumulate
+from ragen_lightning.starpo.optim import MicroOutput, SkipGuard, StepContext, accumulate
+from ragen_lightning.starpo.ppo import ppo_update, step_kl
+from ragen_lightning.starpo.scoring import ForwardSettings, MicroBatching, actor_outputs
 from ragen_lightning.starpo.settings import ModuleSettings, OptimSettings
 from ragen_lightning.types import UpdateBatch
 
@@ -36,10 +34,10 @@ def _linear():
 
 
 def _accumulate(net, opt, check):
-    module = SimpleNamespace(manual_backward=lambda loss: loss.backward(), _trainer=None)
     # loss = w . x, gradient [1, 1]; the probe is the output before the step
-    return accumulate(module, opt, torch.arange(1), lambda rows: MicroOutput(net(X).sum(), probe=net(X).detach()),
-                      micro_batch_size=1, max_norm=0.0, check=check)
+    ctx = StepContext("actor", net, opt, MicroBatching(size=1))
+    return accumulate(ctx, torch.arange(1),
+                      lambda rows: MicroOutput(net(X).sum(), probe=net(X).detach()), check=check)
 
 
 def test_a_rejected_step_is_undone_with_its_optimizer_state_and_the_value_is_logged():
@@ -82,15 +80,9 @@ def _batch(tiny_model):
 
 
 def _settings(limit):
-    return ActorLoss(clip_low=0.2, clip_high=0.28, dual_clip=None, loss_agg_mode="token-mean",
-                     entropy_coeff=0.0, kl_coef=0.0, kl_kind="k1", temperature=1.0, tis_cap=None,
-                     logits_chunk_size=None, max_step_kl=limit)
-
-
-def test_the_actor_loss_takes_the_limit_from_the_optim_group():
-    settings = ModuleSettings.build(loss={"entropy_coeff": 0.0, "dual_clip": None}, optim={"max_step_kl": 0.05})
-    assert ActorLoss.of(settings) == _settings(0.05)
-    assert ActorLoss.of(ModuleSettings.build()).max_step_kl is None  # off by default
+    return ModuleSettings.build(loss={"entropy_coeff": 0.0, "dual_clip": None},
+                                optim={"max_step_kl": limit},
+                                update={"mini_batch_size": 3, "micro_batch_size": 2})
 
 
 @torch.no_grad()
@@ -104,9 +96,9 @@ def test_step_kl_is_the_k3_mean_over_the_trained_tokens(tiny_model):
     assert d.numel() == 8 and expected > 0
     rows = [torch.tensor([0, 1]), torch.tensor([2])]  # two micro-batches
     probes = [(r, before[r].detach()) for r in rows]
-    kl, reason = step_kl(tiny_model, data, probes, _settings(expected * 2))
+    kl, reason = step_kl(tiny_model, data, ForwardSettings(), expected * 2, probes)
     assert kl == pytest.approx(expected, rel=1e-5) and reason is None
-    kl, reason = step_kl(tiny_model, data, probes, _settings(expected / 2))
+    kl, reason = step_kl(tiny_model, data, ForwardSettings(), expected / 2, probes)
     assert reason == f"step KL {kl:.4g} > --model.optim.max_step_kl {expected / 2:g}"
 
 
@@ -115,14 +107,8 @@ def test_ppo_update_guards_the_actor_step_only_when_set(tiny_model, limit):
     data = _batch(tiny_model)
     start = {k: v.clone() for k, v in tiny_model.state_dict().items()}
     opt = torch.optim.AdamW(tiny_model.parameters(), lr=1e-2)
-    module = SimpleNamespace(manual_backward=lambda loss: loss.backward(), _trainer=None)
-
-    def step(network, rows, loss_fn, lengths=None, **guard):
-        assert network == "actor" and set(guard) == ({"check"} if limit is not None else set())
-        return accumulate(module, opt, rows, loss_fn, micro_batch_size=2, max_norm=1.0, lengths=lengths, **guard)
-
-    logs, _ = ppo_update(data, tiny_model, None, policy_loss=_settings(limit), value_clip=0.5, ppo_epochs=1,
-                         mini_batch_size=3, shuffle=False, iteration=0, step=step)
+    actor = StepContext("actor", tiny_model, opt, MicroBatching(size=2), grad_clip=1.0)
+    logs, _ = ppo_update(data, _settings(limit), actor=actor, critic=None, iteration=0)
     moved = any(not torch.equal(v, tiny_model.state_dict()[k]) for k, v in start.items())
     if limit is None:
         assert moved and "actor/step_kl" not in logs

@@ -2,7 +2,6 @@
 
 import math
 import threading
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,8 +9,8 @@ import torch
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.parallel.threads import map_threads
 from ragen_lightning.starpo.checks import check_threads_precision
-from ragen_lightning.starpo.scoring import score_batch
-from ragen_lightning.starpo.optimizer_steps import MicroOutput, accumulate
+from ragen_lightning.starpo.scoring import MicroBatching, score_batch
+from ragen_lightning.starpo.optim import MicroOutput, StepContext, accumulate
 
 X = torch.arange(1.0, 13.0).reshape(6, 2)  # row r of the batch: (2r + 1, 2r + 2)
 
@@ -54,8 +53,8 @@ def _step(threads: int, poison_row: int | None = None):
             loss = loss * math.inf
         return MicroOutput(loss, terms={"loss": loss.detach()}, outputs=(rows[:, None].float(),))
 
-    module = SimpleNamespace(manual_backward=lambda loss: loss.backward(), _trainer=None)
-    return net, accumulate(module, opt, torch.arange(6), loss_fn, micro_batch_size=2, max_norm=0.0, threads=threads)
+    ctx = StepContext("actor", net, opt, MicroBatching(size=2, threads=threads))
+    return net, accumulate(ctx, torch.arange(6), loss_fn)
 
 
 @pytest.mark.parametrize("threads", [2, 3])
@@ -123,8 +122,8 @@ def test_threaded_gradients_add_in_micro_batch_order_whatever_finishes_first():
                 time.sleep(0.2)  # the first micro-batch finishes last
             return MicroOutput((w * coefficient[rows]).sum())
 
-        module = SimpleNamespace(manual_backward=lambda loss: loss.backward(), _trainer=None)
-        result = accumulate(module, opt, torch.arange(4), loss_fn, micro_batch_size=1, max_norm=0.0, threads=threads)
+        ctx = StepContext("actor", None, opt, MicroBatching(size=1, threads=threads))
+        result = accumulate(ctx, torch.arange(4), loss_fn)
         return w.detach().clone(), result
 
     loop, one = step(1)
