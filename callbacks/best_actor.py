@@ -85,7 +85,7 @@ class BestActorExport(Callback):
         if rank == 0 and tmp.exists():
             shutil.rmtree(tmp)
         trainer.strategy.barrier()
-        sharded = getattr(pl_module, "_device_mesh", None) is not None  # FSDP2: every rank gathers
+        sharded = pl_module.device_mesh is not None  # FSDP2: every rank gathers
         if rank == 0 or sharded:
             pl_module.export_actor(tmp)
         if rank == 0:

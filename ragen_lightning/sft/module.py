@@ -304,7 +304,10 @@ class SFTModule(L.LightningModule):
     def configure_optimizers(self):
         params = [p for p in self.model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
-        total = int(self.trainer.estimated_stepping_batches) if self._trainer is not None else 0
+        try:  # built outside a fit (tests, a scheduler's preview): no trainer, no decay horizon
+            total = int(self.trainer.estimated_stepping_batches)
+        except RuntimeError:
+            total = 0
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: lr_factor(step, self.warmup_steps, total, self.lr_schedule)
         )
