@@ -16,6 +16,7 @@ from ragen_lightning.errors import ConfigError
 class FakeModule:
     def __init__(self):
         self.last_rollout, self.last_logs, self.weights = None, {}, 0.0
+        self.device_mesh = None  # LightningModule's public property: None unless FSDP2 built a mesh
 
     def export_actor(self, path):
         path.mkdir(parents=True)
