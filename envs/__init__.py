@@ -75,4 +75,4 @@ REMOTE_ID = "ragen/Remote-v0"
 if REMOTE_ID not in gym.registry:
     gym.register(id=REMOTE_ID, entry_point="envs.serving.remote:RemoteEnv")
 
-__all__ = ["ENV_IDS", "REMOTE_ID", "PromptSpec", "TextEnv", "text_space"]
+__all__ = ["ENV_IDS", "REMOTE_ID", "EnvIds", "PromptSpec", "TextEnv", "text_space"]

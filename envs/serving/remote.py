@@ -130,7 +130,9 @@ class RemoteEnv(TextEnv):
             raise ValueError(f"timeout_s must be a finite number > 0, got {timeout_s!r}")
         retries = bounded_int("RemoteEnv", "retries", retries, 0)
         self.url, self.env_id, self.timeout_s, self.retries = url, env_id, float(timeout_s), retries
-        self.max_request_bytes, self.max_response_bytes = int(max_request_bytes), int(max_response_bytes)
+        self.max_request_bytes = bounded_int("RemoteEnv", "max_request_bytes", max_request_bytes, 1)
+        self.max_response_bytes = bounded_int(
+            "RemoteEnv", "max_response_bytes", max_response_bytes, 1)
         self._scheme, self._host, self._port = parts.scheme, parts.hostname, parts.port
         self._prefix = parts.path.rstrip("/")
         self._headers = {"Content-Type": "application/json"}

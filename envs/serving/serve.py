@@ -37,6 +37,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from envs.base import bounded_int
 from envs.serving.limits import (
     DEFAULT_CONNECTION_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
@@ -99,8 +100,10 @@ class EnvServer(BoundedConnections):
         self.client_kwargs = check_allowed_keys(client_kwargs)
         make(env_id, env_kwargs or {}).close()  # an unknown id or bad kwargs fail now, not at the first client
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
-        self.secret, self.max_sessions = secret, max_sessions
-        self.max_request_bytes, self.idle_timeout_s = max_request_bytes, idle_timeout_s
+        self.secret = secret
+        self.max_sessions = bounded_int("EnvServer", "max_sessions", max_sessions, 1)
+        self.max_request_bytes = bounded_int("EnvServer", "max_request_bytes", max_request_bytes, 1)
+        self.idle_timeout_s = idle_timeout_s
         self.sessions: dict[str, _Session] = {}
         self.sessions_lock = threading.Lock()
         super().__init__(address, _Handler, connection_timeout_s=connection_timeout_s,

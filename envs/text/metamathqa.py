@@ -332,8 +332,7 @@ def generate_arithmetic_qa(num_items: int = 300, seed: int = 0) -> list[dict[str
 
     Deterministic (a fixed SplitMix64 stream, templates in round-robin order), questions are unique.
     """
-    if num_items < 1:
-        raise ValueError(f"num_items must be >= 1, got {num_items}")
+    num_items = bounded_int("generate_arithmetic_qa", "num_items", num_items, 1)
     rng = _SplitMix64(seed)
     items: list[dict[str, str]] = []
     seen: set[str] = set()

@@ -55,6 +55,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from envs.base import bounded_int
+
 SEVERITIES = ("trace", "info", "warning", "error")
 STATUSES = ("valid", "sorry", "lean_error", "repl_error", "timeout", "server_error")
 DEFAULT_MAX_RESPONSE_BYTES = 16 << 20  # 16 MiB: a long list of messages (info trees are not requested)
@@ -237,9 +239,10 @@ class KiminaChecker:
                  max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES, sleep: Callable[[float], None] = time.sleep):
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"server_url must be an http(s) URL, got {url!r}")
-        if timeout_s <= 0 or http_timeout_s <= 0 or max_retries < 0 or backoff_s < 0 or max_backoff_s < backoff_s:
-            raise ValueError(f"KiminaChecker needs timeout_s > 0, http_timeout_s > 0, max_retries >= 0 and "
-                             f"0 <= backoff_s <= max_backoff_s; got {timeout_s}, {http_timeout_s}, {max_retries}, "
+        max_retries = bounded_int("KiminaChecker", "max_retries", max_retries, 0)
+        if timeout_s <= 0 or http_timeout_s <= 0 or backoff_s < 0 or max_backoff_s < backoff_s:
+            raise ValueError(f"KiminaChecker needs timeout_s > 0, http_timeout_s > 0 and "
+                             f"0 <= backoff_s <= max_backoff_s; got {timeout_s}, {http_timeout_s}, "
                              f"{backoff_s}, {max_backoff_s}")
 
         headers = {}
