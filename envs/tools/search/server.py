@@ -134,7 +134,8 @@ def serve_in_thread(retriever: Retriever, host: str = "127.0.0.1", port: int = 0
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m envs.tools.search.server",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", default=None, help="a .jsonl/.parquet passage file (default: the generated "
                                                        "encyclopaedia of --world-seed)")
     parser.add_argument("--world-seed", type=int, default=0, help="the SearchQA env's world_seed")
