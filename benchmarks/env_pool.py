@@ -11,8 +11,8 @@ Cases (the engine is scripted, fixed answers and no model, so the figures are th
   step-times (env seconds / step time): ~160 vs ~5.
 * ``cheap``: the in-process envs (FrozenLake, SimpleSokoban): 128 episodes x 5 turns x 2 actions, inline vs a pool of
   8, to price the thread hand-off (this chose the default ``max_workers 1``).
-* ``remote``: FrozenLake served by ``python -m envs.serve`` (a subprocess, loopback) through ``ragen/Remote-v0``,
-  inline vs a pool of 8.
+* ``remote``: FrozenLake served by ``python -m envs.serving.serve`` (a subprocess, loopback) through
+  ``ragen/Remote-v0``, inline vs a pool of 8.
 
 Every figure is the median of ``--repeats`` rollouts. Needs the tiny model's tokenizer (built and cached on first use).
 """
@@ -142,12 +142,13 @@ def main() -> None:
     if "remote" in args.cases:
         import subprocess
 
-        server = subprocess.Popen([sys.executable, "-m", "envs.serve", "ragen/FrozenLake-v0", "--port", "0"],
-                                  cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, text=True)
+        command = [sys.executable, "-m", "envs.serving.serve", "ragen/FrozenLake-v0", "--port", "0"]
+        server = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE,
+                                  text=True)
         try:
             url = server.stdout.readline().split(" on ")[-1].strip()
-            print(f"remote: ragen/FrozenLake-v0 served by python -m envs.serve (another process) at {url}, "
-                  "128 episodes x 5 turns x 2 actions")
+            print(f"remote: ragen/FrozenLake-v0 served by python -m envs.serving.serve (another process) "
+                  f"at {url}, 128 episodes x 5 turns x 2 actions")
             for workers in (1, 8):
                 env_s, total_s = env_seconds(tokenizer, envs.REMOTE_ID, {"url": url, "env_id": "ragen/FrozenLake-v0"},
                                              text, groups=32, group_size=4, turns=5, actions=2, workers=workers,

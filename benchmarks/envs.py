@@ -49,7 +49,7 @@ def _make(env_id: str) -> tuple[gym.Env | None, str]:
         importlib.import_module(module)
     except ModuleNotFoundError as e:
         return None, f"{module} not importable ({e})"
-    from envs.lean_backends import LeanBackendUnavailable
+    from envs.tools.lean.backends import LeanBackendUnavailable
 
     try:
         return gym.make(env_id).unwrapped, ""
@@ -128,7 +128,7 @@ def bench_expert_steps(env: gym.Env, seconds: float, seed: int, warmup: int) -> 
 def sokoban_histograms(levels: int) -> None:
     from collections import Counter
 
-    from envs.sokoban import GENERATORS, SokobanEnv
+    from envs.grid.sokoban.env import GENERATORS, SokobanEnv
 
     for preset in ("SimpleSokoban", "LargerSokoban"):
         for generator in GENERATORS:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 def agreement(levels: int, states: int, preset: str, seed: int) -> dict[str, float]:
     import numpy as np
 
-    from envs.sokoban import SokobanEnv
+    from envs.grid.sokoban.env import SokobanEnv
 
     rng = np.random.default_rng(seed)
     env = SokobanEnv(preset=preset, heuristic_reward=1.0)

@@ -7,12 +7,16 @@ understands (``action_names``) and the instruction/legend text a prompt needs (:
 
 An env also owns what a trainer may want to know about solving it, in plain types (this package never imports a
 trainer): the optional expert policy ``expert_turn`` and the warm-start hint ``warm_start_steps`` (see
-:class:`TextEnv`). :func:`relation` and :func:`going` are reasoning-sentence helpers several experts share.
+:class:`TextEnv`). :func:`relation` and :func:`going` are reasoning-sentence helpers several experts
+share; :func:`bounded_int` checks every integer keyword; :func:`read_rows` and :func:`check_file`
+read data files.
 """
 
 from __future__ import annotations
 
+import json
 import operator
+import os
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,14 +43,19 @@ def text_space(extra_chars: str = "", max_length: int = 8192) -> spaces.Text:
     return spaces.Text(min_length=0, max_length=max_length, charset=charset)
 
 
-def bounded_int(name: str, value: Any, lo: int, hi: int | None = None) -> int:
-    """``value`` as an int in ``[lo, hi]`` (an integral finite float counts), else a ValueError naming ``name``."""
+def bounded_int(owner: str, name: str, value: Any, lo: int, hi: int | None = None) -> int:
+    """``value`` as an int in ``[lo, hi]`` (``hi=None``: no upper bound), else a ValueError.
+
+    The one check of every integer keyword, reset option and limit in this package. An integral
+    finite float (``3.0``) counts, a bool does not; the error names ``owner`` (the env or class)
+    and ``name``: ``"SokobanEnv: search_depth must be an integer in [1, 1000], got 5000"``.
+    """
     if isinstance(value, (float, np.floating)) and np.isfinite(value) and float(value).is_integer():
         value = int(value)
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < lo or (
-            hi is not None and value > hi):
+    integer = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    if not integer or value < lo or (hi is not None and value > hi):
         bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
+        raise ValueError(f"{owner}: {name} must be an integer {bound}, got {value!r}")
     return int(value)
 
 
@@ -62,6 +71,41 @@ def as_action(action: Any, n: int) -> int | None:
     except TypeError:
         return None
     return a if 0 <= a < n else None
+
+
+def read_rows(path: str) -> list[tuple[Any, str]]:
+    """``(row, where)`` pairs of a ``.jsonl`` or ``.parquet`` file; ``where`` names file and line
+    (row)."""
+    rows: list[tuple[Any, str]] = []
+    if path.endswith(".jsonl"):
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                if line.strip():
+                    try:
+                        rows.append((json.loads(line), f"{path}:{lineno}"))
+                    except json.JSONDecodeError as exc:
+                        raise ValueError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+    elif path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(path).to_pylist()
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for unreadable files
+            raise ValueError(f"{path}: not a readable parquet file ({exc})") from None
+        rows = [(row, f"{path}: row {i}") for i, row in enumerate(table)]
+    else:
+        raise ValueError(f"expected a .jsonl or .parquet file, got {path!r}")
+    return rows
+
+
+def check_file(path: str | os.PathLike, what: str) -> str:
+    """``path`` as a string after checking it names an existing ``.jsonl``/``.parquet`` file."""
+    path = os.fspath(path)
+    if not path.endswith((".jsonl", ".parquet")):
+        raise ValueError(f"{what} must end in .jsonl or .parquet, got {path!r}")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no such {what}: {path}")
+    return path
 
 
 def relation(a: tuple[int, int], b: tuple[int, int]) -> str:
@@ -190,9 +234,8 @@ class TextEnv(gym.Env[str, Any]):
         self._transition_rng = None
         if seed is None or self.shared_transitions:
             return
-        if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"{type(self).__name__}.reset: transition_seed must be an int >= 0, got {seed!r}")
-        self._transition_rng = np.random.Generator(np.random.PCG64(int(seed)))
+        seed = bounded_int(f"{type(self).__name__}.reset", "transition_seed", seed, 0)
+        self._transition_rng = np.random.Generator(np.random.PCG64(seed))
 
     def prompt_spec(self) -> PromptSpec:  # pragma: no cover - every env overrides it
         raise NotImplementedError

@@ -41,11 +41,12 @@ def _module_name(path: Path, root: Path) -> str:
 
 
 # Top-level packages of the repository that the library must not reach, not even by name. A string naming one of
-# them or a module in it counts as an import: "envs.sokoban", a class path "callbacks.collapse.CollapseMonitor",
-# gymnasium's "envs:ragen/Sokoban-v0" and the bare "envs" (the `MODULE = "envs"` constant passed on to importlib or
-# gymnasium, a default `["envs"]` of module names), except where a string is a key or an attribute name rather than
-# a module: a dict display's key, a subscript, the key of .get/.pop/.setdefault, the name of getattr/hasattr/setattr/
-# delattr, the left side of `in` (`{"envs": [...]}` is a keyword argument's name).
+# them or a module in it counts as an import: "envs.grid.sokoban.env", a class path
+# "callbacks.collapse.CollapseMonitor", gymnasium's "envs:ragen/Sokoban-v0" and the bare "envs" (the
+# `MODULE = "envs"` constant passed on to importlib or gymnasium, a default `["envs"]` of module
+# names), except where a string is a key or an attribute name rather than a module: a dict display's
+# key, a subscript, the key of .get/.pop/.setdefault, the name of getattr/hasattr/setattr/ delattr,
+# the left side of `in` (`{"envs": [...]}` is a keyword argument's name).
 NAMED_PACKAGES = ("envs", "callbacks")
 # The bare word "callbacks" is also Lightning's trainer group (`--trainer.callbacks`, a config key the CLI reads), so
 # bare it counts only where it reaches import machinery: an import call's argument or a constant bound to a name.
@@ -211,7 +212,7 @@ def _strings(source: str, name: str = "pkg.mod", package: str = "pkg") -> set[st
 @pytest.mark.parametrize(("source", "expected"), [
     ('import importlib\nimportlib.import_module("envs")', {"envs"}),
     ('from importlib import import_module\nimport_module("callbacks.collapse")', {"callbacks.collapse"}),
-    ('__import__("envs.sokoban")', {"envs.sokoban"}),
+    ('__import__("envs.grid.sokoban.env")', {"envs.grid.sokoban.env"}),
     ('importlib.import_module("ragen_lightning.rollout.runner")', {"ragen_lightning.rollout.runner"}),
     ('importlib.import_module(".functional", __name__)', {"pkg.mod.functional"}),  # __name__ of a package
     ('importlib.import_module(".functional", __package__)', {"pkg.functional"}),
@@ -221,7 +222,7 @@ def _strings(source: str, name: str = "pkg.mod", package: str = "pkg") -> set[st
     ('def f(a):\n    return a.modules or ["envs"]', {"envs"}),  # a default list of module names
     ('gym.make("envs:ragen/Sokoban-v0")', {"envs"}),
     ('gym.make(f"envs:{env_id}")', {"envs"}),
-    ('gym.register(id="x/Y-v0", entry_point="envs.bandit:BanditEnv")', {"envs.bandit"}),
+    ('gym.register(id="x/Y-v0", entry_point="envs.text.bandit:BanditEnv")', {"envs.text.bandit"}),
     ('cfg = {"class_path": "callbacks.collapse.CollapseMonitor"}', {"callbacks.collapse.CollapseMonitor"}),
     ('importlib.import_module("callbacks")', {"callbacks"}),
 ])

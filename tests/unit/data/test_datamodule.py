@@ -89,7 +89,7 @@ def test_branches_are_refused_where_a_branch_cannot_be_a_scored_one_turn_sample(
         dm(branches=2, reward_placement="turn")  # full context: one sample per episode
     import gymnasium as gym
 
-    from envs.bandit import BanditEnv
+    from envs.text.bandit import BanditEnv
 
     if "test/FixedBandit-v0" not in gym.registry:  # an env that does not opt in
         gym.register("test/FixedBandit-v0", entry_point=type("FixedBandit", (BanditEnv,), {"branchable": False}))

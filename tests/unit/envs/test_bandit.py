@@ -6,7 +6,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import envs  # noqa: F401  (registers the ids)
-from envs.bandit import TEST_ARM_PAIRS, TRAIN_ARM_PAIRS, BanditEnv
+from envs.text.bandit import TEST_ARM_PAIRS, TRAIN_ARM_PAIRS, BanditEnv
 
 
 def _hi_index(env: BanditEnv) -> int:

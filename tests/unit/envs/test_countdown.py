@@ -7,7 +7,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import envs  # noqa: F401  (registers the ids)
-from envs.countdown import CountdownEnv, evaluate_expression, solve_countdown
+from envs.text.countdown import CountdownEnv, evaluate_expression, solve_countdown
 
 
 def _env(target=24, nums=(3, 3, 8, 8)) -> CountdownEnv:

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import envs  # noqa: F401  (registers the ids)
-from envs import deepcoder
-from envs.deepcoder import DeepCoderEnv, defines, extract_code
-from envs.deepcoder_problems import FAMILIES, generate_problem, load_problems
-from envs.sandbox import Sandbox
+from envs.tools.code import env as deepcoder
+from envs.tools.code.env import DeepCoderEnv, defines, extract_code
+from envs.tools.code.problems import FAMILIES, generate_problem, load_problems
+from envs.tools.code.sandbox import Sandbox
 
 ADD = {"problem": "Add two numbers.", "fn_name": "add", "solution": "def add(a, b):\n    return a + b\n",
        "tests": [{"input": [1, 2], "output": 3, "testtype": "functional"},

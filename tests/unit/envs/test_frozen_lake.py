@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import envs  # noqa: F401  (registers the ids)
-from envs.frozen_lake import FrozenLakeEnv
+from envs.grid.frozen_lake import FrozenLakeEnv
 
 UP, DOWN, LEFT, RIGHT = 0, 1, 2, 3
 CLASSIC = ["SFFF", "FHFH", "FFFH", "HFFG"]

@@ -8,7 +8,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import envs  # noqa: F401  (registers the ids)
-from envs.game_2048 import Game2048Env, merge_line, slide
+from envs.grid.game_2048 import Game2048Env, merge_line, slide
 
 HAND = np.array([
     [2, 2, 2, 2],

@@ -22,8 +22,7 @@ import gymnasium as gym
 import pytest
 
 import envs  # noqa: F401  (registers the ids)
-from envs.lean import DEFAULT_DATA, LeanEnv, load_theorems, make_checker, split_formal
-from envs.lean_backends import (
+from envs.tools.lean.backends import (
     CheckResult,
     KiminaChecker,
     LeanBackendError,
@@ -34,6 +33,7 @@ from envs.lean_backends import (
     parse_repl_result,
     split_header,
 )
+from envs.tools.lean.env import DEFAULT_DATA, LeanEnv, load_theorems, make_checker, split_formal
 from tests.fixtures.lean.fake_kimina import THEOREMS, FakeKimina
 
 FAKE_REPL = Path(__file__).resolve().parents[2] / "fixtures" / "lean" / "fake_repl.py"

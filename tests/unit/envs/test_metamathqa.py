@@ -8,7 +8,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import envs  # noqa: F401  (registers the ids)
-from envs.metamathqa import (
+from envs.text.metamathqa import (
     CORRECT_TEXT,
     DEFAULT_PATH,
     INCORRECT_TEXT,
@@ -26,7 +26,7 @@ def _write_jsonl(path, records):
 
 
 def test_shipped_file_equals_generator_output():
-    # Regenerate with `python -m envs.metamathqa` after changing the generator.
+    # Regenerate with `python -m envs.text.metamathqa` after changing the generator.
     assert DEFAULT_PATH.read_text(encoding="utf-8") == arithmetic_qa_jsonl()
 
 

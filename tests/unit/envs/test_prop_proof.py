@@ -11,17 +11,17 @@ import numpy as np
 import pytest
 
 import envs  # noqa: F401  (registers the ids)
-from envs.proof_checker import ProofError, apply_tactic
-from envs.proof_search import prove_state
-from envs.prop_formulas import (
+from envs.logic.checker import ProofError, apply_tactic
+from envs.logic.env import PropProofEnv
+from envs.logic.formulas import (
     FormulaSyntaxError,
     initial_state,
     parse_formula,
     show,
     state_text,
 )
-from envs.prop_proof import PropProofEnv
-from envs.prop_theorems import draw_theorem, generate_theorem, split_of
+from envs.logic.prover import prove_state
+from envs.logic.theorems import draw_theorem, generate_theorem, split_of
 
 
 @pytest.fixture()
@@ -197,7 +197,7 @@ def test_reward_settings_reproduce_ragens_lean_values():
 
 
 def test_bad_settings_and_options_name_the_culprit():
-    with pytest.raises(ValueError, match=r"^depth must be an int in \[0, 12\], got 13$"):
+    with pytest.raises(ValueError, match=r"^PropProofEnv: depth must be an integer in \[0, 12\], got 13"):
         PropProofEnv(depth=13)
     with pytest.raises(ValueError, match=r"^split must be one of \['test', 'train', 'val'\], got 'dev'$"):
         PropProofEnv(split="dev")

@@ -1,6 +1,7 @@
-"""ragen/Remote-v0 against ``envs.serve`` on loopback: the env contract, identical episodes in-process and remote,
-the expert forwarded, retried requests never stepping twice, bounded sizes, the secret, clear errors, and a lost
-connection ending only the episode through the rollout runner."""
+"""ragen/Remote-v0 against ``envs.serving.serve`` on loopback: the env contract, identical episodes
+in-process and remote, the expert forwarded, retried requests never stepping twice, bounded sizes,
+the secret, clear errors, and a lost connection ending only the episode through the rollout
+runner."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from gymnasium import spaces
 from gymnasium.utils.env_checker import check_env
 
 import envs
-from envs.remote import RemoteEnv, RemoteEnvError
-from envs.serve import EnvServer, HTTPError
+from envs.serving.remote import RemoteEnv, RemoteEnvError
+from envs.serving.serve import EnvServer, HTTPError
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -293,9 +294,9 @@ def test_connection_loss_mid_episode_ends_the_episode_with_a_clear_error(tiny_to
 
 
 def test_serve_command_line(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "envs.serve", "ragen/FrozenLake-v0", "--port", "0",
-                             "--env-kwargs", '{"size": 4}'], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    serve = [sys.executable, "-m", "envs.serving.serve", "ragen/FrozenLake-v0"]
+    proc = subprocess.Popen([*serve, "--port", "0", "--env-kwargs", '{"size": 4}'], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
         assert line.startswith("serving ragen/FrozenLake-v0 on http://127.0.0.1:"), proc.stderr.read()
@@ -306,6 +307,6 @@ def test_serve_command_line(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-    refused = subprocess.run([sys.executable, "-m", "envs.serve", "ragen/FrozenLake-v0", "--host", "0.0.0.0"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    refused = subprocess.run([*serve, "--host", "0.0.0.0"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=60, check=False)
     assert refused.returncode == 2 and "reachable from other machines: set --secret-env" in refused.stderr

@@ -6,7 +6,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import envs  # noqa: F401  (registers the ids)
-from envs.rubiks_cube import (
+from envs.grid.rubiks_cube import (
     ACTION_NAMES,
     COLORS,
     MOVES,

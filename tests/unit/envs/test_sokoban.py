@@ -14,7 +14,7 @@ import pytest
 
 import envs  # noqa: F401  (registers the ids)
 from envs.base import PromptSpec
-from envs.sokoban import PRESETS, SokobanEnv, solve_board
+from envs.grid.sokoban.env import PRESETS, SokobanEnv, solve_board
 
 UP, DOWN, LEFT, RIGHT = 0, 1, 2, 3
 REPO = Path(__file__).resolve().parents[3]

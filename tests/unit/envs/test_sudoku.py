@@ -8,8 +8,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import envs  # noqa: F401  (registers the ids)
-from envs.sudoku import SudokuEnv, parse_sudoku_action
-from envs.sudoku_solver import count_solutions, solve_sudoku
+from envs.grid.sudoku.env import SudokuEnv, parse_sudoku_action
+from envs.grid.sudoku.solver import count_solutions, solve_sudoku
 
 # A well-known puzzle with a unique solution (0 = empty), and that solution.
 PUZZLE = np.array([

@@ -12,9 +12,9 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 
-import envs  # registers the ids
-from envs.webshop import TIPS, WebShopEnv, search_keywords, split_goal_index
-from envs.webshop_catalogue import (
+import envs  # noqa: F401 - registers the ids
+from envs.tools import webshop
+from envs.tools.webshop.catalogue import (
     Goal,
     Product,
     generate_catalogue,
@@ -22,7 +22,8 @@ from envs.webshop_catalogue import (
     parse_price,
     price_upper_for,
 )
-from envs.webshop_reward import (
+from envs.tools.webshop.env import TIPS, WebShopEnv, search_keywords, split_goal_index
+from envs.tools.webshop.reward import (
     attribute_matches,
     normalize_color,
     option_matches,
@@ -32,7 +33,7 @@ from envs.webshop_reward import (
     webshop_reward,
 )
 
-FIXTURE = Path(envs.__file__).parent / "data" / "webshop_fixture"
+FIXTURE = Path(webshop.__file__).parent / "data" / "webshop_fixture"
 
 
 @pytest.fixture(scope="module")
@@ -267,7 +268,7 @@ def test_malformed_actions_and_max_steps():
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="split must be"):
         WebShopEnv(split="dev")
-    with pytest.raises(ValueError, match="max_results must be at most 50"):
+    with pytest.raises(ValueError, match=r"WebShopEnv: max_results must be an integer in \[1, 50\]"):
         WebShopEnv(max_results=60)
     with pytest.raises(ValueError, match=r"has 5 goals; split_sizes \[500, 1000\]"):
         WebShopEnv(catalogue_path=FIXTURE)

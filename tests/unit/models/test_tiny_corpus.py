@@ -11,7 +11,7 @@ def test_corpus_env_ids_are_the_frozen_list_whatever_else_is_registered():
     assert before == list(tiny.CORPUS_ENV_IDS)  # all fourteen are registered by the envs package
     assert "ragen/SearchQA-v0" in envs.ENV_IDS and "ragen/SearchQA-v0" not in before  # a later task: not in it
     extra = "ragen/CorpusProbe-v0"
-    gym.register(id=extra, entry_point="envs.bandit:BanditEnv")
+    gym.register(id=extra, entry_point="envs.text.bandit:BanditEnv")
     try:
         assert tiny.corpus_env_ids() == before
     finally:

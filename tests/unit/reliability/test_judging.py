@@ -18,13 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import envs  # registers the ids
-from envs.metamathqa import (
+from envs.grid.sudoku.env import PUZZLE_SEARCH_BUDGET, SudokuEnv
+from envs.text.metamathqa import (
     MAX_EXPONENT,
     MAX_NUMERAL_LENGTH,
     MetaMathQAEnv,
     answers_match,
 )
-from envs.sudoku import PUZZLE_SEARCH_BUDGET, SudokuEnv
 from ragen_lightning.rollout import prompting
 from ragen_lightning.rollout.engine import Generation, SamplingParams
 from ragen_lightning.rollout.runner import RolloutRunner
@@ -43,7 +43,7 @@ def test_metamathqa_huge_exponents_are_judged_in_under_a_second():
     # Before: Fraction(text) computed 10**exp, > 20 s for each (the first two ran for minutes).
     seconds = run_bounded(f"""
         import json, time
-        from envs.metamathqa import MetaMathQAEnv, answers_match
+        from envs.text.metamathqa import MetaMathQAEnv, answers_match
         out = {{}}
         env = MetaMathQAEnv()
         for text in {HUGE_NUMERALS!r}:
@@ -194,7 +194,7 @@ def test_sudoku_hidden_contradiction_is_refused_within_the_budget():
     out = run_bounded(f"""
         import json, time
         import numpy as np
-        from envs.sudoku import SudokuEnv
+        from envs.grid.sudoku.env import SudokuEnv
         out = {{}}
         for budget in (None, 10_000):
             env = SudokuEnv(grid_size=16) if budget is None else SudokuEnv(grid_size=16, search_budget=budget)
@@ -329,7 +329,7 @@ TOOL_ADVERSARIAL = [  # text after the "<think>" prefix; each 100 KB case took t
 def test_tool_call_parsing_of_100kb_inputs_is_bounded():
     seconds = run_bounded(f"""
         import json, time
-        from envs.searchqa import TOOLS
+        from envs.tools.search.env import TOOLS
         from ragen_lightning.rollout.tool_calls import parse_tool_calls
         out = []
         for text in {TOOL_ADVERSARIAL!r}:
@@ -347,7 +347,7 @@ def test_tool_call_parsing_of_100kb_inputs_is_bounded():
                                  '"search"', '"arguments"', '"query"', '"x"', ",", "[", "]", " ", "\n", "1", "null"]),
                 max_size=24), st.booleans())
 def test_tool_call_parser_never_raises_and_only_runs_declared_calls(pieces, think):
-    from envs.searchqa import TOOLS
+    from envs.tools.search.env import TOOLS
     from ragen_lightning.rollout.tool_calls import parse_tool_calls
 
     text = "".join(pieces)

@@ -8,8 +8,8 @@ import json
 import pytest
 
 import envs  # noqa: F401  (registers the ids)
-from envs.searchqa import TOOLS as SEARCH_TOOLS
-from envs.webshop import TOOLS as SHOP_TOOLS
+from envs.tools.search.env import TOOLS as SEARCH_TOOLS
+from envs.tools.webshop.env import TOOLS as SHOP_TOOLS
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.engine import Generation, SamplingParams
 from ragen_lightning.rollout.runner import RolloutRunner

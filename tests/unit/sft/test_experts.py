@@ -9,8 +9,8 @@ import pytest
 
 import envs  # noqa: F401  (registers the ragen/* ids)
 from envs.base import relation
-from envs.game_2048 import Game2048Env, slide
-from envs.rubiks_cube import SOLVED_STATE, RubiksCubeEnv, apply_move, is_solved
+from envs.grid.game_2048 import Game2048Env, slide
+from envs.grid.rubiks_cube import SOLVED_STATE, RubiksCubeEnv, apply_move, is_solved
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout import prompting
 from ragen_lightning.rollout.engine import SamplingParams

@@ -1,0 +1,1 @@
+"""Board and puzzle games on a grid: Sokoban, FrozenLake, 2048, Sudoku, Rubik's Cube."""

@@ -1,0 +1,2 @@
+"""Sokoban: the env (env.py), its level generators (generate.py, ragen.py), its board text
+(text.py)."""

@@ -1,0 +1,1 @@
+"""Envs whose actions call a tool: a search engine, a shop, a code sandbox, a Lean server."""

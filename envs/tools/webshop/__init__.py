@@ -1,0 +1,1 @@
+"""WebShop: the env (env.py), its catalogue (catalogue.py) and purchase reward (reward.py)."""
