@@ -8,7 +8,7 @@ import torch
 
 from ragen_lightning.algos import advantages as A
 from ragen_lightning.algos.filtering import FILTER_STRATEGIES, register_filter
-from ragen_lightning.data.sampler import FilterConfig
+from ragen_lightning.data.sampler import FilterSettings
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.starpo.estimators import ESTIMATORS, register_estimator
 from tests.integration.test_module import (
@@ -63,7 +63,7 @@ def test_a_registered_estimator_trains_one_iteration(tmp_path, tiny_path, toy_re
 
 
 def test_a_registered_filter_trains_one_iteration(tmp_path, tiny_path, toy_registrations):
-    flt = FilterConfig(strategy="last_group_only", value=1.0)
+    flt = FilterSettings(strategy="last_group_only", value=1.0)
     assert not flt.keeps_everything  # no keeps_all rule registered: the strategy always runs
     module = ScriptedStarPO(model=str(tiny_path), advantage={"estimator": "grpo"},
                             update={"mini_batch_size": 8, "micro_batch_size": 4})
@@ -80,4 +80,4 @@ def test_unregistered_names_are_one_line_errors_listing_the_registered_ones():
     with pytest.raises(ConfigError, match=r"--model.advantage.estimator must be one of gae, grpo.*got 'nope'"):
         ScriptedStarPO(advantage={"estimator": "nope"})
     with pytest.raises(ConfigError, match=r"--data.filter.strategy must be one of top_p, top_k.*got 'nope'"):
-        FilterConfig(strategy="nope")
+        FilterSettings(strategy="nope")
