@@ -184,7 +184,7 @@ def _as_entry(table: dict[str, Any], kind: type, obj: Any, name: str, flag: str)
             return entry
     if callable(obj):
         return kind(name, obj)
-    raise ConfigError(f"{flag} {name} is a {type(obj).__name__}, not a function or a {kind.__name__}")
+    raise ConfigError(f"{flag} {name} is a {type(obj).__name__}, not a function or a registered entry")
 
 
 # -- options ------------------------------------------------------------------------------------------------------
