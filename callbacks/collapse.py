@@ -243,8 +243,8 @@ class CollapseMonitor(Callback):
                 path = Path(root) / f"collapse-{'-'.join(fired)}-iter{iteration}.ckpt"
                 trainer.save_checkpoint(str(path))
             elif action == "adjust_filter":
-                value = max(self.filter_value_min, trainer.datamodule.filter.value * self.filter_value_factor)
-                self._set_filter_value(trainer, value)
+                value = trainer.datamodule.filter.value * self.filter_value_factor
+                self._set_filter_value(trainer, max(self.filter_value_min, value))
             elif action == "adjust_entropy":
                 coeff = pl_module.loss.entropy_coeff
                 coeff = self.entropy_coeff_start if coeff == 0 else coeff * self.entropy_coeff_factor
@@ -253,13 +253,14 @@ class CollapseMonitor(Callback):
         return out
 
     def _set_filter_value(self, trainer: Any, value: float) -> None:
-        """Replace the data module's filter settings by a copy with ``value``, checked like the flag
-        (``FilterSettings.with_value``); a value the strategy refuses (a fraction for ``top_k_abs``) is a
-        warning, and the filter stays as it was."""
+        """Replace the data module's filter settings by a copy with ``value``, checked like the
+        flag (``FilterSettings.with_value``); a value the strategy refuses (a fraction for
+        ``top_k_abs``) is a warning, and the filter stays as it was."""
         try:
             trainer.datamodule.filter = trainer.datamodule.filter.with_value(value)
         except ConfigError as e:
-            warnings.warn(f"CollapseMonitor adjust_filter left the filter as it was: {e}", stacklevel=2)
+            warnings.warn(f"CollapseMonitor adjust_filter left the filter as it was: {e}",
+                          stacklevel=2)
             return
         self.adjusted["filter_value"] = trainer.datamodule.filter.value
 

@@ -5,12 +5,13 @@ state. ``group_scores`` reduces a per-trajectory matrix ``[G, N]`` to one score 
 reward std: RAGEN-2's signal-to-noise proxy), and ``select_groups`` picks the groups to train on.
 
 Selection (``select_groups``, SPEC §5.3, ties broken towards the lower group index by stable sorts) by a strategy of
-the table :data:`FILTER_STRATEGIES` (one function each, with its options dataclass; a user's own is registered with
-:func:`~ragen_lightning.registry.register_filter` or named ``package.module:name``):
+the table :data:`FILTER_STRATEGIES` (one function each, with its options dataclass; a user's own
+is registered with :func:`~ragen_lightning.registry.register_filter` or named ``module:name``):
 0. ``include_zero=False`` first drops groups with ``|score| <= 1e-10``.
-1. ``top_p``: ``value >= 1`` keeps every remaining group. Otherwise, by its ``mode`` option (:class:`TopPOptions`):
+1. ``top_p``: ``value >= 1`` keeps every remaining group. Otherwise, by its ``mode``
+   (:class:`TopPOptions`):
    - ``softmax``: ``p = softmax(±scores)`` sorted descending, keep the first k with ``k = 1 + #{cumsum(p) < value}``;
-   - ``linear``: scores sorted (descending for largest, ascending for smallest), ``thr = value·Σscores − eps`` (its ``eps`` option); walk
+   - ``linear``: scores sorted (descending for largest, ascending for smallest), ``thr = value·Σscores − eps``; walk
      the sorted list: stop once the running sum reaches ``thr`` or at a score ``<= 0``, else add it. Keep the walked
      prefix if its sum reached ``thr``, otherwise keep **nothing** (all-zero or all-negative scores give an empty
      selection, which the caller must handle, e.g. by skipping the update).
@@ -35,7 +36,13 @@ from typing import Any, Literal
 import torch
 
 from ragen_lightning.errors import Domain
-from ragen_lightning.registry import FILTER_OPTIONS, FILTERS, FilterStrategy, get_filter, register_filter
+from ragen_lightning.registry import (
+    FILTER_OPTIONS,
+    FILTERS,
+    FilterStrategy,
+    get_filter,
+    register_filter,
+)
 
 __all__ = [
     "DEFAULT_STRATEGY",
@@ -126,7 +133,7 @@ def group_scores(rewards: torch.Tensor, metric: ScoreMetric = "reward_variance")
 # Selection
 # ----------------------------------------------------------------------------------------------------------------
 
-FILTER_STRATEGIES = FILTERS  # the table of :mod:`ragen_lightning.registry`, under its former name here
+FILTER_STRATEGIES = FILTERS  # the table of :mod:`ragen_lightning.registry`, by its former name
 
 
 @dataclass(frozen=True)
@@ -172,7 +179,8 @@ def _top_p_linear(scores: torch.Tensor, value: float, largest: bool, eps: float)
     return order[:count] if cumulative >= threshold else order[:0]
 
 
-def top_p(scores: torch.Tensor, value: float, *, largest: bool, options: TopPOptions, **_) -> torch.Tensor:
+def top_p(scores: torch.Tensor, value: float, *, largest: bool, options: TopPOptions,
+          **_) -> torch.Tensor:
     """Score mass: ``value >= 1`` keeps every candidate; else ``linear`` or ``softmax`` (module docstring)."""
     if value >= 1.0:
         return torch.arange(scores.numel(), device=scores.device)
@@ -201,7 +209,8 @@ def min_p(scores: torch.Tensor, value: float, *, largest: bool, **_) -> torch.Te
 
 
 DEFAULT_STRATEGY = register_filter("top_p", top_p, options=TopPOptions, value_domain=Domain(low=0),
-                                   value_help="score mass (>= 1 keeps all)", keeps_all=lambda value: value >= 1.0).name
+                                   value_help="score mass (>= 1 keeps all)",
+                                   keeps_all=lambda value: value >= 1.0).name
 register_filter("top_k", top_k, value_domain=Domain(0, 1, low_open=True), value_help="fraction of the groups")
 register_filter("top_k_abs", top_k_abs, value_domain=Domain(low=1), value_help="a number of groups", whole_value=True)
 register_filter("min_p", min_p, value_domain=Domain(0, 1), value_help="ratio to the best score")
@@ -224,8 +233,8 @@ def select_groups(
         value: top_p mass; top_k fraction of G; top_k_abs count; min_p ratio.
         largest: keep the largest scores (False: the smallest).
         include_zero: False drops groups with ``|score| <= 1e-10`` before selecting.
-        options: the strategy's options (its options dataclass or a mapping of its fields; None: its defaults),
-            e.g. ``TopPOptions(mode="softmax")``.
+        options: the strategy's options (its options dataclass or a mapping of its fields; None:
+            its defaults), e.g. ``TopPOptions(mode="softmax")``.
     """
     entry = get_filter(strategy)
     options = entry.make_options(options)
@@ -244,7 +253,8 @@ def select_groups(
         candidates = candidates[scores.abs() > ZERO_TOL]
     if candidates.numel() == 0:
         return candidates
-    picked = entry.select(scores[candidates], value, largest=largest, num_groups=num_groups, options=options)
+    picked = entry.select(scores[candidates], value, largest=largest, num_groups=num_groups,
+                          options=options)
     return torch.sort(candidates[picked]).values
 
 

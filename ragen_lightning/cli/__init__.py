@@ -130,7 +130,8 @@ class StarPOCLI(LightningCLI):
             super().parse_arguments(parser, args)
         except ArgumentError as e:
             raise ConfigError(renamed_flag_error(str(e)) or renamed_filter_flag_error(str(e))
-                              or preflight.removed_flag_error(str(e)) or preflight.parse_error_line(str(e))) from None
+                              or preflight.removed_flag_error(str(e))
+                              or preflight.parse_error_line(str(e))) from None
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         preflight.check_settings(config, run=subcommand is not None)

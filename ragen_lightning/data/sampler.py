@@ -47,15 +47,16 @@ _METRIC_SOURCE = {"reward_variance": "reward", "reward": "reward", "reward_sum":
 
 @dataclass(frozen=True)
 class FilterSettings:
-    """Rollout filter settings (``--data.filter.*``, RAGEN's ``rollout_filter_*``; the defaults keep every group).
+    """Rollout filter settings (``--data.filter.*``, RAGEN's ``rollout_filter_*``; the defaults keep
+    every group). Frozen: a change is a checked copy (:meth:`with_value`).
 
     Args:
-        strategy: a registered strategy (:mod:`ragen_lightning.registry`): ``top_p`` | ``top_k`` (fraction of
-            groups) | ``top_k_abs`` (count) | ``min_p``, a ``package.module:name`` or an installed
-            ``ragen_lightning.filters`` entry point.
+        strategy: a registered strategy (:mod:`ragen_lightning.registry`): ``top_p`` | ``top_k``
+            (fraction of groups) | ``top_k_abs`` (count) | ``min_p``, a ``package.module:name`` or
+            an installed ``ragen_lightning.filters`` entry point.
         value: the strategy's threshold; ``top_p`` with ``value >= 1`` keeps every (non-zero) group.
-        options: the strategy's own options (null: its defaults); ``top_p``: ``mode`` (``linear``, RAGEN's default,
-            or ``softmax``) and ``eps`` (slack of the linear threshold, 0.01).
+        options: the strategy's own options (null: its defaults); ``top_p``: ``mode`` (``linear``,
+            RAGEN's default, or ``softmax``) and ``eps`` (slack of the linear threshold, 0.01).
         metric: group score: ``reward_variance`` (in-group reward std, default), ``reward`` (mean), ``reward_sum``,
             ``entropy``, ``entropy_variance``, ``length``.
         largest: keep the groups with the largest scores (False: the smallest).
@@ -85,7 +86,7 @@ class FilterSettings:
             raise ConfigError(f"--data.filter.value must be a whole number for --data.filter.strategy {strategy.name} "
                               f"({strategy.value_help}), got {self.value}")
         options = strategy.make_options(self.options)
-        if self.options is not None:  # kept None when not given: a parser's default then fits every strategy
+        if self.options is not None:  # None when not given: a parser's default fits every strategy
             object.__setattr__(self, "options", options)
         if self.over not in ("groups", "states"):
             raise ConfigError(f"--data.filter.over must be 'groups' or 'states', got {self.over!r}")
@@ -99,7 +100,7 @@ class FilterSettings:
 
     @functools.cached_property
     def strategy_options(self) -> Any:
-        """The strategy's options with its defaults filled in (None for a strategy without options)."""
+        """The strategy's options, its defaults filled in (None for a strategy without options)."""
         return get_filter(self.strategy).make_options(self.options)
 
     @property
@@ -116,16 +117,17 @@ MOVED_TO_OPTIONS = {"top_p_mode": "mode", "eps": "eps"}
 
 
 def renamed_filter_flag_error(message: str) -> str | None:
-    """The one-line error for a parse error about a ``--data.filter.*`` setting that became a strategy's option,
-    else None."""
+    """The one-line error for a parse error about a ``--data.filter.*`` setting that became a
+    strategy's option, else None."""
     if "data.filter" not in message:
         return None
-    given = re.findall(r"data\.filter\.(\w+)", message) + re.findall(r"Option '(\w+)' is not accepted", message)
+    given = re.findall(r"data\.filter\.(\w+)", message)
+    given += re.findall(r"Option '(\w+)' is not accepted", message)
     for old in given:
         if old in MOVED_TO_OPTIONS:
             owners = " / ".join(f.name for f in FILTERS.values() if f.options is TopPOptions)
-            return (f"--data.filter.{old} was renamed: use --data.filter.options.{MOVED_TO_OPTIONS[old]} (an option "
-                    f"of --data.filter.strategy {owners})")
+            return (f"--data.filter.{old} was renamed: use --data.filter.options."
+                    f"{MOVED_TO_OPTIONS[old]} (an option of --data.filter.strategy {owners})")
     return None
 
 
@@ -157,7 +159,8 @@ def _select(values: torch.Tensor, config: FilterSettings) -> tuple[torch.Tensor,
 
 
 def filter_groups(trajectories: Sequence[Trajectory], group_size: int,
-                  config: FilterSettings) -> tuple[list[Trajectory], torch.Tensor, dict[str, float]]:
+                  config: FilterSettings
+                  ) -> tuple[list[Trajectory], torch.Tensor, dict[str, float]]:
     """Select groups; returns the kept trajectories, the kept group indices and ``rollout/*`` metrics.
 
     ``trajectories`` are group-major (``group_id * group_size + member``), as the runner returns them.
@@ -169,7 +172,8 @@ def filter_groups(trajectories: Sequence[Trajectory], group_size: int,
     return kept_trajectories, kept, metrics
 
 
-def filter_states(batch: RolloutBatch, config: FilterSettings) -> tuple[RolloutBatch, dict[str, float]]:
+def filter_states(batch: RolloutBatch,
+                  config: FilterSettings) -> tuple[RolloutBatch, dict[str, float]]:
     """``(kept rows, rollout/* metrics)``: the StarPO-S filter over the states of a branching batch.
 
     Each state's responses (rows sharing ``batch.state_index``; K of them, the ``--data.branches``) form a group

@@ -49,9 +49,10 @@ def check_data_settings(adv: AdvantageSettings, data_hp: Mapping[str, Any] | Non
     flag = f"--model.advantage.estimator {estimator.name}"
     if estimator.groups and data_hp["group_size"] < 2:
         raise ConfigError(f"--data.group_size must be >= 2 for {flag}")
-    if isinstance(adv.estimator_options, RFTOptions) and adv.estimator_options.per_state and branches == 1:
-        warnings.warn("--model.advantage.options.per_state has no effect without --data.branches > 1 (every state then "
-                      "has one response)", stacklevel=2)
+    rft = adv.estimator_options
+    if isinstance(rft, RFTOptions) and rft.per_state and branches == 1:
+        warnings.warn("--model.advantage.options.per_state has no effect without "
+                      "--data.branches > 1 (every state then has one response)", stacklevel=2)
     if branches > 1 and not estimator.per_sample:
         raise ConfigError(f"--data.branches {branches} needs an estimator that scores every sample by its own turn "
                           f"reward ({', '.join(estimators_where(per_sample=True))}), not {estimator.name}: GAE chains "

@@ -1,17 +1,19 @@
 """Step 3 of a StarPO iteration: token rewards -> advantages and returns, by a registered estimator.
 
-The table (:data:`~ragen_lightning.registry.ESTIMATORS`) maps each estimator's name to one function, its options
-dataclass and what it needs (a critic, groups of several samples, per-turn rewards of branching rollouts); the
-command line's choices, the setting checks (:mod:`.checks`), the memory plan and the docs read that table, and nothing
-else spells an estimator's name. A user's estimator is one file: see :mod:`ragen_lightning.registry`.
+The table (:data:`~ragen_lightning.registry.ESTIMATORS`) maps each estimator's name to one
+function, its options dataclass and what it needs (a critic, groups of several samples, per-turn
+rewards of branching rollouts); the command line's choices, the setting checks (:mod:`.checks`),
+the memory plan and the docs read that table, and nothing else spells an estimator's name. A
+user's estimator is one file: see :mod:`ragen_lightning.registry`.
 
 The built-ins: GAE (optionally turn-level) with batch whitening, the one estimator with a critic; ``rft``
-(rejection-sampling fine-tuning: advantage 1 on the turns or episodes scored above its ``threshold``, 0 elsewhere);
+(rejection-sampling fine-tuning: advantage 1 on the turns or episodes scored above ``threshold``);
 ``state_baseline`` / ``state_grpo`` (branching rollouts: each one-turn row's reward minus the mean of its state's K
 responses, / their std); the group-outcome estimators (GRPO, Dr.GRPO, BRPO, ARPO) on one score per episode
 (windowed context modes repeat an episode over several samples, RAGEN counts it once), broadcast to the episode's
-trained tokens. :func:`starpo_advantages` applies the KL-in-reward penalty before the estimator and RAGEN's
-modifiers after it, in RAGEN's order. All tensors are on the target axis (``[B, T - 1]``).
+trained tokens. :func:`starpo_advantages` applies the KL-in-reward penalty before the estimator
+and RAGEN's modifiers after it, in RAGEN's order. All tensors are on the target axis
+(``[B, T - 1]``).
 """
 
 from __future__ import annotations
@@ -42,10 +44,11 @@ _UNIT = Domain(0, 1)
 
 def estimators_where(**flags) -> list[str]:
     """Names of the registered estimators with the given flag values (for messages and docs)."""
-    return [e.name for e in ESTIMATORS.values() if all(getattr(e, k) == v for k, v in flags.items())]
+    return [e.name for e in ESTIMATORS.values()
+            if all(getattr(e, k) == v for k, v in flags.items())]
 
 
-# -- the built-in estimators and their options ------------------------------------------------------------------
+# -- the built-in estimators and their options ----------------------------------------------------
 @dataclass(frozen=True)
 class GAEOptions:
     """``gae``'s options (``--model.advantage.options.*``).
@@ -63,7 +66,8 @@ class GAEOptions:
     high_level_gamma: float = 0.95
 
     def __post_init__(self):
-        check_domains(ESTIMATOR_OPTIONS, self, {"gamma": _UNIT, "lam": _UNIT, "high_level_gamma": _UNIT})
+        check_domains(ESTIMATOR_OPTIONS, self,
+                      {"gamma": _UNIT, "lam": _UNIT, "high_level_gamma": _UNIT})
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,7 @@ class RFTOptions:
 
     Args:
         threshold: advantage 1 on the turns / episodes scored above it, 0 elsewhere.
-        per_state: with ``--data.branches``: the kept responses of one state share one unit of weight.
+        per_state: with ``--data.branches``: a state's kept responses share one unit of weight.
     """
 
     threshold: float = 0.0
@@ -87,15 +91,15 @@ class OutcomeOptions:
     """The group-outcome estimators' options (``--model.advantage.options.*``).
 
     Args:
-        soft_reweight: scale each episode's advantage by its group's reward std / the largest group std.
+        soft_reweight: scale each episode's advantage by its group's reward std / the largest one.
     """
 
     soft_reweight: bool = False
 
 
 def gae(batch: RolloutBatch, rewards, mask, values, o: GAEOptions):
-    """GAE (turn-level with ``turn_level``), whitened over the batch. Per-turn rewards on per-turn samples:
-    GAE over each episode's samples in turn order."""
+    """GAE (turn-level with ``turn_level``), whitened over the batch. Per-turn rewards on per-turn
+    samples: GAE over each episode's samples in turn order."""
     r, v, ends, m = rewards, values, batch.turn_ends[:, 1:] & mask, mask
     chained = batch.chains_turns
     if chained:
@@ -120,14 +124,15 @@ def rft(batch: RolloutBatch, rewards, mask, values, o: RFTOptions):
     return adv, adv, {}
 
 
-def by_state(per_state: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], name: str) -> EstimatorFn:
-    """The estimator ``name`` that scores each one-turn row's reward against the responses to its state by
-    ``per_state`` (``(turn rewards [B], state index [B]) -> [B]``)."""
+def by_state(per_state: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+             name: str) -> EstimatorFn:
+    """The estimator ``name`` that scores each one-turn row's reward against the responses to its
+    state by ``per_state`` (``(turn rewards [B], state index [B]) -> [B]``)."""
 
     def estimate(batch: RolloutBatch, rewards, mask, values, options):
         if batch.state_index is None or not batch.per_turn_rewards:
-            raise ValueError(f"--model.advantage.estimator {name} needs per-turn rewards and the batch's "
-                             "state_index (branching rollouts)")
+            raise ValueError(f"--model.advantage.estimator {name} needs per-turn rewards and the "
+                             "batch's state_index (branching rollouts)")
         turn_reward = (rewards * mask.to(rewards.dtype)).sum(dim=-1)
         adv = A.broadcast_to_tokens(per_state(turn_reward, batch.state_index), mask)
         return adv, adv, {}
@@ -159,13 +164,14 @@ def by_episode_outcome(per_episode: Callable[[torch.Tensor, torch.Tensor], torch
 
 
 DEFAULT_ESTIMATOR = register_estimator("gae", gae, options=GAEOptions, critic=True).name
-for _name, _fn, _groups in (("grpo", A.grpo, True), ("drgrpo", A.drgrpo, True), ("brpo", A.brpo, False),
-                            ("arpo", A.arpo, False)):
-    register_estimator(_name, by_episode_outcome(_fn), options=OutcomeOptions, groups=_groups, outcome=True)
+for _name, _fn, _groups in (("grpo", A.grpo, True), ("drgrpo", A.drgrpo, True),
+                            ("brpo", A.brpo, False), ("arpo", A.arpo, False)):
+    register_estimator(_name, by_episode_outcome(_fn), options=OutcomeOptions, groups=_groups,
+                       outcome=True)
 register_estimator("rft", rft, options=RFTOptions, per_sample=True, sparse_rows=True)
 for _name, _fn, _whole in (("state_baseline", A.drgrpo, False), ("state_grpo", A.grpo, True)):
-    register_estimator(_name, by_state(_fn, _name), per_sample=True, branching=True, sparse_rows=True,
-                       whole_states=_whole)
+    register_estimator(_name, by_state(_fn, _name), per_sample=True, branching=True,
+                       sparse_rows=True, whole_states=_whole)
 
 
 # -- the orchestration ----------------------------------------------------------------------------------------------
@@ -180,7 +186,8 @@ def starpo_advantages(batch: RolloutBatch, mask: torch.Tensor, *, old_logprobs: 
         rewards, kl_logs = A.apply_kl_in_reward(rewards, old_logprobs, ref_logprobs, mask, s.kl_in_reward_coef,
                                                 s.kl_in_reward_kind)
         logs["actor/reward_kl"] = float(kl_logs["kl"])
-    adv, returns, own_logs = get_estimator(s.estimator).fn(batch, rewards, mask, values, s.estimator_options)
+    estimate = get_estimator(s.estimator).fn
+    adv, returns, own_logs = estimate(batch, rewards, mask, values, s.estimator_options)
     logs.update(own_logs)
     if s.floor is not None:  # e.g. 0: learn from the better-than-baseline samples only
         adv = adv.clamp(min=s.floor)

@@ -52,11 +52,12 @@ class AdvantageSettings:
     """How rewards become advantages (``--model.advantage.*``).
 
     Args:
-        estimator: a registered advantage estimator (:mod:`ragen_lightning.registry`): ``gae`` (PPO, with a
-            critic), ``grpo``, ``drgrpo``, ``brpo``, ``arpo``, ``rft``, ``state_baseline``, ``state_grpo``, a
-            ``package.module:name`` or an installed ``ragen_lightning.estimators`` entry point.
-        options: the estimator's own options (its options dataclass's fields; null: its defaults), e.g.
-            ``{threshold: 1.5}`` for ``rft``, ``{lam: 0.95}`` for ``gae`` (docs/settings.md lists them).
+        estimator: a registered advantage estimator (:mod:`ragen_lightning.registry`): ``gae``
+            (PPO, with a critic), ``grpo``, ``drgrpo``, ``brpo``, ``arpo``, ``rft``,
+            ``state_baseline``, ``state_grpo``, a ``package.module:name`` or an installed
+            ``ragen_lightning.estimators`` entry point.
+        options: the estimator's own options (its options dataclass's fields; null: its defaults),
+            e.g. ``{threshold: 1.5}`` for ``rft``, ``{lam: 0.95}`` for ``gae`` (docs/settings.md).
         kl_in_reward_coef: if > 0, subtract ``coef * KL(old || reference)`` from the token rewards.
         kl_in_reward_kind: the KL estimator of that penalty (``k1``/``kl``, ``abs``, ``k2``/``mse``,
             ``k3``/``low_var_kl``).
@@ -79,13 +80,13 @@ class AdvantageSettings:
         check_domains("--model.advantage.", self, {
             "kl_in_reward_coef": _NON_NEGATIVE,
             "floor": Domain(high=0, none=True)})  # a floor above 0 would reward every sample
-        options = get_estimator(self.estimator).make_options(self.options)  # an unknown name lists the known
-        if self.options is not None:  # kept None when not given: the parsers' default then fits every estimator
+        options = get_estimator(self.estimator).make_options(self.options)  # checks name, options
+        if self.options is not None:  # None when not given: a parser's default fits every estimator
             object.__setattr__(self, "options", options)
 
     @functools.cached_property
     def estimator_options(self) -> Any:
-        """The estimator's options with its defaults filled in (None for an estimator without options)."""
+        """The estimator's options, its defaults filled in (None for one without options)."""
         return get_estimator(self.estimator).make_options(self.options)
 
 
@@ -283,14 +284,16 @@ RENAMED: dict[str, str] = {
     "critic_in_background": "critic.in_background", "lr_warmup_steps": "optim.warmup_steps",
     "lr_decay_iterations": "optim.decay_iterations", "use_kl_loss": "loss.kl_coef",
 }
-for _name in ("model", "value_clip", "options"):  # same-named fields of other groups: the flat flag meant this one
+for _name in ("model", "value_clip", "options"):  # a flat flag of this name meant another group's
     RENAMED.pop(_name, None)
 RENAMED["value_clip"] = "critic.value_clip"
 # --model.advantage.<old> -> (its name among the options, the options dataclass that holds it)
 MOVED_TO_OPTIONS: dict[str, tuple[str, type]] = {
-    "gamma": ("gamma", GAEOptions), "lam": ("lam", GAEOptions), "turn_level_gae": ("turn_level", GAEOptions),
-    "high_level_gamma": ("high_level_gamma", GAEOptions), "rft_threshold": ("threshold", RFTOptions),
-    "rft_per_state": ("per_state", RFTOptions), "soft_reweight": ("soft_reweight", OutcomeOptions),
+    "gamma": ("gamma", GAEOptions), "lam": ("lam", GAEOptions),
+    "turn_level_gae": ("turn_level", GAEOptions),
+    "high_level_gamma": ("high_level_gamma", GAEOptions),
+    "rft_threshold": ("threshold", RFTOptions), "rft_per_state": ("per_state", RFTOptions),
+    "soft_reweight": ("soft_reweight", OutcomeOptions),
 }
 RENAMED.update({old: f"advantage.options.{new}" for old, (new, _) in MOVED_TO_OPTIONS.items()})
 RENAMED["soft_advantage_reweight"] = RENAMED["soft_reweight"]
@@ -305,14 +308,15 @@ def _moved_note(old: str) -> str:
 
 def renamed_flag_error(message: str) -> str | None:
     """The one-line error for a parse error that is about a flat ``--model.<name>`` flag of earlier versions
-    (``--model.adv_estimator was renamed: use --model.advantage.estimator``) or about a ``--model.advantage.*``
-    setting that became an estimator's option, else None."""
+    (``--model.adv_estimator was renamed: use --model.advantage.estimator``) or about a
+    ``--model.advantage.*`` setting that became an estimator's option, else None."""
     given = re.findall(r"(?:model\.|')advantage\.(\w+)", message)
     if "model.advantage" in message:
         given += re.findall(r"Option '(\w+)' is not accepted", message)
     for old in given:
         if old in MOVED_TO_OPTIONS:
-            return f"--model.advantage.{old} was renamed: use --model.{RENAMED[old]}{_moved_note(old)}"
+            return (f"--model.advantage.{old} was renamed: use --model.{RENAMED[old]}"
+                    f"{_moved_note(old)}")
     for name in re.findall(r"model\.(\w+)", message):
         if name in RENAMED and "." not in name:
             note = _moved_note(name) if name in MOVED_TO_OPTIONS else _NOTES.get(name, "")

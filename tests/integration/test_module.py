@@ -117,7 +117,8 @@ def test_empty_filter_skips_update_and_stops(tmp_path, tiny_path):
     before = params(module.actor)
     rec = Recorder()
     # shared reward draws: members answering the same arm then score the same (zero variance)
-    dm = data(num_iterations=10, empty_stop_steps=2, filter=FilterSettings(value=0.9, include_zero=False),
+    dm = data(num_iterations=10, empty_stop_steps=2,
+              filter=FilterSettings(value=0.9, include_zero=False),
               env_kwargs={"shared_transitions": True})
     with pytest.warns(UserWarning, match="kept no group"):
         t = fit(tmp_path, module, dm, [rec])
@@ -307,7 +308,8 @@ def test_lr_decay_follows_iterations_not_steps(tmp_path, tiny_path):
 
 def test_rft_steps_on_the_kept_rows_only(tmp_path, tiny_path):
     # one sample per mini-batch: one optimizer step per kept sample, none for the rows scored at or below the line
-    module = ScriptedStarPO(model=str(tiny_path), advantage={"estimator": "rft", "options": {"threshold": 0.0}},
+    module = ScriptedStarPO(model=str(tiny_path),
+                            advantage={"estimator": "rft", "options": {"threshold": 0.0}},
                             update={"mini_batch_size": 1, "micro_batch_size": 1}, optim={"actor_lr": 1e-3})
     rec = Recorder()
     t = fit(tmp_path, module, data(), [rec])

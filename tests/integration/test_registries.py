@@ -1,5 +1,6 @@
-"""A user's own advantage estimator (with its own option) and filter strategy: one file each, outside the library,
-selected from a YAML config by ``module:name`` and trained through ``main.py fit``'s CLI; no launcher script."""
+"""A user's own advantage estimator (with its own option) and filter strategy: one file each,
+outside the library, selected from a YAML config by ``module:name`` and trained through ``main.py
+fit``'s CLI; no launcher script."""
 
 from __future__ import annotations
 
@@ -17,11 +18,28 @@ from tests.unit.test_registry import user_package  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-SMALL_RUN = ["--model.warm_start", "false", "--data.num_groups", "2", "--data.group_size", "4",
-             "--data.episode.max_new_tokens", "12", "--data.val_num_groups", "2",
-             "--model.update.mini_batch_size", "4", "--model.update.micro_batch_size", "4",
-             "--data.num_iterations", "1", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
-             "--trainer.logger.save_dir", "logs"]
+SMALL_RUN = [
+    "--model.warm_start",
+    "false",
+    "--data.num_groups",
+    "2",
+    "--data.group_size",
+    "4",
+    "--data.episode.max_new_tokens",
+    "12",
+    "--data.val_num_groups",
+    "2",
+    "--model.update.mini_batch_size",
+    "4",
+    "--model.update.micro_batch_size",
+    "4",
+    "--data.num_iterations",
+    "1",
+    "--trainer.logger",
+    "lightning.pytorch.loggers.CSVLogger",
+    "--trainer.logger.save_dir",
+    "logs",
+]
 USER_CONFIG = """\
 model:
   advantage:
@@ -34,39 +52,79 @@ data:
 """
 
 
-def test_a_user_estimator_and_filter_from_yaml_train_one_iteration(tmp_path, monkeypatch, user_package):
+def test_a_user_estimator_and_filter_from_yaml_train_one_iteration(
+    tmp_path, monkeypatch, user_package
+):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "user.yaml").write_text(USER_CONFIG)
-    cli = main(["fit", "--config", str(ROOT / "configs" / "bandit.yaml"), "--config", "user.yaml", *SMALL_RUN])
+    cli = main(
+        [
+            "fit",
+            "--config",
+            str(ROOT / "configs" / "bandit.yaml"),
+            "--config",
+            "user.yaml",
+            *SMALL_RUN,
+        ]
+    )
     assert cli.model.advantage.estimator_options.weight == 0.25 and cli.model.critic is None
     rows = list(csv.DictReader(open(next((tmp_path / "logs").rglob("metrics.csv")))))
     m = next(r for r in rows if r.get("train/batch_size"))
     # keep_last (count 1) keeps the last of the 2 groups: its 4 episodes train
-    assert float(m["rollout/filter_kept_count"]) == 1.0 and float(m["rollout/filter_kept_ratio"]) == 0.5
+    assert (
+        float(m["rollout/filter_kept_count"]) == 1.0
+        and float(m["rollout/filter_kept_ratio"]) == 0.5
+    )
     assert float(m["train/batch_size"]) == 4.0
-    # every_token: advantage = return = weight 0.25 on every trained token, the option as given in the YAML
+    # every_token: advantage = return = weight 0.25 (the YAML's option) on every trained token
     assert float(m["train/advantage_mean"]) == 0.25 and float(m["train/return_mean"]) == 0.25
     assert float(m["train/every_token_weight"]) == 0.25
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--model.advantage.rft_threshold", "1.5"],
-     "error: --model.advantage.rft_threshold was renamed: use --model.advantage.options.threshold (an option of "
-     "--model.advantage.estimator rft)"),
-    (["--data.filter.top_p_mode", "softmax"],
-     "error: --data.filter.top_p_mode was renamed: use --data.filter.options.mode (an option of "
-     "--data.filter.strategy top_p)"),
-    (["--config", "user.yaml", "--model.advantage.options.weight", "7"],
-     "error: --model.advantage.options.weight must be a finite number in [-1, 1], got 7.0"),
-    (["--config", "user.yaml", "--data.filter.options.counts", "2"],
-     "error: --data.filter.options.counts is not an option of --data.filter.strategy keep_last; its options: "
-     "count"),
-])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--model.advantage.rft_threshold", "1.5"],
+            "error: --model.advantage.rft_threshold was renamed: use "
+            "--model.advantage.options.threshold (an option of --model.advantage.estimator rft)",
+        ),
+        (
+            ["--data.filter.top_p_mode", "softmax"],
+            "error: --data.filter.top_p_mode was renamed: use --data.filter.options.mode "
+            "(an option of --data.filter.strategy top_p)",
+        ),
+        (
+            ["--config", "user.yaml", "--model.advantage.options.weight", "7"],
+            "error: --model.advantage.options.weight must be a finite number in [-1, 1], got 7.0",
+        ),
+        (
+            ["--config", "user.yaml", "--data.filter.options.counts", "2"],
+            "error: --data.filter.options.counts is not an option of "
+            "--data.filter.strategy keep_last; its options: count",
+        ),
+    ],
+)
 def test_old_and_bad_options_are_one_line_with_exit_2(tmp_path, user_package, flags, message):
     (tmp_path / "user.yaml").write_text(USER_CONFIG)
     env = dict(os.environ, PYTHONPATH=f"{user_package}{os.pathsep}{ROOT}", HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "fit", "--config",
-                           str(ROOT / "configs" / "bandit.yaml"), "--model.warm_start", "false", *flags],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "main.py"),
+            "fit",
+            "--config",
+            str(ROOT / "configs" / "bandit.yaml"),
+            "--model.warm_start",
+            "false",
+            *flags,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip() == message

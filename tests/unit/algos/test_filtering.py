@@ -109,7 +109,8 @@ def test_case06_top_p_softmax_preserves_previous_behavior():
 
 def test_case07_top_p_linear_matches_score_sum_rule():
     # thr = .6*10 - .01 = 5.99; 4 < 5.99 -> add -> 4; 4 < 5.99 -> add 3 -> 7 >= 5.99 -> keep 2 -> [0, 1]
-    assert torch.equal(select_groups(T([4.0, 3.0, 2.0, 1.0]), "top_p", 0.6, options=LINEAR), kept(0, 1))
+    out = select_groups(T([4.0, 3.0, 2.0, 1.0]), "top_p", 0.6, options=LINEAR)
+    assert torch.equal(out, kept(0, 1))
 
 
 def test_case08_top_p_linear_returns_empty_when_mass_is_non_positive():
@@ -125,7 +126,8 @@ def test_case08_top_p_linear_returns_empty_when_mass_is_non_positive():
 )
 def test_case09_top_p_nofilter_keeps_all_groups(scores, expected):
     # value >= 1 with include_zero keeps every group
-    assert select_groups(T(scores), "top_p", 1.0, options=LINEAR, include_zero=True).tolist() == expected
+    out = select_groups(T(scores), "top_p", 1.0, options=LINEAR, include_zero=True)
+    assert out.tolist() == expected
 
 
 @pytest.mark.parametrize(
@@ -155,7 +157,8 @@ def test_case10_top_p_softmax_excludes_zero(scores, value, expected):
     ids=["case11a", "case11b", "case11c"],
 )
 def test_case11_top_p_linear_excludes_zero(scores, expected):
-    out = select_groups(T(scores), "top_p", 0.9, include_zero=False, options=TopPOptions(mode="linear", eps=0.01))
+    linear = TopPOptions(mode="linear", eps=0.01)
+    out = select_groups(T(scores), "top_p", 0.9, include_zero=False, options=linear)
     assert out.tolist() == expected
 
 
@@ -166,7 +169,9 @@ def test_case12_verify_lower_ratio_intended_behaviour():
     scores = group_scores(per_sample)
     close(scores, [math.sqrt(0.5), 0.0, math.sqrt(50.0), 0.0], atol=1e-5)
     for mode in ("linear", "softmax"):
-        assert select_groups(scores, "top_p", 0.5, include_zero=False, options=TopPOptions(mode=mode)).tolist() == [2]
+        options = TopPOptions(mode=mode)
+        out = select_groups(scores, "top_p", 0.5, include_zero=False, options=options)
+        assert out.tolist() == [2]
 
 
 # ------------------------------------------------------------------------------------------------ group scores
@@ -210,7 +215,8 @@ def test_top_p_value_one_with_include_zero_keeps_everything():
         scores[::3] = 0.0
         for mode in ("linear", "softmax"):
             for largest in (True, False):
-                out = select_groups(scores, "top_p", 1.0, options=TopPOptions(mode=mode), largest=largest,
+                options = TopPOptions(mode=mode)
+                out = select_groups(scores, "top_p", 1.0, options=options, largest=largest,
                                     include_zero=True)
                 assert out.tolist() == list(range(9))
 
@@ -245,7 +251,8 @@ def test_top_p_smallest():
     # linear, smallest: ascending [1, 2, 3, 4]; thr .3*10 - .01 = 2.99: 1 -> 3 >= 2.99 -> scores 1, 2 -> idx [2, 3]
     assert select_groups(T([4.0, 3.0, 2.0, 1.0]), "top_p", 0.3, largest=False).tolist() == [2, 3]
     # softmax, smallest: logits -[0, 10] -> p ~ [1, 4.5e-5] -> k = 1 -> [0]
-    assert select_groups(T([0.0, 10.0]), "top_p", 0.5, largest=False, options=SOFTMAX).tolist() == [0]
+    out = select_groups(T([0.0, 10.0]), "top_p", 0.5, largest=False, options=SOFTMAX)
+    assert out.tolist() == [0]
 
 
 def test_top_p_linear_non_positive_mass_is_empty():
@@ -302,7 +309,8 @@ values = st.floats(min_value=0.0, max_value=1.5, allow_nan=False)
 def test_kept_indices_are_unique_sorted_and_in_range(scores, strategy, value, largest, include_zero, mode):
     s = T(scores, dtype=torch.float32)
     options = TopPOptions(mode=mode) if strategy == "top_p" else None  # the others take no options
-    out = select_groups(s, strategy, value, largest=largest, include_zero=include_zero, options=options)
+    out = select_groups(s, strategy, value, largest=largest, include_zero=include_zero,
+                        options=options)
     assert out.dtype == torch.long
     items = out.tolist()
     assert items == sorted(set(items))

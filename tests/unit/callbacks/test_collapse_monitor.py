@@ -118,10 +118,10 @@ def test_each_action_does_what_it_says(tmp_path):
     m.act(trainer, module, 12, ["reward_std"])
     assert trainer.datamodule.filter.value == 0.1  # 0.11 x 0.8 = 0.088, floored at filter_value_min
     assert m.adjusted == {"filter_value": 0.1}
-    # the settings are replaced by a checked copy: a fraction is no value of top_k_abs (a number of groups)
+    # the settings are replaced by a checked copy: top_k_abs (a number of groups) refuses 3.2
     trainer.datamodule.filter = counted = FilterSettings(strategy="top_k_abs", value=4)
-    with pytest.warns(UserWarning, match=r"adjust_filter left the filter as it was: --data.filter.value must "
-                                         r"be a whole number .* got 3.2"):
+    with pytest.warns(UserWarning, match=r"adjust_filter left the filter as it was: "
+                                         r"--data.filter.value must be a whole number .* got 3.2"):
         m.act(trainer, module, 13, ["reward_std"])
     assert trainer.datamodule.filter is counted and m.adjusted == {"filter_value": 0.1}
 

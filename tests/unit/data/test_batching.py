@@ -162,17 +162,19 @@ def test_filter_settings_are_frozen_and_change_by_a_checked_copy():
     base = FilterSettings(value=0.9, include_zero=False)
     with pytest.raises(dataclasses.FrozenInstanceError):
         base.value = 0.5  # type: ignore[misc]
-    # linear top_p 0.9: threshold .9 x 1.2021 - .01 = 1.0719; .7071 + .3536 = 1.0607 falls short: all three
+    # linear top_p 0.9: threshold .9 x 1.2021 - .01 = 1.0719; .7071 + .3536 = 1.0607 falls short:
+    # all three
     assert filter_groups(ts, 2, base)[1].tolist() == [0, 1, 2]
     # eps .05 (top_p's option): threshold 1.0319, reached by .7071 + .3536: groups 0 and 2
     assert filter_groups(ts, 2, replace(base, options={"eps": 0.05}))[1].tolist() == [0, 2]
     tighter = base.with_value(0.5)  # threshold .5 x 1.2021 - .01 = .591: .7071 alone
     assert base.value == 0.9 and tighter == replace(base, value=0.5)
     assert filter_groups(ts, 2, tighter)[1].tolist() == [0]
-    # softmax 0.5: p = softmax(.7071, .1414, .3536) = .4405, .2502, .3093; cumsum .4405 < .5 -> k = 2
+    # softmax 0.5: p = softmax(.7071, .1414, .3536) = .4405, .2502, .3093; .4405 < .5 -> k = 2
     softmax = replace(tighter, options={"mode": "softmax"})
-    assert softmax.strategy_options.mode == "softmax" and filter_groups(ts, 2, softmax)[1].tolist() == [0, 2]
-    with pytest.raises(ConfigError, match=r"^--data.filter.value must be a whole number .* got 1.6$"):
+    assert softmax.strategy_options.mode == "softmax"
+    assert filter_groups(ts, 2, softmax)[1].tolist() == [0, 2]
+    with pytest.raises(ConfigError, match=r"^--data.filter.value must be a whole number .*1.6$"):
         FilterSettings(strategy="top_k_abs", value=2).with_value(1.6)
 
 

@@ -104,7 +104,9 @@ def test_branches_are_refused_where_a_branch_cannot_be_a_scored_one_turn_sample(
     with pytest.raises(ConfigError, match="--data.filter.over states selects among the responses to each visited "
                                           "state: it needs --data.branches > 1"):
         dm(reward_placement="turn", episode=windowed, filter=FilterSettings(over="states"))
-    assert dm(branches=2, reward_placement="turn", episode=windowed, filter=FilterSettings(over="states")).filter.over == "states"
+    states = FilterSettings(over="states")
+    built = dm(branches=2, reward_placement="turn", episode=windowed, filter=states)
+    assert built.filter.over == "states"
     from ragen_lightning.starpo.settings import AdvantageSettings
 
     check_data_settings(AdvantageSettings(estimator="rft"), d.hparams)

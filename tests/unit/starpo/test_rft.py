@@ -1,5 +1,6 @@
-"""``--model.advantage.estimator rft`` (rejection-sampling fine-tuning): advantage 1 on the turns / episodes the env scored above
-its ``threshold`` option, 0 elsewhere; with it the PPO loss at ratio 1 is the supervised loss on the kept tokens."""
+"""``--model.advantage.estimator rft`` (rejection-sampling fine-tuning): advantage 1 on the turns /
+episodes the env scored above its ``threshold`` option, 0 elsewhere; with it the PPO loss at ratio 1
+is the supervised loss on the kept tokens."""
 
 from dataclasses import replace
 
@@ -88,10 +89,13 @@ def test_at_ratio_one_the_policy_loss_of_kept_tokens_is_the_supervised_loss():
 
 def test_rft_trains_no_critic_and_refuses_gae_options(tiny_path):
     assert not StarPOModule(model=str(tiny_path), advantage={"estimator": "rft"}).uses_critic
-    with pytest.raises(ConfigError, match=r"^--model.advantage.options.turn_level is not an option of "
-                                          r"--model.advantage.estimator rft; its options: threshold, per_state$"):
-        StarPOModule(model=str(tiny_path), advantage={"estimator": "rft", "options": {"turn_level": True}})
-    with pytest.raises(ConfigError, match="--model.advantage.length_weight applies to the group-outcome estimators .*, not rft"):
+    with pytest.raises(ConfigError, match=r"^--model.advantage.options.turn_level is not an option "
+                                          r"of --model.advantage.estimator rft; its options: "
+                                          r"threshold, per_state$"):
+        StarPOModule(model=str(tiny_path),
+                     advantage={"estimator": "rft", "options": {"turn_level": True}})
+    with pytest.raises(ConfigError, match="--model.advantage.length_weight applies to the "
+                                          "group-outcome estimators .*, not rft"):
         StarPOModule(model=str(tiny_path), advantage={"estimator": "rft", "length_weight": True})  # a kept token's advantage is 1
 
 
@@ -117,7 +121,7 @@ def test_per_state_sharing_gives_each_state_with_a_kept_response_one_unit_of_wei
     assert batch.state_index.tolist() == [0] * 4 + [1] * 4 + [2] * 4
     mask = batch.loss_mask[:, 1:].bool()
     plain, _, _ = advantages_for(batch, mask, None, None, rft(0.5))(None, None)
-    shared, returns, _ = advantages_for(batch, mask, None, None, rft(0.5, per_state=True))(None, None)
+    shared, returns, _ = advantages_for(batch, mask, None, None, rft(0.5, True))(None, None)
     per_row = lambda a: a[mask].reshape(12, 2)[:, 0].tolist()  # noqa: E731  (both tokens of a row are equal)
     assert per_row(plain) == [1, 1, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0]
     assert per_row(shared) == pytest.approx([1 / 3, 1 / 3, 0, 1 / 3, 0, 1, 0, 0, 0, 0, 0, 0])
@@ -139,9 +143,11 @@ def test_per_state_sharing_leaves_unbranched_samples_alone():
 
 
 def test_per_state_is_an_option_of_rft_only(tiny_path):
-    with pytest.raises(ConfigError, match=r"^--model.advantage.options.per_state is not an option of "
-                                          r"--model.advantage.estimator grpo; its options: soft_reweight$"):
-        StarPOModule(model=str(tiny_path), advantage={"estimator": "grpo", "options": {"per_state": True}})
+    with pytest.raises(ConfigError, match=r"^--model.advantage.options.per_state is not an option "
+                                          r"of --model.advantage.estimator grpo; its options: "
+                                          r"soft_reweight$"):
+        StarPOModule(model=str(tiny_path),
+                     advantage={"estimator": "grpo", "options": {"per_state": True}})
 
 
 def test_only_the_kept_rows_enter_the_update_and_keep_their_state_weights():
