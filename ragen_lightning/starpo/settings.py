@@ -33,7 +33,6 @@ from ragen_lightning.starpo.estimators import (
     get_estimator,
 )
 
-_UNIT = Domain(0, 1)
 _POSITIVE = Domain(low=0, low_open=True)
 _NON_NEGATIVE = Domain(low=0)
 _COUNT = Domain(low=1, integer=True)

@@ -14,7 +14,7 @@ import pytest
 
 import envs  # noqa: F401  (the ids configs/bandit.yaml names, as main.py imports them)
 from ragen_lightning.cli import main
-from tests.unit.test_registry import user_package  # noqa: F401  (the fixture)
+from tests.unit.test_registry import make_user_package
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +50,11 @@ data:
     strategy: userpkg.keep_last:keep_last
     options: {count: 1}
 """
+
+
+@pytest.fixture
+def user_package(tmp_path, monkeypatch):
+    yield from make_user_package(tmp_path, monkeypatch)
 
 
 def test_a_user_estimator_and_filter_from_yaml_train_one_iteration(

@@ -81,11 +81,10 @@ broken = userpkg.nowhere:nothing
 """
 
 
-@pytest.fixture
-def user_package(tmp_path, monkeypatch):
+def make_user_package(tmp_path, monkeypatch):
     """A folder on ``sys.path`` holding the package ``userpkg`` (:data:`USER_FILES`) and an
     installed distribution's entry points for it; the tables and ``sys.modules`` are restored
-    afterwards."""
+    afterwards (a generator: the fixture below, and the integration tests')."""
     site = tmp_path / "site"
     (site / "userpkg").mkdir(parents=True)
     (site / "userpkg" / "__init__.py").write_text("")
@@ -106,6 +105,11 @@ def user_package(tmp_path, monkeypatch):
         table.update(before)
     for name in [m for m in sys.modules if m == "userpkg" or m.startswith("userpkg.")]:
         del sys.modules[name]
+
+
+@pytest.fixture
+def user_package(tmp_path, monkeypatch):
+    yield from make_user_package(tmp_path, monkeypatch)
 
 
 def one_row_batch(trained: list[int], score: float = 1.0) -> tuple[RolloutBatch, torch.Tensor]:
