@@ -11,7 +11,8 @@ episodes for every cell and for the warm start: common random numbers). The two 
 
 - ``none``: ``--data.filter {strategy: top_p, value: 1.0, include_zero: true}`` (every group trains);
 - ``filter``: RAGEN-2's / StarPO-S's ``{strategy: top_p, value: 0.9, metric: reward_variance, include_zero: false,
-  top_p_mode: linear}``: the groups that carry 90 % of the summed in-group reward std, zero-variance groups dropped.
+  options: {mode: linear}}``: the groups that carry 90 % of the summed in-group reward std,
+  zero-variance groups dropped.
 
 Both arms generate the same rollouts per iteration (same groups, same iterations, same learning rate); the filter
 only chooses which of them train, as in RAGEN. Cells already measured (``<out>/<task>/<cell>/result.json``) are
@@ -46,7 +47,8 @@ from ragen_lightning.evaluate import wilson
 
 ARMS: dict[str, str] = {
     "none": "{strategy: top_p, value: 1.0, include_zero: true}",
-    "filter": "{strategy: top_p, value: 0.9, metric: reward_variance, include_zero: false, top_p_mode: linear}",
+    "filter": ("{strategy: top_p, value: 0.9, metric: reward_variance, include_zero: false, "
+               "options: {mode: linear}}"),
 }
 
 # Student's t, two-sided 95 %, by degrees of freedom

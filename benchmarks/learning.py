@@ -45,7 +45,8 @@ VARIANTS: dict[str, list[str]] = {
     "default": [],
     "ppo": ["--model.advantage.estimator", "gae"],
     "grpo": ["--model.advantage.estimator", "grpo"],
-    "rft": ["--model.advantage.estimator", "rft"],  # rejection-sampling fine-tuning (set --model.advantage.rft_threshold)
+    # rejection-sampling fine-tuning (set --model.advantage.options.threshold)
+    "rft": ["--model.advantage.estimator", "rft"],
     "state_baseline": ["--model.advantage.estimator", "state_baseline"],  # branching: turn reward minus the state's mean
     "state_grpo": ["--model.advantage.estimator", "state_grpo"],  # branching: ... over the state's std
     "drgrpo": ["--model.advantage.estimator", "drgrpo"],

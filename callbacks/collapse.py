@@ -243,15 +243,26 @@ class CollapseMonitor(Callback):
                 path = Path(root) / f"collapse-{'-'.join(fired)}-iter{iteration}.ckpt"
                 trainer.save_checkpoint(str(path))
             elif action == "adjust_filter":
-                flt = trainer.datamodule.filter
-                flt.value = max(self.filter_value_min, flt.value * self.filter_value_factor)
-                self.adjusted["filter_value"] = flt.value
+                value = trainer.datamodule.filter.value * self.filter_value_factor
+                self._set_filter_value(trainer, max(self.filter_value_min, value))
             elif action == "adjust_entropy":
                 coeff = pl_module.loss.entropy_coeff
                 coeff = self.entropy_coeff_start if coeff == 0 else coeff * self.entropy_coeff_factor
                 pl_module.set_entropy_coeff(min(coeff, self.entropy_coeff_max))
                 self.adjusted["entropy_coeff"] = pl_module.loss.entropy_coeff
         return out
+
+    def _set_filter_value(self, trainer: Any, value: float) -> None:
+        """Replace the data module's filter settings by a copy with ``value``, checked like the
+        flag (``FilterSettings.with_value``); a value the strategy refuses (a fraction for
+        ``top_k_abs``) is a warning, and the filter stays as it was."""
+        try:
+            trainer.datamodule.filter = trainer.datamodule.filter.with_value(value)
+        except ConfigError as e:
+            warnings.warn(f"CollapseMonitor adjust_filter left the filter as it was: {e}",
+                          stacklevel=2)
+            return
+        self.adjusted["filter_value"] = trainer.datamodule.filter.value
 
     def _describe(self, rule: str) -> str:
         r = self.rules[rule]
@@ -262,7 +273,7 @@ class CollapseMonitor(Callback):
 
     def _apply_adjusted(self, trainer: Any, pl_module: Any) -> None:
         if "filter_value" in self.adjusted and getattr(trainer, "datamodule", None) is not None:
-            trainer.datamodule.filter.value = self.adjusted["filter_value"]
+            self._set_filter_value(trainer, self.adjusted["filter_value"])
         if "entropy_coeff" in self.adjusted:
             pl_module.set_entropy_coeff(self.adjusted["entropy_coeff"])
 

@@ -5,9 +5,11 @@ state. ``group_scores`` reduces a per-trajectory matrix ``[G, N]`` to one score 
 reward std: RAGEN-2's signal-to-noise proxy), and ``select_groups`` picks the groups to train on.
 
 Selection (``select_groups``, SPEC §5.3, ties broken towards the lower group index by stable sorts) by a strategy of
-the table :data:`FILTER_STRATEGIES` (one function each; :func:`register_filter` adds a user's own):
+the table :data:`FILTER_STRATEGIES` (one function each, with its options dataclass; a user's own
+is registered with :func:`~ragen_lightning.registry.register_filter` or named ``module:name``):
 0. ``include_zero=False`` first drops groups with ``|score| <= 1e-10``.
-1. ``top_p``: ``value >= 1`` keeps every remaining group. Otherwise
+1. ``top_p``: ``value >= 1`` keeps every remaining group. Otherwise, by its ``mode``
+   (:class:`TopPOptions`):
    - ``softmax``: ``p = softmax(±scores)`` sorted descending, keep the first k with ``k = 1 + #{cumsum(p) < value}``;
    - ``linear``: scores sorted (descending for largest, ascending for smallest), ``thr = value·Σscores − eps``; walk
      the sorted list: stop once the running sum reaches ``thr`` or at a score ``<= 0``, else add it. Keep the walked
@@ -29,11 +31,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
-from ragen_lightning.errors import ConfigError, Domain
+from ragen_lightning.errors import Domain
+from ragen_lightning.registry import (
+    FILTER_OPTIONS,
+    FILTERS,
+    FilterStrategy,
+    get_filter,
+    register_filter,
+)
 
 __all__ = [
     "DEFAULT_STRATEGY",
@@ -42,6 +51,7 @@ __all__ = [
     "ZERO_TOL",
     "FilterStrategy",
     "ScoreMetric",
+    "TopPOptions",
     "filter_metrics",
     "get_filter",
     "group_scores",
@@ -123,51 +133,23 @@ def group_scores(rewards: torch.Tensor, metric: ScoreMetric = "reward_variance")
 # Selection
 # ----------------------------------------------------------------------------------------------------------------
 
-_TOP_P_MODES = ("linear", "softmax")
-# strategy(scores [C] of the candidate groups, value, *, largest, num_groups, top_p_mode, eps) -> positions in scores
-SelectFn = Callable[..., torch.Tensor]
+FILTER_STRATEGIES = FILTERS  # the table of :mod:`ragen_lightning.registry`, by its former name
 
 
 @dataclass(frozen=True)
-class FilterStrategy:
-    """One group-selection strategy (``--data.filter.strategy``).
+class TopPOptions:
+    """``top_p``'s options (``--data.filter.options.*``).
 
     Args:
-        name: the strategy's name.
-        select: ``select(scores, value, *, largest, num_groups, top_p_mode, eps) -> positions``: which of the
-            candidate groups' ``scores`` ``[C]`` to keep (any order; ``num_groups`` counts every group, before zero
-            scores were dropped).
-        value_domain: the allowed ``value`` (checked with the settings).
-        value_help: what ``value`` means, for messages.
-        keeps_all: ``keeps_all(value)`` True when the strategy keeps every group whatever the scores (the filter
-            is then skipped, and with ``include_zero`` keeps everything).
-        whole_value: ``value`` must be a whole number.
+        mode: ``linear`` (score mass with ``eps``, RAGEN's default) or ``softmax``.
+        eps: slack subtracted from the linear threshold ``value * sum(scores)``.
     """
 
-    name: str
-    select: SelectFn
-    value_domain: Domain = Domain()  # noqa: RUF009 (frozen)
-    value_help: str = ""
-    keeps_all: Callable[[float], bool] | None = None
-    whole_value: bool = False
+    mode: Literal["linear", "softmax"] = "linear"
+    eps: float = 0.01
 
-
-FILTER_STRATEGIES: dict[str, FilterStrategy] = {}
-
-
-def register_filter(name: str, select: SelectFn, **options) -> FilterStrategy:
-    """Add (or replace) the group-selection strategy ``name`` (``options``: the fields of :class:`FilterStrategy`)."""
-    FILTER_STRATEGIES[name] = FilterStrategy(name, select, **options)
-    return FILTER_STRATEGIES[name]
-
-
-def get_filter(name: str) -> FilterStrategy:
-    """The registered strategy ``name``; else a :class:`~ragen_lightning.errors.ConfigError` listing them."""
-    try:
-        return FILTER_STRATEGIES[name]
-    except KeyError:
-        raise ConfigError(f"--data.filter.strategy must be one of {', '.join(FILTER_STRATEGIES)} (or one registered "
-                          f"with ragen_lightning.algos.filtering.register_filter), got {name!r}") from None
+    def __post_init__(self):
+        Domain(low=0).check(f"{FILTER_OPTIONS}eps", self.eps)
 
 
 def _order(scores: torch.Tensor, largest: bool) -> torch.Tensor:
@@ -197,13 +179,14 @@ def _top_p_linear(scores: torch.Tensor, value: float, largest: bool, eps: float)
     return order[:count] if cumulative >= threshold else order[:0]
 
 
-def top_p(scores: torch.Tensor, value: float, *, largest: bool, top_p_mode: str, eps: float, **_) -> torch.Tensor:
+def top_p(scores: torch.Tensor, value: float, *, largest: bool, options: TopPOptions,
+          **_) -> torch.Tensor:
     """Score mass: ``value >= 1`` keeps every candidate; else ``linear`` or ``softmax`` (module docstring)."""
     if value >= 1.0:
         return torch.arange(scores.numel(), device=scores.device)
-    if top_p_mode == "softmax":
+    if options.mode == "softmax":
         return _top_p_softmax(scores, value, largest)
-    return _top_p_linear(scores, value, largest, eps)
+    return _top_p_linear(scores, value, largest, options.eps)
 
 
 def top_k(scores: torch.Tensor, value: float, *, largest: bool, num_groups: int, **_) -> torch.Tensor:
@@ -225,7 +208,8 @@ def min_p(scores: torch.Tensor, value: float, *, largest: bool, **_) -> torch.Te
     return keep.nonzero(as_tuple=True)[0]
 
 
-DEFAULT_STRATEGY = register_filter("top_p", top_p, value_domain=Domain(low=0), value_help="score mass (>= 1 keeps all)",
+DEFAULT_STRATEGY = register_filter("top_p", top_p, options=TopPOptions, value_domain=Domain(low=0),
+                                   value_help="score mass (>= 1 keeps all)",
                                    keeps_all=lambda value: value >= 1.0).name
 register_filter("top_k", top_k, value_domain=Domain(0, 1, low_open=True), value_help="fraction of the groups")
 register_filter("top_k_abs", top_k_abs, value_domain=Domain(low=1), value_help="a number of groups", whole_value=True)
@@ -239,8 +223,7 @@ def select_groups(
     *,
     largest: bool = True,
     include_zero: bool = True,
-    top_p_mode: Literal["linear", "softmax"] = "linear",
-    eps: float = 0.01,
+    options: Any = None,
 ) -> torch.Tensor:
     """Indices (ascending, LongTensor) of the groups to keep; possibly empty. Semantics in the module docstring.
 
@@ -250,12 +233,11 @@ def select_groups(
         value: top_p mass; top_k fraction of G; top_k_abs count; min_p ratio.
         largest: keep the largest scores (False: the smallest).
         include_zero: False drops groups with ``|score| <= 1e-10`` before selecting.
-        top_p_mode: ``linear`` (score mass with ``eps``) or ``softmax``.
-        eps: slack subtracted from the linear top_p threshold.
+        options: the strategy's options (its options dataclass or a mapping of its fields; None:
+            its defaults), e.g. ``TopPOptions(mode="softmax")``.
     """
-    select = get_filter(strategy).select
-    if top_p_mode not in _TOP_P_MODES:
-        raise ValueError(f"top_p_mode must be one of {list(_TOP_P_MODES)}, got {top_p_mode!r}")
+    entry = get_filter(strategy)
+    options = entry.make_options(options)
     if scores.dim() != 1:
         raise ValueError(f"scores must be [num_groups], got shape {tuple(scores.shape)}")
     if not scores.is_floating_point():
@@ -271,7 +253,8 @@ def select_groups(
         candidates = candidates[scores.abs() > ZERO_TOL]
     if candidates.numel() == 0:
         return candidates
-    picked = select(scores[candidates], value, largest=largest, num_groups=num_groups, top_p_mode=top_p_mode, eps=eps)
+    picked = entry.select(scores[candidates], value, largest=largest, num_groups=num_groups,
+                          options=options)
     return torch.sort(candidates[picked]).values
 
 

@@ -19,6 +19,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from ragen_lightning.cli import preflight, progress
 from ragen_lightning.data.datamodule import RolloutDataModule
+from ragen_lightning.data.sampler import renamed_filter_flag_error
 from ragen_lightning.errors import (
     ConfigError,
     TrainingStopped,
@@ -140,7 +141,8 @@ class StarPOCLI(LightningCLI):
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as e:
-            raise ConfigError(renamed_flag_error(str(e)) or preflight.removed_flag_error(str(e))
+            raise ConfigError(renamed_flag_error(str(e)) or renamed_filter_flag_error(str(e))
+                              or preflight.removed_flag_error(str(e))
                               or preflight.parse_error_line(str(e))) from None
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config

@@ -18,21 +18,26 @@ for ``state_grpo``, and one whose answers differ only by a step penalty carries 
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
 from ragen_lightning.algos.filtering import (
     DEFAULT_STRATEGY,
+    FILTERS,
+    TopPOptions,
     filter_metrics,
     get_filter,
     group_scores,
     select_groups,
 )
 from ragen_lightning.data.batching import sampled_entropy, trajectory_matrix
-from ragen_lightning.errors import ConfigError, Domain
+from ragen_lightning.errors import ConfigError
 from ragen_lightning.types import RolloutBatch, Trajectory
 
 _METRIC_ALIASES = {"reward_std": "reward_variance", "entropy_std": "entropy_variance"}
@@ -40,20 +45,22 @@ _METRIC_SOURCE = {"reward_variance": "reward", "reward": "reward", "reward_sum":
                   "entropy": "entropy", "entropy_variance": "entropy", "length": "length"}
 
 
-@dataclass
-class FilterConfig:
-    """Rollout filter settings (RAGEN's ``rollout_filter_*``; the defaults keep every group).
+@dataclass(frozen=True)
+class FilterSettings:
+    """Rollout filter settings (``--data.filter.*``, RAGEN's ``rollout_filter_*``; the defaults keep
+    every group). Frozen: a change is a checked copy (:meth:`with_value`).
 
     Args:
-        strategy: a registered strategy (``algos.filtering.FILTER_STRATEGIES``): ``top_p`` | ``top_k`` (fraction of
-            groups) | ``top_k_abs`` (count) | ``min_p``, or your own (``register_filter``).
+        strategy: a registered strategy (:mod:`ragen_lightning.registry`): ``top_p`` | ``top_k``
+            (fraction of groups) | ``top_k_abs`` (count) | ``min_p``, a ``package.module:name`` or
+            an installed ``ragen_lightning.filters`` entry point.
         value: the strategy's threshold; ``top_p`` with ``value >= 1`` keeps every (non-zero) group.
+        options: the strategy's own options (null: its defaults); ``top_p``: ``mode`` (``linear``,
+            RAGEN's default, or ``softmax``) and ``eps`` (slack of the linear threshold, 0.01).
         metric: group score: ``reward_variance`` (in-group reward std, default), ``reward`` (mean), ``reward_sum``,
             ``entropy``, ``entropy_variance``, ``length``.
         largest: keep the groups with the largest scores (False: the smallest).
         include_zero: keep groups whose score is 0 (e.g. every member got the same reward).
-        top_p_mode: ``linear`` (score mass, RAGEN's default) or ``softmax``.
-        eps: slack of the linear top_p threshold.
         over: ``groups`` (the ``group_size`` episodes sharing an initial state, RAGEN's filter) or ``states`` (with
             ``--data.branches`` K > 1: the K responses to each visited state, scored by their turn rewards; reward
             metrics only).
@@ -61,16 +68,15 @@ class FilterConfig:
 
     strategy: str = DEFAULT_STRATEGY
     value: float = 1.0
+    options: dict[str, Any] | None = None
     metric: Literal["reward_variance", "reward_std", "reward", "reward_sum", "entropy", "entropy_variance",
                     "entropy_std", "length"] = "reward_variance"
     largest: bool = True
     include_zero: bool = True
-    top_p_mode: Literal["linear", "softmax"] = "linear"
-    eps: float = 0.01
     over: Literal["groups", "states"] = "groups"
 
     def __post_init__(self):
-        self.metric = _METRIC_ALIASES.get(self.metric, self.metric)
+        object.__setattr__(self, "metric", _METRIC_ALIASES.get(self.metric, self.metric))
         if self.metric not in _METRIC_SOURCE:
             raise ConfigError(f"--data.filter.metric must be one of {sorted(_METRIC_SOURCE)}, got {self.metric!r}")
         strategy = get_filter(self.strategy)
@@ -79,17 +85,50 @@ class FilterConfig:
         if strategy.whole_value and self.value != int(self.value):
             raise ConfigError(f"--data.filter.value must be a whole number for --data.filter.strategy {strategy.name} "
                               f"({strategy.value_help}), got {self.value}")
-        Domain(low=0).check("--data.filter.eps", self.eps)
+        options = strategy.make_options(self.options)
+        if self.options is not None:  # None when not given: a parser's default fits every strategy
+            object.__setattr__(self, "options", options)
         if self.over not in ("groups", "states"):
             raise ConfigError(f"--data.filter.over must be 'groups' or 'states', got {self.over!r}")
         if self.over == "states" and _METRIC_SOURCE[self.metric] != "reward":
             raise ConfigError(f"--data.filter.over states scores a state's responses by their turn rewards: "
                               f"--data.filter.metric must be reward_variance, reward or reward_sum, got {self.metric!r}")
 
+    def with_value(self, value: float) -> FilterSettings:
+        """A copy with ``value`` (checked again, e.g. the collapse monitor's tighter filter)."""
+        return dataclasses.replace(self, value=float(value))
+
+    @functools.cached_property
+    def strategy_options(self) -> Any:
+        """The strategy's options, its defaults filled in (None for a strategy without options)."""
+        return get_filter(self.strategy).make_options(self.options)
+
     @property
     def keeps_everything(self) -> bool:
         keeps_all = get_filter(self.strategy).keeps_all
         return keeps_all is not None and keeps_all(self.value) and self.include_zero
+
+
+FilterConfig = FilterSettings  # the former name
+
+
+# --data.filter.<old> -> its name among the options of the strategy that reads it
+MOVED_TO_OPTIONS = {"top_p_mode": "mode", "eps": "eps"}
+
+
+def renamed_filter_flag_error(message: str) -> str | None:
+    """The one-line error for a parse error about a ``--data.filter.*`` setting that became a
+    strategy's option, else None."""
+    if "data.filter" not in message:
+        return None
+    given = re.findall(r"data\.filter\.(\w+)", message)
+    given += re.findall(r"Option '(\w+)' is not accepted", message)
+    for old in given:
+        if old in MOVED_TO_OPTIONS:
+            owners = " / ".join(f.name for f in FILTERS.values() if f.options is TopPOptions)
+            return (f"--data.filter.{old} was renamed: use --data.filter.options."
+                    f"{MOVED_TO_OPTIONS[old]} (an option of --data.filter.strategy {owners})")
+    return None
 
 
 def _per_trajectory(trajectories: Sequence[Trajectory], group_size: int, source: str) -> torch.Tensor:
@@ -100,14 +139,14 @@ def _per_trajectory(trajectories: Sequence[Trajectory], group_size: int, source:
     return torch.tensor([sampled_entropy(t) for t in trajectories], dtype=torch.float32).view(-1, group_size)
 
 
-def _select(values: torch.Tensor, config: FilterConfig) -> tuple[torch.Tensor, dict[str, float]]:
+def _select(values: torch.Tensor, config: FilterSettings) -> tuple[torch.Tensor, dict[str, float]]:
     """The kept group indices of a ``[G, N]`` matrix by ``config`` and the ``rollout/*`` filter metrics."""
     scores = group_scores(values, config.metric)
     if config.keeps_everything:
         kept = torch.arange(values.shape[0])
     else:
         kept = select_groups(scores, config.strategy, config.value, largest=config.largest,
-                             include_zero=config.include_zero, top_p_mode=config.top_p_mode, eps=config.eps)
+                             include_zero=config.include_zero, options=config.strategy_options)
     stats = filter_metrics(values, scores, kept)
     metrics = {f"rollout/{k}": v for k, v in stats.items() if k.startswith("filter_")}
     source = _METRIC_SOURCE[config.metric]
@@ -120,7 +159,8 @@ def _select(values: torch.Tensor, config: FilterConfig) -> tuple[torch.Tensor, d
 
 
 def filter_groups(trajectories: Sequence[Trajectory], group_size: int,
-                  config: FilterConfig) -> tuple[list[Trajectory], torch.Tensor, dict[str, float]]:
+                  config: FilterSettings
+                  ) -> tuple[list[Trajectory], torch.Tensor, dict[str, float]]:
     """Select groups; returns the kept trajectories, the kept group indices and ``rollout/*`` metrics.
 
     ``trajectories`` are group-major (``group_id * group_size + member``), as the runner returns them.
@@ -132,7 +172,8 @@ def filter_groups(trajectories: Sequence[Trajectory], group_size: int,
     return kept_trajectories, kept, metrics
 
 
-def filter_states(batch: RolloutBatch, config: FilterConfig) -> tuple[RolloutBatch, dict[str, float]]:
+def filter_states(batch: RolloutBatch,
+                  config: FilterSettings) -> tuple[RolloutBatch, dict[str, float]]:
     """``(kept rows, rollout/* metrics)``: the StarPO-S filter over the states of a branching batch.
 
     Each state's responses (rows sharing ``batch.state_index``; K of them, the ``--data.branches``) form a group

@@ -8,11 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ragen_lightning.errors import ConfigError
-from ragen_lightning.starpo.estimators import (
-    ESTIMATORS,
-    estimators_where,
-    get_estimator,
-)
+from ragen_lightning.starpo.estimators import RFTOptions, estimators_where, get_estimator
 from ragen_lightning.starpo.settings import AdvantageSettings, ModuleSettings
 
 
@@ -21,13 +17,9 @@ def check_module_settings(s: ModuleSettings, lora) -> None:
     cannot work (each group checked its own values when it was built; ``lora``: the parsed
     :class:`~ragen_lightning.models.lora.LoraSettings` or None)."""
     adv, loss, estimator = s.advantage, s.loss, get_estimator(s.advantage.estimator)
-    for owner in ESTIMATORS.values():  # a switch only its estimator reads, set for another one
-        for switch in owner.switches:
-            if getattr(adv, switch) and owner is not estimator:
-                raise ConfigError(f"--model.advantage.{switch} needs --model.advantage.estimator {owner.name}")
-    if (adv.soft_reweight or adv.length_weight) and not estimator.outcome:
-        raise ConfigError("--model.advantage.soft_reweight / --model.advantage.length_weight apply to the group-outcome "
-                          f"estimators ({', '.join(estimators_where(outcome=True))}), not {estimator.name}")
+    if adv.length_weight and not estimator.outcome:
+        raise ConfigError("--model.advantage.length_weight applies to the group-outcome estimators "
+                          f"({', '.join(estimators_where(outcome=True))}), not {estimator.name}")
     if not s.temperature > 0 or s.temperature == float("inf"):  # NaN fails the first test
         raise ConfigError(f"--data.temperature must be a number > 0 for training rollouts, got {s.temperature}: "
                           "the trained log-probs are those of logits / temperature (0 divides by zero); greedy "
@@ -57,9 +49,10 @@ def check_data_settings(adv: AdvantageSettings, data_hp: Mapping[str, Any] | Non
     flag = f"--model.advantage.estimator {estimator.name}"
     if estimator.groups and data_hp["group_size"] < 2:
         raise ConfigError(f"--data.group_size must be >= 2 for {flag}")
-    if adv.rft_per_state and branches == 1:
-        warnings.warn("--model.advantage.rft_per_state has no effect without --data.branches > 1 (every state then "
-                      "has one response)", stacklevel=2)
+    rft = adv.estimator_options
+    if isinstance(rft, RFTOptions) and rft.per_state and branches == 1:
+        warnings.warn("--model.advantage.options.per_state has no effect without "
+                      "--data.branches > 1 (every state then has one response)", stacklevel=2)
     if branches > 1 and not estimator.per_sample:
         raise ConfigError(f"--data.branches {branches} needs an estimator that scores every sample by its own turn "
                           f"reward ({', '.join(estimators_where(per_sample=True))}), not {estimator.name}: GAE chains "

@@ -1,24 +1,19 @@
 """Step 3 of a StarPO iteration: token rewards -> advantages and returns, by a registered estimator.
 
-The table :data:`ESTIMATORS` maps each estimator's name to one function and what it needs (a critic, groups of
-several samples, per-turn rewards of branching rollouts); the command line's choices, the setting checks
-(:mod:`.checks`), the memory plan and the docs read that table, and nothing else spells an estimator's name. A user's
-estimator is one function and one :func:`register_estimator` call, e.g. in the module that a config's
-``class_path`` imports, or before calling ``main``::
-
-    def reinforce(batch, rewards, mask, values, settings):  # every trained token gets its episode's score
-        adv = broadcast_to_tokens(batch.scores.float(), mask)
-        return adv, adv, {}
-
-    register_estimator("reinforce", reinforce)
+The table (:data:`~ragen_lightning.registry.ESTIMATORS`) maps each estimator's name to one
+function, its options dataclass and what it needs (a critic, groups of several samples, per-turn
+rewards of branching rollouts); the command line's choices, the setting checks (:mod:`.checks`),
+the memory plan and the docs read that table, and nothing else spells an estimator's name. A
+user's estimator is one file: see :mod:`ragen_lightning.registry`.
 
 The built-ins: GAE (optionally turn-level) with batch whitening, the one estimator with a critic; ``rft``
-(rejection-sampling fine-tuning: advantage 1 on the turns or episodes scored above ``rft_threshold``, 0 elsewhere);
+(rejection-sampling fine-tuning: advantage 1 on the turns or episodes scored above ``threshold``);
 ``state_baseline`` / ``state_grpo`` (branching rollouts: each one-turn row's reward minus the mean of its state's K
 responses, / their std); the group-outcome estimators (GRPO, Dr.GRPO, BRPO, ARPO) on one score per episode
 (windowed context modes repeat an episode over several samples, RAGEN counts it once), broadcast to the episode's
-trained tokens. :func:`starpo_advantages` applies the KL-in-reward penalty before the estimator and the SPEC 4.6
-modifiers after it, in RAGEN's order. All tensors are on the target axis (``[B, T - 1]``).
+trained tokens. :func:`starpo_advantages` applies the KL-in-reward penalty before the estimator
+and RAGEN's modifiers after it, in RAGEN's order. All tensors are on the target axis
+(``[B, T - 1]``).
 """
 
 from __future__ import annotations
@@ -30,103 +25,114 @@ import torch
 
 from ragen_lightning.algos import advantages as A
 from ragen_lightning.algos.masked import masked_mean, masked_var, masked_whiten
-from ragen_lightning.errors import ConfigError
+from ragen_lightning.errors import Domain, check_domains
+from ragen_lightning.registry import (
+    ESTIMATOR_OPTIONS,
+    ESTIMATORS,
+    Estimator,
+    EstimatorFn,
+    get_estimator,
+    register_estimator,
+)
 from ragen_lightning.types import RolloutBatch
 
-# (batch, token rewards [B, T-1], loss mask [B, T-1], values [B, T-1] or None, AdvantageSettings)
-#   -> (advantages [B, T-1], returns [B, T-1], logs)
-EstimatorFn = Callable[..., tuple[torch.Tensor, torch.Tensor, dict[str, float]]]
-
-
-@dataclass(frozen=True)
-class Estimator:
-    """One advantage estimator and what it needs.
-
-    Args:
-        name: the ``--model.advantage.estimator`` value.
-        fn: ``fn(batch, rewards, mask, values, settings) -> (advantages, returns, logs)``.
-        critic: a critic is built and its values passed in (else ``values`` is None).
-        groups: needs groups of >= 2 samples (``--data.group_size``): it compares a group's members.
-        outcome: one score per episode compared across episodes (the group-outcome modifiers
-            ``soft_reweight`` and ``length_weight`` apply to it).
-        per_sample: scores each sample by its own turn reward, so ``--data.branches > 1`` may feed it.
-        branching: needs branching rollouts (``--data.branches >= 2``, ``--data.reward_placement turn``).
-        sparse_rows: advantage 0 on every token of many rows: the update leaves those rows out (:func:`kept_rows`).
-        whole_states: with ``sparse_rows``, a state's rows stay or go together (its statistics count all of them).
-        switches: the boolean ``--model.advantage.*`` settings that only this estimator reads.
-    """
-
-    name: str
-    fn: EstimatorFn
-    critic: bool = False
-    groups: bool = False
-    outcome: bool = False
-    per_sample: bool = False
-    branching: bool = False
-    sparse_rows: bool = False
-    whole_states: bool = False
-    switches: tuple[str, ...] = ()
-
-
-ESTIMATORS: dict[str, Estimator] = {}
-
-
-def register_estimator(name: str, fn: EstimatorFn, **needs) -> Estimator:
-    """Add (or replace) the estimator ``name`` (``needs``: the flags of :class:`Estimator`)."""
-    ESTIMATORS[name] = Estimator(name, fn, **needs)
-    return ESTIMATORS[name]
-
-
-def get_estimator(name: str) -> Estimator:
-    """The registered estimator ``name``; an unknown name is a :class:`ConfigError` listing the registered ones."""
-    try:
-        return ESTIMATORS[name]
-    except KeyError:
-        raise ConfigError(f"--model.advantage.estimator must be one of {', '.join(ESTIMATORS)} (or one registered "
-                          f"with ragen_lightning.starpo.register_estimator), got {name!r}") from None
+__all__ = ["ESTIMATORS", "Estimator", "EstimatorFn", "GAEOptions", "OutcomeOptions", "RFTOptions",
+           "advantages_for", "estimators_where", "get_estimator", "kept_rows", "register_estimator",
+           "starpo_advantages"]
+_UNIT = Domain(0, 1)
 
 
 def estimators_where(**flags) -> list[str]:
     """Names of the registered estimators with the given flag values (for messages and docs)."""
-    return [e.name for e in ESTIMATORS.values() if all(getattr(e, k) == v for k, v in flags.items())]
+    return [e.name for e in ESTIMATORS.values()
+            if all(getattr(e, k) == v for k, v in flags.items())]
 
 
-# -- the built-in estimators ----------------------------------------------------------------------------------------
-def gae(batch: RolloutBatch, rewards, mask, values, s):
-    """GAE (turn-level with ``turn_level_gae``), whitened over the batch. Per-turn rewards on per-turn samples:
-    GAE over each episode's samples in turn order."""
+# -- the built-in estimators and their options ----------------------------------------------------
+@dataclass(frozen=True)
+class GAEOptions:
+    """``gae``'s options (``--model.advantage.options.*``).
+
+    Args:
+        gamma: token-level discount.
+        lam: GAE lambda.
+        turn_level: bi-level GAE over turn ends, with ``high_level_gamma`` between turns.
+        high_level_gamma: discount between turns for ``turn_level``.
+    """
+
+    gamma: float = 1.0
+    lam: float = 1.0
+    turn_level: bool = False
+    high_level_gamma: float = 0.95
+
+    def __post_init__(self):
+        check_domains(ESTIMATOR_OPTIONS, self,
+                      {"gamma": _UNIT, "lam": _UNIT, "high_level_gamma": _UNIT})
+
+
+@dataclass(frozen=True)
+class RFTOptions:
+    """``rft``'s options (``--model.advantage.options.*``).
+
+    Args:
+        threshold: advantage 1 on the turns / episodes scored above it, 0 elsewhere.
+        per_state: with ``--data.branches``: a state's kept responses share one unit of weight.
+    """
+
+    threshold: float = 0.0
+    per_state: bool = False
+
+    def __post_init__(self):
+        Domain().check(f"{ESTIMATOR_OPTIONS}threshold", self.threshold)
+
+
+@dataclass(frozen=True)
+class OutcomeOptions:
+    """The group-outcome estimators' options (``--model.advantage.options.*``).
+
+    Args:
+        soft_reweight: scale each episode's advantage by its group's reward std / the largest one.
+    """
+
+    soft_reweight: bool = False
+
+
+def gae(batch: RolloutBatch, rewards, mask, values, o: GAEOptions):
+    """GAE (turn-level with ``turn_level``), whitened over the batch. Per-turn rewards on per-turn
+    samples: GAE over each episode's samples in turn order."""
     r, v, ends, m = rewards, values, batch.turn_ends[:, 1:] & mask, mask
     chained = batch.chains_turns
     if chained:
         m, (r, v, ends), unpack = A.chain_rows(batch.episode_index, mask, r, v, ends)
-    if s.turn_level_gae:
-        adv, returns = A.turn_level_gae(r, v, m, ends, s.gamma, s.lam, s.high_level_gamma)
+    if o.turn_level:
+        adv, returns = A.turn_level_gae(r, v, m, ends, o.gamma, o.lam, o.high_level_gamma)
     else:
-        adv, returns = A.gae(r, v, m, s.gamma, s.lam)
+        adv, returns = A.gae(r, v, m, o.gamma, o.lam)
     if chained:
         adv, returns = unpack(adv), unpack(returns)
     return masked_whiten(adv, mask), returns, {}
 
 
-def rft(batch: RolloutBatch, rewards, mask, values, s):
+def rft(batch: RolloutBatch, rewards, mask, values, o: RFTOptions):
     """Per-turn rewards: each turn by its own reward; else every turn by the episode score."""
     if batch.per_turn_rewards:
-        adv = A.rft_advantages(rewards, mask, batch.turn_ends[:, 1:], s.rft_threshold)
+        adv = A.rft_advantages(rewards, mask, batch.turn_ends[:, 1:], o.threshold)
     else:
-        adv = A.broadcast_to_tokens((batch.scores > s.rft_threshold).to(rewards.dtype), mask)
-    if s.rft_per_state and batch.state_index is not None:
+        adv = A.broadcast_to_tokens((batch.scores > o.threshold).to(rewards.dtype), mask)
+    if o.per_state and batch.state_index is not None:
         adv = A.share_by_state(adv, mask, batch.state_index)
     return adv, adv, {}
 
 
-def by_state(per_state: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> EstimatorFn:
-    """An estimator that scores each one-turn row's reward against the responses to its state by ``per_state``
-    (``(turn rewards [B], state index [B]) -> [B]``)."""
+def by_state(per_state: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+             name: str) -> EstimatorFn:
+    """The estimator ``name`` that scores each one-turn row's reward against the responses to its
+    state by ``per_state`` (``(turn rewards [B], state index [B]) -> [B]``)."""
 
-    def estimate(batch: RolloutBatch, rewards, mask, values, s):
+    def estimate(batch: RolloutBatch, rewards, mask, values, options):
         if batch.state_index is None or not batch.per_turn_rewards:
-            raise ValueError(f"--model.advantage.estimator {s.estimator} needs per-turn rewards and the batch's "
-                             "state_index (branching rollouts)")
+            raise ValueError(f"--model.advantage.estimator {name} needs per-turn rewards and the "
+                             "batch's state_index (branching rollouts)")
         turn_reward = (rewards * mask.to(rewards.dtype)).sum(dim=-1)
         adv = A.broadcast_to_tokens(per_state(turn_reward, batch.state_index), mask)
         return adv, adv, {}
@@ -138,7 +144,7 @@ def by_episode_outcome(per_episode: Callable[[torch.Tensor, torch.Tensor], torch
     """An estimator on one score per episode (``(scores [E], group index [E]) -> [E]``), broadcast to the
     episode's samples and trained tokens; ``soft_reweight`` scales it by its group's reward spread."""
 
-    def estimate(batch: RolloutBatch, rewards, mask, values, s):
+    def estimate(batch: RolloutBatch, rewards, mask, values, o: OutcomeOptions):
         first: dict[int, int] = {}  # turn-level context modes repeat an episode over several samples
         for row, ep in enumerate(batch.episode_index.tolist()):
             first.setdefault(ep, row)
@@ -147,7 +153,7 @@ def by_episode_outcome(per_episode: Callable[[torch.Tensor, torch.Tensor], torch
         lookup = dict(zip(first.keys(), ep_adv.tolist()))
         per_sample = torch.tensor([lookup[e] for e in batch.episode_index.tolist()], device=mask.device)
         logs = {}
-        if s.soft_reweight:
+        if o.soft_reweight:
             spread = A.group_std(batch.scores.float(), batch.group_index)
             per_sample, sw = A.soft_advantage_reweight(per_sample, spread)
             logs = {f"train/{k}": float(v) for k, v in sw.items()}
@@ -157,15 +163,15 @@ def by_episode_outcome(per_episode: Callable[[torch.Tensor, torch.Tensor], torch
     return estimate
 
 
-DEFAULT_ESTIMATOR = register_estimator("gae", gae, critic=True, switches=("turn_level_gae",)).name
-register_estimator("grpo", by_episode_outcome(A.grpo), groups=True, outcome=True)
-register_estimator("drgrpo", by_episode_outcome(A.drgrpo), groups=True, outcome=True)
-register_estimator("brpo", by_episode_outcome(A.brpo), outcome=True)
-register_estimator("arpo", by_episode_outcome(A.arpo), outcome=True)
-register_estimator("rft", rft, per_sample=True, sparse_rows=True, switches=("rft_per_state",))
-register_estimator("state_baseline", by_state(A.drgrpo), per_sample=True, branching=True, sparse_rows=True)
-register_estimator("state_grpo", by_state(A.grpo), per_sample=True, branching=True, sparse_rows=True,
-                   whole_states=True)
+DEFAULT_ESTIMATOR = register_estimator("gae", gae, options=GAEOptions, critic=True).name
+for _name, _fn, _groups in (("grpo", A.grpo, True), ("drgrpo", A.drgrpo, True),
+                            ("brpo", A.brpo, False), ("arpo", A.arpo, False)):
+    register_estimator(_name, by_episode_outcome(_fn), options=OutcomeOptions, groups=_groups,
+                       outcome=True)
+register_estimator("rft", rft, options=RFTOptions, per_sample=True, sparse_rows=True)
+for _name, _fn, _whole in (("state_baseline", A.drgrpo, False), ("state_grpo", A.grpo, True)):
+    register_estimator(_name, by_state(_fn, _name), per_sample=True, branching=True,
+                       sparse_rows=True, whole_states=_whole)
 
 
 # -- the orchestration ----------------------------------------------------------------------------------------------
@@ -180,7 +186,8 @@ def starpo_advantages(batch: RolloutBatch, mask: torch.Tensor, *, old_logprobs: 
         rewards, kl_logs = A.apply_kl_in_reward(rewards, old_logprobs, ref_logprobs, mask, s.kl_in_reward_coef,
                                                 s.kl_in_reward_kind)
         logs["actor/reward_kl"] = float(kl_logs["kl"])
-    adv, returns, own_logs = get_estimator(s.estimator).fn(batch, rewards, mask, values, s)
+    estimate = get_estimator(s.estimator).fn
+    adv, returns, own_logs = estimate(batch, rewards, mask, values, s.estimator_options)
     logs.update(own_logs)
     if s.floor is not None:  # e.g. 0: learn from the better-than-baseline samples only
         adv = adv.clamp(min=s.floor)

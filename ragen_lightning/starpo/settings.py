@@ -13,6 +13,7 @@ answers an old flag with one line naming the new spelling (:func:`renamed_flag_e
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import warnings
 from dataclasses import dataclass
@@ -23,10 +24,16 @@ from lightning.pytorch.cli import OptimizerCallable
 from ragen_lightning.algos.advantages import FilterLossScaling
 from ragen_lightning.algos.losses import KLKind, PolicyLossSettings
 from ragen_lightning.errors import ConfigError, Domain, check_domains
-from ragen_lightning.starpo.estimators import DEFAULT_ESTIMATOR, get_estimator
+from ragen_lightning.starpo.estimators import (
+    DEFAULT_ESTIMATOR,
+    ESTIMATORS,
+    GAEOptions,
+    OutcomeOptions,
+    RFTOptions,
+    get_estimator,
+)
 from ragen_lightning.starpo.scoring import ForwardSettings, MicroBatching
 
-_UNIT = Domain(0, 1)
 _POSITIVE = Domain(low=0, low_open=True)
 _NON_NEGATIVE = Domain(low=0)
 _COUNT = Domain(low=1, integer=True)
@@ -43,44 +50,42 @@ class AdvantageSettings:
     """How rewards become advantages (``--model.advantage.*``).
 
     Args:
-        estimator: a registered advantage estimator (:mod:`ragen_lightning.starpo.estimators`): ``gae`` (PPO, with a
-            critic), ``grpo``, ``drgrpo``, ``brpo``, ``arpo``, ``rft``, ``state_baseline``, ``state_grpo``, or your own.
-        gamma: token-level discount.
-        lam: GAE lambda.
-        turn_level_gae: bi-level GAE over turn ends (the critic's estimator only) with ``high_level_gamma``.
-        high_level_gamma: discount between turns for ``turn_level_gae``.
+        estimator: a registered advantage estimator (:mod:`ragen_lightning.registry`): ``gae``
+            (PPO, with a critic), ``grpo``, ``drgrpo``, ``brpo``, ``arpo``, ``rft``,
+            ``state_baseline``, ``state_grpo``, a ``package.module:name`` or an installed
+            ``ragen_lightning.estimators`` entry point.
+        options: the estimator's own options (its options dataclass's fields; null: its defaults),
+            e.g. ``{threshold: 1.5}`` for ``rft``, ``{lam: 0.95}`` for ``gae`` (docs/settings.md).
         kl_in_reward_coef: if > 0, subtract ``coef * KL(old || reference)`` from the token rewards.
-        kl_in_reward_kind: the KL estimator of that penalty (``k1``/``kl``, ``abs``, ``k2``/``mse``, ``k3``/``low_var_kl``).
-        soft_reweight: scale group-outcome advantages by group reward std / max std.
+        kl_in_reward_kind: the KL estimator of that penalty (``k1``/``kl``, ``abs``, ``k2``/``mse``,
+            ``k3``/``low_var_kl``).
         filter_loss_scaling: scale advantages by the filter's kept ratio: ``none`` | ``linear`` | ``sqrt``.
         length_weight: divide group-outcome advantages by relative response length.
         zero_task_advantage: zero the task advantage (entropy/KL-only ablation).
         floor: clamp advantages from below after normalisation (null: off; 0: learn from successes only).
-        rft_threshold: ``rft`` (rejection-sampling fine-tuning): advantage 1 on turns / episodes scored above it.
-        rft_per_state: ``rft`` with ``--data.branches``: the kept responses of one state share one unit of weight.
     """
 
     estimator: str = DEFAULT_ESTIMATOR
-    gamma: float = 1.0
-    lam: float = 1.0
-    turn_level_gae: bool = False
-    high_level_gamma: float = 0.95
+    options: dict[str, Any] | None = None
     kl_in_reward_coef: float = 0.0
     kl_in_reward_kind: KLKind = "k1"
-    soft_reweight: bool = False
     filter_loss_scaling: FilterLossScaling = "none"
     length_weight: bool = False
     zero_task_advantage: bool = False
     floor: float | None = None
-    rft_threshold: float = 0.0
-    rft_per_state: bool = False
 
     def __post_init__(self):
         check_domains("--model.advantage.", self, {
-            "gamma": _UNIT, "lam": _UNIT, "high_level_gamma": _UNIT, "kl_in_reward_coef": _NON_NEGATIVE,
-            "floor": Domain(high=0, none=True),  # a floor above 0 would reward every sample
-            "rft_threshold": Domain()})
-        get_estimator(self.estimator)  # an unknown name: one line listing the registered ones
+            "kl_in_reward_coef": _NON_NEGATIVE,
+            "floor": Domain(high=0, none=True)})  # a floor above 0 would reward every sample
+        options = get_estimator(self.estimator).make_options(self.options)  # checks name, options
+        if self.options is not None:  # None when not given: a parser's default fits every estimator
+            object.__setattr__(self, "options", options)
+
+    @functools.cached_property
+    def estimator_options(self) -> Any:
+        """The estimator's options, its defaults filled in (None for one without options)."""
+        return get_estimator(self.estimator).make_options(self.options)
 
 
 @dataclass(frozen=True)
@@ -242,24 +247,48 @@ def _factory_name(factory: Any) -> str | None:
 _SAME_NAME = {group: [f.name for f in dataclasses.fields(cls)] for group, cls in GROUPS.items()}
 RENAMED: dict[str, str] = {
     **{name: f"{group}.{name}" for group, names in _SAME_NAME.items() for name in names},
-    "adv_estimator": "advantage.estimator", "soft_advantage_reweight": "advantage.soft_reweight",
-    "advantage_floor": "advantage.floor", "loss_agg_mode": "loss.agg_mode", "critic_model": "critic.model",
+    "adv_estimator": "advantage.estimator", "advantage_floor": "advantage.floor",
+    "loss_agg_mode": "loss.agg_mode", "critic_model": "critic.model",
     "critic_in_background": "critic.in_background", "lr_warmup_steps": "optim.warmup_steps",
     "lr_decay_iterations": "optim.decay_iterations", "use_kl_loss": "loss.kl_coef",
 }
-for _name in ("model", "value_clip"):  # same-named fields of other groups: the flat flag meant this one
+for _name in ("model", "value_clip", "options"):  # a flat flag of this name meant another group's
     RENAMED.pop(_name, None)
 RENAMED["value_clip"] = "critic.value_clip"
+# --model.advantage.<old> -> (its name among the options, the options dataclass that holds it)
+MOVED_TO_OPTIONS: dict[str, tuple[str, type]] = {
+    "gamma": ("gamma", GAEOptions), "lam": ("lam", GAEOptions),
+    "turn_level_gae": ("turn_level", GAEOptions),
+    "high_level_gamma": ("high_level_gamma", GAEOptions),
+    "rft_threshold": ("threshold", RFTOptions), "rft_per_state": ("per_state", RFTOptions),
+    "soft_reweight": ("soft_reweight", OutcomeOptions),
+}
+RENAMED.update({old: f"advantage.options.{new}" for old, (new, _) in MOVED_TO_OPTIONS.items()})
+RENAMED["soft_advantage_reweight"] = RENAMED["soft_reweight"]
 _NOTES = {"use_kl_loss": " (a KL loss is on when its coefficient is > 0)",
           "kl_kind": " (the KL-in-reward penalty has its own: --model.advantage.kl_in_reward_kind)"}
 
 
+def _moved_note(old: str) -> str:
+    owners = [e.name for e in ESTIMATORS.values() if e.options is MOVED_TO_OPTIONS[old][1]]
+    return f" (an option of --model.advantage.estimator {' / '.join(owners)})"
+
+
 def renamed_flag_error(message: str) -> str | None:
     """The one-line error for a parse error that is about a flat ``--model.<name>`` flag of earlier versions
-    (``--model.adv_estimator was renamed: use --model.advantage.estimator``), else None."""
+    (``--model.adv_estimator was renamed: use --model.advantage.estimator``) or about a
+    ``--model.advantage.*`` setting that became an estimator's option, else None."""
+    given = re.findall(r"(?:model\.|')advantage\.(\w+)", message)
+    if "model.advantage" in message:
+        given += re.findall(r"Option '(\w+)' is not accepted", message)
+    for old in given:
+        if old in MOVED_TO_OPTIONS:
+            return (f"--model.advantage.{old} was renamed: use --model.{RENAMED[old]}"
+                    f"{_moved_note(old)}")
     for name in re.findall(r"model\.(\w+)", message):
         if name in RENAMED and "." not in name:
-            return f"--model.{name} was renamed: use --model.{RENAMED[name]}{_NOTES.get(name, '')}"
+            note = _moved_note(name) if name in MOVED_TO_OPTIONS else _NOTES.get(name, "")
+            return f"--model.{name} was renamed: use --model.{RENAMED[name]}{note}"
     return None
 
 

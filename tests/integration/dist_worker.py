@@ -34,7 +34,7 @@ from scripted import SeededBanditEngine
 
 import envs  # noqa: F401
 from ragen_lightning.data.datamodule import RolloutDataModule
-from ragen_lightning.data.sampler import FilterConfig
+from ragen_lightning.data.sampler import FilterSettings
 from ragen_lightning.parallel import FSDP2Strategy, full_tensor
 from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.rollout.vllm_engine import VLLMConfig, VLLMEngine
@@ -117,7 +117,8 @@ def main(cfg: dict) -> None:
     generations = record_generations() if cfg.get("engine") == "vllm" else []
     engine = {"engine": "vllm", "vllm": VLLMConfig(probe_size=2, tensor_parallel_size=cfg.get("tp", 1))} \
         if cfg.get("engine") == "vllm" else {}
-    flt = FilterConfig(strategy="top_k_abs", value=cfg["top_k_abs"]) if cfg.get("top_k_abs") else None
+    top_k_abs = cfg.get("top_k_abs")
+    flt = FilterSettings(strategy="top_k_abs", value=top_k_abs) if top_k_abs else None
     envs_ = {"mixture": cfg["mixture"]} if cfg.get("mixture") else {"env_id": "ragen/Bandit-v0"}
     dm = Recording(**envs_, num_groups=4, group_size=3, num_iterations=cfg["iterations"],
                    episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1,

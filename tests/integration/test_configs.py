@@ -82,12 +82,12 @@ def update_args(task: str) -> list[str]:
     config = yaml.safe_load((CONFIGS / f"{task}.yaml").read_text())
     model, data = config.get("model") or {}, config.get("data") or {}
     estimator = (model.get("advantage") or {}).get("estimator")
-    args = ["--model.advantage.rft_threshold=-1e9"] if estimator == "rft" else []
+    args = ["--model.advantage.options.threshold=-1e9"] if estimator == "rft" else []
     # a per-state estimator (configs/sokoban_starpo_s_branching.yaml) compares a state's answers, and the untrained
     # model's answers all fail the format alike (no spread: no step); rft keeping every turn runs the same branching
     # rollout, state filter and update path (the per-state estimators: tests/unit/starpo/test_state_baseline.py)
     if estimator in ("state_grpo", "state_baseline"):
-        args = ["--model.advantage.estimator", "rft", "--model.advantage.rft_threshold=-1e9"]
+        args = ["--model.advantage.estimator", "rft", "--model.advantage.options.threshold=-1e9"]
     # StarPO-S's filter (configs/sokoban_starpo_s.yaml) drops zero-variance groups, and the untrained tiny model's
     # groups of 2 fail alike (no group left: no step): keep every group
     if (data.get("filter") or {}).get("include_zero") is False:

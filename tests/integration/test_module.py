@@ -9,7 +9,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 import envs  # noqa: F401
 from ragen_lightning.data.datamodule import RolloutDataModule
-from ragen_lightning.data.sampler import FilterConfig
+from ragen_lightning.data.sampler import FilterSettings
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.starpo import module as starpo_module
@@ -118,7 +118,8 @@ def test_empty_filter_skips_update_and_stops(tmp_path, tiny_path):
     before = params(module.actor)
     rec = Recorder()
     # shared reward draws: members answering the same arm then score the same (zero variance)
-    dm = data(num_iterations=10, empty_stop_steps=2, filter=FilterConfig(value=0.9, include_zero=False),
+    dm = data(num_iterations=10, empty_stop_steps=2,
+              filter=FilterSettings(value=0.9, include_zero=False),
               env_kwargs={"shared_transitions": True})
     with pytest.warns(UserWarning, match="kept no group"):
         t = fit(tmp_path, module, dm, [rec])
@@ -314,7 +315,8 @@ def test_lr_decay_follows_iterations_not_steps(tmp_path, tiny_path):
 
 def test_rft_steps_on_the_kept_rows_only(tmp_path, tiny_path):
     # one sample per mini-batch: one optimizer step per kept sample, none for the rows scored at or below the line
-    module = ScriptedStarPO(model=str(tiny_path), advantage={"estimator": "rft", "rft_threshold": 0.0},
+    module = ScriptedStarPO(model=str(tiny_path),
+                            advantage={"estimator": "rft", "options": {"threshold": 0.0}},
                             update={"mini_batch_size": 1, "micro_batch_size": 1}, optim={"actor_lr": 1e-3})
     rec = Recorder()
     t = fit(tmp_path, module, data(), [rec])

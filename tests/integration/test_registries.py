@@ -1,83 +1,135 @@
-"""A user's own advantage estimator and filter strategy: one function and one registration line each, from outside
-the library, then one training iteration with each (the tables of DESIGN section 5)."""
+"""A user's own advantage estimator (with its own option) and filter strategy: one file each,
+outside the library, selected from a YAML config by ``module:name`` and trained through ``main.py
+fit``'s CLI; no launcher script."""
 
 from __future__ import annotations
 
-import pytest
-import torch
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
 
-from ragen_lightning.algos import advantages as A
-from ragen_lightning.algos.filtering import FILTER_STRATEGIES, register_filter
-from ragen_lightning.data.sampler import FilterConfig
-from ragen_lightning.errors import ConfigError
-from ragen_lightning.starpo.estimators import ESTIMATORS, register_estimator
-from tests.integration.test_module import (
-    Recorder,
-    ScriptedStarPO,
-    changed,
-    data,
-    params,
-    trainer,
-)
+import pytest
+
+import envs  # noqa: F401  (the ids configs/bandit.yaml names, as main.py imports them)
+from ragen_lightning.cli import main
+from tests.unit.test_registry import make_user_package
 
 pytestmark = pytest.mark.slow
-calls: list[int] = []
-
-
-def every_token_one(batch, rewards, mask, values, settings):
-    """A toy estimator: advantage 1 on every trained token (a supervised step on every sample)."""
-    calls.append(len(batch))
-    adv = A.broadcast_to_tokens(torch.ones(len(batch)), mask)
-    return adv, adv, {"train/toy_rows": float(len(batch))}
-
-
-def last_group_only(scores, value, **_):
-    """A toy strategy: keep the last candidate group, whatever the scores."""
-    return torch.tensor([scores.numel() - 1])
+ROOT = Path(__file__).resolve().parents[2]
+SMALL_RUN = [
+    "--model.warm_start",
+    "false",
+    "--data.num_groups",
+    "2",
+    "--data.group_size",
+    "4",
+    "--data.episode.max_new_tokens",
+    "12",
+    "--data.val_num_groups",
+    "2",
+    "--model.update.mini_batch_size",
+    "4",
+    "--model.update.micro_batch_size",
+    "4",
+    "--data.num_iterations",
+    "1",
+    "--trainer.logger",
+    "lightning.pytorch.loggers.CSVLogger",
+    "--trainer.logger.save_dir",
+    "logs",
+]
+USER_CONFIG = """\
+model:
+  advantage:
+    estimator: userpkg.every_token:every_token
+    options: {weight: 0.25}
+data:
+  filter:
+    strategy: userpkg.keep_last:keep_last
+    options: {count: 1}
+"""
 
 
 @pytest.fixture
-def toy_registrations():
-    register_estimator("every_token_one", every_token_one)
-    register_filter("last_group_only", last_group_only)
-    yield
-    ESTIMATORS.pop("every_token_one")
-    FILTER_STRATEGIES.pop("last_group_only")
+def user_package(tmp_path, monkeypatch):
+    yield from make_user_package(tmp_path, monkeypatch)
 
 
-def test_a_registered_estimator_trains_one_iteration(tmp_path, tiny_path, toy_registrations):
-    calls.clear()
-    module = ScriptedStarPO(model=str(tiny_path), advantage={"estimator": "every_token_one"},
-                            update={"mini_batch_size": 8, "micro_batch_size": 4}, optim={"actor_lr": 1e-3})
-    assert module.critic is None and not module.uses_critic  # it did not ask for one
-    rec = Recorder()
-    t = trainer(tmp_path, [rec])
-    t.strategy.connect(module)
-    module.configure_model()
-    before = params(module.actor)
-    t.fit(module, data())
-    m = rec.rows[-1]
-    assert calls == [8] and m["train/toy_rows"] == 8.0  # 2 groups x 4, called once (no critic: no second pass)
-    assert m["train/advantage_mean"] == 1.0 and m["train/return_mean"] == 1.0
-    assert t.global_step == 1 and changed(before, module.actor)  # one actor step, no critic step
+def test_a_user_estimator_and_filter_from_yaml_train_one_iteration(
+    tmp_path, monkeypatch, user_package
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "user.yaml").write_text(USER_CONFIG)
+    cli = main(
+        [
+            "fit",
+            "--config",
+            str(ROOT / "configs" / "bandit.yaml"),
+            "--config",
+            "user.yaml",
+            *SMALL_RUN,
+        ]
+    )
+    assert cli.model.advantage.estimator_options.weight == 0.25 and cli.model.critic is None
+    rows = list(csv.DictReader(open(next((tmp_path / "logs").rglob("metrics.csv")))))
+    m = next(r for r in rows if r.get("train/batch_size"))
+    # keep_last (count 1) keeps the last of the 2 groups: its 4 episodes train
+    assert (
+        float(m["rollout/filter_kept_count"]) == 1.0
+        and float(m["rollout/filter_kept_ratio"]) == 0.5
+    )
+    assert float(m["train/batch_size"]) == 4.0
+    # every_token: advantage = return = weight 0.25 (the YAML's option) on every trained token
+    assert float(m["train/advantage_mean"]) == 0.25 and float(m["train/return_mean"]) == 0.25
+    assert float(m["train/every_token_weight"]) == 0.25
 
 
-def test_a_registered_filter_trains_one_iteration(tmp_path, tiny_path, toy_registrations):
-    flt = FilterConfig(strategy="last_group_only", value=1.0)
-    assert not flt.keeps_everything  # no keeps_all rule registered: the strategy always runs
-    module = ScriptedStarPO(model=str(tiny_path), advantage={"estimator": "grpo"},
-                            update={"mini_batch_size": 8, "micro_batch_size": 4})
-    rec = Recorder()
-    t = trainer(tmp_path, [rec])
-    t.fit(module, data(filter=flt))
-    m = rec.rows[-1]
-    assert m["rollout/filter_kept_count"] == 1.0 and m["rollout/filter_kept_ratio"] == 0.5
-    assert m["train/batch_size"] == 4.0  # the last group's 4 members only
-    assert t.global_step == 1
-
-
-def test_unregistered_names_are_one_line_errors_listing_the_registered_ones():
-    with pytest.raises(ConfigError, match=r"--model.advantage.estimator must be one of gae, grpo.*got 'nope'"):
-        ScriptedStarPO(advantage={"estimator": "nope"})
-    with pytest.raises(ConfigError, match=r"--data.filter.strategy must be one of top_p, top_k.*got 'nope'"):
-        FilterConfig(strategy="nope")
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--model.advantage.rft_threshold", "1.5"],
+            "error: --model.advantage.rft_threshold was renamed: use "
+            "--model.advantage.options.threshold (an option of --model.advantage.estimator rft)",
+        ),
+        (
+            ["--data.filter.top_p_mode", "softmax"],
+            "error: --data.filter.top_p_mode was renamed: use --data.filter.options.mode "
+            "(an option of --data.filter.strategy top_p)",
+        ),
+        (
+            ["--config", "user.yaml", "--model.advantage.options.weight", "7"],
+            "error: --model.advantage.options.weight must be a finite number in [-1, 1], got 7.0",
+        ),
+        (
+            ["--config", "user.yaml", "--data.filter.options.counts", "2"],
+            "error: --data.filter.options.counts is not an option of "
+            "--data.filter.strategy keep_last; its options: count",
+        ),
+    ],
+)
+def test_old_and_bad_options_are_one_line_with_exit_2(tmp_path, user_package, flags, message):
+    (tmp_path / "user.yaml").write_text(USER_CONFIG)
+    env = dict(os.environ, PYTHONPATH=f"{user_package}{os.pathsep}{ROOT}", HF_HUB_OFFLINE="1")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "main.py"),
+            "fit",
+            "--config",
+            str(ROOT / "configs" / "bandit.yaml"),
+            "--model.warm_start",
+            "false",
+            *flags,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip() == message

@@ -86,7 +86,7 @@ def test_starpo_s_is_starpo_plus_filter_no_kl_clip_higher():
     differ = {k for k in set(flat[0]) | set(flat[1]) if flat[0].get(k) != flat[1].get(k)}
     differ = {k for k in differ if not k.startswith("trainer.")}  # output folders and run names
     assert differ == {"model.loss.clip_high", "model.loss.kl_coef", "data.filter.strategy", "data.filter.value",
-                      "data.filter.metric", "data.filter.include_zero", "data.filter.top_p_mode"}
+                      "data.filter.metric", "data.filter.include_zero", "data.filter.options.mode"}
     assert (flat[0]["model.loss.kl_coef"], flat[1]["model.loss.kl_coef"]) == (0.001, 0.0)
     assert (flat[0]["model.loss.clip_high"], flat[1]["model.loss.clip_high"]) == (0.2, 0.28)
     assert (flat[1]["data.filter.value"], flat[1]["data.filter.include_zero"]) == (0.9, False)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ragen_lightning.algos.losses import agg_normalizer, aggregate
-from ragen_lightning.data.sampler import FilterConfig, filter_groups
+from ragen_lightning.data.sampler import FilterSettings, filter_groups
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.parallel import (
     check_strategy,
@@ -74,7 +74,8 @@ def _rollout(scores: list[list[float]], first_group: int = 0) -> list[Trajectory
 def test_gathered_global_selection_equals_single_process_and_balances(world):
     # 4 groups x 2 samples; in-group reward std (group - member 0): g0 0, g1 0, g2 0.5/sqrt(2), g3 1/sqrt(2)
     scores = [[1.0, 1.0], [0.0, 0.0], [0.0, 0.5], [0.0, 1.0]]
-    config = FilterConfig(strategy="top_k_abs", value=1)  # keeps only g3: every kept sample lives on the last rank
+    # keeps only g3: every kept sample lives on the last rank
+    config = FilterSettings(strategy="top_k_abs", value=1)
     single, kept_single, _ = filter_groups(_rollout(scores), 2, config)
     per_rank = []
     for r in range(world):  # each rank rolls out its share with global group ids

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from ragen_lightning.algos.filtering import (
     SCORE_METRICS,
+    TopPOptions,
     filter_metrics,
     group_scores,
     kept_sample_mask,
@@ -19,6 +20,7 @@ from ragen_lightning.algos.filtering import (
 )
 
 T = torch.tensor
+LINEAR, SOFTMAX = TopPOptions(mode="linear"), TopPOptions(mode="softmax")  # top_p's two modes
 
 
 def close(actual, expected, atol: float = 1e-6) -> None:
@@ -103,17 +105,18 @@ def test_case05_reward_sum_metric_is_supported():
 
 def test_case06_top_p_softmax_preserves_previous_behavior():
     # p = [1/3, 1/3, 1/3], cumsum [.333, .667, 1]; first cumsum >= .6 at index 1 -> k = 2 -> [0, 1]
-    assert torch.equal(select_groups(T([1.0, 1.0, 1.0]), "top_p", 0.6, top_p_mode="softmax"), kept(0, 1))
+    assert torch.equal(select_groups(T([1.0, 1.0, 1.0]), "top_p", 0.6, options=SOFTMAX), kept(0, 1))
 
 
 def test_case07_top_p_linear_matches_score_sum_rule():
     # thr = .6*10 - .01 = 5.99; 4 < 5.99 -> add -> 4; 4 < 5.99 -> add 3 -> 7 >= 5.99 -> keep 2 -> [0, 1]
-    assert torch.equal(select_groups(T([4.0, 3.0, 2.0, 1.0]), "top_p", 0.6, top_p_mode="linear"), kept(0, 1))
+    out = select_groups(T([4.0, 3.0, 2.0, 1.0]), "top_p", 0.6, options=LINEAR)
+    assert torch.equal(out, kept(0, 1))
 
 
 def test_case08_top_p_linear_returns_empty_when_mass_is_non_positive():
     # thr = .9*0 - .01 = -.01; 0 >= -.01 at once -> count 0 -> nothing kept
-    out = select_groups(T([0.0, 0.0, 0.0]), "top_p", 0.9, top_p_mode="linear")
+    out = select_groups(T([0.0, 0.0, 0.0]), "top_p", 0.9, options=LINEAR)
     assert out.numel() == 0 and out.dtype == torch.long
 
 
@@ -124,7 +127,8 @@ def test_case08_top_p_linear_returns_empty_when_mass_is_non_positive():
 )
 def test_case09_top_p_nofilter_keeps_all_groups(scores, expected):
     # value >= 1 with include_zero keeps every group
-    assert select_groups(T(scores), "top_p", 1.0, top_p_mode="linear", include_zero=True).tolist() == expected
+    out = select_groups(T(scores), "top_p", 1.0, options=LINEAR, include_zero=True)
+    assert out.tolist() == expected
 
 
 @pytest.mark.parametrize(
@@ -140,7 +144,7 @@ def test_case09_top_p_nofilter_keeps_all_groups(scores, expected):
     ids=["case10a", "case10b", "case10c"],
 )
 def test_case10_top_p_softmax_excludes_zero(scores, value, expected):
-    out = select_groups(T(scores), "top_p", value, top_p_mode="softmax", include_zero=False)
+    out = select_groups(T(scores), "top_p", value, options=SOFTMAX, include_zero=False)
     assert out.tolist() == expected
 
 
@@ -154,7 +158,8 @@ def test_case10_top_p_softmax_excludes_zero(scores, value, expected):
     ids=["case11a", "case11b", "case11c"],
 )
 def test_case11_top_p_linear_excludes_zero(scores, expected):
-    out = select_groups(T(scores), "top_p", 0.9, top_p_mode="linear", include_zero=False, eps=0.01)
+    linear = TopPOptions(mode="linear", eps=0.01)
+    out = select_groups(T(scores), "top_p", 0.9, include_zero=False, options=linear)
     assert out.tolist() == expected
 
 
@@ -165,7 +170,9 @@ def test_case12_verify_lower_ratio_intended_behaviour():
     scores = group_scores(per_sample)
     close(scores, [math.sqrt(0.5), 0.0, math.sqrt(50.0), 0.0], atol=1e-5)
     for mode in ("linear", "softmax"):
-        assert select_groups(scores, "top_p", 0.5, include_zero=False, top_p_mode=mode).tolist() == [2]
+        options = TopPOptions(mode=mode)
+        out = select_groups(scores, "top_p", 0.5, include_zero=False, options=options)
+        assert out.tolist() == [2]
 
 
 # ------------------------------------------------------------------------------------------------ group scores
@@ -209,7 +216,9 @@ def test_top_p_value_one_with_include_zero_keeps_everything():
         scores[::3] = 0.0
         for mode in ("linear", "softmax"):
             for largest in (True, False):
-                out = select_groups(scores, "top_p", 1.0, top_p_mode=mode, largest=largest, include_zero=True)
+                options = TopPOptions(mode=mode)
+                out = select_groups(scores, "top_p", 1.0, options=options, largest=largest,
+                                    include_zero=True)
                 assert out.tolist() == list(range(9))
 
 
@@ -243,7 +252,8 @@ def test_top_p_smallest():
     # linear, smallest: ascending [1, 2, 3, 4]; thr .3*10 - .01 = 2.99: 1 -> 3 >= 2.99 -> scores 1, 2 -> idx [2, 3]
     assert select_groups(T([4.0, 3.0, 2.0, 1.0]), "top_p", 0.3, largest=False).tolist() == [2, 3]
     # softmax, smallest: logits -[0, 10] -> p ~ [1, 4.5e-5] -> k = 1 -> [0]
-    assert select_groups(T([0.0, 10.0]), "top_p", 0.5, largest=False, top_p_mode="softmax").tolist() == [0]
+    out = select_groups(T([0.0, 10.0]), "top_p", 0.5, largest=False, options=SOFTMAX)
+    assert out.tolist() == [0]
 
 
 def test_top_p_linear_non_positive_mass_is_empty():
@@ -254,8 +264,8 @@ def test_top_p_linear_non_positive_mass_is_empty():
 def test_selection_errors_and_empty_candidates():
     with pytest.raises(ValueError, match="strategy"):
         select_groups(T([1.0]), "top_q", 0.5)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="top_p_mode"):
-        select_groups(T([1.0]), "top_p", 0.5, top_p_mode="cubic")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"--data.filter.options.mode must be linear \| softmax"):
+        select_groups(T([1.0]), "top_p", 0.5, options={"mode": "cubic"})
     with pytest.raises(ValueError, match="NaN"):
         select_groups(T([1.0, float("nan")]), "top_k", 0.5)
     assert select_groups(T([1, 3, 2]), "top_k_abs", 1).tolist() == [1]  # integer scores are fine
@@ -299,7 +309,9 @@ values = st.floats(min_value=0.0, max_value=1.5, allow_nan=False)
 )
 def test_kept_indices_are_unique_sorted_and_in_range(scores, strategy, value, largest, include_zero, mode):
     s = T(scores, dtype=torch.float32)
-    out = select_groups(s, strategy, value, largest=largest, include_zero=include_zero, top_p_mode=mode)
+    options = TopPOptions(mode=mode) if strategy == "top_p" else None  # the others take no options
+    out = select_groups(s, strategy, value, largest=largest, include_zero=include_zero,
+                        options=options)
     assert out.dtype == torch.long
     items = out.tolist()
     assert items == sorted(set(items))
@@ -321,7 +333,8 @@ def test_kept_indices_are_unique_sorted_and_in_range(scores, strategy, value, la
 def test_larger_value_keeps_a_superset(scores, strategy, v1, v2, largest, include_zero, mode):
     low, high = sorted((v1, v2))
     s = T(scores, dtype=torch.float32)
-    kwargs = dict(largest=largest, include_zero=include_zero, top_p_mode=mode)
+    options = TopPOptions(mode=mode) if strategy == "top_p" else None
+    kwargs = dict(largest=largest, include_zero=include_zero, options=options)
     small = set(select_groups(s, strategy, low, **kwargs).tolist())
     big = set(select_groups(s, strategy, high, **kwargs).tolist())
     assert small <= big

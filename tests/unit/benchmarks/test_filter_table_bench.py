@@ -15,13 +15,14 @@ bench = load_script("benchmarks/filter_table.py", "filter_table_bench")
 def test_arms_are_no_filter_and_ragen2s_filter():
     none = yaml.safe_load(bench.ARMS["none"])
     assert none == {"strategy": "top_p", "value": 1.0, "include_zero": True}
-    assert yaml.safe_load(bench.ARMS["filter"]) == {"strategy": "top_p", "value": 0.9, "metric": "reward_variance",
-                                                    "include_zero": False, "top_p_mode": "linear"}
+    assert yaml.safe_load(bench.ARMS["filter"]) == {
+        "strategy": "top_p", "value": 0.9, "metric": "reward_variance", "include_zero": False,
+        "options": {"mode": "linear"}}
     # both are valid filter settings; the first keeps everything, the second does not
-    from ragen_lightning.data.sampler import FilterConfig
+    from ragen_lightning.data.sampler import FilterSettings
 
-    assert FilterConfig(**none).keeps_everything
-    assert not FilterConfig(**yaml.safe_load(bench.ARMS["filter"])).keeps_everything
+    assert FilterSettings(**none).keeps_everything
+    assert not FilterSettings(**yaml.safe_load(bench.ARMS["filter"])).keeps_everything
 
 
 def test_cell_flags_follow_the_learning_pages_seed_convention():

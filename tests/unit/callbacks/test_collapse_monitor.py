@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from callbacks import CollapseMonitor
-from ragen_lightning.data.sampler import FilterConfig
+from ragen_lightning.data.sampler import FilterSettings
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.starpo.module import StarPOModule
 
@@ -89,7 +89,7 @@ def test_non_positive_baseline_and_disabled_rules_stay_silent():
 def _fake(tmp_path, filter_value=0.9, entropy_coeff=0.001):
     saved = []
     trainer = SimpleNamespace(should_stop=False, default_root_dir=str(tmp_path), save_checkpoint=saved.append,
-                              datamodule=SimpleNamespace(filter=FilterConfig(value=filter_value)))
+                              datamodule=SimpleNamespace(filter=FilterSettings(value=filter_value)))
     module = StarPOModule(loss={"entropy_coeff": entropy_coeff})  # no model is loaded before configure_model
     return trainer, module, saved
 
@@ -114,10 +114,16 @@ def test_each_action_does_what_it_says(tmp_path):
     m = _monitor(actions=["adjust_filter"])
     m.act(trainer, module, 9, ["reward_std"])
     assert trainer.datamodule.filter.value == pytest.approx(0.72)  # 0.9 x 0.8
-    trainer.datamodule.filter.value = 0.11
+    trainer.datamodule.filter = FilterSettings(value=0.11)
     m.act(trainer, module, 12, ["reward_std"])
     assert trainer.datamodule.filter.value == 0.1  # 0.11 x 0.8 = 0.088, floored at filter_value_min
     assert m.adjusted == {"filter_value": 0.1}
+    # the settings are replaced by a checked copy: top_k_abs (a number of groups) refuses 3.2
+    trainer.datamodule.filter = counted = FilterSettings(strategy="top_k_abs", value=4)
+    with pytest.warns(UserWarning, match=r"adjust_filter left the filter as it was: "
+                                         r"--data.filter.value must be a whole number .* got 3.2"):
+        m.act(trainer, module, 13, ["reward_std"])
+    assert trainer.datamodule.filter is counted and m.adjusted == {"filter_value": 0.1}
 
     m = _monitor(actions=["adjust_entropy"])
     m.act(trainer, module, 9, ["entropy"])

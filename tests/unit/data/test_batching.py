@@ -1,10 +1,13 @@
 """Batch building, reward placement/normalisation and the filtering sampler on hand-built trajectories."""
 
+import dataclasses
+from dataclasses import replace
+
 import pytest
 import torch
 
 from ragen_lightning.data.batching import build_batch, normalize_scores, rollout_metrics
-from ragen_lightning.data.sampler import FilterConfig, filter_groups, filter_states
+from ragen_lightning.data.sampler import FilterSettings, filter_groups, filter_states
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.types import Conversation, Sample, Trajectory
 
@@ -125,7 +128,7 @@ def group_rollout(rewards):
 
 def test_filter_default_keeps_everything_and_reports_stats():
     ts = group_rollout([[0.0, 1.0], [1.0, 1.0], [0.0, 0.0]])
-    kept, idx, m = filter_groups(ts, 2, FilterConfig())
+    kept, idx, m = filter_groups(ts, 2, FilterSettings())
     assert len(kept) == 6 and idx.tolist() == [0, 1, 2]
     # group stds: sqrt(0.5), 0, 0 -> mean sqrt(0.5)/3; two groups have zero variance
     assert m["rollout/in_group_reward_std"] == pytest.approx(0.5 ** 0.5 / 3)
@@ -135,7 +138,7 @@ def test_filter_default_keeps_everything_and_reports_stats():
 
 def test_starpo_s_filter_drops_zero_variance_groups():
     ts = group_rollout([[0.0, 1.0], [1.0, 1.0], [0.0, 0.5]])
-    cfg = FilterConfig(strategy="top_p", value=0.9, include_zero=False)
+    cfg = FilterSettings(strategy="top_p", value=0.9, include_zero=False)
     kept, idx, m = filter_groups(ts, 2, cfg)
     # stds 0.707, 0, 0.354 -> threshold 0.9*1.061-0.01 = 0.945: needs both non-zero groups
     assert idx.tolist() == [0, 2] and [t.group_id for t in kept] == [0, 0, 2, 2]
@@ -144,20 +147,42 @@ def test_starpo_s_filter_drops_zero_variance_groups():
 
 def test_filter_all_zero_variance_is_empty_and_config_errors():
     ts = group_rollout([[1.0, 1.0], [0.0, 0.0]])
-    kept, idx, _ = filter_groups(ts, 2, FilterConfig(value=0.9))
+    kept, idx, _ = filter_groups(ts, 2, FilterSettings(value=0.9))
     assert kept == [] and idx.numel() == 0
-    assert FilterConfig(metric="reward_std").metric == "reward_variance"
+    assert FilterSettings(metric="reward_std").metric == "reward_variance"
     with pytest.raises(ValueError, match="filter.metric"):
-        FilterConfig(metric="loss")
+        FilterSettings(metric="loss")
     with pytest.raises(ValueError, match="filter.value"):
-        FilterConfig(value=-1)
+        FilterSettings(value=-1)
+
+
+def test_filter_settings_are_frozen_and_change_by_a_checked_copy():
+    # in-group stds (two samples: |a - b| / sqrt 2): .7071, .1414, .3536; sum 1.2021
+    ts = group_rollout([[0.0, 1.0], [0.0, 0.2], [0.0, 0.5]])
+    base = FilterSettings(value=0.9, include_zero=False)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        base.value = 0.5  # type: ignore[misc]
+    # linear top_p 0.9: threshold .9 x 1.2021 - .01 = 1.0719; .7071 + .3536 = 1.0607 falls short:
+    # all three
+    assert filter_groups(ts, 2, base)[1].tolist() == [0, 1, 2]
+    # eps .05 (top_p's option): threshold 1.0319, reached by .7071 + .3536: groups 0 and 2
+    assert filter_groups(ts, 2, replace(base, options={"eps": 0.05}))[1].tolist() == [0, 2]
+    tighter = base.with_value(0.5)  # threshold .5 x 1.2021 - .01 = .591: .7071 alone
+    assert base.value == 0.9 and tighter == replace(base, value=0.5)
+    assert filter_groups(ts, 2, tighter)[1].tolist() == [0]
+    # softmax 0.5: p = softmax(.7071, .1414, .3536) = .4405, .2502, .3093; .4405 < .5 -> k = 2
+    softmax = replace(tighter, options={"mode": "softmax"})
+    assert softmax.strategy_options.mode == "softmax"
+    assert filter_groups(ts, 2, softmax)[1].tolist() == [0, 2]
+    with pytest.raises(ConfigError, match=r"^--data.filter.value must be a whole number .*1.6$"):
+        FilterSettings(strategy="top_k_abs", value=2).with_value(1.6)
 
 
 def test_length_filter_uses_response_tokens():
     ts = group_rollout([[0.0, 0.0], [0.0, 0.0]])
     for t in ts[2:]:
         t.response_tokens = 10
-    _, idx, m = filter_groups(ts, 2, FilterConfig(strategy="top_k_abs", value=1, metric="length"))
+    _, idx, m = filter_groups(ts, 2, FilterSettings(strategy="top_k_abs", value=1, metric="length"))
     assert idx.tolist() == [1] and m["rollout/in_group_length_mean"] == pytest.approx(6.0)
 
 
@@ -175,7 +200,7 @@ def test_state_filter_keeps_the_states_with_most_turn_reward_spread():
     # three states x K = 2: stds 0, 0.7071 * 2 = 1.414, 0.7071 * 0.2 = 0.141 (unbiased std of two values: |a-b|/sqrt 2)
     b = branching([[-0.2, -0.2], [1.8, -0.2], [-0.2, -0.1]])
     assert b.state_index.tolist() == [0, 0, 1, 1, 2, 2]
-    cfg = FilterConfig(strategy="top_p", value=0.9, include_zero=False, over="states")
+    cfg = FilterSettings(strategy="top_p", value=0.9, include_zero=False, over="states")
     kept, m = filter_states(b, cfg)
     # linear top_p: threshold 0.9 x (1.414 + 0.141) - 0.01 = 1.390; 1.414 alone reaches it -> the second state only
     assert kept.rewards[:, 1:].sum(dim=-1).tolist() == pytest.approx([1.8, -0.2])
@@ -183,21 +208,21 @@ def test_state_filter_keeps_the_states_with_most_turn_reward_spread():
     assert m["rollout/filter_zero_count"] == 1.0
     assert m["rollout/in_group_std"] == pytest.approx((0 + 2 / 2 ** 0.5 + 0.1 / 2 ** 0.5) / 3)
     # value 1.0 with zero-variance states dropped: the two states with spread, rows in batch order
-    kept, _ = filter_states(b, FilterConfig(value=1.0, include_zero=False, over="states"))
+    kept, _ = filter_states(b, FilterSettings(value=1.0, include_zero=False, over="states"))
     assert kept.rewards[:, 1:].sum(dim=-1).tolist() == pytest.approx([1.8, -0.2, -0.2, -0.1])
     # the default keeps every state
-    kept, m = filter_states(b, FilterConfig(over="states"))
+    kept, m = filter_states(b, FilterSettings(over="states"))
     assert len(kept) == 6 and m["rollout/filter_kept_ratio"] == 1.0
 
 
 def test_state_filter_refuses_what_it_cannot_score():
     with pytest.raises(ConfigError, match="turn rewards: --data.filter.metric must be reward_variance"):
-        FilterConfig(metric="length", over="states")
+        FilterSettings(metric="length", over="states")
     with pytest.raises(ConfigError, match="--data.filter.over must be 'groups' or 'states'"):
-        FilterConfig(over="episodes")
+        FilterSettings(over="episodes")
     unbranched = build_batch([traj(0, 0, [1.0])], pad_token_id=0, reward_placement="turn")
     with pytest.raises(ConfigError, match="every state of the batch has one response"):
-        filter_states(unbranched, FilterConfig(over="states"))
+        filter_states(unbranched, FilterSettings(over="states"))
     last = build_batch([traj(0, 0, [1.0])], pad_token_id=0)
     with pytest.raises(ConfigError, match="needs branching rollouts"):
-        filter_states(last, FilterConfig(over="states"))
+        filter_states(last, FilterSettings(over="states"))

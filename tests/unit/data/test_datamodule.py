@@ -4,7 +4,7 @@ import pytest
 
 import envs  # noqa: F401
 from ragen_lightning.data.datamodule import RolloutDataModule
-from ragen_lightning.data.sampler import FilterConfig
+from ragen_lightning.data.sampler import FilterSettings
 
 
 def dm(**kw):
@@ -103,8 +103,10 @@ def test_branches_are_refused_where_a_branch_cannot_be_a_scored_one_turn_sample(
     assert dm(branches=2, reward_placement="turn", episode=windowed, branch_follow="best").hparams.branch_follow == "best"
     with pytest.raises(ConfigError, match="--data.filter.over states selects among the responses to each visited "
                                           "state: it needs --data.branches > 1"):
-        dm(reward_placement="turn", episode=windowed, filter=FilterConfig(over="states"))
-    assert dm(branches=2, reward_placement="turn", episode=windowed, filter=FilterConfig(over="states")).filter.over == "states"
+        dm(reward_placement="turn", episode=windowed, filter=FilterSettings(over="states"))
+    states = FilterSettings(over="states")
+    built = dm(branches=2, reward_placement="turn", episode=windowed, filter=states)
+    assert built.filter.over == "states"
     from ragen_lightning.starpo.settings import AdvantageSettings
 
     check_data_settings(AdvantageSettings(estimator="rft"), d.hparams)

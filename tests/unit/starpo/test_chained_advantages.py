@@ -10,7 +10,7 @@ from ragen_lightning.starpo.estimators import advantages_for
 from ragen_lightning.starpo.settings import AdvantageSettings
 from ragen_lightning.types import Conversation, Sample, Trajectory
 
-SETTINGS = AdvantageSettings(estimator="gae", gamma=1.0, lam=1.0)
+SETTINGS = AdvantageSettings(estimator="gae", options={"gamma": 1.0, "lam": 1.0})
 
 
 def turn_sample(reward: float) -> Sample:
@@ -80,7 +80,8 @@ def test_the_logged_explained_variance_is_the_batch_one_under_turn_level_gae():
     batch = build_batch([episode(0, [1.0, 3.0]), episode(1, [0.0, 4.0])], pad_token_id=0, reward_placement="turn")
     mask = batch.loss_mask[:, 1:].bool()
     values = torch.tensor([[1.0, 1.0], [2.0, 2.0], [0.0, 0.0], [5.0, 5.0]])
-    settings = dataclasses.replace(SETTINGS, turn_level_gae=True, high_level_gamma=0.0, floor=0.0)
+    options = {"turn_level": True, "high_level_gamma": 0.0}
+    settings = dataclasses.replace(SETTINGS, options=options, floor=0.0)
     _, returns, logs = advantages_for(batch, mask, None, None, settings)(values, None)
     # high_level_gamma 0: each turn's tokens return that turn's reward
     torch.testing.assert_close(returns, torch.tensor([[1.0, 1.0], [3.0, 3.0], [0.0, 0.0], [4.0, 4.0]]))

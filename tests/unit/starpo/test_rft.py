@@ -1,5 +1,6 @@
-"""``--model.advantage.estimator rft`` (rejection-sampling fine-tuning): advantage 1 on the turns / episodes the env scored above
-``rft_threshold``, 0 elsewhere; with it the PPO loss at ratio 1 is the supervised loss on the kept tokens."""
+"""``--model.advantage.estimator rft`` (rejection-sampling fine-tuning): advantage 1 on the turns /
+episodes the env scored above its ``threshold`` option, 0 elsewhere; with it the PPO loss at ratio 1
+is the supervised loss on the kept tokens."""
 
 from dataclasses import replace
 
@@ -15,7 +16,11 @@ from ragen_lightning.starpo.module import StarPOModule
 from ragen_lightning.starpo.settings import AdvantageSettings
 from ragen_lightning.types import Conversation, Sample, Trajectory
 
-SETTINGS = AdvantageSettings(estimator="rft", gamma=1.0, lam=1.0, floor=None)
+SETTINGS = AdvantageSettings(estimator="rft", floor=None)
+
+
+def rft(threshold: float = 0.0, per_state: bool = False, **settings) -> AdvantageSettings:
+    return replace(SETTINGS, options={"threshold": threshold, "per_state": per_state}, **settings)
 
 
 def test_each_token_takes_the_verdict_of_its_own_turn():
@@ -50,7 +55,7 @@ def trained_advantages(placement: str, threshold: float, episodes: list[list[flo
     batch = build_batch([two_turn_episode(i, r) for i, r in enumerate(episodes)], pad_token_id=0,
                         reward_placement=placement)
     mask = batch.loss_mask[:, 1:].bool()
-    adv, returns, _ = advantages_for(batch, mask, None, None, replace(SETTINGS, rft_threshold=threshold))(None, None)
+    adv, returns, _ = advantages_for(batch, mask, None, None, rft(threshold))(None, None)
     assert torch.equal(adv, returns)
     return adv[mask].reshape(len(episodes), 5)  # per episode: turn 1's two tokens, then turn 2's three
 
@@ -82,11 +87,15 @@ def test_at_ratio_one_the_policy_loss_of_kept_tokens_is_the_supervised_loss():
     torch.testing.assert_close(grad, sft_grad)
 
 
-def test_rft_trains_no_critic_and_refuses_turn_level_gae(tiny_path):
+def test_rft_trains_no_critic_and_refuses_gae_options(tiny_path):
     assert not StarPOModule(model=str(tiny_path), advantage={"estimator": "rft"}).uses_critic
-    with pytest.raises(ConfigError, match="--model.advantage.turn_level_gae needs --model.advantage.estimator gae"):
-        StarPOModule(model=str(tiny_path), advantage={"estimator": "rft", "turn_level_gae": True})
-    with pytest.raises(ConfigError, match="--model.advantage.length_weight apply to the group-outcome estimators .*, not rft"):
+    with pytest.raises(ConfigError, match=r"^--model.advantage.options.turn_level is not an option "
+                                          r"of --model.advantage.estimator rft; its options: "
+                                          r"threshold, per_state$"):
+        StarPOModule(model=str(tiny_path),
+                     advantage={"estimator": "rft", "options": {"turn_level": True}})
+    with pytest.raises(ConfigError, match="--model.advantage.length_weight applies to the "
+                                          "group-outcome estimators .*, not rft"):
         StarPOModule(model=str(tiny_path), advantage={"estimator": "rft", "length_weight": True})  # a kept token's advantage is 1
 
 
@@ -111,9 +120,8 @@ def test_per_state_sharing_gives_each_state_with_a_kept_response_one_unit_of_wei
     batch = build_batch([episode], pad_token_id=0, reward_placement="turn")
     assert batch.state_index.tolist() == [0] * 4 + [1] * 4 + [2] * 4
     mask = batch.loss_mask[:, 1:].bool()
-    settings = replace(SETTINGS, rft_threshold=0.5)
-    plain, _, _ = advantages_for(batch, mask, None, None, settings)(None, None)
-    shared, returns, _ = advantages_for(batch, mask, None, None, replace(settings, rft_per_state=True))(None, None)
+    plain, _, _ = advantages_for(batch, mask, None, None, rft(0.5))(None, None)
+    shared, returns, _ = advantages_for(batch, mask, None, None, rft(0.5, True))(None, None)
     per_row = lambda a: a[mask].reshape(12, 2)[:, 0].tolist()  # noqa: E731  (both tokens of a row are equal)
     assert per_row(plain) == [1, 1, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0]
     assert per_row(shared) == pytest.approx([1 / 3, 1 / 3, 0, 1 / 3, 0, 1, 0, 0, 0, 0, 0, 0])
@@ -129,15 +137,17 @@ def test_per_state_sharing_leaves_unbranched_samples_alone():
     batch = build_batch(episodes, pad_token_id=0, reward_placement="turn")
     assert batch.state_index.tolist() == [0, 1, 2, 3]
     mask = batch.loss_mask[:, 1:].bool()
-    settings = replace(SETTINGS, rft_threshold=0.5)
-    plain, _, _ = advantages_for(batch, mask, None, None, settings)(None, None)
-    shared, _, _ = advantages_for(batch, mask, None, None, replace(settings, rft_per_state=True))(None, None)
+    plain, _, _ = advantages_for(batch, mask, None, None, rft(0.5))(None, None)
+    shared, _, _ = advantages_for(batch, mask, None, None, rft(0.5, per_state=True))(None, None)
     assert torch.equal(plain, shared) and plain.sum() == 4  # two kept turns of two tokens
 
 
-def test_rft_per_state_needs_rft(tiny_path):
-    with pytest.raises(ConfigError, match="--model.advantage.rft_per_state needs --model.advantage.estimator rft"):
-        StarPOModule(model=str(tiny_path), advantage={"estimator": "grpo", "rft_per_state": True})
+def test_per_state_is_an_option_of_rft_only(tiny_path):
+    with pytest.raises(ConfigError, match=r"^--model.advantage.options.per_state is not an option "
+                                          r"of --model.advantage.estimator grpo; its options: "
+                                          r"soft_reweight$"):
+        StarPOModule(model=str(tiny_path),
+                     advantage={"estimator": "grpo", "options": {"per_state": True}})
 
 
 def test_only_the_kept_rows_enter_the_update_and_keep_their_state_weights():
@@ -145,7 +155,7 @@ def test_only_the_kept_rows_enter_the_update_and_keep_their_state_weights():
     # turn 1: 2 of 3 responses kept (weight 1/2 each), turn 2: none, turn 3: 1 of 3
     batch = build_batch([branched_episode([[0.9, -1.1, 0.9], [-0.1, -0.1, -1.1], [-1.1, 0.9, -0.1]])], pad_token_id=0,
                         reward_placement="turn")
-    settings = replace(SETTINGS, rft_threshold=0.5, rft_per_state=True)
+    settings = rft(0.5, per_state=True)
     kept, share = kept_rows(batch, settings)
     assert len(kept) == 3 and share == pytest.approx(3 / 9)
     assert kept.state_index.tolist() == [0, 0, 2] and [r[0] for r in kept.turn_ends.nonzero().tolist()] == [0, 1, 2]
@@ -153,5 +163,5 @@ def test_only_the_kept_rows_enter_the_update_and_keep_their_state_weights():
     adv, _, _ = advantages_for(kept, mask, None, None, settings)(None, None)
     assert adv[mask].reshape(3, 2)[:, 0].tolist() == pytest.approx([0.5, 0.5, 1.0])  # the same as in the full batch
     # a batch with nothing kept leaves nothing to train; log-prob-shaped rewards keep the batch whole
-    assert len(kept_rows(batch, replace(settings, rft_threshold=5.0))[0]) == 0
+    assert len(kept_rows(batch, rft(5.0, per_state=True))[0]) == 0
     assert kept_rows(batch, replace(settings, kl_in_reward_coef=0.1)) == (batch, 1.0)

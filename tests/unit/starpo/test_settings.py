@@ -18,6 +18,7 @@ from ragen_lightning.starpo.estimators import ESTIMATORS
 from ragen_lightning.starpo.module import StarPOModule
 from ragen_lightning.starpo.settings import (
     GROUPS,
+    MOVED_TO_OPTIONS,
     RENAMED,
     AdvantageSettings,
     ModuleSettings,
@@ -37,15 +38,35 @@ def test_the_constructor_takes_at_most_twelve_parameters():
 
 @pytest.mark.parametrize("old", sorted(RENAMED))
 def test_every_flat_flag_of_before_names_its_new_spelling(old):
-    group, field = RENAMED[old].split(".")
+    group, field, *option = RENAMED[old].split(".")
     assert field in {f.name for f in dataclasses.fields(GROUPS[group])}  # the new spelling exists
+    if option:  # an estimator's option: a field of the options dataclass MOVED_TO_OPTIONS names
+        holder = next(cls for key, (_, cls) in MOVED_TO_OPTIONS.items()
+                      if RENAMED[key] == RENAMED[old])
+        assert option[0] in {f.name for f in dataclasses.fields(holder)}
     message = f'Parser key "model": unrecognized arguments: --model.{old} 3'
     line = renamed_flag_error(message)
-    assert line.startswith(f"--model.{old} was renamed: use --model.{group}.{field}") and "\n" not in line
+    assert line.startswith(f"--model.{old} was renamed: use --model.{RENAMED[old]}")
+    assert "\n" not in line
+
+
+@pytest.mark.parametrize("message", [
+    "unrecognized arguments: --model.advantage.rft_threshold 1.5",  # a flag
+    "Group 'model' does not accept option 'advantage.rft_threshold'",  # a YAML config's key
+])
+def test_an_option_that_moved_into_its_estimator_names_the_new_flag(message):
+    assert renamed_flag_error(message) == ("--model.advantage.rft_threshold was renamed: use "
+                                           "--model.advantage.options.threshold (an option of "
+                                           "--model.advantage.estimator rft)")
+    line = renamed_flag_error("unrecognized arguments: --model.advantage.soft_reweight true")
+    assert line.endswith(
+        "(an option of --model.advantage.estimator grpo / drgrpo / brpo / arpo)")
 
 
 def test_current_flags_are_not_taken_for_renamed_ones():
-    assert renamed_flag_error('Parser key "model.advantage.gamma": Expected a float') is None
+    assert renamed_flag_error('Parser key "model.advantage.floor": Expected a float') is None
+    message = "--model.advantage.options.gamma must be a finite number in [0, 1], got 2"
+    assert renamed_flag_error(message) is None
     assert renamed_flag_error('Parser key "model.model": Expected a str') is None
     assert renamed_flag_error("unrecognized arguments: --model.use_kl_loss true").endswith(
         "(a KL loss is on when its coefficient is > 0)")
@@ -71,12 +92,8 @@ def _settings(**groups) -> ModuleSettings:
 
 
 @pytest.mark.parametrize(("groups", "message"), [
-    ({"advantage": {"estimator": "grpo", "turn_level_gae": True}},
-     "--model.advantage.turn_level_gae needs --model.advantage.estimator gae"),
-    ({"advantage": {"estimator": "gae", "rft_per_state": True}},
-     "--model.advantage.rft_per_state needs --model.advantage.estimator rft"),
     ({"advantage": {"estimator": "rft", "length_weight": True}},
-     ("--model.advantage.soft_reweight / --model.advantage.length_weight apply to the group-outcome estimators "
+     ("--model.advantage.length_weight applies to the group-outcome estimators "
       "(grpo, drgrpo, brpo, arpo), not rft")),
     ({"loss": {"tis_cap": 2.0}, "temperature": 0.7}, "--model.loss.tis_cap needs --data.temperature 1"),
 ])
