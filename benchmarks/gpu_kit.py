@@ -14,7 +14,7 @@ Needs no hub access. For every recipe (``configs/recipes/24gb-*.yaml``) it
    and any algorithm flag it names, e.g. the 1.5B full recipe's ``--model.advantage.estimator grpo``), i.e.
    ``main.py fit --config <task> --config <recipe> [--config configs/fsdp.yaml when several GPUs] --config <kit
    overlay> [flags]`` (``--task`` replaces the task config) (the overlay points ``--model.model`` at
-   the folder, sets ``--data.num_iterations``, the HF engine, a filter that keeps every group, a CSV logger and
+   the folder, sets ``--data.training.num_iterations``, the HF engine, a filter that keeps every group, a CSV logger and
    the :class:`callbacks.RolloutThroughput` and :class:`callbacks.PeakMemory` callbacks), after asking the same
    command for its memory plan (``--memory_plan true``);
 3. reads the logged metrics and writes a markdown table (``--out``): planned peak vs the measured allocator peak,
@@ -530,8 +530,8 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--iterations", type=int, default=3, help="StarPO iterations per recipe (the first is warm-up)")
     p.add_argument("--budget-s", type=float, default=600.0, help="wall-clock budget per recipe, model build included")
     p.add_argument("--devices", type=int, default=None, help="GPUs (default: all visible; >1 adds configs/fsdp.yaml)")
-    p.add_argument("--num-groups", type=int, default=None, help="override the recipe's --data.num_groups")
-    p.add_argument("--group-size", type=int, default=None, help="override the recipe's --data.group_size")
+    p.add_argument("--num-groups", type=int, default=None, help="override the recipe's --data.training.num_groups")
+    p.add_argument("--group-size", type=int, default=None, help="override the recipe's --data.training.group_size")
     p.add_argument("--max-turns", type=int, default=None, help="override --data.episode.max_turns")
     p.add_argument("--max-new-tokens", type=int, default=None, help="override --data.episode.max_new_tokens")
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's peak for MFU (default: by name)")

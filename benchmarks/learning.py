@@ -2,14 +2,14 @@
 
     python benchmarks/learning.py                                   # bandit, frozen_lake, sokoban with their configs
     python benchmarks/learning.py --tasks bandit --variants ppo grpo ppo_filter
-    python benchmarks/learning.py --tasks bandit --fit-args --data.num_iterations 8
+    python benchmarks/learning.py --tasks bandit --fit-args --data.training.num_iterations 8
     python benchmarks/learning.py --tasks frozen_lake --warm-start '{steps: 600}' --no-fit   # the warm start only
 
 For every task (``configs/<task>.yaml``) and variant:
 
 1. the warm-started model the config trains from (``model.warm_start``, built or read from the cache) is evaluated on
    ``--eval-episodes`` held-out episodes (``episode_seeds(--seed, n, "eval")`` minus the warm start's demonstration
-   seeds; the RL training seeds are small integers from ``--data.train_seed``), sampled at ``--temperature``
+   seeds; the RL training seeds are small integers from ``--data.training.seed``), sampled at ``--temperature``
    (default 1.0, the training temperature: the policy RL actually optimises);
 2. ``python main.py fit --config configs/<task>.yaml <variant flags>`` runs in a subprocess with its own CSV logger
    and ``--model.export_dir`` (no checkpoints, no wandb);

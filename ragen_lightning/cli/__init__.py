@@ -18,6 +18,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from ragen_lightning.cli import preflight
 from ragen_lightning.data.datamodule import RolloutDataModule
+from ragen_lightning.data.settings import renamed_flag_error as renamed_data_flag_error
 from ragen_lightning.errors import (
     ConfigError,
     TrainingStopped,
@@ -37,7 +38,7 @@ class StarPOCLI(LightningCLI):
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.link_arguments("data.temperature", "model.temperature")
+        parser.link_arguments("data.sampling.temperature", "model.temperature")
         parser.add_argument(
             "--torch_threads", type=Optional[int], default=None,
             help="CPU threads for torch (null: torch's default). Small models on few cores run fastest with 1: "
@@ -116,7 +117,7 @@ class StarPOCLI(LightningCLI):
             allow = self.config[self.subcommand].get("allow_changed_settings", False)
             checkpointing.check_resume_settings(self.model.hparams, *self._ckpt_hparams, allow=bool(allow))
         if self.subcommand == "fit" and self._ckpt_progress is not None:
-            epochs = resume_epochs(*self._ckpt_progress, self.datamodule.hparams.num_iterations)
+            epochs = resume_epochs(*self._ckpt_progress, self.datamodule.settings.training.num_iterations)
             if epochs is not None:
                 self.trainer.fit_loop.max_epochs = max(self.trainer.fit_loop.max_epochs or 1, epochs)
 
@@ -128,8 +129,8 @@ class StarPOCLI(LightningCLI):
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as e:
-            raise ConfigError(renamed_flag_error(str(e)) or preflight.removed_flag_error(str(e))
-                              or preflight.parse_error_line(str(e))) from None
+            raise ConfigError(renamed_flag_error(str(e)) or renamed_data_flag_error(str(e))
+                              or preflight.removed_flag_error(str(e)) or preflight.parse_error_line(str(e))) from None
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         preflight.check_settings(config, run=subcommand is not None)
@@ -190,8 +191,8 @@ def resume_epochs(path: str, processed: int | None, done: int | None, num_iterat
     if processed is None or done is None:
         return None
     if done >= num_iterations:
-        raise ConfigError(f"--ckpt_path {path} has trained {done} iterations already, --data.num_iterations "
-                          f"{num_iterations} asks for no more: raise --data.num_iterations to extend the run")
+        raise ConfigError(f"--ckpt_path {path} has trained {done} iterations already, --data.training.num_iterations "
+                          f"{num_iterations} asks for no more: raise it to extend the run")
     return int(processed) + 1
 
 
@@ -213,7 +214,8 @@ def _checkpoint_after_validations(trainer, datamodule) -> None:
     are taken after each validation instead, as with any other interval (a callback that sets
     ``save_on_train_epoch_end`` keeps its choice)."""
     interval = trainer.val_check_interval
-    validates = trainer.limit_val_batches != 0 and getattr(getattr(datamodule, "hparams", None), "val_num_groups", 1)
+    settings = getattr(datamodule, "settings", None)
+    validates = trainer.limit_val_batches != 0 and (settings is None or settings.validation.num_groups)
     if not (isinstance(interval, int) and interval == 1 and validates):
         return
     for callback in trainer.checkpoint_callbacks:
@@ -232,7 +234,7 @@ def _fit_validation_into_run(config) -> None:
     """A run shorter than ``--trainer.val_check_interval`` iterations validates once, at its end (Lightning refuses
     an integer interval larger than the epoch's batch count; here an epoch is the whole run)."""
     trainer, data = config.get("trainer") or {}, config.get("data") or {}
-    interval, iterations = trainer.get("val_check_interval"), data.get("num_iterations")
+    interval, iterations = trainer.get("val_check_interval"), (data.get("training") or {}).get("num_iterations")
     if isinstance(interval, int) and not isinstance(interval, bool) and isinstance(iterations, int) \
             and 0 < iterations < interval:
         trainer["val_check_interval"] = iterations

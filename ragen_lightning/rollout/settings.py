@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 from ragen_lightning.errors import ConfigError, Domain, check_domains
 
@@ -119,6 +119,117 @@ _DOMAINS = {"max_turns": _COUNT, "max_actions_per_turn": _COUNT, "max_actions_pe
             "max_new_tokens": _COUNT, "window_turns": _COUNT, "max_model_len": Domain(1, MAX_MODEL_LEN, integer=True),
             "format_penalty": Domain(high=0), "max_workers": _COUNT,
             "step_timeout_s": Domain(low=0, low_open=True, none=True)}  # the penalty is added to the score
+
+
+# -- the rollout engine ------------------------------------------------------------------------------------------
+ENGINE_PREFIX = "--data.engine."
+VLLM_PREFIX = "--data.engine.vllm."
+EngineName = Literal["hf", "vllm", "auto"]
+ENGINES: tuple[str, ...] = ("hf", "vllm", "auto")
+
+
+@dataclass(frozen=True)
+class VLLMSettings:
+    """Settings of the vLLM rollout engine (``--data.engine.name vllm``): ``--data.engine.vllm.<name>``.
+
+    Args:
+        gpu_memory_utilization: fraction of GPU memory vLLM may take (weights + KV cache); the actor, its optimizer
+            and activations need the rest.
+        enforce_eager: no CUDA graphs (less memory and start-up time, slower decode).
+        max_model_len: vLLM's context length; None = ``--data.episode.max_model_len``.
+        tensor_parallel_size: training ranks one engine shards over (``k``). With ``k > 1`` the run needs a
+            multiple of ``k`` processes: vLLM is built with ``distributed_executor_backend="external_launcher"``, each
+            rank is one worker (its own GPU), ranks ``[d*k, (d+1)*k)`` form one engine that gets the same prompts and
+            seeds from each of them, and the ``W / k`` engines split the env groups.
+        sleep_level: 0 = never sleep; 1 = offload weights and drop the KV cache during the update (default);
+            2 = drop the weights too, so every sync pushes every weight (also for a LoRA actor). vLLM ignores sleep
+            on CPU.
+        dtype: vLLM's dtype; None = the dtype the actor computes in (its parameters'; under FSDP2 on GPUs the
+            mixed-precision bf16).
+        seed: seed of the engine's sampler; None = ``--data.training.seed``.
+        probe_threshold: largest allowed max |log-prob difference| between vLLM and the trainer on the probe batch;
+            None = 1e-3 when vLLM and the trainer both compute in float32, else 0.1 (16-bit rounding alone
+            differs by ~1e-2).
+        probe_size: prompts of the run (with their sampled continuations) kept for the probe batch, besides one
+            fixed synthetic sequence.
+        probe_max_tokens: tokens per probe sequence at most.
+        cpu_kvcache_gib: KV cache size on CPU in GiB (sets ``VLLM_CPU_KVCACHE_SPACE`` unless it is set already).
+        full_push: push every weight even for a LoRA actor (otherwise only the blocks with an adapter).
+    """
+
+    gpu_memory_utilization: float = 0.5
+    enforce_eager: bool = True
+    max_model_len: int | None = None
+    tensor_parallel_size: int = 1
+    sleep_level: int = 1
+    dtype: str | None = None
+    seed: int | None = None
+    probe_threshold: float | None = None
+    probe_size: int = 2
+    probe_max_tokens: int = 64
+    cpu_kvcache_gib: int = 1
+    full_push: bool = False
+
+    def __post_init__(self):
+        check_domains(VLLM_PREFIX, self, _VLLM_DOMAINS)
+        if self.sleep_level not in (0, 1, 2):
+            raise ConfigError(f"{VLLM_PREFIX}sleep_level must be 0, 1 or 2, got {self.sleep_level}")
+
+
+_VLLM_DOMAINS = {
+    "gpu_memory_utilization": Domain(0, 1, low_open=True), "max_model_len": Domain(low=1, integer=True, none=True),
+    "tensor_parallel_size": Domain(low=1, integer=True), "seed": Domain(low=0, integer=True, none=True),
+    "probe_threshold": Domain(low=0, low_open=True, none=True), "probe_size": Domain(low=0, integer=True),
+    "probe_max_tokens": Domain(low=2, integer=True), "cpu_kvcache_gib": Domain(low=1, integer=True),
+}
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The rollout engine (``--data.engine.*``; ``python main.py evaluate`` and ``warm_start`` take the same).
+
+    Args:
+        name: ``hf`` (transformers, samples with the actor itself), ``vllm`` (an in-process vLLM engine whose
+            weights are pushed from the actor before every rollout and checked by the sync probe; needs vLLM) or
+            ``auto`` (``vllm`` when installed and the actor is not 4-bit, else ``hf``).
+        max_batch_size: generation requests decoded together at most.
+        vllm: the vLLM engine's settings (:class:`VLLMSettings`).
+    """
+
+    name: EngineName = "hf"
+    max_batch_size: int = 128
+    vllm: VLLMSettings = VLLMSettings()
+
+    def __post_init__(self) -> None:
+        if self.name not in ENGINES:
+            raise ConfigError(f"{ENGINE_PREFIX}name must be one of {', '.join(ENGINES)}, got {self.name!r}")
+        Domain(low=1, integer=True).check(f"{ENGINE_PREFIX}max_batch_size", self.max_batch_size)
+        object.__setattr__(self, "vllm", as_settings(VLLMSettings, self.vllm, VLLM_PREFIX[:-1]))
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """Ranks one rollout engine spans: ``vllm.tensor_parallel_size``, 1 for the HF engine."""
+        return 1 if self.name == "hf" else int(self.vllm.tensor_parallel_size)
+
+
+S = TypeVar("S")
+
+
+def as_settings(cls: type[S], value: S | dict[str, Any] | None, flag: str) -> S:
+    """``value`` as the settings dataclass ``cls``: an instance as is, a mapping (parsed YAML, hyperparameters, a
+    jsonargparse Namespace) field by field (an unknown key names ``flag.<key>``), None: the defaults."""
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if hasattr(value, "as_dict"):
+        value = value.as_dict()
+    if not isinstance(value, dict):
+        raise ConfigError(f"{flag} must be a mapping of its settings, got {value!r}")
+    names = [f.name for f in fields(cls)]
+    if unknown := [k for k in value if k not in names]:
+        raise ConfigError(f"{flag}.{unknown[0]} is not a setting; {flag} has: {', '.join(names)}")
+    return cls(**value)
 
 
 def as_episode(value: EpisodeSettings | dict[str, Any] | None) -> EpisodeSettings:

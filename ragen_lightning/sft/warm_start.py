@@ -266,7 +266,7 @@ def warm_start(model: str = "tiny", env_id: str = "ragen/SimpleSokoban-v0", env_
             2 on a 2-core machine). The gradient is the same to float rounding: not part of the cache key.
         verbose: also print the loss and token accuracy every 25 steps (the progress line, on stderr, is always on).
         more_envs: further ``(env_id, env_kwargs, episode)`` whose demonstrations join ``env_id``'s (an environment
-            mixture, ``--data.mixture``): ``num_episodes`` expert episodes of each env, in its own episode settings
+            mixture, ``--data.env.mixture``): ``num_episodes`` expert episodes of each env, in its own episode settings
             (None: ``episode``), trained on as one shuffled set; ``steps`` None takes the largest of the envs' hints.
             Empty (default): the key is the single env's of before.
 
@@ -440,8 +440,8 @@ def warm_started_path(model: str, setting: bool | dict[str, Any], datamodule) ->
     # the data module's training entries (a mixture: demonstrations of every one, each in its episode settings)
     entries = getattr(datamodule, "train_entries", None)
     if not entries:
-        hp = datamodule.hparams
-        return str(warm_start(model, hp.env_id, hp.env_kwargs, **kwargs))
+        env = datamodule.settings.env
+        return str(warm_start(model, env.id, env.kwargs, **kwargs))
     first, rest = entries[0], entries[1:]
     kwargs["episode"] = first.episode_settings(base)
     more = [(e.env_id, e.env_kwargs, e.episode_settings(base)) for e in rest]

@@ -46,11 +46,11 @@ class Estimator:
         name: the ``--model.advantage.estimator`` value.
         fn: ``fn(batch, rewards, mask, values, settings) -> (advantages, returns, logs)``.
         critic: a critic is built and its values passed in (else ``values`` is None).
-        groups: needs groups of >= 2 samples (``--data.group_size``): it compares a group's members.
+        groups: needs groups of >= 2 samples (``--data.training.group_size``): it compares a group's members.
         outcome: one score per episode compared across episodes (the group-outcome modifiers
             ``soft_reweight`` and ``length_weight`` apply to it).
-        per_sample: scores each sample by its own turn reward, so ``--data.branches > 1`` may feed it.
-        branching: needs branching rollouts (``--data.branches >= 2``, ``--data.reward_placement turn``).
+        per_sample: scores each sample by its own turn reward, so ``--data.branching.branches > 1`` may feed it.
+        branching: needs branching rollouts (``--data.branching.branches >= 2``, ``--data.rewards.placement turn``).
         sparse_rows: advantage 0 on every token of many rows: the update leaves those rows out (:func:`kept_rows`).
         whole_states: with ``sparse_rows``, a state's rows stay or go together (its statistics count all of them).
         switches: the boolean ``--model.advantage.*`` settings that only this estimator reads.

@@ -5,7 +5,7 @@ is one StarPO iteration. Its settings come in typed groups (:mod:`.settings`).
 no-grad scoring -> advantages (:mod:`.estimators`) -> ``ppo_epochs`` x mini-batches of critic then actor steps
 (the loop and losses in :mod:`.ppo`, each optimizer step in :mod:`.optimizer_steps`) -> logs; ``last_rollout`` / ``last_logs``: batch and logs, for callbacks.
 Manual optimisation, one optimizer per network: ``trainer.global_step`` counts optimizer steps, the run length is
-``--data.num_iterations``. Data parallel: every rank holds the global batch, the update splits its rows (``parallel``).
+``--data.training.num_iterations``. Data parallel: every rank holds the global batch, the update splits its rows (``parallel``).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class StarPOModule(L.LightningModule):
         lora: LoRA / QLoRA (``models.lora.LoraSettings``; null: all weights train); the KL reference is adapters-off.
         early_stop: RAGEN's early stops (:class:`~ragen_lightning.starpo.early_stop.EarlyStopSettings`).
         export_dir: save the trained actor there as a HF folder when fit ends (under LoRA: the peft adapter).
-        temperature: the rollouts' sampling temperature (linked from ``--data.temperature``); log-probs: logits / T.
+        temperature: the rollouts' sampling temperature (linked from ``--data.sampling.temperature``); log-probs: logits / T.
     """
 
     def __init__(
@@ -153,7 +153,7 @@ class StarPOModule(L.LightningModule):
         self.rollouts = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if hasattr(self.rollouts, "connect"):
             self.rollouts.connect(self)
-        check_data_settings(self.advantage, getattr(self.rollouts, "hparams", None),  # the CLI checked them already
+        check_data_settings(self.advantage, getattr(self.rollouts, "settings", None),  # the CLI checked them already
                             tis_cap=self.settings.loss.tis_cap)
         self.model_path = warm_started_path(self.hparams.model, self.hparams.warm_start, self.rollouts)
 

@@ -58,7 +58,7 @@ class AdvantageSettings:
         zero_task_advantage: zero the task advantage (entropy/KL-only ablation).
         floor: clamp advantages from below after normalisation (null: off; 0: learn from successes only).
         rft_threshold: ``rft`` (rejection-sampling fine-tuning): advantage 1 on turns / episodes scored above it.
-        rft_per_state: ``rft`` with ``--data.branches``: the kept responses of one state share one unit of weight.
+        rft_per_state: ``rft`` with ``--data.branching.branches``: the kept responses of one state share one unit of weight.
     """
 
     estimator: str = DEFAULT_ESTIMATOR
@@ -99,7 +99,7 @@ class PolicyLossSettings:
         kl_coef: coefficient of a ``KL(actor || reference)`` loss term (0: off, no reference model is built).
         kl_kind: the KL loss's estimator (``k1``/``kl``, ``abs``, ``k2``/``mse``, ``k3``/``low_var_kl``, ``+`` variants).
         tis_cap: truncated importance sampling (null: off): token weights ``min(exp(old - engine log-probs), tis_cap)``;
-            needs ``--data.temperature 1``.
+            needs ``--data.sampling.temperature 1``.
     """
 
     clip_low: float = 0.2
@@ -297,7 +297,7 @@ def renamed_flag_error(message: str) -> str | None:
 @dataclass(frozen=True)
 class ModuleSettings:
     """Every settings group of a :class:`~ragen_lightning.starpo.module.StarPOModule`, plus the rollouts' sampling
-    temperature (``--data.temperature``, which the trained log-probs are computed at)."""
+    temperature (``--data.sampling.temperature``, which the trained log-probs are computed at)."""
 
     advantage: AdvantageSettings = AdvantageSettings()
     loss: PolicyLossSettings = PolicyLossSettings()

@@ -8,8 +8,8 @@ with keys: ``out`` (folder), ``model`` (tiny folder), ``strategy`` (``single`` |
 ``ckpt_in`` (resume from), ``ckpt_dir`` (a checkpoint after every optimizer step, ``step=N.ckpt``), ``max_steps``
 (stop early), ``kl`` (KL loss with a reference), ``top_k_abs`` (filter), ``mini`` (mini-batch size), ``export``
 (export the actor to ``<out>/export`` at the end of the fit), ``lora`` (``--model.lora`` settings as a dict), ``tp``
-(``--data.vllm.tensor_parallel_size``: one vLLM engine over that many ranks; each rank's own generations, before the
-gather, are recorded under ``generations``), ``mixture`` (a ``--data.mixture`` list instead of the single Bandit env).
+(``--data.engine.vllm.tensor_parallel_size``: one vLLM engine over that many ranks; each rank's own generations, before the
+gather, are recorded under ``generations``), ``mixture`` (a ``--data.env.mixture`` list instead of the single Bandit env).
 Every rank writes ``rank{r}.json`` (logged metrics per iteration, kept group ids, data-module state) and
 ``rank{r}.pt`` (the full actor/critic parameters, gathered from FSDP2 shards; under LoRA the trainable ones only, and
 the trained actor's ``logits`` on fixed ids).

@@ -30,7 +30,7 @@ from ragen_lightning.rollout.settings import EpisodeSettings
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "bandit.yaml"
 WARM_START = {"steps": 500}
 EVAL_EPISODES = 128
-FIT_FLAGS = ["--data.num_iterations", "8", "--model.update.mini_batch_size", "16"]
+FIT_FLAGS = ["--data.training.num_iterations", "8", "--model.update.mini_batch_size", "16"]
 
 
 def risky_share(result: dict[str, float], n: int) -> tuple[float, int]:

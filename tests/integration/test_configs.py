@@ -58,7 +58,7 @@ def test_every_config_parses(capsys):
 def test_bad_value_names_the_flag():
     from ragen_lightning.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"^--data.num_groups: expected int, got many$"):  # one line, before anything
+    with pytest.raises(ConfigError, match=r"^--data.training.num_groups: expected int, got many$"):  # one line, before anything
         parse(CONFIGS / "sokoban.yaml", Path(__file__).with_name("bad_config.yaml"))
 
 
@@ -68,7 +68,7 @@ def backend_args(task: str) -> list[str]:
     if task == "lean":
         from tests.fixtures.lean.fake_kimina import shared_url
 
-        return ["--data.env_kwargs", json.dumps({"server_url": shared_url()})]
+        return ["--data.env.kwargs", json.dumps({"server_url": shared_url()})]
     return []
 
 
@@ -106,9 +106,9 @@ def test_task_config_fit_smoke(task, tmp_path, monkeypatch):
                 "--validate_first", "false",
                 "--trainer.logger", "false", "--trainer.callbacks", "[]", "--trainer.enable_checkpointing", "true",
                 "--model.warm_start", "false",
-                "--trainer.max_steps", "2", "--data.num_iterations", "1", "--data.num_groups", "2",
-                "--data.group_size", "2", "--data.episode.max_new_tokens", "12", "--data.episode.max_turns", "2",
-                "--data.val_num_groups", "2", "--trainer.val_check_interval", "1", "--model.update.mini_batch_size", "4",
+                "--trainer.max_steps", "2", "--data.training.num_iterations", "1", "--data.training.num_groups", "2",
+                "--data.training.group_size", "2", "--data.episode.max_new_tokens", "12", "--data.episode.max_turns", "2",
+                "--data.validation.num_groups", "2", "--trainer.val_check_interval", "1", "--model.update.mini_batch_size", "4",
                 "--model.update.micro_batch_size", "2"])
     m = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
     # the rollout generated tokens and the episodes were scored

@@ -18,7 +18,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # time (~3-5 s); the validation after the iteration is the one read here (test_cli checks --validate_first)
 SHORT = ["--model.warm_start", "false", "--validate_first", "false", "--trainer.callbacks", "[]",
          "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", "logs",
-         "--data.group_size", "2", "--data.val_num_groups", "2", "--data.num_iterations", "1",
+         "--data.training.group_size", "2", "--data.validation.num_groups", "2", "--data.training.num_iterations", "1",
          "--trainer.val_check_interval", "1", "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "4"]
 
 
@@ -57,7 +57,7 @@ def test_mixture_config_logs_per_tag_metrics(tmp_path, monkeypatch):
 
 def test_ragen_bandit_setting_validates_on_bandit_and_bandit_test(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    main(["fit", "--config", str(CONFIGS / "bandit_heldout.yaml"), *SHORT, "--data.num_groups", "2",
+    main(["fit", "--config", str(CONFIGS / "bandit_heldout.yaml"), *SHORT, "--data.training.num_groups", "2",
           "--data.episode.max_new_tokens", "12"])
     rows = _rows(tmp_path)
     train = _row_with(rows, "train/batch_size")

@@ -131,7 +131,7 @@ def test_bad_config_errors(tiny_path):
     with pytest.raises(ValueError, match="unknown env id 'ragen/Nope-v0'"):
         data(env_id="ragen/Nope-v0")
     module = StarPOModule(model=str(tiny_path), advantage={"estimator": "grpo"})
-    with pytest.raises(ValueError, match="--data.group_size must be >= 2"):
+    with pytest.raises(ValueError, match="--data.training.group_size must be >= 2"):
         L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False).fit(module, data(group_size=1))
 
 

@@ -1,6 +1,6 @@
 """Run by ``test_vllm.py`` in a subprocess (vLLM takes over torch threading in the process that builds an engine).
 
-``python tests/integration/vllm_fit_script.py MODEL_DIR OUT_DIR`` fits StarPO with ``--data.engine vllm`` on the tiny
+``python tests/integration/vllm_fit_script.py MODEL_DIR OUT_DIR`` fits StarPO with ``--data.engine.name vllm`` on the tiny
 model for 3 iterations and prints one JSON object:
 
 - ``pushes``: per weight sync, whether the actor changed since the previous sync (a real optimizer step ran), the

@@ -94,15 +94,15 @@ def test_the_checkpoint_form_holds_the_batch_without_trajectories_and_restores_i
 
 
 def test_settings_async_cannot_run_with():
-    with pytest.raises(ConfigError, match=r"^--data.async_level 2: only 1 \(one rollout in flight"):
+    with pytest.raises(ConfigError, match=r"^--data.training.async_level 2: only 1 \(one rollout in flight"):
         check_rollout_settings({"async_level": 2, "num_groups": 2, "group_size": 2})
     hp = {"async_level": 1, "num_groups": 2, "val_num_groups": 2, "engine": "hf"}
     check_world_size(hp, 2)  # several processes: each rank's rollout on its worker, the gather on the main thread
     tp = {**hp, "engine": "vllm", "vllm": {"tensor_parallel_size": 2}}
-    with pytest.raises(ConfigError, match=r"^--data.async_level 1 with --data.vllm.tensor_parallel_size 2: one engine "
-                                          r"spans 2 ranks .* or --data.async_level 0$"):
+    with pytest.raises(ConfigError, match=r"^--data.training.async_level 1 with --data.engine.vllm.tensor_parallel_size 2: one engine "
+                                          r"spans 2 ranks .* or --data.training.async_level 0$"):
         check_rollout_settings(tp)
-    with pytest.raises(ConfigError, match=r"^--data.async_level 1 trains on rollouts sampled one update earlier: set "
+    with pytest.raises(ConfigError, match=r"^--data.training.async_level 1 trains on rollouts sampled one update earlier: set "
                                           r"--model.loss.tis_cap"):
         check_data_settings(AdvantageSettings(estimator="grpo"), {"async_level": 1, "group_size": 4}, tis_cap=None)
     check_data_settings(AdvantageSettings(estimator="grpo"), {"async_level": 1, "group_size": 4}, tis_cap=2.0)
@@ -127,6 +127,6 @@ def test_the_hf_engine_samples_from_a_copy_refreshed_by_sync_and_an_uncopyable_a
         def __deepcopy__(self, memo):
             raise TypeError("cannot pickle 'Params4bit'")
 
-    with pytest.raises(ConfigError, match=r"^--data.async_level 1 samples from a copy of the actor .* \(TypeError: "
-                                          r"cannot pickle 'Params4bit'\): use --data.async_level 0$"):
+    with pytest.raises(ConfigError, match=r"^--data.training.async_level 1 samples from a copy of the actor .* \(TypeError: "
+                                          r"cannot pickle 'Params4bit'\): use --data.training.async_level 0$"):
         snapshot_engine(HFEngine(Quantized(2, 2), [0], 0))

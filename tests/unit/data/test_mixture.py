@@ -34,7 +34,7 @@ def test_entries_take_num_groups_with_the_flag_as_default():
     d = dm(mixture=[BANDIT, LAKE], num_groups=3)
     assert [(e.env_id, e.tag, e.num_groups) for e in d.train_entries] == [
         ("ragen/Bandit-v0", "bandit", 2), ("ragen/FrozenLake-v0", "lake", 3)]
-    # no val_suite: validation runs the training entries, each with --data.val_num_groups groups
+    # no val_suite: validation runs the training entries, each with --data.validation.num_groups groups
     assert [(e.tag, e.num_groups) for e in d.val_entries] == [("bandit", 2), ("lake", 2)]
     assert d.val_entries[0].episode == {"max_turns": 1}
     # the single-env flags are a mixture of one entry (tag = env id) and the default env is the one of before
@@ -54,22 +54,22 @@ def test_evaluation_entries_keep_num_episodes():
 
 @pytest.mark.parametrize("kw, message", [
     ({"mixture": [BANDIT], "env_id": "ragen/Bandit-v0"},
-     r"^--data.env_id conflicts with --data.mixture, whose entries name the training envs"),
+     r"^--data.env.id conflicts with --data.env.mixture, whose entries name the training envs"),
     ({"mixture": [BANDIT], "env_id": "ragen/Bandit-v0", "env_kwargs": {"split": "test"}},
-     r"^--data.env_id and --data.env_kwargs conflict with --data.mixture"),
-    ({"mixture": []}, r"^--data.mixture must be a non-empty list of entries"),
-    ({"mixture": [BANDIT, {**LAKE, "num_episodes": 3}]}, r"^--data.mixture\[1\]: unknown key\(s\) \['num_episodes'\]"),
-    ({"mixture": [BANDIT, {**LAKE, "num_groups": 0}]}, r"^--data.mixture\[1\]: num_groups must be an integer >= 1, got 0"),
-    ({"mixture": [BANDIT, {**LAKE, "tag": "bandit"}]}, r"^--data.mixture\[0\] and --data.mixture\[1\] share the tag"),
+     r"^--data.env.id and --data.env.kwargs conflict with --data.env.mixture"),
+    ({"mixture": []}, r"^--data.env.mixture must be a non-empty list of entries"),
+    ({"mixture": [BANDIT, {**LAKE, "num_episodes": 3}]}, r"^--data.env.mixture\[1\]: unknown key\(s\) \['num_episodes'\]"),
+    ({"mixture": [BANDIT, {**LAKE, "num_groups": 0}]}, r"^--data.env.mixture\[1\]: num_groups must be an integer >= 1, got 0"),
+    ({"mixture": [BANDIT, {**LAKE, "tag": "bandit"}]}, r"^--data.env.mixture\[0\] and --data.env.mixture\[1\] share the tag"),
     ({"mixture": [{**BANDIT, "tag": "a/b"}, {**LAKE, "tag": "a b"}]},
-     r"^--data.mixture\[0\] and --data.mixture\[1\] have tags that give the same metric name 'a_b'"),
-    ({"mixture": [BANDIT, {"env_id": "ragen/Nope-v0"}]}, r"^--data.mixture\[1\].env_id: unknown env id 'ragen/Nope-v0'"),
+     r"^--data.env.mixture\[0\] and --data.env.mixture\[1\] have tags that give the same metric name 'a_b'"),
+    ({"mixture": [BANDIT, {"env_id": "ragen/Nope-v0"}]}, r"^--data.env.mixture\[1\].env_id: unknown env id 'ragen/Nope-v0'"),
     ({"mixture": [BANDIT, {**LAKE, "env_kwargs": {"size": 0}}]},
-     r"^--data.mixture\[1\].env_kwargs for ragen/FrozenLake-v0: "),
-    ({"val_suite": [{"env_id": "ragen/Nope-v0"}]}, r"^--data.val_suite\[0\].env_id: unknown env id"),
+     r"^--data.env.mixture\[1\].env_kwargs for ragen/FrozenLake-v0: "),
+    ({"val_suite": [{"env_id": "ragen/Nope-v0"}]}, r"^--data.validation.suite\[0\].env_id: unknown env id"),
     ({"mixture": [{**LAKE, "episode": {"max_model_len": 4096}}]},
-     r"^--data.mixture\[0\] \('lake'\): episode.max_model_len 4096 exceeds --data.episode.max_model_len 1024"),
-    ({"mixture": [{**LAKE, "episode": {"max_turns": 0}}]}, r"^--data.mixture\[0\]: suite entry 'lake': episode: .*max_turns"),
+     r"^--data.env.mixture\[0\] \('lake'\): episode.max_model_len 4096 exceeds --data.episode.max_model_len 1024"),
+    ({"mixture": [{**LAKE, "episode": {"max_turns": 0}}]}, r"^--data.env.mixture\[0\]: suite entry 'lake': episode: .*max_turns"),
 ])
 def test_bad_mixtures_name_the_flag(kw, message):
     with pytest.raises(ConfigError, match=message):

