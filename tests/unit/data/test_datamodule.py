@@ -3,12 +3,12 @@
 import pytest
 
 import envs  # noqa: F401
-from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.sampler import FilterConfig
+from tests.unit.data.helpers import data_module
 
 
 def dm(**kw):
-    return RolloutDataModule(**{"env_id": "ragen/Bandit-v0", "num_groups": 3, "group_size": 2, **kw})
+    return data_module(**{"env_id": "ragen/Bandit-v0", "num_groups": 3, "group_size": 2, **kw})
 
 
 def test_train_seeds_advance_per_iteration_like_ragen():
@@ -98,16 +98,16 @@ def test_branches_are_refused_where_a_branch_cannot_be_a_scored_one_turn_sample(
     d = dm(branches=2, reward_placement="turn", episode=windowed)  # Bandit's state deep-copies: accepted
     with pytest.raises(ConfigError, match="--data.branching.follow best needs --data.branching.branches > 1"):
         dm(branch_follow="best", reward_placement="turn", episode=windowed)  # nothing to pick from
-    with pytest.raises(ConfigError, match="--data.branching.follow must be 'first' or 'best', got 'top'"):
+    with pytest.raises(ConfigError, match="--data.branching.follow must be one of 'first', 'best', got 'top'"):
         dm(branches=2, reward_placement="turn", episode=windowed, branch_follow="top")
-    assert dm(branches=2, reward_placement="turn", episode=windowed, branch_follow="best").hparams.branch_follow == "best"
+    assert dm(branches=2, reward_placement="turn", episode=windowed, branch_follow="best").settings.branching.follow == "best"
     with pytest.raises(ConfigError, match="--data.filter.over states selects among the responses to each visited "
                                           "state: it needs --data.branching.branches > 1"):
         dm(reward_placement="turn", episode=windowed, filter=FilterConfig(over="states"))
     assert dm(branches=2, reward_placement="turn", episode=windowed, filter=FilterConfig(over="states")).filter.over == "states"
     from ragen_lightning.starpo.settings import AdvantageSettings
 
-    check_data_settings(AdvantageSettings(estimator="rft"), d.hparams)
+    check_data_settings(AdvantageSettings(estimator="rft"), d.settings)
     with pytest.raises(ConfigError, match=r"--data.branching.branches 2 needs an estimator that scores every sample by its own "
                                           r"turn reward \(rft, .*\), not gae"):
-        check_data_settings(AdvantageSettings(estimator="gae"), d.hparams)
+        check_data_settings(AdvantageSettings(estimator="gae"), d.settings)

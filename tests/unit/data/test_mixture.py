@@ -3,6 +3,7 @@ reward normalisation by env (scripted engines and hand-built trajectories, no mo
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -12,13 +13,13 @@ import envs  # noqa: F401
 from ragen_lightning.data import mixture as mix
 from ragen_lightning.data.batching import build_batch, normalize_scores
 from ragen_lightning.data.checks import check_world_size
-from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.suite import SuiteEntry, as_entry
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.engine import Generation, SamplingParams
 from ragen_lightning.rollout.seeds import episode_seeds
 from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.types import Conversation, Sample, Trajectory
+from tests.unit.data.helpers import data_module
 
 BANDIT = {"env_id": "ragen/Bandit-v0", "num_groups": 2, "tag": "bandit", "episode": {"max_turns": 1}}
 LAKE = {"env_id": "ragen/FrozenLake-v0", "tag": "lake"}
@@ -26,7 +27,7 @@ EPISODE = EpisodeSettings(max_turns=2, max_new_tokens=16, max_model_len=1024)
 
 
 def dm(**kw):
-    return RolloutDataModule(**{"group_size": 2, "num_groups": 1, "val_num_groups": 2, "episode": EPISODE, **kw})
+    return data_module(**{"group_size": 2, "num_groups": 1, "val_num_groups": 2, "episode": EPISODE, **kw})
 
 
 # -- entries ------------------------------------------------------------------------------------------------------
@@ -83,15 +84,15 @@ def test_metric_names_replace_unsafe_runs():
 
 
 def test_world_size_counts_the_groups_of_all_entries():
-    hp = {**dm(mixture=[BANDIT, LAKE]).hparams, "vllm": None}  # 2 + 1 training groups, 2 + 2 validation groups
-    check_world_size(hp, 1)
-    check_world_size({**hp, "mixture": [BANDIT, {**LAKE, "num_groups": 2}]}, 2)
+    s = dm(mixture=[BANDIT, LAKE]).settings  # 2 + 1 training groups, 2 + 2 validation groups
+    check_world_size(s, 1)
+    even = replace(s, env=replace(s.env, mixture=[BANDIT, {**LAKE, "num_groups": 2}]))
+    check_world_size(even, 2)
     with pytest.raises(ConfigError, match=r"^the training entries' num_groups summed \(3\) must be divisible by the "
                                           r"number of processes \(2\)"):
-        check_world_size(hp, 2)
+        check_world_size(s, 2)
     with pytest.raises(ConfigError, match=r"^the validation entries' num_groups summed \(3\)"):
-        check_world_size({**hp, "mixture": [BANDIT, {**LAKE, "num_groups": 2}],
-                          "val_suite": [{**LAKE, "num_groups": 3}]}, 2)
+        check_world_size(replace(even, validation=replace(s.validation, suite=[{**LAKE, "num_groups": 3}])), 2)
 
 
 # -- seeds per tag ------------------------------------------------------------------------------------------------
