@@ -152,9 +152,26 @@ class StarPOCLI(LightningCLI):
             torch.set_num_threads(threads)
 
 
+# ``python main.py <name> ...`` besides LightningCLI's fit / validate / test / predict: jsonargparse commands over
+# the same settings groups (ragen_lightning.data.shared_flags), each "module:function" taking argv, returning a status
+SIDE_COMMANDS = {"evaluate": "ragen_lightning.evaluate:main", "warm_start": "ragen_lightning.sft.warm_start:main"}
+
+
+def run_side_command(name: str, argv: list[str]) -> int:
+    """Run side command ``name`` (:data:`SIDE_COMMANDS`) on ``argv``; its exit status."""
+    import importlib
+
+    module, _, function = SIDE_COMMANDS[name].partition(":")
+    return getattr(importlib.import_module(module), function)(argv)
+
+
 def main(args: list[str] | None = None) -> StarPOCLI:
     """Run the CLI. From the shell (``args`` None) a configuration error prints one line and exits with 2; called
-    from Python it raises :class:`~ragen_lightning.errors.ConfigError`."""
+    from Python it raises :class:`~ragen_lightning.errors.ConfigError`. ``evaluate`` and ``warm_start`` run their
+    own commands (:data:`SIDE_COMMANDS`) and exit with their status."""
+    argv = sys.argv[1:] if args is None else args
+    if argv and argv[0] in SIDE_COMMANDS:
+        raise SystemExit(run_side_command(argv[0], list(argv[1:])))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tiny model is local; hub models must be cached already
     filter_harmless_warnings()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -168,6 +185,9 @@ def main(args: list[str] | None = None) -> StarPOCLI:
             RolloutDataModule,
             args=args,
             save_config_kwargs={"overwrite": True},
+            parser_kwargs={"description": "StarPO training: fit / validate / test / predict (LightningCLI), and "
+                           "`python main.py evaluate --help`, `python main.py warm_start --help` over the same "
+                           "--data.env / --data.episode / --data.engine settings"},
             trainer_defaults={"max_epochs": 1, "num_sanity_val_steps": 0},
         )
     except TrainingStopped as e:  # the non-finite guard gave up (ragen_lightning.starpo.optim.SkipGuard)

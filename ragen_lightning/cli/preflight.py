@@ -36,7 +36,7 @@ from ragen_lightning.models.loading import (
 )
 from ragen_lightning.parallel import check_strategy
 from ragen_lightning.sft.experts import require_expert
-from ragen_lightning.sft.warm_start import check_warm_start_setting
+from ragen_lightning.sft.warm_start import as_warm_start
 from ragen_lightning.starpo.checks import (
     check_data_settings,
     check_module_settings,
@@ -75,7 +75,7 @@ def check_settings(config: Any, run: bool = True) -> None:
         if module.critic.model is not None:
             check_model_name("--model.critic.model", module.critic.model)
         check_dtype("--model.dtype", model["dtype"])
-        check_warm_start_setting(model.get("warm_start"))
+        as_warm_start(model.get("warm_start"))
         as_group(EarlyStopSettings, model.get("early_stop"), "--model.early_stop")
         check_module_settings(module, lora_mod.as_settings(model.get("lora")))
         check_optimizer_factories(model.get("optim") or {})

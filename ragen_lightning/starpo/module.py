@@ -27,7 +27,7 @@ from ragen_lightning.models import lora as lora_mod
 from ragen_lightning.models.build import build_networks
 from ragen_lightning.parallel import checkpointing, shard_networks
 from ragen_lightning.rollout.engines import build_engine, is_quantized, resolve_engine
-from ragen_lightning.sft.warm_start import warm_started_path
+from ragen_lightning.sft.warm_start import WarmStartSettings, warm_start_hparams, warm_started_path
 from ragen_lightning.starpo.background import BackgroundSteps
 from ragen_lightning.starpo.checks import check_data_settings, check_module_settings
 from ragen_lightning.starpo.early_stop import EarlyStops, EarlyStopSettings
@@ -60,8 +60,8 @@ class StarPOModule(L.LightningModule):
     Args:
         model: actor model: ``"tiny"`` (the embedded model) or a HF folder / hub id.
         dtype: parameter dtype (``float32`` on CPU; ``bfloat16`` on GPUs).
-        warm_start: supervised warm start from the env's expert before RL (``true``, or a dict of
-            ``ragen_lightning.sft.warm_start`` arguments such as ``steps``); cached per setting.
+        warm_start: supervised warm start from the env's expert before RL (``true``, or its recipe,
+            ``WarmStartSettings``: ``{steps: 1000, threads: 2}``); cached per setting.
         advantage: how rewards become advantages: the estimator and its settings (``AdvantageSettings``).
         loss: the actor's PPO loss: clipping, aggregation, entropy and KL terms (``PolicyLossSettings``).
         critic: the critic, built for an estimator that needs one (``CriticSettings``).
@@ -77,7 +77,7 @@ class StarPOModule(L.LightningModule):
         self,
         model: str = "tiny",
         dtype: str = "float32",
-        warm_start: bool | dict[str, Any] = False,
+        warm_start: WarmStartSettings | bool = False,
         advantage: AdvantageSettings = AdvantageSettings(),  # noqa: B008 (frozen)
         loss: PolicyLossSettings = PolicyLossSettings(),  # noqa: B008 (frozen)
         critic: CriticSettings = CriticSettings(),  # noqa: B008 (frozen)
@@ -100,6 +100,7 @@ class StarPOModule(L.LightningModule):
                               ("update", self.settings.update), ("early_stop", stops))})
         self.hparams["optim"] = self.settings.optim.as_hparams()  # the optimizer factories by name
         self.hparams["lora"] = dataclasses.asdict(self._lora) if self._lora is not None else None
+        self.hparams["warm_start"] = warm_start_hparams(warm_start)
         if self._lora is not None:
             self.strict_loading = False  # LoRA checkpoints hold the trainable weights only (checked on load)
         self.automatic_optimization = False
