@@ -87,7 +87,7 @@ def old_flag_error(argv: Sequence[str], renamed: dict[str, str], command: str) -
     for arg in argv:
         name = arg.partition("=")[0]
         if name.startswith("--episode"):
-            return f"{name} was renamed: use --data{name[1:]} (python main.py {command})"
+            return f"{name} was renamed: use --data.{name[2:]} (python main.py {command})"
         if name in renamed:
             return f"{name} was renamed: use {renamed[name]} (python main.py {command})"
     return None

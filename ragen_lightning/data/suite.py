@@ -112,7 +112,7 @@ def as_entry(value: Any, where: str = "suite entry", *, count: str = "num_episod
 def check_suite(entries: list[SuiteEntry]) -> list[SuiteEntry]:
     """``entries`` unchanged when there is at least one and the tags are distinct; a :class:`ConfigError` otherwise."""
     if not entries:
-        raise ConfigError("the suite is empty: give --suite FILE or at least one --entry")
+        raise ConfigError("the suite is empty: give --suite FILE, --entry or --data.env.id")
     seen: dict[str, int] = {}
     for i, e in enumerate(entries):
         if e.tag in seen:

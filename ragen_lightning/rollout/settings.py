@@ -3,16 +3,15 @@
 The rollout runner, the RL data module, the demonstration data module, the expert demonstrations and the warm start
 all take the same :class:`EpisodeSettings` object (``--data.episode.*`` on the command line), so the demonstrations
 the warm start trains on have exactly the format of the rollouts RL samples, and no copy of the keyword list can
-drift (a test asserts the names are declared in this one signature). The argparse command lines
-(``python -m ragen_lightning.evaluate``, ``python -m ragen_lightning.sft.warm_start``) take them through
-:func:`add_episode_arguments` and :func:`episode_from_args`, derived from the same fields.
+drift (a test asserts the names are declared in this one signature). ``python main.py evaluate`` and
+``python main.py warm_start`` take the same group under the same key (``--data.episode.*``), as they take
+:class:`EngineSettings` (``--data.engine.*``).
 """
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal, TypeVar
 
 from ragen_lightning.errors import ConfigError, Domain, check_domains
 
@@ -241,123 +240,3 @@ def as_episode(value: EpisodeSettings | dict[str, Any] | None) -> EpisodeSetting
     if hasattr(value, "as_dict"):  # a jsonargparse Namespace
         value = value.as_dict()
     return EpisodeSettings(**dict(value))
-
-
-# -- the episode settings on an argparse command line -------------------------------------------------------------
-# ``python -m ragen_lightning.evaluate`` and ``python -m ragen_lightning.sft.warm_start`` spell the settings as
-# main.py does without its ``data.`` group: ``--episode.max_turns 3`` (main.py: ``--data.episode.max_turns 3``), and
-# ``--episode '{max_turns: 3}'`` for several at once (main.py: ``--data.episode``). Every field of EpisodeSettings
-# is a flag, so a new field appears on all three command lines at once.
-ARG_PREFIX = "--episode"
-
-
-def _field_docs() -> dict[str, str]:
-    """Each field's text in the ``Args:`` section of :class:`EpisodeSettings`'s docstring (one line)."""
-    docs: dict[str, list[str]] = {}
-    name = None
-    for line in (EpisodeSettings.__doc__ or "").partition("Args:")[2].splitlines():
-        head, sep, text = line.strip().partition(": ")
-        if sep and len(line) - len(line.lstrip()) == 8 and head.isidentifier():
-            name = head
-            docs[name] = [text]
-        elif name and line.strip():
-            docs[name].append(line.strip())
-    return {k: " ".join(v) for k, v in docs.items()}
-
-
-def _metavar(hint: Any) -> str:
-    args = get_args(hint)
-    if get_origin(hint) is Literal:
-        return "{" + ",".join(args) + "}"
-    if hint is bool:
-        return "{true,false}"
-    if get_origin(hint) is tuple:
-        return "[ITEM,...]"
-    names = [getattr(a, "__name__", str(a)).upper() for a in (args or (hint,)) if a is not type(None)]
-    return "|".join(names) + ("|null" if type(None) in args else "")
-
-
-def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the episode settings to ``parser``: ``--episode.<field>`` for every field of :class:`EpisodeSettings`
-    and ``--episode MAPPING``; values are YAML, as on main.py's command line (``true``, ``null``, ``[a, b]``).
-    :func:`episode_from_args` reads them back."""
-    group = parser.add_argument_group("episode settings (main.py's --data.episode group)")
-    group.add_argument(ARG_PREFIX, dest="episode", metavar="MAPPING",
-                       help="several settings as one YAML mapping, e.g. '{max_turns: 3, context_window: limited}' "
-                            "(the --episode.<name> flags go over it)")
-    hints, docs = get_type_hints(EpisodeSettings), _field_docs()
-    for f in fields(EpisodeSettings):
-        text = docs.get(f.name, "").replace("``", "").replace("%", "%%")
-        group.add_argument(f"{ARG_PREFIX}.{f.name}", dest=f"episode.{f.name}", metavar=_metavar(hints[f.name]),
-                           help=f"{text} (default: {f.default!r})")
-
-
-def _value(flag: str, hint: Any, value: Any) -> Any:
-    """``value`` (YAML-parsed) as a value of type ``hint``, or a :class:`ConfigError` naming ``flag``."""
-    if type(None) in get_args(hint):
-        if value is None:
-            return None
-        hint = next(a for a in get_args(hint) if a is not type(None))
-    if get_origin(hint) is Literal:
-        if value in get_args(hint):
-            return value
-        raise ConfigError(f"{flag} must be one of {', '.join(map(repr, get_args(hint)))}, got {value!r}")
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{flag} must be true or false, got {value!r}")
-    if get_origin(hint) is tuple:
-        if isinstance(value, (list, tuple)):
-            return tuple(value)
-        raise ConfigError(f"{flag} must be a list such as '[\"</answer>\"]', got {value!r}")
-    if hint is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if hint is float and not isinstance(value, bool):
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            pass
-    kind = {int: "an integer", float: "a number"}.get(hint, getattr(hint, "__name__", str(hint)))
-    raise ConfigError(f"{flag} must be {kind}, got {value!r}")
-
-
-def _yaml(flag: str, text: str) -> Any:
-    import yaml
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{flag}: not valid YAML: {text!r} ({str(e).splitlines()[0]})") from None
-
-
-def episode_from_args(args: argparse.Namespace, base: EpisodeSettings | dict[str, Any] | None = None
-                      ) -> EpisodeSettings:
-    """The :class:`EpisodeSettings` of a command line built with :func:`add_episode_arguments`: ``base`` (None: the
-    defaults; a mapping such as a config's ``data.episode``), then ``--episode``'s mapping, then each
-    ``--episode.<field>``.
-
-    Raises:
-        ConfigError: one line naming the flag: a value of the wrong type or outside its domain, an unknown key.
-    """
-    hints = get_type_hints(EpisodeSettings)
-    if isinstance(base, dict) and (unknown := sorted(set(map(str, base)) - set(hints))):
-        raise ConfigError(f"{FLAG_PREFIX[:-1]}: unknown setting {unknown[0]!r} (the settings: {', '.join(hints)})")
-    settings = as_episode(base)
-    values: dict[str, Any] = {}
-    if getattr(args, "episode", None) is not None:
-        mapping = _yaml(ARG_PREFIX, args.episode)
-        if not isinstance(mapping, dict):
-            raise ConfigError(f"{ARG_PREFIX} must be a mapping such as '{{max_turns: 1}}', got {args.episode!r}")
-        unknown = sorted(set(map(str, mapping)) - set(hints))
-        if unknown:
-            raise ConfigError(f"{ARG_PREFIX}: unknown setting {unknown[0]!r} (the settings: {', '.join(hints)})")
-        values.update({k: _value(f"{ARG_PREFIX}.{k}", hints[k], v) for k, v in mapping.items()})
-    for name, hint in hints.items():
-        text = getattr(args, f"episode.{name}", None)
-        if text is not None:
-            flag = f"{ARG_PREFIX}.{name}"
-            values[name] = _value(flag, hint, text if get_origin(hint) is Literal else _yaml(flag, text))
-    try:
-        return replace(settings, **values)
-    except ConfigError as e:  # ``base`` was valid: the value at fault is one of the flags
-        raise ConfigError(str(e).replace(FLAG_PREFIX, f"{ARG_PREFIX}.", 1)) from None
