@@ -249,7 +249,8 @@ def rollout_flops_per_token(arch: Architecture) -> float:
 # -- one recipe ----------------------------------------------------------------------------------------------------
 def overlay(recipe: Recipe, args, folder: Path, run_dir: Path) -> dict[str, Any]:
     """The kit's settings on top of the task config and the recipe."""
-    data: dict[str, Any] = {"num_iterations": args.iterations, "engine": "hf",
+    training: dict[str, Any] = {"num_iterations": args.iterations}
+    data: dict[str, Any] = {"training": training, "engine": {"name": "hf"},
                             "filter": {"strategy": "top_p", "value": 1.0, "include_zero": True}}
     trainer: dict[str, Any] = {
         "accelerator": "gpu" if args.device == "cuda" else "cpu", "devices": args.devices, "max_epochs": 1,
@@ -265,12 +266,13 @@ def overlay(recipe: Recipe, args, folder: Path, run_dir: Path) -> dict[str, Any]
         config["torch_threads"] = 1
         trainer["precision"] = "32-true"
         model["dtype"] = "float32"
-        data.update(num_groups=2, group_size=2, max_batch_size=4,
+        training.update(num_groups=2, group_size=2)
+        data.update(engine={"name": "hf", "max_batch_size": 4},
                     episode={"max_turns": 1, "max_new_tokens": 8, "max_model_len": 2048})
     episode = data.setdefault("episode", {})
     for key, flag in (("num_groups", "num_groups"), ("group_size", "group_size")):
         if getattr(args, flag) is not None:
-            data[key] = getattr(args, flag)
+            training[key] = getattr(args, flag)
     for key in ("max_turns", "max_new_tokens"):
         if getattr(args, key) is not None:
             episode[key] = getattr(args, key)

@@ -20,11 +20,11 @@ import pytest
 import torch
 
 import envs  # noqa: F401
-from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.models.lora import LoraSettings
 from ragen_lightning.models.memory import GIB, PUBLISHED, plan
 from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.starpo.module import StarPOModule
+from tests.data_groups import data_module
 from tests.conftest import load_script
 
 pytestmark = pytest.mark.gpu
@@ -59,7 +59,7 @@ def _trainer_for(module: StarPOModule, tmp_path, precision: str, callbacks: list
 
 
 def _fit(trainer: L.Trainer, module: StarPOModule) -> None:
-    dm = RolloutDataModule(env_id="ragen/Bandit-v0", num_groups=2, group_size=4, num_iterations=1,
+    dm = data_module(env_id="ragen/Bandit-v0", num_groups=2, group_size=4, num_iterations=1,
                            episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1,
                                                    max_new_tokens=12, max_model_len=1024),
                            val_num_groups=2)

@@ -37,7 +37,7 @@ from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.sampler import FilterConfig
 from ragen_lightning.parallel import FSDP2Strategy, full_tensor
 from ragen_lightning.rollout.settings import EpisodeSettings
-from ragen_lightning.rollout.vllm_engine import VLLMConfig, VLLMEngine
+from ragen_lightning.rollout.vllm_engine import VLLMSettings, VLLMEngine
 from ragen_lightning.starpo.module import StarPOModule
 
 torch.set_num_threads(1)
@@ -115,14 +115,16 @@ def main(cfg: dict) -> None:
                  export_dir=str(out / "export") if cfg.get("export") else None, lora=cfg.get("lora"))
     probes = record_probes(module) if cfg.get("engine") == "vllm" else []
     generations = record_generations() if cfg.get("engine") == "vllm" else []
-    engine = {"engine": "vllm", "vllm": VLLMConfig(probe_size=2, tensor_parallel_size=cfg.get("tp", 1))} \
+    engine = {"name": "vllm", "vllm": VLLMSettings(probe_size=2, tensor_parallel_size=cfg.get("tp", 1))} \
         if cfg.get("engine") == "vllm" else {}
     flt = FilterConfig(strategy="top_k_abs", value=cfg["top_k_abs"]) if cfg.get("top_k_abs") else None
-    envs_ = {"mixture": cfg["mixture"]} if cfg.get("mixture") else {"env_id": "ragen/Bandit-v0"}
-    dm = Recording(**envs_, num_groups=4, group_size=3, num_iterations=cfg["iterations"],
+    env = {"mixture": cfg["mixture"]} if cfg.get("mixture") else {"id": "ragen/Bandit-v0"}
+    training = {"num_groups": 4, "group_size": 3, "num_iterations": cfg["iterations"],
+                "async_level": int(bool(cfg.get("async")))}
+    dm = Recording(env=env, training=training, sampling={"temperature": 1.0}, validation={"num_groups": 2},
                    episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1,
                                            max_new_tokens=8, max_model_len=1024),
-                   val_num_groups=2, filter=flt, temperature=1.0, async_level=int(bool(cfg.get("async"))), **engine)
+                   filter=flt, engine=engine)
     callbacks = [Metrics()]
     if cfg.get("ckpt_dir"):
         callbacks.append(ModelCheckpoint(dirpath=cfg["ckpt_dir"], every_n_train_steps=1, save_top_k=-1,

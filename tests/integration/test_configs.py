@@ -38,7 +38,8 @@ def test_every_config_parses(capsys):
     for task in TASKS:
         cfg = parse(task)
         # the embedded model or a named variant of it (tiny:cells): no task config downloads weights
-        env_ids = [cfg.data.env_id] if cfg.data.mixture is None else [e["env_id"] for e in cfg.data.mixture]
+        env = cfg.data.env
+        env_ids = [env.id] if env.mixture is None else [e["env_id"] for e in env.mixture]
         assert all(i.startswith("ragen/") for i in env_ids) and is_tiny(cfg.model.model), task.name
         checked += 1
     from tests.conftest import load_script
@@ -48,7 +49,7 @@ def test_every_config_parses(capsys):
         task, extra = (recipe_command(overlay) if overlay.parent.name == "recipes"
                        else (CONFIGS / "sokoban_starpo.yaml", ()))
         cfg = parse(task, overlay, extra=extra)
-        assert cfg.data.env_id == "ragen/SimpleSokoban-v0"  # overlays keep the task
+        assert cfg.data.env.id == "ragen/SimpleSokoban-v0"  # overlays keep the task
         checked += 1
     with capsys.disabled():
         print(f"\n[configs] checked {checked} YAML files ({len(TASKS)} tasks, {len(OVERLAYS)} overlays)")

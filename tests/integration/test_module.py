@@ -8,12 +8,12 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 import envs  # noqa: F401
-from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.sampler import FilterConfig
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.starpo.early_stop import EarlyStopSettings
 from ragen_lightning.starpo.module import StarPOModule
+from tests.data_groups import data_module
 from tests.integration.scripted import SeededBanditEngine
 
 pytestmark = pytest.mark.slow
@@ -38,7 +38,7 @@ def data(**kw):
                                         max_new_tokens=12, max_model_len=1024),
                 val_num_groups=2)
     args.update(kw)
-    return RolloutDataModule(**args)
+    return data_module(**args)
 
 
 def trainer(tmp_path, callbacks=(), **kw):

@@ -57,8 +57,8 @@ def changed(config, **changes) -> Namespace:
 
 
 INF, NAN = math.inf, math.nan
-ALLOWED_WARM_START = ("batch_size, cache_dir, dtype, episode, lr, lr_schedule, num_episodes, only_successful, reading_steps, "
-                      "seed, steps, threads, torch_threads, verbose, warmup_steps, weight_decay")
+ALLOWED_WARM_START = ("steps, num_episodes, lr, batch_size, weight_decay, warmup_steps, lr_schedule, seed, "
+                      "reading_steps, only_successful, dtype, episode, cache_dir, torch_threads, threads, verbose")
 BAD = [  # (changes, the whole message)
     ({"data__episode__max_model_len": -1}, "--data.episode.max_model_len must be an integer in [1, 1048576], got -1"),
     ({"data__episode__max_turns": 0}, "--data.episode.max_turns must be an integer >= 1, got 0"),
@@ -111,7 +111,8 @@ BAD = [  # (changes, the whole message)
      "--model.dtype must be one of float32, fp32, bfloat16, bf16, float16, fp16, got 'float33'"),
     ({"model__warm_start": {"steps": 10, "reading_steps": 10}},
      "--model.warm_start.reading_steps must be below steps (10), got 10"),
-    ({"model__warm_start": {"stepz": 3}}, f"--model.warm_start: unknown key 'stepz' (allowed: {ALLOWED_WARM_START})"),
+    ({"model__warm_start": {"stepz": 3}},
+     f"--model.warm_start.stepz is not a setting; --model.warm_start has: {ALLOWED_WARM_START}"),
     ({"model__warm_start": {"steps": -1}}, "--model.warm_start.steps must be null or an integer >= 1, got -1"),
     ({"model__warm_start": {"lr_schedule": "linear"}},
      "--model.warm_start.lr_schedule must be 'constant' or 'cosine', got 'linear'"),

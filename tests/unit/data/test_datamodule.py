@@ -4,7 +4,7 @@ import pytest
 
 import envs  # noqa: F401
 from ragen_lightning.data.sampler import FilterConfig
-from tests.unit.data.helpers import data_module
+from tests.data_groups import data_module
 
 
 def dm(**kw):

@@ -19,7 +19,7 @@ from ragen_lightning.rollout.engine import Generation, SamplingParams
 from ragen_lightning.rollout.seeds import episode_seeds
 from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.types import Conversation, Sample, Trajectory
-from tests.unit.data.helpers import data_module
+from tests.data_groups import data_module
 
 BANDIT = {"env_id": "ragen/Bandit-v0", "num_groups": 2, "tag": "bandit", "episode": {"max_turns": 1}}
 LAKE = {"env_id": "ragen/FrozenLake-v0", "tag": "lake"}
@@ -300,8 +300,8 @@ def test_warm_start_learns_from_every_training_entry(monkeypatch):
     from ragen_lightning.sft import warm_start as ws
 
     calls = []
-    monkeypatch.setattr(ws, "warm_start", lambda model, env_id, env_kwargs, **kw: calls.append(
-        (env_id, env_kwargs, kw)) or "folder")
+    monkeypatch.setattr(ws, "warm_start", lambda model, env_id, env_kwargs, settings, **kw: calls.append(
+        (env_id, env_kwargs, {**kw, "steps": settings.steps})) or "folder")
     d = dm(mixture=[BANDIT, {**LAKE, "env_kwargs": {"size": 4}}])
     assert ws.warm_started_path("tiny", {"steps": 3}, d) == "folder"
     env_id, env_kwargs, kw = calls[-1]

@@ -22,7 +22,7 @@ from ragen_lightning.data.settings import (
 )
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.settings import EngineSettings, VLLMSettings
-from tests.unit.data.helpers import data_module
+from tests.data_groups import data_module
 
 CONFIG = Path(__file__).resolve().parents[3] / "configs" / "bandit.yaml"
 
