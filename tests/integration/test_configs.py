@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 import envs  # noqa: F401
 from ragen_lightning.cli import StarPOCLI, main
@@ -16,7 +17,7 @@ from ragen_lightning.models.loading import is_tiny
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # a task config names its env; everything else (configs/models/*, diagnostics, lora, ddp, ...) is an overlay
-TASKS = sorted(p for p in CONFIGS.glob("*.yaml") if "env_id:" in p.read_text())
+TASKS = sorted(p for p in CONFIGS.glob("*.yaml") if "env" in (yaml.safe_load(p.read_text()).get("data") or {}))
 OVERLAYS = sorted(p for p in CONFIGS.rglob("*.yaml") if p not in TASKS)
 
 
