@@ -1,27 +1,32 @@
-"""Evaluate a policy on a suite of environments: ``python main.py evaluate`` (alias ``python -m ragen_lightning.evaluate``).
+"""Evaluate a policy on a suite of environments: ``python main.py evaluate`` (alias ``python -m
+ragen_lightning.evaluate``).
 
     python main.py evaluate --config configs/bandit.yaml --ckpt outputs/bandit/checkpoints/last.ckpt
-    python main.py evaluate --model.model outputs/bandit/export --suite suite.yaml --out outputs/eval/bandit
-    python main.py evaluate --api.model gpt-4o-mini --suite suite.yaml --out outputs/eval/gpt4o-mini
-    python main.py evaluate --api.model local --api.base_url http://127.0.0.1:8000/v1 --data.env.id \\
+    python main.py evaluate --model.model outputs/bandit/export --suite suite.yaml --out
+    outputs/eval/bandit python main.py evaluate --api.model gpt-4o-mini --suite suite.yaml --out
+    outputs/eval/gpt4o-mini python main.py evaluate --api.model local --api.base_url
+    http://127.0.0.1:8000/v1 --data.env.id \\
         ragen/FrozenLake-v0 --num_episodes 64
 
 The policy is a Lightning checkpoint of a fit (``--ckpt``: the actor as trained, LoRA included), an
-OpenAI-compatible endpoint (``--api.model``, :class:`~ragen_lightning.rollout.api_engine.APIEngine`; the key is read
-from ``$OPENAI_API_KEY`` or ``--api.key_env``), else the Hugging Face folder ``--model.model`` (a fit's
-``--model.export_dir``, ``tiny``, a cached hub id). A checkpoint is loaded weights only (tensors and plain values, as
-``fit`` / ``validate --ckpt_path`` load it): a file that would run pickled code is refused in one line, before
-anything is written. The env, episode and engine settings are ``fit``'s (``--data.env.*``, ``--data.episode.*``,
-``--data.engine.max_batch_size``; a fit's ``--config`` gives them). The suite is a YAML file (``--suite``,
-:mod:`ragen_lightning.data.suite`) and/or ``--entry`` flags; with neither, ``--data.validation.suite`` (a config's
-held-out validation entries), else ``--data.env.mixture``, else ``--data.env.id``, each entry with its
-``num_groups`` seeds or ``--num_episodes``; an entry's ``episode`` goes over ``--data.episode``.
+OpenAI-compatible endpoint (``--api.model``, :class:`~ragen_lightning.rollout.api_engine.APIEngine`;
+the key is read from ``$OPENAI_API_KEY`` or ``--api.key_env``), else the Hugging Face folder
+``--model.model`` (a fit's ``--model.export_dir``, ``tiny``, a cached hub id). A checkpoint is
+loaded weights only (tensors and plain values, as ``fit`` / ``validate --ckpt_path`` load it): a
+file that would run pickled code is refused in one line, before anything is written. The env,
+episode and engine settings are ``fit``'s (``--data.env.*``, ``--data.episode.*``,
+``--data.engine.max_batch_size``; a fit's ``--config`` gives them). The suite is a YAML file
+(``--suite``, :mod:`ragen_lightning.data.suite`) and/or ``--entry`` flags; with neither,
+``--data.validation.suite`` (a config's held-out validation entries), else ``--data.env.mixture``,
+else ``--data.env.id``, each entry with its ``num_groups`` seeds or ``--num_episodes``; an entry's
+``episode`` goes over ``--data.episode``.
 
-Every entry runs two passes over the same held-out reset seeds ``episode_seeds(--eval.seed, num_episodes, "eval")``
-(the stream ``benchmarks/learning.py`` evaluates on; validation and training use their own):
-``greedy`` (temperature 0, one episode per seed) and ``sampled`` (``--eval.temperature``, ``--eval.samples`` episodes per seed,
-seeded generation: the same command gives the same episodes). Episodes run through the rollout runner, exactly as in
-training and validation.
+Every entry runs two passes over the same held-out reset seeds ``episode_seeds(--eval.seed,
+num_episodes, "eval")`` (the stream ``benchmarks/learning.py`` evaluates on; validation and training
+use their own): ``greedy`` (temperature 0, one episode per seed) and ``sampled``
+(``--eval.temperature``, ``--eval.samples`` episodes per seed, seeded generation: the same command
+gives the same episodes). Episodes run through the rollout runner, exactly as in training and
+validation.
 
 Outputs in ``--out``: ``trajectories.jsonl`` (every episode, the chat in OpenAI's messages format plus rewards and
 per-turn records, :mod:`ragen_lightning.rollout.records`), ``report.md`` and ``report.csv`` (per entry and pass:
@@ -71,8 +76,8 @@ BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 2000, 0  # the other metrics' percentile b
 
 @dataclass(frozen=True)
 class EvalSettings:
-    """What the episodes of one evaluation are (``--eval.*``; stored in ``run.json``: a resumed run must have the
-    same).
+    """What the episodes of one evaluation are (``--eval.*``; stored in ``run.json``: a resumed run
+    must have the same).
 
     Args:
         passes: ``greedy`` (temperature 0, one episode per seed) and/or ``sampled``.
@@ -301,10 +306,12 @@ def load_checkpoint_actor(path: str | Path) -> tuple[torch.nn.Module, Any]:
 
 @dataclass(frozen=True)
 class APISettings:
-    """An OpenAI-compatible endpoint as the policy (``--api.*``, :class:`~ragen_lightning.rollout.api_engine.APIEngine`).
+    """An OpenAI-compatible endpoint as the policy (``--api.*``,
+    :class:`~ragen_lightning.rollout.api_engine.APIEngine`).
 
     Args:
-        model: the model's name at the endpoint (unset: the policy is ``--ckpt`` or ``--model.model``).
+        model: the model's name at the endpoint (unset: the policy is ``--ckpt`` or
+            ``--model.model``).
         base_url: the endpoint's API root.
         key_env: environment variable holding the API key.
         max_concurrency: API requests in flight at most.
@@ -323,8 +330,8 @@ class APISettings:
 
 
 def build_policy(c: Any, episode: EpisodeSettings) -> tuple[GenerationEngine, ChatTokens, str]:
-    """The engine, the conversation builder and a description of the policy the flags name: ``--api.model``, else
-    ``--ckpt``, else ``--model.model``."""
+    """The engine, the conversation builder and a description of the policy the flags name:
+    ``--api.model``, else ``--ckpt``, else ``--model.model``."""
     from ragen_lightning import models
     from ragen_lightning.rollout.api_engine import APIEngine
     from ragen_lightning.rollout.engine import HFEngine
@@ -352,7 +359,8 @@ def build_policy(c: Any, episode: EpisodeSettings) -> tuple[GenerationEngine, Ch
 
 # -- command line -------------------------------------------------------------------------------------------------
 def read_suite(c: Any) -> list[SuiteEntry]:
-    """The suite: ``--suite``, ``--entry``, else the data settings' validation suite, mixture or env."""
+    """The suite: ``--suite``, ``--entry``, else the data settings' validation suite, mixture or
+    env."""
     suite = load_suite(c.suite) if c.suite else []
     entries = c.entry if isinstance(c.entry, list) else [c.entry] if c.entry is not None else []
     suite += [as_entry(e, f"--entry {e!r}") for e in entries]
@@ -362,9 +370,10 @@ def read_suite(c: Any) -> list[SuiteEntry]:
 
 
 def config_suite(env: EnvSettings, validation: ValidationSettings, num_episodes: int) -> list[SuiteEntry]:
-    """What a training config evaluates on without ``--suite``: its ``validation.suite`` (the held-out entries its
-    validation runs), else its ``env.mixture``, else its ``env.id``. An entry's ``num_groups`` becomes its number of
-    evaluation seeds; entries without one (and the single env) get ``num_episodes``."""
+    """What a training config evaluates on without ``--suite``: its ``validation.suite`` (the
+    held-out entries its validation runs), else its ``env.mixture``, else its ``env.id``. An entry's
+    ``num_groups`` becomes its number of evaluation seeds; entries without one (and the single env)
+    get ``num_episodes``."""
     for flag, entries in (("--data.validation.suite", validation.suite), ("--data.env.mixture", env.mixture)):
         if entries:
             return [as_entry(e, f"{flag}[{i}]", count="num_groups", default_count=num_episodes)
@@ -403,7 +412,8 @@ RENAMED = {"--model": "--model.model", "--dtype": "--model.dtype", "--api-model"
 
 
 def parser() -> Any:
-    """``python main.py evaluate``: the shared groups (:mod:`ragen_lightning.data.shared_flags`) and its own."""
+    """``python main.py evaluate``: the shared groups (:mod:`ragen_lightning.data.shared_flags`) and
+    its own."""
     from ragen_lightning.data.shared_flags import side_parser
 
     p = side_parser("python main.py evaluate", __doc__.split("\n\n")[0], validation=True)
@@ -460,8 +470,8 @@ def run(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python main.py evaluate`` (``python -m ragen_lightning.evaluate`` is its alias): a bad setting is one line
-    on stderr and exit status 2."""
+    """``python main.py evaluate`` (``python -m ragen_lightning.evaluate`` is its alias): a bad
+    setting is one line on stderr and exit status 2."""
     from ragen_lightning.data.shared_flags import run_command
 
     try:

@@ -152,8 +152,9 @@ class StarPOCLI(LightningCLI):
             torch.set_num_threads(threads)
 
 
-# ``python main.py <name> ...`` besides LightningCLI's fit / validate / test / predict: jsonargparse commands over
-# the same settings groups (ragen_lightning.data.shared_flags), each "module:function" taking argv, returning a status
+# ``python main.py <name> ...`` besides LightningCLI's fit / validate / test / predict: jsonargparse
+# commands over the same settings groups (ragen_lightning.data.shared_flags), each "module:function"
+# taking argv, returning a status
 SIDE_COMMANDS = {"evaluate": "ragen_lightning.evaluate:main", "warm_start": "ragen_lightning.sft.warm_start:main"}
 
 
@@ -167,8 +168,8 @@ def run_side_command(name: str, argv: list[str]) -> int:
 
 def main(args: list[str] | None = None) -> StarPOCLI:
     """Run the CLI. From the shell (``args`` None) a configuration error prints one line and exits with 2; called
-    from Python it raises :class:`~ragen_lightning.errors.ConfigError`. ``evaluate`` and ``warm_start`` run their
-    own commands (:data:`SIDE_COMMANDS`) and exit with their status."""
+    from Python it raises :class:`~ragen_lightning.errors.ConfigError`. ``evaluate`` and
+    ``warm_start`` run their own commands (:data:`SIDE_COMMANDS`) and exit with their status."""
     argv = sys.argv[1:] if args is None else args
     if argv and argv[0] in SIDE_COMMANDS:
         raise SystemExit(run_side_command(argv[0], list(argv[1:])))

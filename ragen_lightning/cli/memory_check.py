@@ -37,8 +37,9 @@ def _as_dict(value: Any) -> dict[str, Any]:
 
 
 def rollout_engine(model: dict[str, Any], engine: EngineSettings) -> str:
-    """``--data.engine.name`` resolved as the fit resolves it (:func:`ragen_lightning.rollout.engines.resolve_engine`:
-    ``auto`` is vLLM when installed and the actor is not 4-bit, i.e. not a QLoRA ``nf4`` base)."""
+    """``--data.engine.name`` resolved as the fit resolves it
+    (:func:`ragen_lightning.rollout.engines.resolve_engine`: ``auto`` is vLLM when installed and the
+    actor is not 4-bit, i.e. not a QLoRA ``nf4`` base)."""
     from ragen_lightning.rollout.engines import resolve_engine
 
     lora = _as_dict(model.get("lora"))
@@ -55,8 +56,8 @@ def device_memory_gib() -> float | None:
 
 
 def _vllm_memory(vllm: VLLMSettings, gpu_gib: float | None) -> tuple[dict[str, Any], str]:
-    """``--data.engine.vllm``'s memory settings, the GPU memory its fraction is taken of (``--gpu_memory_gb``, else
-    this machine's CUDA device) and a line saying which."""
+    """``--data.engine.vllm``'s memory settings, the GPU memory its fraction is taken of
+    (``--gpu_memory_gb``, else this machine's CUDA device) and a line saying which."""
     source = "--gpu_memory_gb"
     if gpu_gib is None:
         gpu_gib, source = device_memory_gib(), "this machine's CUDA device 0 (no --gpu_memory_gb)"

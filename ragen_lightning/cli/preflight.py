@@ -86,7 +86,8 @@ def check_settings(config: Any, run: bool = True) -> None:
 
 
 def data_settings(data: dict[str, Any]) -> DataSettings:
-    """The groups of a parsed ``data`` section (plain dicts), each checked as it is built, then together."""
+    """The groups of a parsed ``data`` section (plain dicts), each checked as it is built, then
+    together."""
     return DataSettings.build(**data)
 
 
@@ -300,7 +301,8 @@ def wandb_offline_fallback(config: Any, timeout: float = WANDB_TIMEOUT_S) -> str
 # -- the command line's parse errors ------------------------------------------------------------------------------
 def parse_error_line(message: str) -> str:
     """jsonargparse's multi-line parse error as one line naming the flag: ``Parser key "data.num_groups":
-    Expected a <class 'int'>. Got value: many`` -> ``--data.training.num_groups: expected int, got 'many'``."""
+    Expected a <class 'int'>. Got value: many`` -> ``--data.training.num_groups: expected int, got
+    'many'``."""
     text = re.sub(r"<class '(?:[\w]+\.)*(\w+)'>", r"\1", message)
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     flag = ""

@@ -1,6 +1,7 @@
-"""The ``--data.*`` checks that need more than the settings: env ids and kwargs (each env is built once), an
-installed engine, and what the number of processes requires. Run when the data module is built and by the command
-line's preflight before anything starts; the settings' own checks are in :mod:`ragen_lightning.data.settings`."""
+"""The ``--data.*`` checks that need more than the settings: env ids and kwargs (each env is built
+once), an installed engine, and what the number of processes requires. Run when the data module is
+built and by the command line's preflight before anything starts; the settings' own checks are in
+:mod:`ragen_lightning.data.settings`."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ from ragen_lightning.rollout.vllm_engine import require_vllm
 
 
 def check_envs(s: DataSettings) -> None:
-    """Raise :class:`ConfigError` naming the flag for a bad mixture entry, an unknown env id, an env that its kwargs
-    cannot build (a missing data file included), a non-branchable env with ``--data.branching.branches > 1`` or an
-    engine that is not installed."""
+    """Raise :class:`ConfigError` naming the flag for a bad mixture entry, an unknown env id, an env
+    that its kwargs cannot build (a missing data file included), a non-branchable env with
+    ``--data.branching.branches > 1`` or an engine that is not installed."""
     lists = [(train_entries(s), TRAIN_FLAG if is_mixture(s) else "")]
     if s.validation.suite is not None:  # else validation runs the training entries
         lists.append((val_entries(s), VAL_FLAG))
@@ -48,10 +49,10 @@ def check_envs(s: DataSettings) -> None:
 
 
 def check_world_size(s: DataSettings, size: int) -> None:
-    """``--data.engine.vllm.tensor_parallel_size`` (k, vLLM engines only) must divide the number of processes
-    ``size``, and the groups of a training and of a validation rollout (``--data.training.num_groups`` and
-    ``--data.validation.num_groups``; with a mixture or a suite the sum over the entries) the number of rollout
-    groups ``size / k``."""
+    """``--data.engine.vllm.tensor_parallel_size`` (k, vLLM engines only) must divide the number of
+    processes ``size``, and the groups of a training and of a validation rollout
+    (``--data.training.num_groups`` and ``--data.validation.num_groups``; with a mixture or a suite
+    the sum over the entries) the number of rollout groups ``size / k``."""
     tp = s.engine.tensor_parallel_size
     dp = rollout_rank(0, size, tp)[1]
     where = f"processes ({size}): every rank" if tp == 1 else \

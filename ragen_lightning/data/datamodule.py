@@ -5,8 +5,9 @@ The training stream is an ``IterableDataset`` (``num_workers=0``, ``batch_size=N
 pre-fetches a rollout generated with stale weights. Iteration ``n`` resets group ``g`` with seed
 ``train_seed + n * num_groups + g`` (RAGEN: ``10000 + 8n + g``); validation always uses seeds ``val_seed + g``.
 ``state_dict`` stores the iteration and the empty-filter streak, so a resumed run continues the same seed stream.
-Environment mixtures (``--data.env.mixture``: several envs in one batch; ``--data.validation.suite``: validation on its own list;
-per-tag seeds and ``train/<tag>/*``, ``val/<tag>/*`` metrics) are described in :mod:`ragen_lightning.data.mixture`.
+Environment mixtures (``--data.env.mixture``: several envs in one batch;
+``--data.validation.suite``: validation on its own list; per-tag seeds and ``train/<tag>/*``,
+``val/<tag>/*`` metrics) are described in :mod:`ragen_lightning.data.mixture`.
 
 With several processes (DDP / FSDP) each rank rolls out its share of whole groups with its own engine and the
 trajectories are all-gathered before filtering, so selection, batch and metrics equal the single-process ones on every
@@ -114,22 +115,26 @@ class _ResumableLoader(DataLoader):
 class RolloutDataModule(L.LightningDataModule):
     """Streams multi-turn rollouts of ``num_groups x group_size`` envs, filtered by within-group reward variance.
 
-    Every argument is a settings group, ``--data.<group>.<name>`` on the command line (each group's fields are
-    documented on its class, :mod:`ragen_lightning.data.settings`).
+    Every argument is a settings group, ``--data.<group>.<name>`` on the command line (each group's
+    fields are documented on its class, :mod:`ragen_lightning.data.settings`).
 
     Args:
-        env: what the rollouts play (``EnvSettings``: ``id``, ``kwargs`` or a ``mixture`` of several envs).
+        env: what the rollouts play (``EnvSettings``: ``id``, ``kwargs`` or a ``mixture`` of several
+            envs).
         training: the training rollouts (``TrainingSettings``: ``num_iterations``, ``num_groups``,
             ``group_size``, ``seed``, ``empty_stop_steps``, ``async_level``).
         episode: the episode settings (``EpisodeSettings``: turns, action budgets, ``max_new_tokens``, context
             window, ``max_model_len``, thinking, format penalty); the warm start's demonstrations use the same ones.
-        sampling: the training rollouts' sampling (``SamplingSettings``: ``temperature``, ``top_p``, ``top_k``).
-        validation: the fixed validation rollout (``ValidationSettings``: ``num_groups``, ``group_size``,
-            ``temperature``, ``seed``, ``suite``).
+        sampling: the training rollouts' sampling (``SamplingSettings``: ``temperature``, ``top_p``,
+            ``top_k``).
+        validation: the fixed validation rollout (``ValidationSettings``: ``num_groups``,
+            ``group_size``, ``temperature``, ``seed``, ``suite``).
         rewards: reward placement and score normalisation (``RewardSettings``).
-        branching: several responses per visited state (``BranchingSettings``: ``branches``, ``follow``).
+        branching: several responses per visited state (``BranchingSettings``: ``branches``,
+            ``follow``).
         filter: the rollout filter (default keeps everything; StarPO-S: ``top_p`` 0.9 with ``include_zero: false``).
-        engine: the rollout engine (``EngineSettings``: ``name`` hf / vllm / auto, ``max_batch_size``, ``vllm``).
+        engine: the rollout engine (``EngineSettings``: ``name`` hf / vllm / auto,
+            ``max_batch_size``, ``vllm``).
     """
 
     def __init__(
@@ -177,12 +182,14 @@ class RolloutDataModule(L.LightningDataModule):
 
     @property
     def mixture(self) -> bool:
-        """Training from ``--data.env.mixture``: per-tag seeds, generation seeds and ``train/<tag>/*`` metrics."""
+        """Training from ``--data.env.mixture``: per-tag seeds, generation seeds and
+        ``train/<tag>/*`` metrics."""
         return is_mixture(self.settings)
 
     @property
     def tagged_validation(self) -> bool:
-        """Validation on entries with per-tag seeds and ``val/<tag>/*`` metrics (a mixture or ``--data.validation.suite``)."""
+        """Validation on entries with per-tag seeds and ``val/<tag>/*`` metrics (a mixture or
+        ``--data.validation.suite``)."""
         return self.mixture or self.settings.validation.suite is not None
 
     def connect(self, policy: RolloutPolicy) -> None:

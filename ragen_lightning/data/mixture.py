@@ -1,14 +1,17 @@
 """Environment mixtures: several environments in one training batch and validation on its own list.
 
-``--data.env.mixture`` is a list of entries ``{env_id, env_kwargs, num_groups, tag, episode}``: every entry contributes
-``num_groups`` groups of ``--data.training.group_size`` rollouts to each iteration's batch. ``--data.validation.suite`` is the same
-kind of list for validation (groups of ``--data.validation.group_size``). An entry is the evaluation suite's
-:class:`~ragen_lightning.data.suite.SuiteEntry` with its count written ``num_groups``; an entry without one takes
-``--data.training.num_groups`` (training) or ``--data.validation.num_groups`` (validation), and ``episode`` overrides single episode
-settings for that env (a one-turn bandit beside a multi-turn grid). Without ``--data.validation.suite`` validation runs every
-training entry with ``--data.validation.num_groups`` groups. The single-env flags (``--data.env.id``, ``--data.env.kwargs``,
-``--data.training.num_groups``) are a mixture of one entry with the seeds of before (below); ``--data.env.id`` and
-``--data.env.kwargs`` cannot be combined with ``--data.env.mixture``, which names the envs itself.
+``--data.env.mixture`` is a list of entries ``{env_id, env_kwargs, num_groups, tag, episode}``:
+every entry contributes ``num_groups`` groups of ``--data.training.group_size`` rollouts to each
+iteration's batch. ``--data.validation.suite`` is the same kind of list for validation (groups of
+``--data.validation.group_size``). An entry is the evaluation suite's
+:class:`~ragen_lightning.data.suite.SuiteEntry` with its count written ``num_groups``; an entry
+without one takes ``--data.training.num_groups`` (training) or ``--data.validation.num_groups``
+(validation), and ``episode`` overrides single episode settings for that env (a one-turn bandit
+beside a multi-turn grid). Without ``--data.validation.suite`` validation runs every training entry
+with ``--data.validation.num_groups`` groups. The single-env flags (``--data.env.id``,
+``--data.env.kwargs``, ``--data.training.num_groups``) are a mixture of one entry with the seeds of
+before (below); ``--data.env.id`` and ``--data.env.kwargs`` cannot be combined with
+``--data.env.mixture``, which names the envs itself.
 
 Batch layout: the entries' groups follow each other in list order (global group ids ``offset_e + g``, members
 contiguous), so the reward-variance filter and the per-group normalisation see whole groups as before. Each entry has
@@ -67,7 +70,8 @@ def metric_name(tag: str) -> str:
 
 
 def parse_entries(values: Any, flag: str, default_groups: int) -> list[SuiteEntry]:
-    """The entries of ``--data.env.mixture`` / ``--data.validation.suite`` (``flag``); errors name the flag and the entry."""
+    """The entries of ``--data.env.mixture`` / ``--data.validation.suite`` (``flag``); errors name
+    the flag and the entry."""
     if not isinstance(values, (list, tuple)) or not values:
         raise ConfigError(f"{flag} must be a non-empty list of entries {{env_id, env_kwargs, num_groups, tag, "
                           f"episode}}, got {values!r}")
@@ -85,12 +89,14 @@ def parse_entries(values: Any, flag: str, default_groups: int) -> list[SuiteEntr
 
 
 def is_mixture(s: DataSettings) -> bool:
-    """Training from ``--data.env.mixture`` (per-tag seeds and metrics) rather than the single env."""
+    """Training from ``--data.env.mixture`` (per-tag seeds and metrics) rather than the single
+    env."""
     return s.env.mixture is not None
 
 
 def train_entries(s: DataSettings) -> list[SuiteEntry]:
-    """The training entries: ``--data.env.mixture``, else one entry of ``--data.env.id`` / ``kwargs``."""
+    """The training entries: ``--data.env.mixture``, else one entry of ``--data.env.id`` /
+    ``kwargs``."""
     if not is_mixture(s):
         return [SuiteEntry(s.env.id or DEFAULT_ENV_ID, s.env.kwargs, s.training.num_groups)]
     return parse_entries(s.env.mixture, TRAIN_FLAG, s.training.num_groups)

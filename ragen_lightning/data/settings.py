@@ -1,10 +1,12 @@
-"""The data module's settings, in typed groups: ``--data.<group>.<name>`` on the command line, nested in YAML.
+"""The data module's settings, in typed groups: ``--data.<group>.<name>`` on the command line,
+nested in YAML.
 
-Each group is a frozen dataclass that checks its own values when built (one line naming the flag); what spans
-groups is checked once, in :func:`~ragen_lightning.data.checks.check_combinations`. The episode, engine and filter
-groups live beside the code that uses them (:mod:`ragen_lightning.rollout.settings`,
-:mod:`ragen_lightning.data.sampler`). :data:`RENAMED` maps the flat ``--data.*`` flags of earlier versions to their
-new spelling: the command line answers an old flag with one line naming it (:func:`renamed_flag_error`).
+Each group is a frozen dataclass that checks its own values when built (one line naming the flag);
+what spans groups is checked once, in :func:`~ragen_lightning.data.checks.check_combinations`. The
+episode, engine and filter groups live beside the code that uses them
+(:mod:`ragen_lightning.rollout.settings`, :mod:`ragen_lightning.data.sampler`). :data:`RENAMED` maps
+the flat ``--data.*`` flags of earlier versions to their new spelling: the command line answers an
+old flag with one line naming it (:func:`renamed_flag_error`).
 
     data:
       env: {id: ragen/Bandit-v0, kwargs: {expert_policy: balanced}}
@@ -49,12 +51,12 @@ class EnvSettings:
     """What the rollouts play (``--data.env.*``; ``evaluate`` and ``warm_start`` take the same).
 
     Args:
-        id: gymnasium id of the task (``import envs`` registers ``ragen/*``; ``module:id`` also works); unset:
-            ``ragen/SimpleSokoban-v0``, or the envs of ``mixture``.
+        id: gymnasium id of the task (``import envs`` registers ``ragen/*``; ``module:id`` also
+            works); unset: ``ragen/SimpleSokoban-v0``, or the envs of ``mixture``.
         kwargs: keyword arguments of the env.
-        mixture: several training envs in one batch: a list of entries ``{env_id, env_kwargs, num_groups, tag,
-            episode}`` (:mod:`ragen_lightning.data.mixture`: seeds per tag, ``train/<tag>/*`` metrics); replaces
-            ``id`` and ``kwargs``, which must then be unset.
+        mixture: several training envs in one batch: a list of entries ``{env_id, env_kwargs,
+            num_groups, tag, episode}`` (:mod:`ragen_lightning.data.mixture`: seeds per tag,
+            ``train/<tag>/*`` metrics); replaces ``id`` and ``kwargs``, which must then be unset.
     """
 
     id: str | None = None
@@ -79,15 +81,20 @@ class TrainingSettings:
     """The training rollouts of a run (``--data.training.*``).
 
     Args:
-        num_iterations: StarPO iterations (rollout + update) of a fit; the one place that sets the run length.
-        num_groups: env groups per iteration (each group shares one initial state); with several processes it must
-            be divisible by their number. With ``--data.env.mixture``: the groups of an entry that names none.
+        num_iterations: StarPO iterations (rollout + update) of a fit; the one place that sets the
+            run length.
+        num_groups: env groups per iteration (each group shares one initial state); with several
+            processes it must be divisible by their number. With ``--data.env.mixture``: the groups
+            of an entry that names none.
         group_size: rollouts per group.
-        seed: first training reset seed (iteration ``n`` resets group ``g`` with ``seed + n * num_groups + g``).
-        empty_stop_steps: stop after this many consecutive iterations whose filter kept nothing (0 = never).
-        async_level: 0: every rollout is generated with the weights it trains (on-policy); 1: iteration ``k + 1``'s
-            rollout is generated on a worker thread, with the weights iteration ``k``'s update starts from, while
-            that update runs (:mod:`ragen_lightning.data.ahead`; needs ``--model.loss.tis_cap``).
+        seed: first training reset seed (iteration ``n`` resets group ``g`` with ``seed + n *
+            num_groups + g``).
+        empty_stop_steps: stop after this many consecutive iterations whose filter kept nothing (0 =
+            never).
+        async_level: 0: every rollout is generated with the weights it trains (on-policy); 1:
+            iteration ``k + 1``'s rollout is generated on a worker thread, with the weights
+            iteration ``k``'s update starts from, while that update runs
+            (:mod:`ragen_lightning.data.ahead`; needs ``--model.loss.tis_cap``).
     """
 
     num_iterations: int = 200
@@ -109,7 +116,8 @@ class TrainingSettings:
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """How the training rollouts sample (``--data.sampling.*``); the update's log-probs use the same temperature.
+    """How the training rollouts sample (``--data.sampling.*``); the update's log-probs use the same
+    temperature.
 
     Args:
         temperature: sampling temperature, in [0, 2] (vLLM's range).
@@ -129,16 +137,18 @@ class SamplingSettings:
 
 @dataclass(frozen=True)
 class ValidationSettings:
-    """The fixed validation rollout (``--data.validation.*``): the same seeds every time, unfiltered.
+    """The fixed validation rollout (``--data.validation.*``): the same seeds every time,
+    unfiltered.
 
     Args:
-        num_groups: validation episodes (groups of ``group_size``); divisible by the number of processes. With a
-            mixture or ``suite``: the groups of each entry that names none.
+        num_groups: validation episodes (groups of ``group_size``); divisible by the number of
+            processes. With a mixture or ``suite``: the groups of each entry that names none.
         group_size: rollouts per initial state (pass@k uses it).
         temperature: sampling temperature (0 = greedy; at most 2).
         seed: first reset seed (group ``g`` resets with ``seed + g``).
-        suite: validation entries (keys of ``--data.env.mixture``'s; ``num_groups`` groups of ``group_size``),
-            logged as ``val/<tag>/*`` and pooled as ``val/*``; unset: the training env(s).
+        suite: validation entries (keys of ``--data.env.mixture``'s; ``num_groups`` groups of
+            ``group_size``), logged as ``val/<tag>/*`` and pooled as ``val/*``; unset: the training
+            env(s).
     """
 
     num_groups: int = 64
@@ -157,10 +167,12 @@ class RewardSettings:
     """Where rewards land and how scores are normalised (``--data.rewards.*``).
 
     Args:
-        placement: ``last`` (episode score on the last sampled token) or ``turn`` (each turn's reward at its end).
-        norm_grouping: score normalisation groups: ``state`` (per group), ``env`` (all episodes of one mixture
-            entry; RAGEN's ``inductive``) or ``batch``.
-        norm_method: ``identity`` | ``mean`` | ``mean_std`` | ``asym_clip``; ``identity`` with ``placement: turn``.
+        placement: ``last`` (episode score on the last sampled token) or ``turn`` (each turn's
+            reward at its end).
+        norm_grouping: score normalisation groups: ``state`` (per group), ``env`` (all episodes of
+            one mixture entry; RAGEN's ``inductive``) or ``batch``.
+        norm_method: ``identity`` | ``mean`` | ``mean_std`` | ``asym_clip``; ``identity`` with
+            ``placement: turn``.
     """
 
     placement: RewardPlacement = "last"
@@ -180,12 +192,14 @@ class BranchingSettings:
     """Several responses per visited state (``--data.branching.*``; ``RolloutRunner``, "Branching").
 
     Args:
-        branches: training responses sampled per turn: the episode continues with one; each other one runs that
-            turn on a copy of the env and is an extra one-turn sample scored by its own turn reward. > 1 needs
-            ``--data.rewards.placement turn``, a windowed ``episode.context_window``, an env with
-            ``branchable = True`` and an estimator that scores samples by turn reward. Validation never branches.
-        follow: the response a branching episode continues with: ``first`` (the policy's plain play) or ``best``
-            (the best-scored, first on ties: training success then measures that search, not the policy).
+        branches: training responses sampled per turn: the episode continues with one; each other
+            one runs that turn on a copy of the env and is an extra one-turn sample scored by its
+            own turn reward. > 1 needs ``--data.rewards.placement turn``, a windowed
+            ``episode.context_window``, an env with ``branchable = True`` and an estimator that
+            scores samples by turn reward. Validation never branches.
+        follow: the response a branching episode continues with: ``first`` (the policy's plain play)
+            or ``best`` (the best-scored, first on ties: training success then measures that search,
+            not the policy).
     """
 
     branches: int = 1
@@ -199,7 +213,8 @@ class BranchingSettings:
                               "responses sampled for one state")
 
 
-# The groups of ``RolloutDataModule(...)`` (its parameters, in order) but the filter's, which its own module owns.
+# The groups of ``RolloutDataModule(...)`` (its parameters, in order) but the filter's, which its
+# own module owns.
 GROUPS: dict[str, type] = {
     "env": EnvSettings, "training": TrainingSettings, "episode": EpisodeSettings, "sampling": SamplingSettings,
     "validation": ValidationSettings, "rewards": RewardSettings, "branching": BranchingSettings,
@@ -216,8 +231,9 @@ def as_group(name: str, value: Any) -> Any:
 
 @dataclass(frozen=True)
 class DataSettings:
-    """Every group of a :class:`~ragen_lightning.data.datamodule.RolloutDataModule`, checked together when built
-    (:func:`check_combinations`). ``filter`` is the rollout filter's group (:mod:`ragen_lightning.data.sampler`)."""
+    """Every group of a :class:`~ragen_lightning.data.datamodule.RolloutDataModule`, checked
+    together when built (:func:`check_combinations`). ``filter`` is the rollout filter's group
+    (:mod:`ragen_lightning.data.sampler`)."""
 
     env: EnvSettings = EnvSettings()
     training: TrainingSettings = TrainingSettings()
@@ -234,7 +250,8 @@ class DataSettings:
 
     @classmethod
     def build(cls, **groups: Any) -> DataSettings:
-        """From groups given as dataclasses, mappings (parsed YAML, a checkpoint's hyperparameters) or None."""
+        """From groups given as dataclasses, mappings (parsed YAML, a checkpoint's hyperparameters)
+        or None."""
         known = {f.name for f in fields(cls)}
         if unknown := sorted(set(groups) - known):
             raise ConfigError(renamed_flag_error(f"data.{unknown[0]}") or
@@ -247,8 +264,8 @@ class DataSettings:
 
 
 def check_combinations(s: DataSettings) -> None:
-    """The ``--data.*`` settings that cannot work together (each group checked its own values already); one line
-    naming the flags."""
+    """The ``--data.*`` settings that cannot work together (each group checked its own values
+    already); one line naming the flags."""
     if s.branching.branches > 1 and (s.rewards.placement != "turn" or s.episode.context_window == "full"):
         raise ConfigError("--data.branching.branches > 1 needs --data.rewards.placement turn and a windowed "
                           "--data.episode.context_window (limited or single_turn): each branch is a one-turn "
@@ -263,7 +280,8 @@ def check_combinations(s: DataSettings) -> None:
                           "update's; use one engine per rank (tensor_parallel_size 1) or async_level 0")
 
 
-# -- the flat flags of earlier versions ---------------------------------------------------------------------------
+# -- the flat flags of earlier versions
+# ---------------------------------------------------------------------------
 RENAMED: dict[str, str] = {
     "env_id": "env.id", "env_kwargs": "env.kwargs", "mixture": "env.mixture",
     "num_iterations": "training.num_iterations", "num_groups": "training.num_groups",
@@ -280,8 +298,10 @@ _VLLM_FIELDS = tuple(f.name for f in fields(VLLMSettings))
 
 
 def renamed_flag_error(message: str) -> str | None:
-    """The one-line error for a parse error about a ``--data.*`` flag of earlier versions (``--data.env_id was
-    renamed: use --data.env.id``; ``--data.engine vllm`` -> ``--data.engine.name vllm``), else None."""
+    """The one-line error for a parse error about a ``--data.*`` flag of earlier versions
+    (``--data.env_id was
+    renamed: use --data.env.id``; ``--data.engine vllm`` -> ``--data.engine.name vllm``), else
+    None."""
     for path in re.findall(r"(?<!\w)data\.([\w.]+)", message):
         head, _, rest = path.partition(".")
         if head in RENAMED and (not rest or head == "vllm" and rest.split(".")[0] in _VLLM_FIELDS):

@@ -1,10 +1,13 @@
-"""The settings the side commands share with ``fit``, under the same keys, so each has one spelling everywhere.
+"""The settings the side commands share with ``fit``, under the same keys, so each has one spelling
+everywhere.
 
-``python main.py evaluate`` and ``python main.py warm_start`` are jsonargparse parsers over the same dataclasses as
-``fit``'s data module: ``--data.env.*``, ``--data.episode.*``, ``--data.engine.*`` (the generation batch is
-``--data.engine.max_batch_size``), and ``--model.model``. A fit's config file feeds them too: ``--config`` keeps the
-sections the command has and leaves out the rest (trainer, the module's training groups, ...). A flag of the
-argparse command lines of before answers with its new spelling (:func:`old_flag_error`).
+``python main.py evaluate`` and ``python main.py warm_start`` are jsonargparse parsers over the same
+dataclasses as ``fit``'s data module: ``--data.env.*``, ``--data.episode.*``, ``--data.engine.*``
+(the generation batch is ``--data.engine.max_batch_size``), and ``--model.model``. A fit's config
+file feeds them
+too: ``--config`` keeps the sections the command has and leaves out the rest (trainer, the module's
+training groups, ...). A flag of the argparse command lines of before answers with its new spelling
+(:func:`old_flag_error`).
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ SHARED_GROUPS: dict[str, type] = {"env": EnvSettings, "episode": EpisodeSettings
 
 
 def side_parser(prog: str, description: str, *, validation: bool = False) -> Any:
-    """A parser with ``--config`` and the groups every command shares: ``--data.env``, ``--data.episode``,
-    ``--data.engine`` (and ``--data.validation``, whose ``suite`` an evaluation runs), ``--model.model``,
-    ``--torch_threads`` and ``--imports``."""
+    """A parser with ``--config`` and the groups every command shares: ``--data.env``,
+    ``--data.episode``, ``--data.engine`` (and ``--data.validation``, whose ``suite`` an evaluation
+    runs), ``--model.model``, ``--torch_threads`` and ``--imports``."""
     from jsonargparse import ActionConfigFile, ArgumentParser
 
     p = ArgumentParser(prog=prog, description=description, exit_on_error=False)
@@ -43,7 +46,8 @@ def side_parser(prog: str, description: str, *, validation: bool = False) -> Any
 
 
 def _known(defaults: Any, config: Any) -> Any:
-    """``config`` (a parsed YAML mapping) less the keys ``defaults`` (a parser's Namespace) does not have."""
+    """``config`` (a parsed YAML mapping) less the keys ``defaults`` (a parser's Namespace) does not
+    have."""
     if not isinstance(config, dict) or not hasattr(defaults, "keys"):
         return config
     out = {}
@@ -55,8 +59,8 @@ def _known(defaults: Any, config: Any) -> Any:
 
 
 def filtered_configs(parser: Any, argv: Sequence[str]) -> list[str]:
-    """``argv`` with every ``--config FILE`` replaced by the file's sections that ``parser`` has (a fit's config
-    holds the trainer and the module's training groups too)."""
+    """``argv`` with every ``--config FILE`` replaced by the file's sections that ``parser`` has (a
+    fit's config holds the trainer and the module's training groups too)."""
     import yaml
 
     defaults, out, i = parser.get_defaults(), [], 0
@@ -82,8 +86,9 @@ def filtered_configs(parser: Any, argv: Sequence[str]) -> list[str]:
 
 
 def old_flag_error(argv: Sequence[str], renamed: dict[str, str], command: str) -> str | None:
-    """The one-line error for the first flag of ``argv`` that ``renamed`` maps to a new spelling (``--env`` ->
-    ``--data.env.id``; ``--episode.<name>`` -> ``--data.episode.<name>``), else None."""
+    """The one-line error for the first flag of ``argv`` that ``renamed`` maps to a new spelling
+    (``--env`` -> ``--data.env.id``; ``--episode.<name>`` -> ``--data.episode.<name>``), else
+    None."""
     for arg in argv:
         name = arg.partition("=")[0]
         if name.startswith("--episode"):
@@ -95,7 +100,8 @@ def old_flag_error(argv: Sequence[str], renamed: dict[str, str], command: str) -
 
 def run_command(command: str, run: Callable[[list[str]], int], argv: Sequence[str] | None,
                 renamed: dict[str, str]) -> int:
-    """Run ``run(argv)``; an old flag or a :class:`ConfigError` is one line on stderr and exit status 2."""
+    """Run ``run(argv)``; an old flag or a :class:`ConfigError` is one line on stderr and exit
+    status 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if line := old_flag_error(argv, renamed, command):
@@ -107,8 +113,8 @@ def run_command(command: str, run: Callable[[list[str]], int], argv: Sequence[st
 
 
 def parse(parser: Any, argv: Sequence[str]) -> Any:
-    """``argv`` parsed (``--config`` filtered), then the groups built (each checks itself); a parse error is one
-    line naming the flag."""
+    """``argv`` parsed (``--config`` filtered), then the groups built (each checks itself); a parse
+    error is one line naming the flag."""
     from jsonargparse import ArgumentError
 
     from ragen_lightning.data.settings import renamed_flag_error

@@ -26,10 +26,10 @@ def is_quantized(model: torch.nn.Module) -> bool:
 
 
 def resolve_engine(engine: str, *, quantized: bool = False) -> str:
-    """``hf`` or ``vllm`` for a ``--data.engine.name`` value: ``auto`` is ``vllm`` when vLLM is installed and the actor
-    is not 4-bit (QLoRA: vLLM does not take nf4 weights), else ``hf``. Sharding does not change the choice: under
-    FSDP2 the vLLM engine holds one full copy of the weights, as the HF engine's unsharded copy does, and is the
-    faster sampler."""
+    """``hf`` or ``vllm`` for a ``--data.engine.name`` value: ``auto`` is ``vllm`` when vLLM is
+    installed and the actor is not 4-bit (QLoRA: vLLM does not take nf4 weights), else ``hf``.
+    Sharding does not change the choice: under FSDP2 the vLLM engine holds one full copy of the
+    weights, as the HF engine's unsharded copy does, and is the faster sampler."""
     if engine not in ENGINES:
         raise ConfigError(f"--data.engine.name must be one of {', '.join(ENGINES)}, got {engine!r}")
     if engine == "auto":
@@ -42,8 +42,8 @@ def build_engine(actor: torch.nn.Module, tokenizer, *, model_path: str, rollout_
                  seed: int = 0) -> GenerationEngine:
     """The rollout engine: ``hf`` samples with ``actor``'s own weights (under FSDP2, with the unsharded
     ``rollout_actor`` synced to them); ``vllm`` is a colocated vLLM engine loaded from ``model_path`` and synced
-    from the actor before every rollout (``VLLMSettings`` ``vllm``; a sharded actor's weights are gathered and
-    streamed into it); ``auto``: :func:`resolve_engine`.
+    from the actor before every rollout (``VLLMSettings`` ``vllm``; a sharded actor's weights are
+    gathered and streamed into it); ``auto``: :func:`resolve_engine`.
 
     Raises:
         ValueError: the HF engine for an FSDP2-sharded actor without its unsharded ``rollout_actor``.

@@ -4,8 +4,8 @@ The rollout runner, the RL data module, the demonstration data module, the exper
 all take the same :class:`EpisodeSettings` object (``--data.episode.*`` on the command line), so the demonstrations
 the warm start trains on have exactly the format of the rollouts RL samples, and no copy of the keyword list can
 drift (a test asserts the names are declared in this one signature). ``python main.py evaluate`` and
-``python main.py warm_start`` take the same group under the same key (``--data.episode.*``), as they take
-:class:`EngineSettings` (``--data.engine.*``).
+``python main.py warm_start`` take the same group under the same key (``--data.episode.*``), as they
+take :class:`EngineSettings` (``--data.engine.*``).
 """
 
 from __future__ import annotations
@@ -120,7 +120,8 @@ _DOMAINS = {"max_turns": _COUNT, "max_actions_per_turn": _COUNT, "max_actions_pe
             "step_timeout_s": Domain(low=0, low_open=True, none=True)}  # the penalty is added to the score
 
 
-# -- the rollout engine ------------------------------------------------------------------------------------------
+# -- the rollout engine
+# ------------------------------------------------------------------------------------------
 ENGINE_PREFIX = "--data.engine."
 VLLM_PREFIX = "--data.engine.vllm."
 EngineName = Literal["hf", "vllm", "auto"]
@@ -129,31 +130,35 @@ ENGINES: tuple[str, ...] = ("hf", "vllm", "auto")
 
 @dataclass(frozen=True)
 class VLLMSettings:
-    """Settings of the vLLM rollout engine (``--data.engine.name vllm``): ``--data.engine.vllm.<name>``.
+    """Settings of the vLLM rollout engine (``--data.engine.name vllm``):
+    ``--data.engine.vllm.<name>``.
 
     Args:
-        gpu_memory_utilization: fraction of GPU memory vLLM may take (weights + KV cache); the actor, its optimizer
-            and activations need the rest.
+        gpu_memory_utilization: fraction of GPU memory vLLM may take (weights + KV cache); the
+            actor, its optimizer and activations need the rest.
         enforce_eager: no CUDA graphs (less memory and start-up time, slower decode).
         max_model_len: vLLM's context length; None = ``--data.episode.max_model_len``.
-        tensor_parallel_size: training ranks one engine shards over (``k``). With ``k > 1`` the run needs a
-            multiple of ``k`` processes: vLLM is built with ``distributed_executor_backend="external_launcher"``, each
-            rank is one worker (its own GPU), ranks ``[d*k, (d+1)*k)`` form one engine that gets the same prompts and
-            seeds from each of them, and the ``W / k`` engines split the env groups.
-        sleep_level: 0 = never sleep; 1 = offload weights and drop the KV cache during the update (default);
-            2 = drop the weights too, so every sync pushes every weight (also for a LoRA actor). vLLM ignores sleep
-            on CPU.
-        dtype: vLLM's dtype; None = the dtype the actor computes in (its parameters'; under FSDP2 on GPUs the
-            mixed-precision bf16).
+        tensor_parallel_size: training ranks one engine shards over (``k``). With ``k > 1`` the run
+            needs a multiple of ``k`` processes: vLLM is built with
+            ``distributed_executor_backend="external_launcher"``, each rank is one worker (its own
+            GPU), ranks ``[d*k, (d+1)*k)`` form one engine that gets the same prompts and seeds from
+            each of them, and the ``W / k`` engines split the env groups.
+        sleep_level: 0 = never sleep; 1 = offload weights and drop the KV cache during the update
+            (default); 2 = drop the weights too, so every sync pushes every weight (also for a LoRA
+            actor). vLLM ignores sleep on CPU.
+        dtype: vLLM's dtype; None = the dtype the actor computes in (its parameters'; under FSDP2 on
+            GPUs the mixed-precision bf16).
         seed: seed of the engine's sampler; None = ``--data.training.seed``.
-        probe_threshold: largest allowed max |log-prob difference| between vLLM and the trainer on the probe batch;
-            None = 1e-3 when vLLM and the trainer both compute in float32, else 0.1 (16-bit rounding alone
-            differs by ~1e-2).
-        probe_size: prompts of the run (with their sampled continuations) kept for the probe batch, besides one
-            fixed synthetic sequence.
+        probe_threshold: largest allowed max |log-prob difference| between vLLM and the trainer on
+            the probe batch; None = 1e-3 when vLLM and the trainer both compute in float32, else 0.1
+            (16-bit rounding alone differs by ~1e-2).
+        probe_size: prompts of the run (with their sampled continuations) kept for the probe batch,
+            besides one fixed synthetic sequence.
         probe_max_tokens: tokens per probe sequence at most.
-        cpu_kvcache_gib: KV cache size on CPU in GiB (sets ``VLLM_CPU_KVCACHE_SPACE`` unless it is set already).
-        full_push: push every weight even for a LoRA actor (otherwise only the blocks with an adapter).
+        cpu_kvcache_gib: KV cache size on CPU in GiB (sets ``VLLM_CPU_KVCACHE_SPACE`` unless it is
+            set already).
+        full_push: push every weight even for a LoRA actor (otherwise only the blocks with an
+            adapter).
     """
 
     gpu_memory_utilization: float = 0.5
@@ -185,12 +190,14 @@ _VLLM_DOMAINS = {
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """The rollout engine (``--data.engine.*``; ``python main.py evaluate`` and ``warm_start`` take the same).
+    """The rollout engine (``--data.engine.*``; ``python main.py evaluate`` and ``warm_start`` take
+    the same).
 
     Args:
-        name: ``hf`` (transformers, samples with the actor itself), ``vllm`` (an in-process vLLM engine whose
-            weights are pushed from the actor before every rollout and checked by the sync probe; needs vLLM) or
-            ``auto`` (``vllm`` when installed and the actor is not 4-bit, else ``hf``).
+        name: ``hf`` (transformers, samples with the actor itself), ``vllm`` (an in-process vLLM
+            engine whose weights are pushed from the actor before every rollout and checked by the
+            sync probe; needs vLLM) or ``auto`` (``vllm`` when installed and the actor is not 4-bit,
+            else ``hf``).
         max_batch_size: generation requests decoded together at most.
         vllm: the vLLM engine's settings (:class:`VLLMSettings`).
     """
@@ -215,8 +222,9 @@ S = TypeVar("S")
 
 
 def as_settings(cls: type[S], value: S | dict[str, Any] | None, flag: str) -> S:
-    """``value`` as the settings dataclass ``cls``: an instance as is, a mapping (parsed YAML, hyperparameters, a
-    jsonargparse Namespace) field by field (an unknown key names ``flag.<key>``), None: the defaults."""
+    """``value`` as the settings dataclass ``cls``: an instance as is, a mapping (parsed YAML,
+    hyperparameters, a jsonargparse Namespace) field by field (an unknown key names ``flag.<key>``),
+    None: the defaults."""
     if value is None:
         return cls()
     if isinstance(value, cls):

@@ -1,5 +1,6 @@
-"""Held-out rollouts of a model with the HF engine: the warm start's before/after report and the learning
-benchmark's evaluation (``python main.py evaluate`` is the full evaluation: suites, passes, intervals)."""
+"""Held-out rollouts of a model with the HF engine: the warm start's before/after report and the
+learning benchmark's evaluation (``python main.py evaluate`` is the full evaluation: suites, passes,
+intervals)."""
 
 from __future__ import annotations
 
@@ -27,11 +28,11 @@ def evaluate_policy(
     episode: EpisodeSettings | dict[str, Any] | None = None,
     max_batch_size: int = 128,
 ) -> dict[str, float]:
-    """Roll out ``model`` with the HF engine on held-out seeds (``episode_seeds(seed, n, "eval")``) under the
-    ``episode`` settings (use the RL run's).
+    """Roll out ``model`` with the HF engine on held-out seeds (``episode_seeds(seed, n, "eval")``)
+    under the ``episode`` settings (use the RL run's).
 
-    Returns ``format_valid_rate`` (turns with a well-formed answer whose actions were all valid, i.e. no format
-    penalty), ``success_rate``, ``mean_return`` (env reward) and ``mean_turns``.
+    Returns ``format_valid_rate`` (turns with a well-formed answer whose actions were all valid,
+    i.e. no format penalty), ``success_rate``, ``mean_return`` (env reward) and ``mean_turns``.
     """
     from ragen_lightning.rollout.engine import HFEngine, SamplingParams
     from ragen_lightning.rollout.runner import RolloutRunner

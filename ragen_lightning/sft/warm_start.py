@@ -14,9 +14,10 @@ shipped the same SFT step, on BFS trajectories). :func:`warm_start` returns the 
 The loop is plain PyTorch (no Trainer start-up cost) but its loss is :func:`~ragen_lightning.sft.module.
 causal_lm_sft_loss`, the function :class:`~ragen_lightning.sft.module.SFTModule` trains with.
 
-Run ``python main.py warm_start --config configs/<task>.yaml`` (the fit's env, episode and ``--model.warm_start``
-recipe) or ``python main.py warm_start --data.env.id ragen/SimpleSokoban-v0`` to warm-start and print the
-format-valid and success rates of the base and warm-started models on held-out seeds.
+Run ``python main.py warm_start --config configs/<task>.yaml`` (the fit's env, episode and
+``--model.warm_start`` recipe) or ``python main.py warm_start --data.env.id ragen/SimpleSokoban-v0``
+to warm-start and print the format-valid and success rates of the base and warm-started models on
+held-out seeds.
 """
 
 from __future__ import annotations
@@ -227,12 +228,15 @@ def train_sft(model: torch.nn.Module, demos: Sequence[Demonstration], pad_token_
 
 @dataclass(frozen=True)
 class WarmStartSettings:
-    """The supervised warm start's recipe (``--model.warm_start.*``; ``python main.py warm_start`` takes the same).
-    Every field but ``cache_dir``, ``torch_threads``, ``threads`` and ``verbose`` is part of the cache key.
+    """The supervised warm start's recipe (``--model.warm_start.*``; ``python main.py warm_start``
+    takes the same). Every field but ``cache_dir``, ``torch_threads``, ``threads`` and ``verbose``
+    is part of the cache key.
 
     Args:
-        steps: optimizer steps; null: :func:`default_steps` (the env's hint, else 150; the largest of a mixture's).
-        num_episodes: expert episodes per env (training seeds ``episode_seeds(seed, num_episodes, "train")``).
+        steps: optimizer steps; null: :func:`default_steps` (the env's hint, else 150; the largest
+            of a mixture's).
+        num_episodes: expert episodes per env (training seeds ``episode_seeds(seed, num_episodes,
+            "train")``).
         lr: AdamW learning rate (peak; linear warm-up, then ``lr_schedule``). 3e-3 suits the ~1M-parameter tiny
             model; use ~1e-5..1e-4 for real LLMs.
         batch_size: sequences per step.
@@ -240,18 +244,20 @@ class WarmStartSettings:
         warmup_steps: linear warm-up steps.
         lr_schedule: ``constant`` or ``cosine`` (to 10 % of ``lr``).
         seed: seeds the demonstration seeds, the batch order and torch's RNG during training.
-        reading_steps: the first ``reading_steps`` train only the reasoning's reading clause of every expert turn
-            (:func:`~ragen_lightning.sft.experts.reading_clauses`; docs/learning.md, "Reading first"); 0: off.
+        reading_steps: the first ``reading_steps`` train only the reasoning's reading clause of
+            every expert turn (:func:`~ragen_lightning.sft.experts.reading_clauses`;
+            docs/learning.md, "Reading first"); 0: off.
         only_successful: train only on episodes the env marked successful.
         dtype: parameter dtype while training and in the saved folder.
-        episode: episode settings of the demonstrations that differ from the run's ``--data.episode`` (keys of
-            ``EpisodeSettings``); unset: exactly the rollouts' format.
+        episode: episode settings of the demonstrations that differ from the run's
+            ``--data.episode`` (keys of ``EpisodeSettings``); unset: exactly the rollouts' format.
         cache_dir: where warm-started folders live (default ``tiny.cache_root()``).
-        torch_threads: CPU threads while building (restored afterwards; null keeps torch's setting); 1 is fastest
-            for the tiny model.
-        threads: parts of each batch trained at once on CPU threads, one op thread each (:func:`sft_backward`);
-            the gradient is the same to float rounding.
-        verbose: also print the loss and token accuracy every 25 steps (the progress line is always on).
+        torch_threads: CPU threads while building (restored afterwards; null keeps torch's setting);
+            1 is fastest for the tiny model.
+        threads: parts of each batch trained at once on CPU threads, one op thread each
+            (:func:`sft_backward`); the gradient is the same to float rounding.
+        verbose: also print the loss and token accuracy every 25 steps (the progress line is always
+            on).
     """
 
     steps: int | None = None
@@ -283,7 +289,8 @@ class WarmStartSettings:
             as_episode(self.episode)
 
     def recipe(self, steps: int) -> dict[str, Any]:
-        """What the cache key hashes of the recipe (the names and order of before the group: same keys)."""
+        """What the cache key hashes of the recipe (the names and order of before the group: same
+        keys)."""
         return {"steps": steps, "num_episodes": self.num_episodes, "lr": self.lr, "batch_size": self.batch_size,
                 "weight_decay": self.weight_decay, "warmup_steps": self.warmup_steps,
                 "lr_schedule": self.lr_schedule, "seed": self.seed, "only_successful": self.only_successful,
@@ -301,7 +308,8 @@ _DOMAINS = {
 
 
 def as_warm_start(value: WarmStartSettings | bool | dict[str, Any] | None) -> WarmStartSettings | None:
-    """``--model.warm_start`` as settings: None when off (``false``/null), the defaults for ``true``."""
+    """``--model.warm_start`` as settings: None when off (``false``/null), the defaults for
+    ``true``."""
     if value is None or value is False:
         return None
     if value is True:
@@ -310,7 +318,8 @@ def as_warm_start(value: WarmStartSettings | bool | dict[str, Any] | None) -> Wa
 
 
 def warm_start_hparams(value: WarmStartSettings | bool | dict[str, Any] | None) -> dict[str, Any] | bool:
-    """``--model.warm_start`` as saved with a checkpoint: plain values (a weights-only load takes no objects)."""
+    """``--model.warm_start`` as saved with a checkpoint: plain values (a weights-only load takes no
+    objects)."""
     settings = as_warm_start(value)
     return False if settings is None else dataclasses.asdict(settings)
 
@@ -319,18 +328,22 @@ def warm_start(model: str = "tiny", env_id: str = "ragen/SimpleSokoban-v0",
                env_kwargs: dict[str, Any] | None = None, settings: WarmStartSettings | None = None, *,
                episode: EpisodeSettings | dict[str, Any] | None = None,
                more_envs: Sequence[tuple[str, dict[str, Any] | None, EpisodeSettings | None]] = ()) -> Path:
-    """The folder of ``model`` fine-tuned on expert demonstrations of ``env_id`` (built once, then cached).
+    """The folder of ``model`` fine-tuned on expert demonstrations of ``env_id`` (built once, then
+    cached).
 
     Args:
         model: ``"tiny"``, a local Hugging Face folder or a hub id (the base model).
-        env_id: registered gymnasium id of the demonstrations' env (``import envs`` registers the project's).
+        env_id: registered gymnasium id of the demonstrations' env (``import envs`` registers the
+            project's).
         env_kwargs: keyword arguments of the env.
         settings: the recipe (:class:`WarmStartSettings`; None: the defaults).
-        episode: episode settings of the demonstrations (use the RL run's ``--data.episode`` so the formats match),
-            then ``settings.episode`` over them. Every field but ``format_penalty`` is part of the cache key.
+        episode: episode settings of the demonstrations (use the RL run's ``--data.episode`` so the
+            formats match), then ``settings.episode`` over them. Every field but ``format_penalty``
+            is part of the cache key.
         more_envs: further ``(env_id, env_kwargs, episode)`` whose demonstrations join ``env_id``'s (an environment
-            mixture, ``--data.env.mixture``): ``num_episodes`` expert episodes of each env, in its own episode
-            settings (None: ``episode``), trained on as one shuffled set. Empty: the key is the single env's.
+            mixture, ``--data.env.mixture``): ``num_episodes`` expert episodes of each env, in its
+            own episode settings (None: ``episode``), trained on as one shuffled set. Empty: the key
+            is the single env's.
 
     Returns:
         the folder (``save_pretrained`` model + tokenizer + ``warm_start.json`` with the arguments, demo statistics,
@@ -356,7 +369,8 @@ Sources = Sequence[tuple[str, dict[str, Any] | None, EpisodeSettings]]  # (env_i
 
 def _checked_steps(env_id: str, env_kwargs: dict[str, Any] | None, more: Sources, steps: int | None,
                    reading_steps: int) -> int:
-    """``steps`` (None: the largest of the envs' hints), once every env has an expert and the reading steps fit."""
+    """``steps`` (None: the largest of the envs' hints), once every env has an expert and the
+    reading steps fit."""
     for more_id, more_kwargs, _ in more:
         require_expert(more_id, more_kwargs)
     if steps is None:
@@ -455,8 +469,8 @@ def _build(final: Path, root: Path, base: str, args: dict[str, Any], episode: Ep
 
 def warm_started_path(model: str, setting: WarmStartSettings | bool | dict[str, Any] | None, datamodule) -> str:
     """The actor's folder for a fit: ``model`` resolved, or (``--model.warm_start`` on) the cached warm start on the
-    data module's training envs, with demonstrations in exactly the rollouts' format: the data module's episode
-    settings (each mixture entry's own), ``warm_start.episode`` over them."""
+    data module's training envs, with demonstrations in exactly the rollouts' format: the data
+    module's episode settings (each mixture entry's own), ``warm_start.episode`` over them."""
     settings = as_warm_start(setting)
     if settings is None:
         return models.resolve_model_path(model)
@@ -482,8 +496,8 @@ RENAMED = {"--env": "--data.env.id", "--env-kwargs": "--data.env.kwargs", "--mod
 
 
 def parser() -> Any:
-    """``python main.py warm_start``: the shared groups (:mod:`ragen_lightning.data.shared_flags`), the recipe
-    ``--model.warm_start.*`` and the evaluation's own flags."""
+    """``python main.py warm_start``: the shared groups (:mod:`ragen_lightning.data.shared_flags`),
+    the recipe ``--model.warm_start.*`` and the evaluation's own flags."""
     from ragen_lightning.data.shared_flags import side_parser
 
     p = side_parser("python main.py warm_start", "Warm-start a model on expert demonstrations of the env and "
@@ -497,8 +511,9 @@ def parser() -> Any:
 
 
 def run(argv: Sequence[str]) -> int:
-    """Warm-start as ``argv`` says (:func:`parser`), printing the evaluation of the base and the warm-started model
-    on seeds the demonstrations never used; raises :class:`ConfigError` for a bad setting."""
+    """Warm-start as ``argv`` says (:func:`parser`), printing the evaluation of the base and the
+    warm-started model on seeds the demonstrations never used; raises :class:`ConfigError` for a bad
+    setting."""
     from ragen_lightning.data.shared_flags import parse
     from ragen_lightning.rollout.env_packages import import_env_packages
 
@@ -537,8 +552,8 @@ def run(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python main.py warm_start`` (``python -m ragen_lightning.sft.warm_start`` is its alias): a bad setting is
-    one line on stderr and exit status 2."""
+    """``python main.py warm_start`` (``python -m ragen_lightning.sft.warm_start`` is its alias): a
+    bad setting is one line on stderr and exit status 2."""
     from ragen_lightning.data.shared_flags import run_command
 
     return run_command("warm_start", run, argv, RENAMED)
