@@ -95,12 +95,14 @@ class EvalSettings:
 
     def __post_init__(self) -> None:
         if not self.passes or set(self.passes) - set(PASSES):
-            raise ConfigError(f"--eval.passes must name some of {', '.join(PASSES)}, got {list(self.passes)}")
+            raise ConfigError(f"--eval.passes must name some of {', '.join(PASSES)}, "
+                              f"got {list(self.passes)}")
         if self.samples < 1 or self.seed < 0:
-            raise ConfigError(f"--eval.samples must be >= 1 and --eval.seed >= 0, got {self.samples}, {self.seed}")
+            raise ConfigError(f"--eval.samples must be >= 1 and --eval.seed >= 0, got "
+                              f"{self.samples}, {self.seed}")
         if not self.temperature > 0 or not 0 < self.top_p <= 1:
-            raise ConfigError(f"--eval.temperature must be > 0 (greedy is its own pass) and --eval.top_p in (0, 1], got "
-                              f"{self.temperature}, {self.top_p}")
+            raise ConfigError(f"--eval.temperature must be > 0 (greedy is its own pass) and "
+                              f"--eval.top_p in (0, 1], got {self.temperature}, {self.top_p}")
 
     def samples_per_seed(self, name: str) -> int:
         """Episodes per seed of pass ``name`` (greedy runs one: its episodes would be identical)."""
@@ -349,12 +351,14 @@ def build_policy(c: Any, episode: EpisodeSettings) -> tuple[GenerationEngine, Ch
     if c.ckpt:
         actor, tokenizer = load_checkpoint_actor(c.ckpt)
     else:
-        actor, tokenizer = models.load_causal_lm(c.model.model, c.model.dtype), models.load_tokenizer(c.model.model)
+        name = c.model.model
+        actor, tokenizer = models.load_causal_lm(name, c.model.dtype), models.load_tokenizer(name)
     device = c.device or ("cuda" if torch.cuda.is_available() else "cpu")
     actor.to(device).eval()
     engine = HFEngine(actor, [tokenizer.eos_token_id], tokenizer.pad_token_id,
                       max_batch_size=c.data.engine.max_batch_size)
-    return engine, ChatTokens(tokenizer, enable_think=episode.enable_think), str(c.ckpt or c.model.model)
+    chat = ChatTokens(tokenizer, enable_think=episode.enable_think)
+    return engine, chat, str(c.ckpt or c.model.model)
 
 
 # -- command line -------------------------------------------------------------------------------------------------
@@ -369,12 +373,14 @@ def read_suite(c: Any) -> list[SuiteEntry]:
     return check_suite(suite)
 
 
-def config_suite(env: EnvSettings, validation: ValidationSettings, num_episodes: int) -> list[SuiteEntry]:
+def config_suite(env: EnvSettings, validation: ValidationSettings,
+                 num_episodes: int) -> list[SuiteEntry]:
     """What a training config evaluates on without ``--suite``: its ``validation.suite`` (the
     held-out entries its validation runs), else its ``env.mixture``, else its ``env.id``. An entry's
     ``num_groups`` becomes its number of evaluation seeds; entries without one (and the single env)
     get ``num_episodes``."""
-    for flag, entries in (("--data.validation.suite", validation.suite), ("--data.env.mixture", env.mixture)):
+    lists = (("--data.validation.suite", validation.suite), ("--data.env.mixture", env.mixture))
+    for flag, entries in lists:
         if entries:
             return [as_entry(e, f"{flag}[{i}]", count="num_groups", default_count=num_episodes)
                     for i, e in enumerate(entries)]
@@ -404,9 +410,10 @@ def check_run_file(out_dir: Path, run: dict[str, Any]) -> str:
 RENAMED = {"--model": "--model.model", "--dtype": "--model.dtype", "--api-model": "--api.model",
            "--base-url": "--api.base_url", "--api-key-env": "--api.key_env",
            "--max-concurrency": "--api.max_concurrency", "--max-retries": "--api.max_retries",
-           "--timeout-s": "--api.timeout_s", "--tokenizer": "--api.tokenizer", "--num-episodes": "--num_episodes",
-           "--passes": "--eval.passes", "--seed": "--eval.seed", "--temperature": "--eval.temperature",
-           "--top-p": "--eval.top_p", "--samples": "--eval.samples", "--chunk-seeds": "--chunk_seeds",
+           "--timeout-s": "--api.timeout_s", "--tokenizer": "--api.tokenizer",
+           "--num-episodes": "--num_episodes", "--passes": "--eval.passes", "--seed": "--eval.seed",
+           "--temperature": "--eval.temperature", "--top-p": "--eval.top_p",
+           "--samples": "--eval.samples", "--chunk-seeds": "--chunk_seeds",
            "--max-batch-size": "--data.engine.max_batch_size", "--torch-threads": "--torch_threads",
            "--import": "--imports", "--no-progress": "--progress false"}
 
@@ -417,18 +424,25 @@ def parser() -> Any:
     from ragen_lightning.data.shared_flags import side_parser
 
     p = side_parser("python main.py evaluate", __doc__.split("\n\n")[0], validation=True)
-    p.add_argument("--ckpt", type=str | None, default=None, help="a fit's Lightning checkpoint (.ckpt)")
-    p.add_argument("--model.dtype", type=str, default="float32", help="--model.model: weights dtype")
+    p.add_argument("--ckpt", type=str | None, default=None,
+                   help="a fit's Lightning checkpoint (.ckpt)")
+    p.add_argument("--model.dtype", type=str, default="float32",
+                   help="--model.model: weights dtype")
     p.add_class_arguments(APISettings, "api", help="an OpenAI-compatible endpoint as the policy")
-    p.add_class_arguments(EvalSettings, "eval", help="the passes, seeds and sampling of the evaluation")
-    p.add_argument("--suite", type=str | None, default=None, help="suite YAML (ragen_lightning/data/suite.py)")
+    p.add_class_arguments(EvalSettings, "eval",
+                          help="the passes, seeds and sampling of the evaluation")
+    p.add_argument("--suite", type=str | None, default=None,
+                   help="suite YAML (ragen_lightning/data/suite.py)")
     p.add_argument("--entry", type=dict | list[dict] | None, default=None,
-                   help="suite entries as YAML, e.g. '{env_id: ragen/Bandit-v0}' (several: --entry+ each)")
+                   help="suite entries as YAML, e.g. '{env_id: ragen/Bandit-v0}' "
+                        "(several: --entry+ each)")
     p.add_argument("--num_episodes", type=int, default=64,
-                   help="episodes per entry taken from the data settings (entries naming num_groups keep theirs)")
+                   help="episodes per entry taken from the data settings (entries naming "
+                        "num_groups keep theirs)")
     p.add_argument("--chunk_seeds", type=int, default=32, help="seeds run (and written) together")
     p.add_argument("--out", type=str, default="outputs/eval", help="output folder")
-    p.add_argument("--device", type=str | None, default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--device", type=str | None, default=None,
+                   help="cpu or cuda (default: cuda when available)")
     p.add_argument("--progress", type=bool, default=True, help="a progress line on stderr")
     return p
 
@@ -441,7 +455,7 @@ def run(argv: Sequence[str]) -> int:
     if c.torch_threads:
         torch.set_num_threads(c.torch_threads)
     try:
-        import_env_packages(c.imports if c.imports is None or isinstance(c.imports, list) else [c.imports])
+        import_env_packages([c.imports] if isinstance(c.imports, str) else c.imports)
     except ImportError as e:
         raise ConfigError(f"--imports: {e}") from None
     if c.chunk_seeds < 1:
@@ -450,14 +464,16 @@ def run(argv: Sequence[str]) -> int:
     out = Path(c.out)
     policy = {"ckpt": c.ckpt, "model": None if c.ckpt or c.api.model else c.model.model,
               "api_model": c.api.model, "base_url": c.api.base_url if c.api.model else None}
-    run_text = check_run_file(out, {"policy": policy, "episode": asdict(episode), "settings": asdict(settings),
+    run_text = check_run_file(out, {"policy": policy, "episode": asdict(episode),
+                                    "settings": asdict(settings),
                                     "suite": [asdict(e) for e in suite]})
-    engine, chat, what = build_policy(c, episode)  # a checkpoint is checked here: nothing is written before
+    # a checkpoint is checked here: nothing is written before
+    engine, chat, what = build_policy(c, episode)
     try:
         out.mkdir(parents=True, exist_ok=True)
         _atomic_write(out / "run.json", run_text)
-        run_suite(engine, chat, suite, settings, episode, out / "trajectories.jsonl", chunk_seeds=c.chunk_seeds,
-                  progress=c.progress)
+        run_suite(engine, chat, suite, settings, episode, out / "trajectories.jsonl",
+                  chunk_seeds=c.chunk_seeds, progress=c.progress)
     except APIError as e:  # the endpoint failed for good; what ran so far is in the JSONL, a re-run goes on
         print(f"error: {e}", file=sys.stderr)
         return 1

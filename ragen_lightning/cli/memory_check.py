@@ -64,8 +64,9 @@ def _vllm_memory(vllm: VLLMSettings, gpu_gib: float | None) -> tuple[dict[str, A
     if gpu_gib is None:
         raise ConfigError("the memory plan of the vLLM engine needs the GPU's memory: pass --gpu_memory_gb (no CUDA "
                           "device here to read it from), or --data.engine.name hf")
-    note = (f"vLLM reservation = --data.engine.vllm.gpu_memory_utilization {vllm.gpu_memory_utilization:g} x "
-            f"{gpu_gib:g} GiB from {source}; sleep_level {vllm.sleep_level}")
+    note = (f"vLLM reservation = --data.engine.vllm.gpu_memory_utilization "
+            f"{vllm.gpu_memory_utilization:g} x {gpu_gib:g} GiB from {source}; "
+            f"sleep_level {vllm.sleep_level}")
     return {"gpu_memory_utilization": float(vllm.gpu_memory_utilization), "gpu_gib": gpu_gib,
             "sleep_level": int(vllm.sleep_level)}, note
 
@@ -82,7 +83,8 @@ def plan_from_config(model: dict[str, Any], data: dict[str, Any], trainer: dict[
     optimizers = [_as_dict(optim.get(k)).get("class_path", "") for k in ("actor_optimizer", "critic_optimizer")]
     d = DataSettings.build(**_as_dict(data))
     engine = rollout_engine(model, d.engine)
-    vllm, note = _vllm_memory(d.engine.vllm, gpu_gib) if engine == "vllm" else ({"gpu_gib": gpu_gib}, None)
+    vllm, note = ({"gpu_gib": gpu_gib}, None) if engine != "vllm" else \
+        _vllm_memory(d.engine.vllm, gpu_gib)
     max_len = d.episode.max_model_len
     rows = s.update.micro_batch_size
     if s.update.micro_batch_tokens is not None:  # a micro-batch holds the budget, or one longer row alone
@@ -117,12 +119,15 @@ def check_memory(config: Any, *, print_plan: bool, refuse: bool = True) -> Memor
     if refuse and gpu is not None and not result.fits(gpu):
         if print_plan:
             print(result.table(gpu))
-        overlap = ("; --data.training.async_level 0: the engine's rollout memory then leaves the update phase"
-                   if result.engine_async else "")
-        raise ConfigError(f"--gpu_memory_gb {gpu:g}: the estimated peak {result.peak / GIB:.1f} GiB does not fit "
-                          "(see --memory_plan true); lower --model.update.micro_batch_size / --data.episode.max_model_len, set "
-                          "--model.update.activation_checkpointing true or --model.update.logits_chunk_size, lower "
-                          "--data.engine.vllm.gpu_memory_utilization (vLLM) or --data.engine.max_batch_size (HF engine), or use LoRA/QLoRA "
+        overlap = ("; --data.training.async_level 0: the engine's rollout memory then leaves the "
+                   "update phase" if result.engine_async else "")
+        raise ConfigError(f"--gpu_memory_gb {gpu:g}: the estimated peak {result.peak / GIB:.1f} GiB "
+                          "does not fit (see --memory_plan true); lower "
+                          "--model.update.micro_batch_size / --data.episode.max_model_len, set "
+                          "--model.update.activation_checkpointing true or "
+                          "--model.update.logits_chunk_size, lower "
+                          "--data.engine.vllm.gpu_memory_utilization (vLLM) or "
+                          "--data.engine.max_batch_size (HF engine), or use LoRA/QLoRA "
                           f"(configs/lora.yaml, configs/qlora.yaml){overlap}; docs/memory.md")
     if print_plan:
         print(result.table(gpu))

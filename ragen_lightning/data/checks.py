@@ -32,18 +32,28 @@ def check_envs(s: DataSettings) -> None:
         for i, entry in enumerate(entries):
             where = f"{flag}[{i}]." if flag else "--data.env."
             check_entry_episode(entry, s.episode, where[:-1])
-            try:  # an unknown id or bad env kwargs fail here, naming the flag, not in the first rollout
+            # an unknown id or bad env kwargs fail here, naming the flag, not in the first rollout
+            try:
                 env = make_env(entry.env_id, entry.env_kwargs)
                 branchable = bool(getattr(env.unwrapped, "branchable", False))
                 env.close()
             except UnknownEnvError as e:
                 raise ConfigError(f"{where}{'env_id' if flag else 'id'}: {e}") from None
-            except (TypeError, ValueError, OSError, ImportError) as e:  # OSError: a data file is missing
-                raise ConfigError(f"{where}{'env_kwargs' if flag else 'kwargs'} for {entry.env_id}: {e}") from None
+            except (
+                TypeError,
+                ValueError,
+                OSError,
+                ImportError,
+            ) as e:  # OSError: a data file is missing
+                raise ConfigError(
+                    f"{where}{'env_kwargs' if flag else 'kwargs'} for {entry.env_id}: {e}"
+                ) from None
             if branches > 1 and not branchable and flag != VAL_FLAG:
-                raise ConfigError(f"--data.branching.branches {branches}: {entry.env_id} does not declare "
-                                  "branchable = True (its state must be an in-process object that copy.deepcopy "
-                                  "duplicates)")
+                raise ConfigError(
+                    f"--data.branching.branches {branches}: {entry.env_id} does not declare "
+                    "branchable = True (its state must be an in-process object that copy.deepcopy "
+                    "duplicates)"
+                )
     if s.engine.name == "vllm":
         require_vllm()
 
@@ -55,16 +65,34 @@ def check_world_size(s: DataSettings, size: int) -> None:
     the sum over the entries) the number of rollout groups ``size / k``."""
     tp = s.engine.tensor_parallel_size
     dp = rollout_rank(0, size, tp)[1]
-    where = f"processes ({size}): every rank" if tp == 1 else \
-        f"tensor-parallel vLLM engines ({size} processes / --data.engine.vllm.tensor_parallel_size {tp}): " \
-        "every engine"
+    where = (
+        f"processes ({size}): every rank"
+        if tp == 1
+        else f"tensor-parallel vLLM engines ({size} processes / "
+        f"--data.engine.vllm.tensor_parallel_size {tp}): every engine"
+    )
     rollouts = {
-        "training": ("--data.training.num_groups", s.training.num_groups, is_mixture(s), train_entries),
-        "validation": ("--data.validation.num_groups", s.validation.num_groups,
-                       is_mixture(s) or s.validation.suite is not None, val_entries)}
+        "training": (
+            "--data.training.num_groups",
+            s.training.num_groups,
+            is_mixture(s),
+            train_entries,
+        ),
+        "validation": (
+            "--data.validation.num_groups",
+            s.validation.num_groups,
+            is_mixture(s) or s.validation.suite is not None,
+            val_entries,
+        ),
+    }
     for kind, (flag, groups, entries_given, entries) in rollouts.items():
         if entries_given:
-            groups, flag = sum(e.num_groups for e in entries(s)), f"the {kind} entries' num_groups summed"
+            groups, flag = (
+                sum(e.num_groups for e in entries(s)),
+                f"the {kind} entries' num_groups summed",
+            )
         if groups % dp:
-            raise ConfigError(f"{flag} ({groups}) must be divisible by the number of {where} runs whole env "
-                              "groups")
+            raise ConfigError(
+                f"{flag} ({groups}) must be divisible by the number of {where} runs whole env "
+                "groups"
+            )

@@ -157,14 +157,16 @@ class RolloutDataModule(L.LightningDataModule):
         self.save_hyperparameters({f.name: asdict(getattr(s, f.name)) for f in fields(s)})
         self.episode, self.filter = s.episode, s.filter
         new_tokens = s.episode.max_new_tokens
-        self.train_params = SamplingParams(s.sampling.temperature, s.sampling.top_p, s.sampling.top_k, new_tokens)
+        sampling = s.sampling
+        self.train_params = SamplingParams(sampling.temperature, sampling.top_p, sampling.top_k,
+                                           new_tokens)
         self.val_params = SamplingParams(s.validation.temperature, 1.0, -1, new_tokens)
         self.train_entries: list[SuiteEntry] = train_entries(s)
         self.val_entries: list[SuiteEntry] = val_entries(s)
         self.iteration = 0
         self.consecutive_empty = 0
         self._runners: list[RolloutRunner] = []
-        self.engine = None  # the rollout engine, built at the first rollout (``settings.engine`` says which)
+        self.engine = None  # the rollout engine, built at the first rollout (``settings.engine``)
         self.policy: RolloutPolicy | None = None  # connect()
         self._val_runners: list[RolloutRunner] = []
         self._train_engine = None  # the engine of the training rollouts: self.engine, or its snapshot (async)
@@ -206,14 +208,15 @@ class RolloutDataModule(L.LightningDataModule):
         s = self.settings
         chat = ChatTokens(self.policy.tokenizer, enable_think=self.episode.enable_think)
         extra = {} if s.engine.name == "hf" else {
-            "engine": s.engine.name, "vllm": s.engine.vllm, "max_model_len": self.episode.max_model_len,
+            "engine": s.engine.name, "vllm": s.engine.vllm,
+            "max_model_len": self.episode.max_model_len,
             "seed": s.training.seed}
         engine = self.policy.make_engine(max_batch_size=s.engine.max_batch_size, **extra)
         self.engine = engine
         self._train_engine = snapshot_engine(engine) if self._ahead is not None else engine
         self.chat = chat
-        self._runners = self._make_runners(self.train_entries, chat, self._train_engine, s.branching.branches,
-                                           s.branching.follow)
+        self._runners = self._make_runners(self.train_entries, chat, self._train_engine,
+                                           s.branching.branches, s.branching.follow)
         self._val_runners = self._make_runners(self.val_entries, chat, engine)
         self._check_budget(self._runners, self._val_runners)  # the first prompt must fit (the CLI checked it too)
 
@@ -261,7 +264,8 @@ class RolloutDataModule(L.LightningDataModule):
         if not self.mixture:
             return [[seed + iteration * groups + g for g in range(groups)]]
         held_out = dict(zip((e.tag for e in self.val_entries), self.val_entry_seeds()))
-        return [train_seeds(e, seed, iteration, held_out.get(e.tag, ())) for e in self.train_entries]
+        return [train_seeds(e, seed, iteration, held_out.get(e.tag, ()))
+                for e in self.train_entries]
 
     def val_entry_seeds(self) -> list[list[int]]:
         """Each validation entry's fixed reset seeds: ``val_seed + g`` for the single env, else its tag's."""
@@ -323,8 +327,9 @@ class RolloutDataModule(L.LightningDataModule):
             kept, filter_stats = trajectories, {}
         else:
             kept, _, filter_stats = filter_groups(trajectories, group_size, self.filter)
-        batch = build_batch(kept, pad_token_id=self.chat.tokenizer.pad_token_id, reward_placement=rewards.placement,
-                            norm_grouping=rewards.norm_grouping, norm_method=rewards.norm_method, metrics=metrics)
+        batch = build_batch(kept, pad_token_id=self.chat.tokenizer.pad_token_id,
+                            reward_placement=rewards.placement, norm_grouping=rewards.norm_grouping,
+                            norm_method=rewards.norm_method, metrics=metrics)
         if by_states:
             batch, filter_stats = filter_states(batch, self.filter)
         metrics.update(filter_stats)

@@ -59,7 +59,7 @@ from ragen_lightning.types import Trajectory
 if TYPE_CHECKING:
     from ragen_lightning.data.settings import DataSettings
 
-DEFAULT_ENV_ID = "ragen/SimpleSokoban-v0"  # --data.env.id when neither it nor --data.env.mixture is given
+DEFAULT_ENV_ID = "ragen/SimpleSokoban-v0"  # --data.env.id when neither it nor a mixture is given
 TRAIN_FLAG, VAL_FLAG = "--data.env.mixture", "--data.validation.suite"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]+")
 

@@ -71,9 +71,11 @@ class EnvSettings:
         if self.mixture is not None:
             given = [f"--data.env.{k}" for k in ("id", "kwargs") if getattr(self, k) is not None]
             if given:
-                raise ConfigError(f"{' and '.join(given)} {'conflict' if len(given) > 1 else 'conflicts'} with "
-                                  "--data.env.mixture, whose entries name the training envs (env_id, env_kwargs): "
-                                  f"leave {' and '.join(given)} unset")
+                raise ConfigError(
+                    f"{' and '.join(given)} {'conflict' if len(given) > 1 else 'conflicts'} "
+                    "with --data.env.mixture, whose entries name the training envs (env_id, "
+                    f"env_kwargs): leave {' and '.join(given)} unset"
+                )
 
 
 @dataclass(frozen=True)
@@ -106,12 +108,23 @@ class TrainingSettings:
 
     def __post_init__(self) -> None:
         if isinstance(self.async_level, int) and self.async_level > 1:
-            raise ConfigError(f"--data.training.async_level {self.async_level}: only 1 (one rollout in flight, one "
-                              "update old) is built; more needs a bounded buffer of rollouts sampled with several "
-                              "older weights")
-        check_domains("--data.training.", self, {
-            "num_iterations": _COUNT, "num_groups": _COUNT, "group_size": _COUNT, "seed": _SEED,
-            "empty_stop_steps": Domain(low=0, integer=True), "async_level": Domain(0, 1, integer=True)})
+            raise ConfigError(
+                f"--data.training.async_level {self.async_level}: only 1 (one rollout in flight, "
+                "one update old) is built; more needs a bounded buffer of rollouts sampled with "
+                "several older weights"
+            )
+        check_domains(
+            "--data.training.",
+            self,
+            {
+                "num_iterations": _COUNT,
+                "num_groups": _COUNT,
+                "group_size": _COUNT,
+                "seed": _SEED,
+                "empty_stop_steps": Domain(low=0, integer=True),
+                "async_level": Domain(0, 1, integer=True),
+            },
+        )
 
 
 @dataclass(frozen=True)
@@ -130,9 +143,15 @@ class SamplingSettings:
     top_k: int = -1
 
     def __post_init__(self) -> None:
-        check_domains("--data.sampling.", self, {
-            "temperature": _TEMPERATURE, "top_p": Domain(0, 1, low_open=True),
-            "top_k": Domain(low=1, integer=True, special=(-1,))})
+        check_domains(
+            "--data.sampling.",
+            self,
+            {
+                "temperature": _TEMPERATURE,
+                "top_p": Domain(0, 1, low_open=True),
+                "top_k": Domain(low=1, integer=True, special=(-1,)),
+            },
+        )
 
 
 @dataclass(frozen=True)
@@ -158,8 +177,16 @@ class ValidationSettings:
     suite: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
-        check_domains("--data.validation.", self, {
-            "num_groups": _COUNT, "group_size": _COUNT, "temperature": _TEMPERATURE, "seed": _SEED})
+        check_domains(
+            "--data.validation.",
+            self,
+            {
+                "num_groups": _COUNT,
+                "group_size": _COUNT,
+                "temperature": _TEMPERATURE,
+                "seed": _SEED,
+            },
+        )
 
 
 @dataclass(frozen=True)
@@ -184,7 +211,9 @@ class RewardSettings:
         _choice("--data.rewards.norm_grouping", self.norm_grouping, get_args(NormGrouping))
         _choice("--data.rewards.norm_method", self.norm_method, get_args(NormMethod))
         if self.placement == "turn" and self.norm_method != "identity":
-            raise ConfigError("--data.rewards.norm_method must be 'identity' with --data.rewards.placement turn")
+            raise ConfigError(
+                "--data.rewards.norm_method must be 'identity' with --data.rewards.placement turn"
+            )
 
 
 @dataclass(frozen=True)
@@ -209,15 +238,22 @@ class BranchingSettings:
         _COUNT.check("--data.branching.branches", self.branches)
         _choice("--data.branching.follow", self.follow, get_args(BranchFollow))
         if self.follow == "best" and self.branches == 1:
-            raise ConfigError("--data.branching.follow best needs --data.branching.branches > 1: it picks among the "
-                              "responses sampled for one state")
+            raise ConfigError(
+                "--data.branching.follow best needs --data.branching.branches > 1: it picks among "
+                "the responses sampled for one state"
+            )
 
 
 # The groups of ``RolloutDataModule(...)`` (its parameters, in order) but the filter's, which its
 # own module owns.
 GROUPS: dict[str, type] = {
-    "env": EnvSettings, "training": TrainingSettings, "episode": EpisodeSettings, "sampling": SamplingSettings,
-    "validation": ValidationSettings, "rewards": RewardSettings, "branching": BranchingSettings,
+    "env": EnvSettings,
+    "training": TrainingSettings,
+    "episode": EpisodeSettings,
+    "sampling": SamplingSettings,
+    "validation": ValidationSettings,
+    "rewards": RewardSettings,
+    "branching": BranchingSettings,
     "engine": EngineSettings,
 }
 
@@ -254,45 +290,74 @@ class DataSettings:
         or None."""
         known = {f.name for f in fields(cls)}
         if unknown := sorted(set(groups) - known):
-            raise ConfigError(renamed_flag_error(f"data.{unknown[0]}") or
-                              f"--data.{unknown[0]} is not a setting; the groups are {', '.join(sorted(known))}")
+            raise ConfigError(
+                renamed_flag_error(f"data.{unknown[0]}")
+                or f"--data.{unknown[0]} is not a setting; the groups are "
+                f"{', '.join(sorted(known))}"
+            )
         values = {name: as_group(name, groups.get(name)) for name in GROUPS}
         filt = groups.get("filter")
-        values["filter"] = filt if isinstance(filt, FilterConfig) else \
-            FilterConfig(**(filt.as_dict() if hasattr(filt, "as_dict") else filt or {}))
+        values["filter"] = (
+            filt
+            if isinstance(filt, FilterConfig)
+            else FilterConfig(**(filt.as_dict() if hasattr(filt, "as_dict") else filt or {}))
+        )
         return cls(**values)
 
 
 def check_combinations(s: DataSettings) -> None:
     """The ``--data.*`` settings that cannot work together (each group checked its own values
     already); one line naming the flags."""
-    if s.branching.branches > 1 and (s.rewards.placement != "turn" or s.episode.context_window == "full"):
-        raise ConfigError("--data.branching.branches > 1 needs --data.rewards.placement turn and a windowed "
-                          "--data.episode.context_window (limited or single_turn): each branch is a one-turn "
-                          "sample scored by its own turn reward")
+    if s.branching.branches > 1 and (
+        s.rewards.placement != "turn" or s.episode.context_window == "full"
+    ):
+        raise ConfigError(
+            "--data.branching.branches > 1 needs --data.rewards.placement turn and a windowed "
+            "--data.episode.context_window (limited or single_turn): each branch is a one-turn "
+            "sample scored by its own turn reward"
+        )
     if getattr(s.filter, "over", "groups") == "states" and s.branching.branches < 2:
-        raise ConfigError("--data.filter.over states selects among the responses to each visited state: it needs "
-                          "--data.branching.branches > 1 (else use over: groups)")
+        raise ConfigError(
+            "--data.filter.over states selects among the responses to each visited state: it needs "
+            "--data.branching.branches > 1 (else use over: groups)"
+        )
     tp = s.engine.tensor_parallel_size
     if s.training.async_level and tp > 1:
-        raise ConfigError(f"--data.training.async_level 1 with --data.engine.vllm.tensor_parallel_size {tp}: one "
-                          f"engine spans {tp} ranks and its collectives would run on the rollout worker beside the "
-                          "update's; use one engine per rank (tensor_parallel_size 1) or async_level 0")
+        raise ConfigError(
+            f"--data.training.async_level 1 with --data.engine.vllm.tensor_parallel_size {tp}: "
+            f"one engine spans {tp} ranks and its collectives would run on the rollout worker "
+            "beside the update's; use one engine per rank (tensor_parallel_size 1) or "
+            "async_level 0"
+        )
 
 
 # -- the flat flags of earlier versions
 # ---------------------------------------------------------------------------
 RENAMED: dict[str, str] = {
-    "env_id": "env.id", "env_kwargs": "env.kwargs", "mixture": "env.mixture",
-    "num_iterations": "training.num_iterations", "num_groups": "training.num_groups",
-    "group_size": "training.group_size", "train_seed": "training.seed",
-    "empty_stop_steps": "training.empty_stop_steps", "async_level": "training.async_level",
-    "temperature": "sampling.temperature", "top_p": "sampling.top_p", "top_k": "sampling.top_k",
-    "val_num_groups": "validation.num_groups", "val_group_size": "validation.group_size",
-    "val_temperature": "validation.temperature", "val_seed": "validation.seed", "val_suite": "validation.suite",
-    "reward_placement": "rewards.placement", "norm_grouping": "rewards.norm_grouping",
-    "norm_method": "rewards.norm_method", "branches": "branching.branches", "branch_follow": "branching.follow",
-    "max_batch_size": "engine.max_batch_size", "vllm": "engine.vllm",
+    "env_id": "env.id",
+    "env_kwargs": "env.kwargs",
+    "mixture": "env.mixture",
+    "num_iterations": "training.num_iterations",
+    "num_groups": "training.num_groups",
+    "group_size": "training.group_size",
+    "train_seed": "training.seed",
+    "empty_stop_steps": "training.empty_stop_steps",
+    "async_level": "training.async_level",
+    "temperature": "sampling.temperature",
+    "top_p": "sampling.top_p",
+    "top_k": "sampling.top_k",
+    "val_num_groups": "validation.num_groups",
+    "val_group_size": "validation.group_size",
+    "val_temperature": "validation.temperature",
+    "val_seed": "validation.seed",
+    "val_suite": "validation.suite",
+    "reward_placement": "rewards.placement",
+    "norm_grouping": "rewards.norm_grouping",
+    "norm_method": "rewards.norm_method",
+    "branches": "branching.branches",
+    "branch_follow": "branching.follow",
+    "max_batch_size": "engine.max_batch_size",
+    "vllm": "engine.vllm",
 }
 _VLLM_FIELDS = tuple(f.name for f in fields(VLLMSettings))
 
@@ -308,5 +373,6 @@ def renamed_flag_error(message: str) -> str | None:
             old, new = f"--data.{path}", f"--data.{RENAMED[head]}" + (f".{rest}" if rest else "")
             return f"{old} was renamed: use {new}"
     if re.search(r"data\.engine\b(?!\.)", message) and re.search(r"\b(hf|vllm|auto)\b", message):
-        return f"--data.engine takes a group now: use {ENGINE_PREFIX}name (e.g. --data.engine.name vllm)"
+        return (f"--data.engine takes a group now: use {ENGINE_PREFIX}name "
+                "(e.g. --data.engine.name vllm)")
     return None

@@ -21,7 +21,11 @@ from ragen_lightning.data.settings import EnvSettings, ValidationSettings
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.settings import EngineSettings, EpisodeSettings
 
-SHARED_GROUPS: dict[str, type] = {"env": EnvSettings, "episode": EpisodeSettings, "engine": EngineSettings}
+SHARED_GROUPS: dict[str, type] = {
+    "env": EnvSettings,
+    "episode": EpisodeSettings,
+    "engine": EngineSettings,
+}
 
 
 def side_parser(prog: str, description: str, *, validation: bool = False) -> Any:
@@ -31,17 +35,34 @@ def side_parser(prog: str, description: str, *, validation: bool = False) -> Any
     from jsonargparse import ActionConfigFile, ArgumentParser
 
     p = ArgumentParser(prog=prog, description=description, exit_on_error=False)
-    p.add_argument("--config", action=ActionConfigFile,
-                   help="a config file, e.g. a fit's configs/<task>.yaml (only the sections this command has)")
+    p.add_argument(
+        "--config",
+        action=ActionConfigFile,
+        help="a config file, e.g. a fit's configs/<task>.yaml (only the sections this command has)",
+    )
     groups = {**SHARED_GROUPS, **({"validation": ValidationSettings} if validation else {})}
     for name, cls in groups.items():
         p.add_class_arguments(cls, f"data.{name}", help=(cls.__doc__ or "").split("\n")[0])
-    p.add_argument("--model.model", type=str, default="tiny",
-                   help="the model: 'tiny', a Hugging Face folder (a fit's --model.export_dir) or a cached hub id")
-    p.add_argument("--torch_threads", type=int | None, default=None, help="CPU threads for torch (null: default)")
-    p.add_argument("--imports", type=str | list[str] | None, default=None,
-                   help="modules registering env ids (default: the installed env packages, the "
-                        "ragen_lightning.envs entry points)")
+    p.add_argument(
+        "--model.model",
+        type=str,
+        default="tiny",
+        help="the model: 'tiny', a Hugging Face folder (a fit's --model.export_dir) or a cached "
+        "hub id",
+    )
+    p.add_argument(
+        "--torch_threads",
+        type=int | None,
+        default=None,
+        help="CPU threads for torch (null: default)",
+    )
+    p.add_argument(
+        "--imports",
+        type=str | list[str] | None,
+        default=None,
+        help="modules registering env ids (default: the installed env packages, the "
+        "ragen_lightning.envs entry points)",
+    )
     return p
 
 
@@ -54,7 +75,11 @@ def _known(defaults: Any, config: Any) -> Any:
     for key, value in config.items():
         if key in defaults and key != "config":
             inner = defaults[key]
-            out[key] = _known(inner, value) if hasattr(inner, "keys") and isinstance(value, dict) else value
+            out[key] = (
+                _known(inner, value)
+                if hasattr(inner, "keys") and isinstance(value, dict)
+                else value
+            )
     return out
 
 
@@ -76,7 +101,9 @@ def filtered_configs(parser: Any, argv: Sequence[str]) -> list[str]:
                 try:
                     data = yaml.safe_load(path.read_text()) or {}
                 except yaml.YAMLError as e:
-                    raise ConfigError(f"--config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+                    raise ConfigError(
+                        f"--config {path}: not valid YAML ({str(e).splitlines()[0]})"
+                    ) from None
                 value = yaml.safe_dump(_known(defaults, data)) if isinstance(data, dict) else value
             out += ["--config", value]
         else:
@@ -98,8 +125,12 @@ def old_flag_error(argv: Sequence[str], renamed: dict[str, str], command: str) -
     return None
 
 
-def run_command(command: str, run: Callable[[list[str]], int], argv: Sequence[str] | None,
-                renamed: dict[str, str]) -> int:
+def run_command(
+    command: str,
+    run: Callable[[list[str]], int],
+    argv: Sequence[str] | None,
+    renamed: dict[str, str],
+) -> int:
     """Run ``run(argv)``; an old flag or a :class:`ConfigError` is one line on stderr and exit
     status 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -121,7 +152,11 @@ def parse(parser: Any, argv: Sequence[str]) -> Any:
 
     try:
         cfg = parser.parse_args(filtered_configs(parser, argv))
-        return parser.instantiate(cfg) if hasattr(parser, "instantiate") else parser.instantiate_classes(cfg)
+        return (
+            parser.instantiate(cfg)
+            if hasattr(parser, "instantiate")
+            else parser.instantiate_classes(cfg)
+        )
     except ArgumentError as e:
         raise ConfigError(renamed_flag_error(str(e)) or _one_line(str(e))) from None
     except ConfigError:

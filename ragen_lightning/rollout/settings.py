@@ -181,9 +181,12 @@ class VLLMSettings:
 
 
 _VLLM_DOMAINS = {
-    "gpu_memory_utilization": Domain(0, 1, low_open=True), "max_model_len": Domain(low=1, integer=True, none=True),
-    "tensor_parallel_size": Domain(low=1, integer=True), "seed": Domain(low=0, integer=True, none=True),
-    "probe_threshold": Domain(low=0, low_open=True, none=True), "probe_size": Domain(low=0, integer=True),
+    "gpu_memory_utilization": Domain(0, 1, low_open=True),
+    "max_model_len": Domain(low=1, integer=True, none=True),
+    "tensor_parallel_size": Domain(low=1, integer=True),
+    "seed": Domain(low=0, integer=True, none=True),
+    "probe_threshold": Domain(low=0, low_open=True, none=True),
+    "probe_size": Domain(low=0, integer=True),
     "probe_max_tokens": Domain(low=2, integer=True), "cpu_kvcache_gib": Domain(low=1, integer=True),
 }
 
@@ -208,7 +211,8 @@ class EngineSettings:
 
     def __post_init__(self) -> None:
         if self.name not in ENGINES:
-            raise ConfigError(f"{ENGINE_PREFIX}name must be one of {', '.join(ENGINES)}, got {self.name!r}")
+            raise ConfigError(f"{ENGINE_PREFIX}name must be one of {', '.join(ENGINES)}, "
+                              f"got {self.name!r}")
         Domain(low=1, integer=True).check(f"{ENGINE_PREFIX}max_batch_size", self.max_batch_size)
         object.__setattr__(self, "vllm", as_settings(VLLMSettings, self.vllm, VLLM_PREFIX[:-1]))
 

@@ -46,9 +46,16 @@ def evaluate_policy(
         tokenizer = tokenizer or models.load_tokenizer(str(model))
         net = models.load_causal_lm(str(model))
     episode = as_episode(episode)
-    engine = HFEngine(net, [tokenizer.eos_token_id], tokenizer.pad_token_id, max_batch_size=max_batch_size)
-    runner = RolloutRunner(env_id, env_kwargs, ChatTokens(tokenizer, enable_think=episode.enable_think), engine,
-                           episode)
+    engine = HFEngine(
+        net, [tokenizer.eos_token_id], tokenizer.pad_token_id, max_batch_size=max_batch_size
+    )
+    runner = RolloutRunner(
+        env_id,
+        env_kwargs,
+        ChatTokens(tokenizer, enable_think=episode.enable_think),
+        engine,
+        episode,
+    )
     seeds = episode_seeds(seed, num_episodes, "eval", exclude=exclude_seeds)
     params = SamplingParams(temperature=temperature, max_new_tokens=episode.max_new_tokens)
     try:

@@ -280,34 +280,44 @@ class WarmStartSettings:
     def __post_init__(self) -> None:
         check_domains(FLAG, self, _DOMAINS)
         if self.lr_schedule not in ("constant", "cosine"):
-            raise ConfigError(f"{FLAG}lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}")
+            raise ConfigError(f"{FLAG}lr_schedule must be 'constant' or 'cosine', "
+                              f"got {self.lr_schedule!r}")
         if self.steps is not None and self.reading_steps >= self.steps:
-            raise ConfigError(f"{FLAG}reading_steps must be below steps ({self.steps}), got {self.reading_steps}")
+            raise ConfigError(f"{FLAG}reading_steps must be below steps ({self.steps}), "
+                              f"got {self.reading_steps}")
         if self.episode is not None:
             if not isinstance(self.episode, dict):
-                raise ConfigError(f"{FLAG}episode must be a mapping of episode settings, got {self.episode!r}")
+                raise ConfigError(f"{FLAG}episode must be a mapping of episode settings, "
+                                  f"got {self.episode!r}")
             as_episode(self.episode)
 
     def recipe(self, steps: int) -> dict[str, Any]:
         """What the cache key hashes of the recipe (the names and order of before the group: same
         keys)."""
-        return {"steps": steps, "num_episodes": self.num_episodes, "lr": self.lr, "batch_size": self.batch_size,
+        return {"steps": steps, "num_episodes": self.num_episodes, "lr": self.lr,
+                "batch_size": self.batch_size,
                 "weight_decay": self.weight_decay, "warmup_steps": self.warmup_steps,
-                "lr_schedule": self.lr_schedule, "seed": self.seed, "only_successful": self.only_successful,
+                "lr_schedule": self.lr_schedule, "seed": self.seed,
+                "only_successful": self.only_successful,
                 "dtype": self.dtype}
 
 
 FLAG = "--model.warm_start."
 _DOMAINS = {
     "steps": Domain(low=1, integer=True, none=True), "num_episodes": Domain(low=1, integer=True),
-    "lr": Domain(low=0, low_open=True), "batch_size": Domain(low=1, integer=True), "weight_decay": Domain(low=0),
+    "lr": Domain(low=0, low_open=True), "batch_size": Domain(low=1, integer=True),
+    "weight_decay": Domain(low=0),
     "warmup_steps": Domain(low=0, integer=True), "seed": Domain(low=0, integer=True),
     "reading_steps": Domain(low=0, integer=True),
     "torch_threads": Domain(low=1, integer=True, none=True), "threads": Domain(low=1, integer=True),
 }
 
 
-def as_warm_start(value: WarmStartSettings | bool | dict[str, Any] | None) -> WarmStartSettings | None:
+# ``--model.warm_start`` as configs and checkpoints hold it
+WarmStartValue = WarmStartSettings | bool | dict[str, Any] | None
+
+
+def as_warm_start(value: WarmStartValue) -> WarmStartSettings | None:
     """``--model.warm_start`` as settings: None when off (``false``/null), the defaults for
     ``true``."""
     if value is None or value is False:
@@ -317,7 +327,7 @@ def as_warm_start(value: WarmStartSettings | bool | dict[str, Any] | None) -> Wa
     return as_settings(WarmStartSettings, value, FLAG[:-1])
 
 
-def warm_start_hparams(value: WarmStartSettings | bool | dict[str, Any] | None) -> dict[str, Any] | bool:
+def warm_start_hparams(value: WarmStartValue) -> dict[str, Any] | bool:
     """``--model.warm_start`` as saved with a checkpoint: plain values (a weights-only load takes no
     objects)."""
     settings = as_warm_start(value)
@@ -325,9 +335,10 @@ def warm_start_hparams(value: WarmStartSettings | bool | dict[str, Any] | None) 
 
 
 def warm_start(model: str = "tiny", env_id: str = "ragen/SimpleSokoban-v0",
-               env_kwargs: dict[str, Any] | None = None, settings: WarmStartSettings | None = None, *,
-               episode: EpisodeSettings | dict[str, Any] | None = None,
-               more_envs: Sequence[tuple[str, dict[str, Any] | None, EpisodeSettings | None]] = ()) -> Path:
+               env_kwargs: dict[str, Any] | None = None, settings: WarmStartSettings | None = None,
+               *, episode: EpisodeSettings | dict[str, Any] | None = None,
+               more_envs: Sequence[tuple[str, dict[str, Any] | None, EpisodeSettings | None]] = (),
+               ) -> Path:
     """The folder of ``model`` fine-tuned on expert demonstrations of ``env_id`` (built once, then
     cached).
 
@@ -376,7 +387,8 @@ def _checked_steps(env_id: str, env_kwargs: dict[str, Any] | None, more: Sources
     if steps is None:
         steps = max(default_steps(i, k) for i, k in [(env_id, env_kwargs)] + [(i, k) for i, k, _ in more])
     if not 0 <= reading_steps < steps:
-        raise ConfigError(f"{FLAG}reading_steps must be >= 0 and below steps ({steps}), got {reading_steps}")
+        raise ConfigError(f"{FLAG}reading_steps must be >= 0 and below steps ({steps}), "
+                          f"got {reading_steps}")
     return steps
 
 
@@ -467,7 +479,7 @@ def _build(final: Path, root: Path, base: str, args: dict[str, Any], episode: Ep
     return final
 
 
-def warm_started_path(model: str, setting: WarmStartSettings | bool | dict[str, Any] | None, datamodule) -> str:
+def warm_started_path(model: str, setting: WarmStartValue, datamodule) -> str:
     """The actor's folder for a fit: ``model`` resolved, or (``--model.warm_start`` on) the cached warm start on the
     data module's training envs, with demonstrations in exactly the rollouts' format: the data
     module's episode settings (each mixture entry's own), ``warm_start.episode`` over them."""
@@ -479,17 +491,20 @@ def warm_started_path(model: str, setting: WarmStartSettings | bool | dict[str, 
     base = datamodule.episode
     if settings.episode:
         base = dataclasses.replace(base, **settings.episode)
-    settings = dataclasses.replace(settings, episode=None)  # applied: entries override it as in the rollouts
+    # applied: each entry's own episode settings go over it, as in the rollouts
+    settings = dataclasses.replace(settings, episode=None)
     first, *rest = datamodule.train_entries
     more = [(e.env_id, e.env_kwargs, e.episode_settings(base)) for e in rest]
-    return str(warm_start(model, first.env_id, first.env_kwargs, settings, episode=first.episode_settings(base),
-                          more_envs=more))
+    return str(warm_start(model, first.env_id, first.env_kwargs, settings,
+                          episode=first.episode_settings(base), more_envs=more))
 
 
 # the flags of the argparse command line of before -> their spelling now
-RENAMED = {"--env": "--data.env.id", "--env-kwargs": "--data.env.kwargs", "--model": "--model.model",
+RENAMED = {"--env": "--data.env.id", "--env-kwargs": "--data.env.kwargs",
+           "--model": "--model.model",
            "--steps": f"{FLAG}steps", "--num-episodes": f"{FLAG}num_episodes", "--lr": f"{FLAG}lr",
-           "--batch-size": f"{FLAG}batch_size", "--seed": f"{FLAG}seed", "--cache-dir": f"{FLAG}cache_dir",
+           "--batch-size": f"{FLAG}batch_size", "--seed": f"{FLAG}seed",
+           "--cache-dir": f"{FLAG}cache_dir",
            "--torch-threads": f"{FLAG}torch_threads", "--threads": f"{FLAG}threads",
            "--eval-episodes": "--eval_episodes", "--temperature": "--eval_temperature",
            "--no-base": "--skip_base true", "--import": "--imports"}
@@ -500,12 +515,14 @@ def parser() -> Any:
     the recipe ``--model.warm_start.*`` and the evaluation's own flags."""
     from ragen_lightning.data.shared_flags import side_parser
 
-    p = side_parser("python main.py warm_start", "Warm-start a model on expert demonstrations of the env and "
-                    "evaluate the base and the warm-started model on held-out seeds.")
+    p = side_parser("python main.py warm_start", "Warm-start a model on expert demonstrations of "
+                    "the env and evaluate the base and the warm-started model on held-out seeds.")
     p.add_argument("--model.warm_start", type=WarmStartSettings | bool, default=True,
                    help="the recipe (WarmStartSettings); a fit's config gives its own")
-    p.add_argument("--eval_episodes", type=int, default=64, help="held-out episodes of each evaluation")
-    p.add_argument("--eval_temperature", type=float, default=1.0, help="sampling temperature of the evaluations")
+    p.add_argument("--eval_episodes", type=int, default=64,
+                   help="held-out episodes of each evaluation")
+    p.add_argument("--eval_temperature", type=float, default=1.0,
+                   help="sampling temperature of the evaluations")
     p.add_argument("--skip_base", type=bool, default=False, help="skip evaluating the base model")
     return p
 
@@ -520,11 +537,12 @@ def run(argv: Sequence[str]) -> int:
     c = parse(parser(), argv)
     settings = as_warm_start(c.model.warm_start) or WarmStartSettings()
     try:
-        import_env_packages(c.imports if c.imports is None or isinstance(c.imports, list) else [c.imports])
+        import_env_packages([c.imports] if isinstance(c.imports, str) else c.imports)
     except ImportError as e:
         raise ConfigError(f"--imports: {e}") from None
     if c.data.env.mixture is not None:
-        raise ConfigError("python main.py warm_start takes one env (--data.env.id): a fit warm-starts a mixture")
+        raise ConfigError("python main.py warm_start takes one env (--data.env.id): a fit "
+                          "warm-starts a mixture")
     env_id, env_kwargs = c.data.env.id or "ragen/SimpleSokoban-v0", c.data.env.kwargs
     episode = c.data.episode
     if settings.episode:
@@ -533,21 +551,23 @@ def run(argv: Sequence[str]) -> int:
         torch.set_num_threads(threads)
     # held-out levels: the evaluation seeds never include a demonstration's seed
     demo_seeds = episode_seeds(settings.seed, settings.num_episodes, "train")
-    evaluate = dict(num_episodes=c.eval_episodes, temperature=c.eval_temperature, seed=settings.seed,
-                    exclude_seeds=demo_seeds, episode=episode, max_batch_size=c.data.engine.max_batch_size)
+    evaluate = dict(num_episodes=c.eval_episodes, temperature=c.eval_temperature,
+                    seed=settings.seed, exclude_seeds=demo_seeds, episode=episode,
+                    max_batch_size=c.data.engine.max_batch_size)
     model = c.model.model
     if not c.skip_base:
         t = time.perf_counter()
         print("base", model, evaluate_policy(model, env_id, env_kwargs, **evaluate),
               f"({time.perf_counter() - t:.1f}s)", flush=True)
     t = time.perf_counter()
-    path = warm_start(model, env_id, env_kwargs, dataclasses.replace(settings, verbose=True, episode=None),
-                      episode=episode)
+    recipe = dataclasses.replace(settings, verbose=True, episode=None)
+    path = warm_start(model, env_id, env_kwargs, recipe, episode=episode)
     meta = json.loads((path / META_FILE).read_text())
     print(f"warm start: {path} ({time.perf_counter() - t:.1f}s; trained in {meta['wall_s']:.1f}s, "
           f"loss {meta['losses'][0]:.3f} -> {meta['losses'][-1]:.3f}; demos {meta['demo_stats']})", flush=True)
     t = time.perf_counter()
-    print("warm", evaluate_policy(path, env_id, env_kwargs, **evaluate), f"({time.perf_counter() - t:.1f}s)")
+    warm = evaluate_policy(path, env_id, env_kwargs, **evaluate)
+    print("warm", warm, f"({time.perf_counter() - t:.1f}s)")
     return 0
 
 
