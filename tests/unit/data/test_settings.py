@@ -106,3 +106,17 @@ def test_the_command_line_refuses_in_one_line(flags, line, tmp_path, monkeypatch
         main(["fit", "--config", str(CONFIG), *flags])
     assert str(e.value) == line
 
+
+
+def test_the_data_module_takes_at_most_12_parameters_each_a_typed_group():
+    import inspect
+    import typing
+
+    from ragen_lightning.data.datamodule import RolloutDataModule
+
+    params = list(inspect.signature(RolloutDataModule.__init__).parameters)[1:]
+    hints = typing.get_type_hints(RolloutDataModule.__init__)
+    assert len(params) <= 12
+    for name in params:
+        kinds = [t for t in typing.get_args(hints[name]) if t is not type(None)] or [hints[name]]
+        assert all(dataclasses.is_dataclass(t) for t in kinds), name
