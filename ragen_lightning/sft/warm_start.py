@@ -329,9 +329,14 @@ def as_warm_start(value: WarmStartValue) -> WarmStartSettings | None:
 
 def warm_start_hparams(value: WarmStartValue) -> dict[str, Any] | bool:
     """``--model.warm_start`` as saved with a checkpoint: plain values (a weights-only load takes no
-    objects)."""
+    objects), the fields off their defaults only, so checkpoints of before the group compare equal."""
     settings = as_warm_start(value)
-    return False if settings is None else dataclasses.asdict(settings)
+    if settings is None:
+        return False
+    default = WarmStartSettings()
+    changed = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)
+               if getattr(settings, f.name) != getattr(default, f.name)}
+    return changed or True
 
 
 def warm_start(model: str = "tiny", env_id: str = "ragen/SimpleSokoban-v0",

@@ -120,3 +120,14 @@ def test_the_data_module_takes_at_most_12_parameters_each_a_typed_group():
     for name in params:
         kinds = [t for t in typing.get_args(hints[name]) if t is not type(None)] or [hints[name]]
         assert all(dataclasses.is_dataclass(t) for t in kinds), name
+
+
+def test_the_warm_start_recipe_is_saved_as_the_config_spelled_it():
+    from ragen_lightning.sft.warm_start import WarmStartSettings, as_warm_start, warm_start_hparams
+
+    assert warm_start_hparams(False) is False and warm_start_hparams(True) is True
+    saved = warm_start_hparams({"steps": 1000, "threads": 2})
+    assert saved == {"steps": 1000, "threads": 2}  # a checkpoint of before the group holds the same
+    assert as_warm_start(saved) == WarmStartSettings(steps=1000, threads=2)
+    with pytest.raises(ConfigError, match=r"^--model.warm_start.reading_steps must be below steps \(10\)"):
+        WarmStartSettings(steps=10, reading_steps=10)
