@@ -95,8 +95,16 @@ def test_combinations_read_the_estimator_table(groups, message):
 ])
 def test_data_combinations_read_the_estimator_table(estimator, data, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
-        check_data_settings(AdvantageSettings(estimator=estimator), data)
-    check_data_settings(AdvantageSettings(estimator="rft"), {"group_size": 1, "branches": 8})  # a per-sample one
+        check_data_settings(AdvantageSettings(estimator=estimator), _data(**data))
+    check_data_settings(AdvantageSettings(estimator="rft"), _data(group_size=1, branches=8))  # per sample
+
+
+def _data(group_size=2, branches=1, reward_placement="turn", async_level=0):
+    """The data settings ``check_data_settings`` reads (unchecked: the data groups' own checks are theirs)."""
+    from types import SimpleNamespace as NS
+
+    return NS(training=NS(group_size=group_size, async_level=async_level), branching=NS(branches=branches),
+              rewards=NS(placement=reward_placement))
 
 
 def test_settings_travel_as_plain_dicts_in_hparams_and_the_entropy_coefficient_can_change():
@@ -128,7 +136,7 @@ def _code_strings(path: Path):
 
 # Nucleus sampling's parameters share two filter strategies' names: the data module's --data.sampling.top_p / --data.sampling.top_k
 # domains and the OpenAI-compatible request body (a different concept, not a filter).
-SAMPLING = {("data/checks.py", "top_p"), ("data/checks.py", "top_k"), ("rollout/api_engine.py", "top_p"),
+SAMPLING = {("data/settings.py", "top_p"), ("data/settings.py", "top_k"), ("rollout/api_engine.py", "top_p"),
             ("rollout/api_engine.py", "top_k")}
 
 
