@@ -27,3 +27,13 @@ def grouped(**flat: Any) -> dict[str, Any]:
 
 def data_module(**flat: Any) -> RolloutDataModule:
     return RolloutDataModule(**grouped(**flat))
+
+
+def data_view(group_size: int = 2, branches: int = 1, reward_placement: str = "turn",
+              async_level: int = 0) -> Any:
+    """The data settings ``check_data_settings`` reads, unchecked (the data groups' own checks are
+    tested with them), so a combination the estimator table refuses can be built."""
+    from types import SimpleNamespace as NS
+
+    return NS(training=NS(group_size=group_size, async_level=async_level),
+              branching=NS(branches=branches), rewards=NS(placement=reward_placement))

@@ -27,6 +27,7 @@ from ragen_lightning.starpo.settings import (
     as_group,
     renamed_flag_error,
 )
+from tests.data_groups import data_view
 
 LIB = Path(ragen_lightning.__file__).parent
 
@@ -95,16 +96,9 @@ def test_combinations_read_the_estimator_table(groups, message):
 ])
 def test_data_combinations_read_the_estimator_table(estimator, data, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
-        check_data_settings(AdvantageSettings(estimator=estimator), _data(**data))
-    check_data_settings(AdvantageSettings(estimator="rft"), _data(group_size=1, branches=8))  # per sample
+        check_data_settings(AdvantageSettings(estimator=estimator), data_view(**data))
+    check_data_settings(AdvantageSettings(estimator="rft"), data_view(group_size=1, branches=8))  # per sample
 
-
-def _data(group_size=2, branches=1, reward_placement="turn", async_level=0):
-    """The data settings ``check_data_settings`` reads (unchecked: the data groups' own checks are theirs)."""
-    from types import SimpleNamespace as NS
-
-    return NS(training=NS(group_size=group_size, async_level=async_level), branching=NS(branches=branches),
-              rewards=NS(placement=reward_placement))
 
 
 def test_settings_travel_as_plain_dicts_in_hparams_and_the_entropy_coefficient_can_change():
