@@ -221,7 +221,7 @@ def resume_epochs(path: str, processed: int | None, done: int | None, num_iterat
     if done >= num_iterations:
         raise ConfigError(f"--ckpt_path {path} has trained {done} iterations already, "
                           f"--data.training.num_iterations {num_iterations} asks for no more: "
-                          "raise it to extend the run")
+                          "raise --data.training.num_iterations to extend the run")
     return int(processed) + 1
 
 
