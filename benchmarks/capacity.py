@@ -73,7 +73,7 @@ def random_baseline(task: str, n: int, seed: int, reps: int = 8) -> float:
     data = _learning().load_config(task)["data"]
     budget = data.get("max_actions_per_episode", 10)
     seeds = episode_seeds(seed, n, "eval", exclude=episode_seeds(seed, 512, "train"))
-    env = gym.make(data["env_id"], **(data.get("env_kwargs") or {}))
+    env = gym.make(data["env"]["id"], **(data["env"].get("kwargs") or {}))
     rng, wins = np.random.default_rng(seed), 0
     for s in seeds:
         for _ in range(reps):
@@ -103,8 +103,8 @@ def teacher_forced_reading(path: str, cfg: dict, n: int, seed: int, exclude: lis
     tok = models.load_tokenizer(path)
     net = models.load_causal_lm(path).eval()
     episode = _learning().episode_of(data)
-    demos, _ = build_demonstrations(data["env_id"], tok, episode_seeds(seed, n, "eval", exclude=exclude),
-                                    env_kwargs=data.get("env_kwargs"), episode=episode)
+    demos, _ = build_demonstrations(data["env"]["id"], tok, episode_seeds(seed, n, "eval", exclude=exclude),
+                                    env_kwargs=data["env"].get("kwargs"), episode=episode)
     clause = response = turns = first = first_clause = 0
     with torch.no_grad():
         for d in demos:
@@ -148,7 +148,7 @@ def self_imitate(cfg: dict, a: argparse.Namespace, out: Path) -> None:
         levels = episode_seeds(a.seed + r, a.si_levels, "self_imitation", exclude=[*demo_seeds, *held_out])
         engine = HFEngine(model.eval(), [tokenizer.eos_token_id], tokenizer.pad_token_id)
         chat = ChatTokens(tokenizer, enable_think=episode.enable_think)
-        runner = RolloutRunner(data["env_id"], data.get("env_kwargs"), chat, engine, episode)
+        runner = RolloutRunner(data["env"]["id"], data["env"].get("kwargs"), chat, engine, episode)
         params = SamplingParams(temperature=1.0, max_new_tokens=episode.max_new_tokens)
         try:
             trajs = runner.run(levels, a.si_group, params, seed=a.seed + r)

@@ -5,7 +5,7 @@
     python benchmarks/filter_table.py --summary --tasks bandit frozen_lake --out outputs/filter_table
 
 Every cell (task x estimator x arm x training seed) runs ``python main.py fit --config configs/<task>.yaml`` with
-the estimator, the arm's filter and the seed's flags (seed k: ``--seed_everything k --data.train_seed
+the estimator, the arm's filter and the seed's flags (seed k: ``--seed_everything k --data.training.seed
 10000 * (k + 1)``, as docs/learning.md), then evaluates the exported actor on the task's held-out episodes (the same
 episodes for every cell and for the warm start: common random numbers). The two arms:
 
@@ -65,7 +65,7 @@ def mean_interval(values: list[float]) -> tuple[float, float, float]:
 
 
 def seed_flags(seed: int) -> list[str]:
-    return ["--seed_everything", str(seed), "--data.train_seed", str(10000 * (seed + 1))]
+    return ["--seed_everything", str(seed), "--data.training.seed", str(10000 * (seed + 1))]
 
 
 def cell_flags(estimator: str, arm: str, seed: int) -> list[str]:

@@ -14,7 +14,7 @@ Needs no hub access. For every recipe (``configs/recipes/24gb-*.yaml``) it
    and any algorithm flag it names, e.g. the 1.5B full recipe's ``--model.advantage.estimator grpo``), i.e.
    ``main.py fit --config <task> --config <recipe> [--config configs/fsdp.yaml when several GPUs] --config <kit
    overlay> [flags]`` (``--task`` replaces the task config) (the overlay points ``--model.model`` at
-   the folder, sets ``--data.num_iterations``, the HF engine, a filter that keeps every group, a CSV logger and
+   the folder, sets ``--data.training.num_iterations``, the HF engine, a filter that keeps every group, a CSV logger and
    the :class:`callbacks.RolloutThroughput` and :class:`callbacks.PeakMemory` callbacks), after asking the same
    command for its memory plan (``--memory_plan true``);
 3. reads the logged metrics and writes a markdown table (``--out``): planned peak vs the measured allocator peak,
@@ -249,7 +249,8 @@ def rollout_flops_per_token(arch: Architecture) -> float:
 # -- one recipe ----------------------------------------------------------------------------------------------------
 def overlay(recipe: Recipe, args, folder: Path, run_dir: Path) -> dict[str, Any]:
     """The kit's settings on top of the task config and the recipe."""
-    data: dict[str, Any] = {"num_iterations": args.iterations, "engine": "hf",
+    training: dict[str, Any] = {"num_iterations": args.iterations}
+    data: dict[str, Any] = {"training": training, "engine": {"name": "hf"},
                             "filter": {"strategy": "top_p", "value": 1.0, "include_zero": True}}
     trainer: dict[str, Any] = {
         "accelerator": "gpu" if args.device == "cuda" else "cpu", "devices": args.devices, "max_epochs": 1,
@@ -265,12 +266,13 @@ def overlay(recipe: Recipe, args, folder: Path, run_dir: Path) -> dict[str, Any]
         config["torch_threads"] = 1
         trainer["precision"] = "32-true"
         model["dtype"] = "float32"
-        data.update(num_groups=2, group_size=2, max_batch_size=4,
+        training.update(num_groups=2, group_size=2)
+        data.update(engine={"name": "hf", "max_batch_size": 4},
                     episode={"max_turns": 1, "max_new_tokens": 8, "max_model_len": 2048})
     episode = data.setdefault("episode", {})
     for key, flag in (("num_groups", "num_groups"), ("group_size", "group_size")):
         if getattr(args, flag) is not None:
-            data[key] = getattr(args, flag)
+            training[key] = getattr(args, flag)
     for key in ("max_turns", "max_new_tokens"):
         if getattr(args, key) is not None:
             episode[key] = getattr(args, key)
@@ -530,8 +532,8 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--iterations", type=int, default=3, help="StarPO iterations per recipe (the first is warm-up)")
     p.add_argument("--budget-s", type=float, default=600.0, help="wall-clock budget per recipe, model build included")
     p.add_argument("--devices", type=int, default=None, help="GPUs (default: all visible; >1 adds configs/fsdp.yaml)")
-    p.add_argument("--num-groups", type=int, default=None, help="override the recipe's --data.num_groups")
-    p.add_argument("--group-size", type=int, default=None, help="override the recipe's --data.group_size")
+    p.add_argument("--num-groups", type=int, default=None, help="override the recipe's --data.training.num_groups")
+    p.add_argument("--group-size", type=int, default=None, help="override the recipe's --data.training.group_size")
     p.add_argument("--max-turns", type=int, default=None, help="override --data.episode.max_turns")
     p.add_argument("--max-new-tokens", type=int, default=None, help="override --data.episode.max_new_tokens")
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's peak for MFU (default: by name)")

@@ -2,11 +2,11 @@
 
     python benchmarks/iteration.py --config configs/sokoban.yaml --iterations 3
     python benchmarks/iteration.py --trees /work/base . --config configs/sokoban.yaml --iterations 3 --repeats 2
-    python benchmarks/iteration.py --trees . . --labels hf vllm --tree-args "" "--data.engine vllm"
+    python benchmarks/iteration.py --trees . . --labels hf vllm --tree-args "" "--data.engine.name vllm"
 
 For every repetition, each tree in turn (interleaved, so a busy machine slows all trees alike) runs
 
-    python <tree>/main.py fit --config <tree>/<config> --data.num_iterations N --trainer.limit_val_batches 0 \\
+    python <tree>/main.py fit --config <tree>/<config> --data.training.num_iterations N --trainer.limit_val_batches 0 \\
         [--extra-args ...] [its --tree-args]
 
 in a fresh scratch directory (the config's relative ``outputs/...`` land there, not in the tree; ``main.py`` by
@@ -51,7 +51,7 @@ def read_iterations(metrics_csv: Path) -> list[dict[str, float]]:
 def run_tree(tree: Path, config: str, iterations: int, extra: list[str], log_dir: Path) -> tuple[list[dict], float]:
     scratch = Path(tempfile.mkdtemp(prefix="iteration-bench-"))
     cmd = [sys.executable, str(tree / "main.py"), "fit", "--config", str(tree / config),
-           "--data.num_iterations", str(iterations), "--trainer.limit_val_batches", "0", *extra]
+           "--data.training.num_iterations", str(iterations), "--trainer.limit_val_batches", "0", *extra]
     env = dict(os.environ, WANDB_MODE="offline", HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     log = log_dir / f"{tree.name}-{int(time.time())}.log"
     print(f"$ (cd {scratch} && {shlex.join(cmd)})  > {log}", flush=True)

@@ -6,7 +6,7 @@ for one or more source trees, and whether the trees agree.
     python benchmarks/iteration_metrics.py --compare before.json after.json                    # compare records
     python benchmarks/iteration_metrics.py --compare a/metrics.csv b/metrics.csv               # two whole runs
 
-Each tree runs ``python <tree>/main.py fit --config <tree>/<config> --data.num_iterations 1`` (plus
+Each tree runs ``python <tree>/main.py fit --config <tree>/<config> --data.training.num_iterations 1`` (plus
 ``--extra-args`` and its own ``--tree-args``) in a fresh scratch directory, so the config's relative ``outputs/``
 land there; the CSV logger's ``metrics.csv`` is read back. Wall-clock values (``timing_s/*``, ``throughput/*``,
 anything per second, any ``*_s``) are left out: they are the only logged values that may differ between two runs of the same
@@ -48,8 +48,10 @@ def read_metrics(metrics_csv: Path) -> dict[str, float]:
 
 def run_tree(tree: Path, config: str, extra: list[str]) -> dict[str, float]:
     scratch = Path(tempfile.mkdtemp(prefix="iteration-metrics-"))
-    cmd = [sys.executable, str(tree / "main.py"), "fit", "--config", str(tree / config),
-           "--data.num_iterations", "1", *extra]
+    # a tree from before the --data.* groups (issue 53) spells the run length --data.num_iterations
+    grouped = (tree / "ragen_lightning" / "data" / "settings.py").exists()
+    length = "--data.training.num_iterations" if grouped else "--data.num_iterations"
+    cmd = [sys.executable, str(tree / "main.py"), "fit", "--config", str(tree / config), length, "1", *extra]
     env = dict(os.environ, WANDB_MODE="offline", HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     log = scratch / "run.log"
     print(f"$ (cd {scratch} && {shlex.join(cmd)})  > {log}", flush=True)

@@ -2,14 +2,14 @@
 
     python benchmarks/learning.py                                   # bandit, frozen_lake, sokoban with their configs
     python benchmarks/learning.py --tasks bandit --variants ppo grpo ppo_filter
-    python benchmarks/learning.py --tasks bandit --fit-args --data.num_iterations 8
+    python benchmarks/learning.py --tasks bandit --fit-args --data.training.num_iterations 8
     python benchmarks/learning.py --tasks frozen_lake --warm-start '{steps: 600}' --no-fit   # the warm start only
 
 For every task (``configs/<task>.yaml``) and variant:
 
 1. the warm-started model the config trains from (``model.warm_start``, built or read from the cache) is evaluated on
    ``--eval-episodes`` held-out episodes (``episode_seeds(--seed, n, "eval")`` minus the warm start's demonstration
-   seeds; the RL training seeds are small integers from ``--data.train_seed``), sampled at ``--temperature``
+   seeds; the RL training seeds are small integers from ``--data.training.seed``), sampled at ``--temperature``
    (default 1.0, the training temperature: the policy RL actually optimises);
 2. ``python main.py fit --config configs/<task>.yaml <variant flags>`` runs in a subprocess with its own CSV logger
    and ``--model.export_dir`` (no checkpoints, no wandb);
@@ -71,6 +71,12 @@ def episode_of(data: dict[str, Any]):
     return as_episode(data.get("episode"))
 
 
+def env_of(data: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    """The config's single env: ``data.env.id`` and ``data.env.kwargs``."""
+    env = data.get("env") or {}
+    return env["id"], env.get("kwargs")
+
+
 
 
 def diff_interval(p1: float, n1: int, p2: float, n2: int, z: float = 1.96) -> tuple[float, float, float]:
@@ -94,14 +100,13 @@ def load_config(task: str) -> dict[str, Any]:
 def warm_model(cfg: dict[str, Any]) -> tuple[str, list[int]]:
     """The warm-started folder ``main.py fit`` would train from, and its demonstration seeds."""
     from ragen_lightning.rollout.seeds import episode_seeds
-    from ragen_lightning.sft.warm_start import warm_start
+    from ragen_lightning.sft.warm_start import WarmStartSettings, as_warm_start, warm_start
 
     data, model = cfg["data"], cfg["model"]
-    ws = model.get("warm_start")
-    kwargs = dict(ws) if isinstance(ws, dict) else {}
-    kwargs.setdefault("episode", episode_of(data))
-    path = warm_start(model.get("model", "tiny"), data["env_id"], data.get("env_kwargs"), **kwargs)
-    demo = episode_seeds(kwargs.get("seed", 0), kwargs.get("num_episodes", 512), "train")
+    settings = as_warm_start(model.get("warm_start")) or WarmStartSettings()
+    env_id, env_kwargs = env_of(data)
+    path = warm_start(model.get("model", "tiny"), env_id, env_kwargs, settings, episode=episode_of(data))
+    demo = episode_seeds(settings.seed, settings.num_episodes, "train")
     return str(path), demo
 
 
@@ -112,7 +117,7 @@ def evaluate(path, cfg: dict[str, Any], n: int, temperature: float, seed: int,
 
     data = cfg["data"]
     t = time.perf_counter()
-    out = evaluate_policy(path, data["env_id"], data.get("env_kwargs"), tokenizer=tokenizer, num_episodes=n,
+    out = evaluate_policy(path, *env_of(data), tokenizer=tokenizer, num_episodes=n,
                           seed=seed, exclude_seeds=exclude, temperature=temperature, episode=episode_of(data))
     out["eval_s"] = time.perf_counter() - t
     return out
@@ -128,7 +133,8 @@ def evaluate_warm_start(path: str, cfg: dict[str, Any], n: int, temperature: flo
     if not Path(path).is_dir():  # no warm start: a model name
         return evaluate(path, cfg, n, temperature, seed, exclude)
     data = cfg["data"]
-    spec = {"env_id": data["env_id"], "env_kwargs": data.get("env_kwargs"), "n": n, "temperature": temperature,
+    env_id, env_kwargs = env_of(data)
+    spec = {"env_id": env_id, "env_kwargs": env_kwargs, "n": n, "temperature": temperature,
             "seed": seed, "exclude": list(exclude), "episode": str(episode_of(data))}
     key = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
     cached = Path(path) / f"heldout-{key}.json"

@@ -356,9 +356,10 @@ def compare_iteration(a) -> None:
     def ours() -> list[float]:
         a2 = argparse.Namespace(**{**vars(a), "rows": rows})
         module = StarPOModule(model=path, **project_settings(a2, micro_batch_threads=1))
-        dm = RolloutDataModule(env_id=ENV, num_groups=a.num_groups, group_size=a.group_size,
-                               num_iterations=a.iterations, episode=episode, temperature=1.0, engine="hf",
-                               val_num_groups=1)
+        dm = RolloutDataModule(
+            env={"id": ENV}, episode=episode, sampling={"temperature": 1.0}, engine={"name": "hf"},
+            training={"num_groups": a.num_groups, "group_size": a.group_size, "num_iterations": a.iterations},
+            validation={"num_groups": 1})
         times: list[float] = []
         from lightning.pytorch.callbacks import Callback
 

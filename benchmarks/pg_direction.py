@@ -84,7 +84,7 @@ def main() -> None:
     torch.set_num_threads(1)
     cfg = yaml.safe_load(Path(a.config).read_text())
     episode = EpisodeSettings(**{**cfg["data"].get("episode", {}), "max_turns": 1})
-    env_id, env_kwargs = cfg["data"]["env_id"], yaml.safe_load(a.env_kwargs) or {}
+    env_id, env_kwargs = cfg["data"]["env"]["id"], yaml.safe_load(a.env_kwargs) or {}
     tok, net = models.load_tokenizer(a.model), models.load_causal_lm(a.model).float()
     eval_seeds = list(range(70000, 70000 + a.eval_seeds))
 

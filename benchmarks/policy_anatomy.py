@@ -122,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ws = ws if isinstance(ws, dict) else {}
     demo = a.demo_episodes if a.demo_episodes is not None else ws.get("num_episodes", 512)
     episode = as_episode(data.get("episode"))
-    env_id, env_kwargs = data["env_id"], data.get("env_kwargs")
+    env_id, env_kwargs = data["env"]["id"], data["env"].get("kwargs")
     tokenizer, net = models.load_tokenizer(a.model), models.load_causal_lm(a.model).eval()
     engine = HFEngine(net, [tokenizer.eos_token_id], tokenizer.pad_token_id)
     runner = RolloutRunner(env_id, env_kwargs, ChatTokens(tokenizer, enable_think=episode.enable_think), engine,

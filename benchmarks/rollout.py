@@ -86,23 +86,19 @@ class Counting:
 
 
 def task_settings(config: str) -> tuple[dict, dict]:
-    """``(data, model)`` settings of a task config, data defaults filled in from ``RolloutDataModule``'s signature
-    (an ``episode`` group, where the config has one, is flattened)."""
-    import inspect
+    """``(data, model)`` settings of a task config: the data module's groups with their defaults, flattened to the
+    names this benchmark reads (the episode's fields, the sampling's, ``env_id``, ``num_groups``, ...)."""
+    from dataclasses import asdict
 
     import yaml
 
-    from ragen_lightning.data.datamodule import RolloutDataModule
+    from ragen_lightning.data.settings import DataSettings
 
     cfg = yaml.safe_load(Path(config).read_text())
-    data = {k: v.default for k, v in inspect.signature(RolloutDataModule.__init__).parameters.items()
-            if v.default is not inspect.Parameter.empty}
-    for group in (data.pop("episode", None), cfg.get("data", {})):
-        if isinstance(group, dict):
-            data.update(group.get("init_args", group) if "class_path" in group else group)
-    episode = data.pop("episode", None)
-    if isinstance(episode, dict):
-        data.update(episode.get("init_args", episode))
+    s = DataSettings.build(**cfg.get("data", {}))
+    data = {**asdict(s.episode), **asdict(s.sampling), "env_id": s.env.id, "env_kwargs": s.env.kwargs,
+            "num_groups": s.training.num_groups, "group_size": s.training.group_size,
+            "train_seed": s.training.seed, "vllm": s.engine.vllm}
     return data, cfg.get("model", {})
 
 
@@ -119,11 +115,11 @@ def multi_turn(args) -> list[dict]:
              "max_new_tokens", "max_model_len", "enable_think")
     torch.set_num_threads(args.threads)
     if m.get("warm_start"):
-        from ragen_lightning.sft.warm_start import warm_start
+        from ragen_lightning.sft.warm_start import as_warm_start, warm_start
 
-        ws = dict(m["warm_start"]) if isinstance(m["warm_start"], dict) else {}
-        ws.update({k: d[k] for k in names if k not in ws})
-        path = str(warm_start(m.get("model", "tiny"), d["env_id"], d.get("env_kwargs"), **ws))
+        episode = {k: d[k] for k in names}
+        path = str(warm_start(m.get("model", "tiny"), d["env_id"], d.get("env_kwargs"), as_warm_start(m["warm_start"]),
+                              episode=episode))
     else:
         path = resolve_model_path(m.get("model", "tiny"))
     tok = AutoTokenizer.from_pretrained(path)
@@ -141,9 +137,9 @@ def multi_turn(args) -> list[dict]:
             return HFEngine(actor, stop, pad, max_batch_size=G * N)
         if name == "hf-noreuse":
             return HFEngine(actor, stop, pad, max_batch_size=G * N, prefix_cache_tokens=0)
-        from ragen_lightning.rollout.vllm_engine import VLLMConfig, VLLMEngine
+        from ragen_lightning.rollout.vllm_engine import VLLMSettings, VLLMEngine
 
-        return VLLMEngine(actor, path, stop, pad, d["vllm"] if isinstance(d.get("vllm"), VLLMConfig) else VLLMConfig(), max_model_len=d["max_model_len"],
+        return VLLMEngine(actor, path, stop, pad, d["vllm"], max_model_len=d["max_model_len"],
                           max_batch_size=G * N, seed=0)
 
     rows = []
@@ -216,9 +212,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         n = sum(len(o.token_ids) for o in outs)
         rows[b].update(hf_tokens=n, hf_s=wall, hf_tok_s=n / wall)
 
-    from ragen_lightning.rollout.vllm_engine import VLLMConfig, VLLMEngine
+    from ragen_lightning.rollout.vllm_engine import VLLMSettings, VLLMEngine
 
-    engine, init_s = timed(VLLMEngine, actor, path, stop, tok.pad_token_id, VLLMConfig(),
+    engine, init_s = timed(VLLMEngine, actor, path, stop, tok.pad_token_id, VLLMSettings(),
                            max_model_len=args.prompt_len + args.new_tokens + 8, max_batch_size=max(args.batches),
                            seed=args.seed)
     engine.generate(warm, params)  # warm-up (also records the probe prompts)

@@ -75,7 +75,7 @@ def worker(args) -> None:
     from ragen_lightning.parallel import gather_objects, shard_model, world
     from ragen_lightning.parallel.ranks import stream_full_tensors
     from ragen_lightning.rollout.vllm_engine import (
-        VLLMConfig,
+        VLLMSettings,
         VLLMEngine,
         weights_for_push,
     )
@@ -86,7 +86,7 @@ def worker(args) -> None:
     block, whole = block_bytes(actor)
     shard_model(actor, init_device_mesh("cpu", (size,)), mixed_precision=False)
     tok = load_tokenizer(args.path)
-    engine = VLLMEngine(actor, args.path, [tok.eos_token_id], tok.pad_token_id, VLLMConfig(cpu_kvcache_gib=1),
+    engine = VLLMEngine(actor, args.path, [tok.eos_token_id], tok.pad_token_id, VLLMSettings(cpu_kvcache_gib=1),
                         max_model_len=512, max_batch_size=8)
     with torch.no_grad():  # the push should change the engine's weights: move the actor away from the folder's
         for p in [*actor.parameters(), *plain.parameters()]:

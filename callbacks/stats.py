@@ -64,7 +64,7 @@ class RolloutStatistics(Callback):
         data = iteration_data(pl_module)
         if data is None or not data[0].trajectories:
             return
-        group_size = int(trainer.datamodule.hparams.group_size)
+        group_size = int(trainer.datamodule.settings.training.group_size)
         log_values(trainer, self.values(data[0].trajectories, group_size, pl_module.tokenizer))
 
     def state_dict(self) -> dict[str, Any]:

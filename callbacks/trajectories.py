@@ -16,7 +16,7 @@ trajectories, spread over the groups, and writes
 * ``<dirpath>/validation.jsonl``: every episode of every validation run (not the sanity check), in the format of
   ``python -m ragen_lightning.evaluate``'s ``trajectories.jsonl`` (the chat as OpenAI messages, rewards, per-turn
   records; the one writer in ``ragen_lightning/rollout/records.py``), with evaluate's ``tag``, ``env_id`` and
-  ``env_kwargs`` of the validation entry (so a mixture's or ``--data.val_suite``'s entries can be told apart), plus
+  ``env_kwargs`` of the validation entry (so a mixture's or ``--data.validation.suite``'s entries can be told apart), plus
   ``iteration`` (training iterations done when it ran) and ``pass: "validation"``.
 
 Boards are read from the user messages (``State:\\n<grid>\\n``): a block of at least two equally long lines is shown
@@ -116,7 +116,7 @@ def trajectory_record(traj: Any, tokenizer: Any, iteration: int) -> dict[str, An
 
 def entry_fields(traj: Any, entries: Sequence[Any]) -> dict[str, Any]:
     """``{"tag", "env_id", "env_kwargs"}`` of the validation entry ``traj`` ran in: the entry with its tag (a mixture
-    or ``--data.val_suite``), the only entry for a single env's rollout (untagged); unknown values are None."""
+    or ``--data.validation.suite``), the only entry for a single env's rollout (untagged); unknown values are None."""
     if traj.tag:
         found = [e for e in entries if e.tag == traj.tag]
     else:

@@ -202,7 +202,7 @@ class TextEnv(gym.Env[str, Any]):
     action_names: tuple[str, ...] = ()
     warm_start_steps: int = 150
     transition_seeded: bool = False  # True: reset accepts options={"transition_seed": int} (see above)
-    branchable: bool = False  # True: copy.deepcopy gives an independent env in the same state (--data.branches)
+    branchable: bool = False  # True: copy.deepcopy gives an independent env in the same state (--data.branching.branches)
     shared_transitions: bool = True  # envs with transition_seeded take it as a constructor keyword (default False)
 
     def __init__(self, render_mode: str | None = None):

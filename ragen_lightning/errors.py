@@ -1,7 +1,7 @@
 """The project's errors, and the third-party warnings it silences as harmless.
 
 For bad configuration: a ``ValueError`` whose message names the flag to fix, and :class:`Domain`, the allowed values
-of one numeric setting. The command line prints it as one line (``error: --data.group_size must be >= 2 ...``) and
+of one numeric setting. The command line prints it as one line (``error: --data.training.group_size must be >= 2 ...``) and
 exits with status 2 instead of a traceback; library callers get an ordinary ``ValueError`` subclass.
 
 :data:`HARMLESS_WARNINGS`: third-party warnings that every run printed and that say nothing about the run, filtered

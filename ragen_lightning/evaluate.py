@@ -1,28 +1,32 @@
-"""Evaluate a policy on a suite of environments: ``python -m ragen_lightning.evaluate``.
+"""Evaluate a policy on a suite of environments: ``python main.py evaluate`` (alias ``python -m
+ragen_lightning.evaluate``).
 
-    python -m ragen_lightning.evaluate --config configs/bandit.yaml --ckpt outputs/bandit/checkpoints/last.ckpt
-    python -m ragen_lightning.evaluate --model outputs/bandit/export --suite suite.yaml --out outputs/eval/bandit
-    python -m ragen_lightning.evaluate --api-model gpt-4o-mini --suite suite.yaml --out outputs/eval/gpt4o-mini
-    python -m ragen_lightning.evaluate --api-model local --base-url http://127.0.0.1:8000/v1 --entry \\
-        '{env_id: ragen/FrozenLake-v0, num_episodes: 64}'
+    python main.py evaluate --config configs/bandit.yaml --ckpt outputs/bandit/checkpoints/last.ckpt
+    python main.py evaluate --model.model outputs/bandit/export --suite suite.yaml --out
+    outputs/eval/bandit python main.py evaluate --api.model gpt-4o-mini --suite suite.yaml --out
+    outputs/eval/gpt4o-mini python main.py evaluate --api.model local --api.base_url
+    http://127.0.0.1:8000/v1 --data.env.id \\
+        ragen/FrozenLake-v0 --num_episodes 64
 
-The policy is a Lightning checkpoint of a fit (``--ckpt``: the actor as trained, LoRA included), a Hugging Face
-folder (``--model``: ``--model.export_dir`` of a fit, ``tiny``, a cached hub id) or an OpenAI-compatible endpoint
-(``--api-model``, :class:`~ragen_lightning.rollout.api_engine.APIEngine`; the key is read from ``$OPENAI_API_KEY`` or
-``--api-key-env``). A checkpoint is loaded weights only (tensors and plain values, as ``fit`` / ``validate
---ckpt_path`` load it): a file that would run pickled code is refused in one line, before anything is written. The
-suite is a YAML file (``--suite``, :mod:`ragen_lightning.data.suite`) and/or ``--entry``
-flags; with neither, ``--config``'s ``data.val_suite`` (its held-out validation entries), else its ``data.mixture``,
-else its env, each entry with its ``num_groups`` seeds or ``--num-episodes``. Episodes are shaped by
-``--config``'s ``data.episode`` (or the defaults), then ``--episode`` (a mapping), then each ``--episode.<name>``
-(main.py's ``--data.episode.<name>``, :func:`~ragen_lightning.rollout.settings.add_episode_arguments`), then each
-entry's ``episode``.
+The policy is a Lightning checkpoint of a fit (``--ckpt``: the actor as trained, LoRA included), an
+OpenAI-compatible endpoint (``--api.model``, :class:`~ragen_lightning.rollout.api_engine.APIEngine`;
+the key is read from ``$OPENAI_API_KEY`` or ``--api.key_env``), else the Hugging Face folder
+``--model.model`` (a fit's ``--model.export_dir``, ``tiny``, a cached hub id). A checkpoint is
+loaded weights only (tensors and plain values, as ``fit`` / ``validate --ckpt_path`` load it): a
+file that would run pickled code is refused in one line, before anything is written. The env,
+episode and engine settings are ``fit``'s (``--data.env.*``, ``--data.episode.*``,
+``--data.engine.max_batch_size``; a fit's ``--config`` gives them). The suite is a YAML file
+(``--suite``, :mod:`ragen_lightning.data.suite`) and/or ``--entry`` flags; with neither,
+``--data.validation.suite`` (a config's held-out validation entries), else ``--data.env.mixture``,
+else ``--data.env.id``, each entry with its ``num_groups`` seeds or ``--num_episodes``; an entry's
+``episode`` goes over ``--data.episode``.
 
-Every entry runs two passes over the same held-out reset seeds ``episode_seeds(--seed, num_episodes, "eval")`` (the
-stream ``benchmarks/learning.py`` evaluates on; validation uses ``val_seed + g``, training ``train_seed + ...``):
-``greedy`` (temperature 0, one episode per seed) and ``sampled`` (``--temperature``, ``--samples`` episodes per seed,
-seeded generation: the same command gives the same episodes). Episodes run through the rollout runner, exactly as in
-training and validation.
+Every entry runs two passes over the same held-out reset seeds ``episode_seeds(--eval.seed,
+num_episodes, "eval")`` (the stream ``benchmarks/learning.py`` evaluates on; validation and training
+use their own): ``greedy`` (temperature 0, one episode per seed) and ``sampled``
+(``--eval.temperature``, ``--eval.samples`` episodes per seed, seeded generation: the same command
+gives the same episodes). Episodes run through the rollout runner, exactly as in training and
+validation.
 
 Outputs in ``--out``: ``trajectories.jsonl`` (every episode, the chat in OpenAI's messages format plus rewards and
 per-turn records, :mod:`ragen_lightning.rollout.records`), ``report.md`` and ``report.csv`` (per entry and pass:
@@ -38,7 +42,6 @@ by tag, pass, seed and sample) and completes only the missing ones; a run with o
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -62,11 +65,8 @@ from ragen_lightning.rollout.env_packages import import_env_packages
 from ragen_lightning.rollout.records import append_jsonl, episode_record, read_jsonl
 from ragen_lightning.rollout.runner import RolloutRunner
 from ragen_lightning.rollout.seeds import episode_seeds
-from ragen_lightning.rollout.settings import (
-    EpisodeSettings,
-    add_episode_arguments,
-    episode_from_args,
-)
+from ragen_lightning.data.settings import EnvSettings, ValidationSettings
+from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.rollout.tokens import ChatTokens
 
 PASSES = ("greedy", "sampled")
@@ -76,8 +76,16 @@ BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 2000, 0  # the other metrics' percentile b
 
 @dataclass(frozen=True)
 class EvalSettings:
-    """What the episodes of one evaluation are: passes, seeds, sampling (stored in ``run.json``; a resumed run
-    must have the same)."""
+    """What the episodes of one evaluation are (``--eval.*``; stored in ``run.json``: a resumed run
+    must have the same).
+
+    Args:
+        passes: ``greedy`` (temperature 0, one episode per seed) and/or ``sampled``.
+        seed: seed stream of the reset seeds and of the sampled generation.
+        temperature: temperature of the sampled pass (> 0: greedy is its own pass).
+        top_p: nucleus mass of the sampled pass.
+        samples: sampled episodes per seed (pass@k uses k = samples).
+    """
 
     passes: tuple[str, ...] = PASSES
     seed: int = 0
@@ -87,12 +95,14 @@ class EvalSettings:
 
     def __post_init__(self) -> None:
         if not self.passes or set(self.passes) - set(PASSES):
-            raise ConfigError(f"--passes must name some of {', '.join(PASSES)}, got {list(self.passes)}")
+            raise ConfigError(f"--eval.passes must name some of {', '.join(PASSES)}, "
+                              f"got {list(self.passes)}")
         if self.samples < 1 or self.seed < 0:
-            raise ConfigError(f"--samples must be >= 1 and --seed >= 0, got {self.samples}, {self.seed}")
+            raise ConfigError(f"--eval.samples must be >= 1 and --eval.seed >= 0, got "
+                              f"{self.samples}, {self.seed}")
         if not self.temperature > 0 or not 0 < self.top_p <= 1:
-            raise ConfigError(f"--temperature must be > 0 (greedy is its own pass) and --top-p in (0, 1], got "
-                              f"{self.temperature}, {self.top_p}")
+            raise ConfigError(f"--eval.temperature must be > 0 (greedy is its own pass) and "
+                              f"--eval.top_p in (0, 1], got {self.temperature}, {self.top_p}")
 
     def samples_per_seed(self, name: str) -> int:
         """Episodes per seed of pass ``name`` (greedy runs one: its episodes would be identical)."""
@@ -296,73 +306,86 @@ def load_checkpoint_actor(path: str | Path) -> tuple[torch.nn.Module, Any]:
     return module.actor, module.tokenizer
 
 
-def build_policy(a: argparse.Namespace, episode: EpisodeSettings) -> tuple[GenerationEngine, ChatTokens, str]:
-    """The engine, the conversation builder and a description of the policy the flags name."""
+@dataclass(frozen=True)
+class APISettings:
+    """An OpenAI-compatible endpoint as the policy (``--api.*``,
+    :class:`~ragen_lightning.rollout.api_engine.APIEngine`).
+
+    Args:
+        model: the model's name at the endpoint (unset: the policy is ``--ckpt`` or
+            ``--model.model``).
+        base_url: the endpoint's API root.
+        key_env: environment variable holding the API key.
+        max_concurrency: API requests in flight at most.
+        max_retries: retries of an API request (429, 5xx, timeouts, unusable HTTP 200 bodies).
+        timeout_s: API request timeout.
+        tokenizer: a local tokenizer for the conversation budget.
+    """
+
+    model: str | None = None
+    base_url: str = "https://api.openai.com/v1"
+    key_env: str = "OPENAI_API_KEY"
+    max_concurrency: int = 8
+    max_retries: int = 5
+    timeout_s: float = 60.0
+    tokenizer: str = "tiny"
+
+
+def build_policy(c: Any, episode: EpisodeSettings) -> tuple[GenerationEngine, ChatTokens, str]:
+    """The engine, the conversation builder and a description of the policy the flags name:
+    ``--api.model``, else ``--ckpt``, else ``--model.model``."""
     from ragen_lightning import models
     from ragen_lightning.rollout.api_engine import APIEngine
     from ragen_lightning.rollout.engine import HFEngine
 
-    chosen = [f for f in ("ckpt", "model", "api_model") if getattr(a, f)]
-    if len(chosen) != 1:
-        raise ConfigError("give exactly one policy: --ckpt FILE, --model FOLDER or --api-model NAME")
-    if a.api_model:
-        tokenizer = models.load_tokenizer(a.tokenizer)
+    api: APISettings = c.api
+    if api.model and c.ckpt:
+        raise ConfigError("give one policy: --ckpt FILE, --api.model NAME or --model.model FOLDER")
+    if api.model:
+        tokenizer = models.load_tokenizer(api.tokenizer)
         chat = ChatTokens(tokenizer, enable_think=episode.enable_think)
-        engine = APIEngine(a.api_model, tokenizer, base_url=a.base_url, api_key_env=a.api_key_env,
-                           max_concurrency=a.max_concurrency, max_retries=a.max_retries, timeout_s=a.timeout_s,
-                           prefix=chat.prefix)
-        return engine, chat, f"{a.api_model} at {a.base_url}"
-    if a.ckpt:
-        actor, tokenizer = load_checkpoint_actor(a.ckpt)
+        engine = APIEngine(api.model, tokenizer, base_url=api.base_url, api_key_env=api.key_env,
+                           max_concurrency=api.max_concurrency, max_retries=api.max_retries,
+                           timeout_s=api.timeout_s, prefix=chat.prefix)
+        return engine, chat, f"{api.model} at {api.base_url}"
+    if c.ckpt:
+        actor, tokenizer = load_checkpoint_actor(c.ckpt)
     else:
-        actor, tokenizer = models.load_causal_lm(a.model, a.dtype), models.load_tokenizer(a.model)
-    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        name = c.model.model
+        actor, tokenizer = models.load_causal_lm(name, c.model.dtype), models.load_tokenizer(name)
+    device = c.device or ("cuda" if torch.cuda.is_available() else "cpu")
     actor.to(device).eval()
-    engine = HFEngine(actor, [tokenizer.eos_token_id], tokenizer.pad_token_id, max_batch_size=a.max_batch_size)
-    return engine, ChatTokens(tokenizer, enable_think=episode.enable_think), str(a.ckpt or a.model)
+    engine = HFEngine(actor, [tokenizer.eos_token_id], tokenizer.pad_token_id,
+                      max_batch_size=c.data.engine.max_batch_size)
+    chat = ChatTokens(tokenizer, enable_think=episode.enable_think)
+    return engine, chat, str(c.ckpt or c.model.model)
 
 
 # -- command line -------------------------------------------------------------------------------------------------
-def _yaml(flag: str, text: str) -> Any:
-    import yaml
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{flag}: not valid YAML/JSON: {text!r} ({str(e).splitlines()[0]})") from None
-
-
-def read_suite_and_episode(a: argparse.Namespace) -> tuple[list[SuiteEntry], EpisodeSettings]:
-    """The suite (``--suite``, ``--entry``, else ``--config``'s env) and the run's episode settings."""
-    import yaml
-
-    data: dict[str, Any] = {}
-    if a.config:
-        try:
-            data = (yaml.safe_load(Path(a.config).read_text()) or {}).get("data", {}) or {}
-        except OSError as e:
-            raise ConfigError(f"--config {a.config}: cannot read it ({e.strerror})") from None
-    episode = episode_from_args(a, data.get("episode"))
-    suite = load_suite(a.suite) if a.suite else []
-    suite += [as_entry(_yaml("--entry", e), f"--entry {e!r}") for e in a.entry or []]
+def read_suite(c: Any) -> list[SuiteEntry]:
+    """The suite: ``--suite``, ``--entry``, else the data settings' validation suite, mixture or
+    env."""
+    suite = load_suite(c.suite) if c.suite else []
+    entries = c.entry if isinstance(c.entry, list) else [c.entry] if c.entry is not None else []
+    suite += [as_entry(e, f"--entry {e!r}") for e in entries]
     if not suite:
-        suite = config_suite(data, a.num_episodes, a.config)
-    return check_suite(suite), episode
+        suite = config_suite(c.data.env, c.data.validation, c.num_episodes)
+    return check_suite(suite)
 
 
-def config_suite(data: dict[str, Any], num_episodes: int, config: str | None) -> list[SuiteEntry]:
-    """What a training config evaluates on without ``--suite``: its ``val_suite`` (the held-out entries its
-    validation runs), else its ``mixture``, else its ``env_id``. An entry's ``num_groups`` becomes its number of
-    evaluation seeds; entries without one (and the single env) get ``num_episodes``."""
-    for key in ("val_suite", "mixture"):
-        entries = data.get(key)
+def config_suite(env: EnvSettings, validation: ValidationSettings,
+                 num_episodes: int) -> list[SuiteEntry]:
+    """What a training config evaluates on without ``--suite``: its ``validation.suite`` (the
+    held-out entries its validation runs), else its ``env.mixture``, else its ``env.id``. An entry's
+    ``num_groups`` becomes its number of evaluation seeds; entries without one (and the single env)
+    get ``num_episodes``."""
+    lists = (("--data.validation.suite", validation.suite), ("--data.env.mixture", env.mixture))
+    for flag, entries in lists:
         if entries:
-            if not isinstance(entries, list):
-                raise ConfigError(f"--config {config}: data.{key} must be a list of entries, got {entries!r}")
-            return [as_entry(e, f"--config {config}: data.{key}[{i}]", count="num_groups", default_count=num_episodes)
+            return [as_entry(e, f"{flag}[{i}]", count="num_groups", default_count=num_episodes)
                     for i, e in enumerate(entries)]
-    if data.get("env_id"):
-        return [SuiteEntry(data["env_id"], data.get("env_kwargs"), num_episodes)]
+    if env.id:
+        return [SuiteEntry(env.id, env.kwargs, num_episodes)]
     return []
 
 
@@ -383,79 +406,95 @@ def check_run_file(out_dir: Path, run: dict[str, Any]) -> str:
     return json.dumps(run, indent=2) + "\n"
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ragen_lightning.evaluate", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = p.add_argument_group("policy (one of)")
-    g.add_argument("--ckpt", help="a fit's Lightning checkpoint (.ckpt)")
-    g.add_argument("--model", help="a Hugging Face folder (a fit's --model.export_dir), 'tiny' or a cached hub id")
-    g.add_argument("--api-model", help="model name at an OpenAI-compatible endpoint")
-    g.add_argument("--base-url", default="https://api.openai.com/v1", help="the endpoint's API root")
-    g.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
-    g.add_argument("--max-concurrency", type=int, default=8, help="API requests in flight at most")
-    g.add_argument("--max-retries", type=int, default=5, help="retries of an API request (429, 5xx, timeouts, unusable HTTP 200 bodies)")
-    g.add_argument("--timeout-s", type=float, default=60.0, help="API request timeout")
-    g.add_argument("--tokenizer", default="tiny", help="API models: local tokenizer for the conversation budget")
-    p.add_argument("--config", help="a training config: its data.episode settings and, without --suite/--entry, its "
-                   "data.val_suite, else data.mixture, else data.env_id")
-    p.add_argument("--suite", help="suite YAML (ragen_lightning/data/suite.py)")
-    p.add_argument("--entry", action="append", help="a suite entry as YAML, e.g. '{env_id: ragen/Bandit-v0}'")
-    p.add_argument("--num-episodes", type=int, default=64, help="episodes per entry taken from --config (entries naming num_groups keep theirs)")
-    p.add_argument("--passes", nargs="+", default=list(PASSES), choices=PASSES)
-    p.add_argument("--seed", type=int, default=0, help="seed stream of the reset seeds and sampled generation")
-    p.add_argument("--temperature", type=float, default=1.0, help="temperature of the sampled pass")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass of the sampled pass")
-    p.add_argument("--samples", type=int, default=4, help="sampled episodes per seed (pass@k uses k = samples)")
-    p.add_argument("--chunk-seeds", type=int, default=32, help="seeds run (and written) together")
-    p.add_argument("--out", default="outputs/eval", help="output folder")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--dtype", default="float32", help="--model: weights dtype")
-    p.add_argument("--max-batch-size", type=int, default=128, help="generation requests decoded together at most")
-    p.add_argument("--torch-threads", type=int, default=None, help="CPU threads for torch")
-    p.add_argument("--import", dest="modules", action="append",
-                   help="module registering env ids (default: the installed env packages, the ragen_lightning.envs "
-                   "entry points)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_episode_arguments(p)  # over --config's data.episode
+# the flags of the argparse command line of before -> their spelling now
+RENAMED = {"--model": "--model.model", "--dtype": "--model.dtype", "--api-model": "--api.model",
+           "--base-url": "--api.base_url", "--api-key-env": "--api.key_env",
+           "--max-concurrency": "--api.max_concurrency", "--max-retries": "--api.max_retries",
+           "--timeout-s": "--api.timeout_s", "--tokenizer": "--api.tokenizer",
+           "--num-episodes": "--num_episodes", "--passes": "--eval.passes", "--seed": "--eval.seed",
+           "--temperature": "--eval.temperature", "--top-p": "--eval.top_p",
+           "--samples": "--eval.samples", "--chunk-seeds": "--chunk_seeds",
+           "--max-batch-size": "--data.engine.max_batch_size", "--torch-threads": "--torch_threads",
+           "--import": "--imports", "--no-progress": "--progress false"}
+
+
+def parser() -> Any:
+    """``python main.py evaluate``: the shared groups (:mod:`ragen_lightning.data.shared_flags`) and
+    its own."""
+    from ragen_lightning.data.shared_flags import side_parser
+
+    p = side_parser("python main.py evaluate", __doc__.split("\n\n")[0], validation=True)
+    p.add_argument("--ckpt", type=str | None, default=None,
+                   help="a fit's Lightning checkpoint (.ckpt)")
+    p.add_argument("--model.dtype", type=str, default="float32",
+                   help="--model.model: weights dtype")
+    p.add_class_arguments(APISettings, "api", help="an OpenAI-compatible endpoint as the policy")
+    p.add_class_arguments(EvalSettings, "eval",
+                          help="the passes, seeds and sampling of the evaluation")
+    p.add_argument("--suite", type=str | None, default=None,
+                   help="suite YAML (ragen_lightning/data/suite.py)")
+    p.add_argument("--entry", type=dict | list[dict] | None, default=None,
+                   help="suite entries as YAML, e.g. '{env_id: ragen/Bandit-v0}' "
+                        "(several: --entry+ each)")
+    p.add_argument("--num_episodes", type=int, default=64,
+                   help="episodes per entry taken from the data settings (entries naming "
+                        "num_groups keep theirs)")
+    p.add_argument("--chunk_seeds", type=int, default=32, help="seeds run (and written) together")
+    p.add_argument("--out", type=str, default="outputs/eval", help="output folder")
+    p.add_argument("--device", type=str | None, default=None,
+                   help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--progress", type=bool, default=True, help="a progress line on stderr")
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    a = parser().parse_args(argv)
+def run(argv: Sequence[str]) -> int:
+    """Evaluate as ``argv`` says (:func:`parser`); raises :class:`ConfigError` for a bad setting."""
+    from ragen_lightning.data.shared_flags import parse
+
+    c = parse(parser(), argv)
+    if c.torch_threads:
+        torch.set_num_threads(c.torch_threads)
     try:
-        if a.torch_threads:
-            torch.set_num_threads(a.torch_threads)
-        try:
-            import_env_packages(a.modules)
-        except ImportError as e:
-            raise ConfigError(f"--import: {e}") from None
-        if a.chunk_seeds < 1:
-            raise ConfigError(f"--chunk-seeds must be >= 1, got {a.chunk_seeds}")
-        settings = EvalSettings(tuple(a.passes), a.seed, a.temperature, a.top_p, a.samples)
-        suite, episode = read_suite_and_episode(a)
-        out = Path(a.out)
-        policy = {"ckpt": a.ckpt, "model": a.model, "api_model": a.api_model,
-                  "base_url": a.base_url if a.api_model else None}
-        run_text = check_run_file(out, {"policy": policy, "episode": asdict(episode), "settings": asdict(settings),
-                                        "suite": [asdict(e) for e in suite]})
-        engine, chat, what = build_policy(a, episode)  # a checkpoint is checked here: nothing is written before
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            _atomic_write(out / "run.json", run_text)
-            run_suite(engine, chat, suite, settings, episode, out / "trajectories.jsonl", chunk_seeds=a.chunk_seeds,
-                      progress=not a.no_progress)
-        finally:
-            getattr(engine, "close", lambda: None)()
-        rows = summarize(read_jsonl(out / "trajectories.jsonl"), suite, settings)
-        _, md = write_report(rows, out, f"Evaluation of {what}")
-    except (ConfigError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        import_env_packages([c.imports] if isinstance(c.imports, str) else c.imports)
+    except ImportError as e:
+        raise ConfigError(f"--imports: {e}") from None
+    if c.chunk_seeds < 1:
+        raise ConfigError(f"--chunk_seeds must be >= 1, got {c.chunk_seeds}")
+    settings, episode, suite = c.eval, c.data.episode, read_suite(c)
+    out = Path(c.out)
+    policy = {"ckpt": c.ckpt, "model": None if c.ckpt or c.api.model else c.model.model,
+              "api_model": c.api.model, "base_url": c.api.base_url if c.api.model else None}
+    run_text = check_run_file(out, {"policy": policy, "episode": asdict(episode),
+                                    "settings": asdict(settings),
+                                    "suite": [asdict(e) for e in suite]})
+    # a checkpoint is checked here: nothing is written before
+    engine, chat, what = build_policy(c, episode)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        _atomic_write(out / "run.json", run_text)
+        run_suite(engine, chat, suite, settings, episode, out / "trajectories.jsonl",
+                  chunk_seeds=c.chunk_seeds, progress=c.progress)
     except APIError as e:  # the endpoint failed for good; what ran so far is in the JSONL, a re-run goes on
         print(f"error: {e}", file=sys.stderr)
         return 1
+    finally:
+        getattr(engine, "close", lambda: None)()
+    rows = summarize(read_jsonl(out / "trajectories.jsonl"), suite, settings)
+    _, md = write_report(rows, out, f"Evaluation of {what}")
     print(md.read_text())
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python main.py evaluate`` (``python -m ragen_lightning.evaluate`` is its alias): a bad
+    setting is one line on stderr and exit status 2."""
+    from ragen_lightning.data.shared_flags import run_command
+
+    try:
+        return run_command("evaluate", run, argv, RENAMED)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

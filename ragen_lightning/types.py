@@ -89,7 +89,7 @@ class Trajectory:
             the ids are a re-encoding of that text, and the training batch refuses such a trajectory.
         env_error: why the env failed (an exception or a timeout in a reset or step, ``"<where>: <type>: <message>"``),
             which ended the episode; None when it did not. The turn in which it failed is not in the trajectory.
-        tag: the environment-mixture entry the episode belongs to (``--data.mixture`` / ``--data.val_suite``: per-tag
+        tag: the environment-mixture entry the episode belongs to (``--data.env.mixture`` / ``--data.validation.suite``: per-tag
             metrics, reward normalisation by env); empty for a single-env rollout.
     """
 

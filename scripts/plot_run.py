@@ -13,7 +13,7 @@ Training values sit at their iteration counted from 1; a validation at the numbe
 Panels over iterations: reward (``train/score``, ``train/success``) and in-group reward std, token entropy, MI
 estimates with their upper bound log N, conditional entropy H(Z|X), actor/critic grad norm, the filter's keep ratio,
 MI retrieval accuracy vs chance, and the four reasoning regimes (RAGEN-2): H(Z|X) against I(X;Z) per MI
-measurement, coloured by iteration. With groups of one episode (``--data.group_size 1``, as ``configs/sokoban.yaml``
+measurement, coloured by iteration. With groups of one episode (``--data.training.group_size 1``, as ``configs/sokoban.yaml``
 branches instead) every in-group reward std is 0 by construction: the panel says so rather than look like the echo
 trap. The quadrant split is ``--i-split`` (default a tenth of the mean log N, the MI's upper bound: in the runs of
 docs/learning.md and docs/dashboard_bandit.md reasoning that read its input measured 13-51 % of log N, reasoning
@@ -113,7 +113,7 @@ def _iterations_done(index: int, step: int, steps: dict[int, dict[str, float]], 
 
 
 def group_size(series: dict[str, list[tuple[float, float]]]) -> int | None:
-    """The run's group size, read from its ``train/pass@k`` key (k = ``--data.group_size``), if logged."""
+    """The run's group size, read from its ``train/pass@k`` key (k = ``--data.training.group_size``), if logged."""
     sizes = {int(m.group(1)) for k in series if (m := re.fullmatch(r"train/pass@(\d+)", k))}
     return sizes.pop() if len(sizes) == 1 else None
 

@@ -2,8 +2,8 @@
 # Multi-node StarPO with FSDP2 under SLURM: one task per GPU, Lightning reads the SLURM environment
 # (SLURM_NTASKS, SLURM_PROCID, SLURM_LOCALID, SLURM_NODELIST) and builds the process group itself.
 #   sbatch scripts/slurm_fsdp.sh configs/sokoban_starpo.yaml configs/models/qwen2.5-3b-instruct.yaml
-# --trainer.num_nodes and --trainer.devices must match --nodes and --ntasks-per-node below; --data.num_groups and
-# --data.val_num_groups must be divisible by nodes x GPUs per node. Swap configs/fsdp.yaml for configs/ddp.yaml to
+# --trainer.num_nodes and --trainer.devices must match --nodes and --ntasks-per-node below; --data.training.num_groups and
+# --data.validation.num_groups must be divisible by nodes x GPUs per node. Swap configs/fsdp.yaml for configs/ddp.yaml to
 # replicate instead of shard.
 #SBATCH --job-name=starpo-fsdp
 #SBATCH --nodes=2

@@ -155,7 +155,7 @@ class FrozenLakeEnv(TextEnv):
     (same seed and actions => same slips). Same seed and same ``t`` => identical episodes.
     """
 
-    branchable = True  # small in-process state: turns may branch (--data.branches)
+    branchable = True  # small in-process state: turns may branch (--data.branching.branches)
 
     action_names = ACTION_NAMES
     transition_seeded = True

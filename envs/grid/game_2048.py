@@ -105,7 +105,7 @@ class Game2048Env(TextEnv):
     ``reset(options={"grid": g})`` starts from a given ``size`` x ``size`` grid (0 or powers of two >= 2).
     """
 
-    branchable = True  # small in-process state: turns may branch (--data.branches)
+    branchable = True  # small in-process state: turns may branch (--data.branching.branches)
 
     action_names = ACTION_NAMES
 

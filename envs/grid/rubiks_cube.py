@@ -176,7 +176,7 @@ class RubiksCubeEnv(TextEnv):
     of a random scramble; the result must not be solved.
     """
 
-    branchable = True  # small in-process state: turns may branch (--data.branches)
+    branchable = True  # small in-process state: turns may branch (--data.branching.branches)
 
     action_names = ACTION_NAMES
     # Pure helpers on sticker arrays, reachable from an env instance (used by solvers that only see the env).

@@ -3,7 +3,7 @@
 The other side is ``python -m envs.serving.serve <env_id>`` (:mod:`envs.serving.serve`), which hosts
 any registered env. This client is an ordinary :class:`gymnasium.Env` (``check_env`` passes), so the
 trainer, the warm start and the evaluation use it
-like a local env: ``--data.env_id ragen/Remote-v0 --data.env_kwargs '{"url": "http://host:8765", "env_id":
+like a local env: ``--data.env.id ragen/Remote-v0 --data.env.kwargs '{"url": "http://host:8765", "env_id":
 "ragen/Sokoban-v0"}'``.
 
 What travels: ``reset(seed, options)`` and ``step(action)`` with their results (observation text, reward, flags, the

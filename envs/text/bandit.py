@@ -110,7 +110,7 @@ class BanditEnv(TextEnv):
     draw). Same seed and same ``t`` => identical episodes.
     """
 
-    branchable = True  # small in-process state: turns may branch (--data.branches)
+    branchable = True  # small in-process state: turns may branch (--data.branching.branches)
 
     transition_seeded = True
 

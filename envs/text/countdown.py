@@ -202,7 +202,7 @@ class CountdownEnv(TextEnv):
     ``reset(options={"target": int, "nums": list[int]})`` plays a given instance instead of a generated one.
     """
 
-    branchable = True  # small in-process state: turns may branch (--data.branches)
+    branchable = True  # small in-process state: turns may branch (--data.branching.branches)
 
     def __init__(
         self,

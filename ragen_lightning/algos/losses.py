@@ -355,7 +355,7 @@ class PolicyLossSettings:
         kl_kind: the KL loss's estimator (``k1``/``kl``, ``abs``, ``k2``/``mse``,
             ``k3``/``low_var_kl``, ``+`` variants).
         tis_cap: truncated importance sampling (null: off): token weights
-            ``min(exp(old - engine log-probs), tis_cap)``; needs ``--data.temperature 1``.
+            ``min(exp(old - engine log-probs), tis_cap)``; needs ``--data.sampling.temperature 1``.
     """
 
     clip_low: float = 0.2

@@ -20,6 +20,7 @@ from lightning.pytorch.cli import LightningCLI
 from ragen_lightning.cli import preflight, progress
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.sampler import renamed_filter_flag_error
+from ragen_lightning.data.settings import renamed_flag_error as renamed_data_flag_error
 from ragen_lightning.errors import (
     ConfigError,
     TrainingStopped,
@@ -50,7 +51,7 @@ class StarPOCLI(LightningCLI):
         return super().instantiate_trainer(**kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.link_arguments("data.temperature", "model.temperature")
+        parser.link_arguments("data.sampling.temperature", "model.temperature")
         parser.add_argument(
             "--torch_threads", type=Optional[int], default=None,
             help="CPU threads for torch (null: torch's default). Small models on few cores run fastest with 1: "
@@ -129,7 +130,8 @@ class StarPOCLI(LightningCLI):
             allow = self.config[self.subcommand].get("allow_changed_settings", False)
             checkpointing.check_resume_settings(self.model.hparams, *self._ckpt_hparams, allow=bool(allow))
         if self.subcommand == "fit" and self._ckpt_progress is not None:
-            epochs = resume_epochs(*self._ckpt_progress, self.datamodule.hparams.num_iterations)
+            iterations = self.datamodule.settings.training.num_iterations
+            epochs = resume_epochs(*self._ckpt_progress, iterations)
             if epochs is not None:
                 self.trainer.fit_loop.max_epochs = max(self.trainer.fit_loop.max_epochs or 1, epochs)
 
@@ -141,9 +143,11 @@ class StarPOCLI(LightningCLI):
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as e:
-            raise ConfigError(renamed_flag_error(str(e)) or renamed_filter_flag_error(str(e))
-                              or preflight.removed_flag_error(str(e))
-                              or preflight.parse_error_line(str(e))) from None
+            message = str(e)
+            raise ConfigError(renamed_flag_error(message) or renamed_data_flag_error(message)
+                              or renamed_filter_flag_error(message)
+                              or preflight.removed_flag_error(message)
+                              or preflight.parse_error_line(message)) from None
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         preflight.check_settings(config, run=subcommand is not None)
@@ -165,9 +169,33 @@ class StarPOCLI(LightningCLI):
             torch.set_num_threads(threads)
 
 
+# ``python main.py <name> ...`` besides LightningCLI's fit / validate / test / predict: jsonargparse
+# commands over the same settings groups (ragen_lightning.data.shared_flags), each "module:function"
+# taking argv, returning a status
+SIDE_COMMANDS = {"evaluate": "ragen_lightning.evaluate:main",
+                 "warm_start": "ragen_lightning.sft.warm_start:main"}
+
+
+DESCRIPTION = ("StarPO training: fit / validate / test / predict (LightningCLI), and "
+               "`python main.py evaluate --help`, `python main.py warm_start --help` over the "
+               "same --data.env / --data.episode / --data.engine settings")
+
+
+def run_side_command(name: str, argv: list[str]) -> int:
+    """Run side command ``name`` (:data:`SIDE_COMMANDS`) on ``argv``; its exit status."""
+    import importlib
+
+    module, _, function = SIDE_COMMANDS[name].partition(":")
+    return getattr(importlib.import_module(module), function)(argv)
+
+
 def main(args: list[str] | None = None) -> StarPOCLI:
     """Run the CLI. From the shell (``args`` None) a configuration error prints one line and exits with 2; called
-    from Python it raises :class:`~ragen_lightning.errors.ConfigError`."""
+    from Python it raises :class:`~ragen_lightning.errors.ConfigError`. ``evaluate`` and
+    ``warm_start`` run their own commands (:data:`SIDE_COMMANDS`) and exit with their status."""
+    argv = sys.argv[1:] if args is None else args
+    if argv and argv[0] in SIDE_COMMANDS:
+        raise SystemExit(run_side_command(argv[0], list(argv[1:])))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tiny model is local; hub models must be cached already
     filter_harmless_warnings()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -181,6 +209,7 @@ def main(args: list[str] | None = None) -> StarPOCLI:
             RolloutDataModule,
             args=args,
             save_config_kwargs={"overwrite": True},
+            parser_kwargs={"description": DESCRIPTION},
             trainer_defaults={"max_epochs": 1, "num_sanity_val_steps": 0},
         )
     except TrainingStopped as e:  # the non-finite guard gave up (ragen_lightning.starpo.optim.SkipGuard)
@@ -204,8 +233,9 @@ def resume_epochs(path: str, processed: int | None, done: int | None, num_iterat
     if processed is None or done is None:
         return None
     if done >= num_iterations:
-        raise ConfigError(f"--ckpt_path {path} has trained {done} iterations already, --data.num_iterations "
-                          f"{num_iterations} asks for no more: raise --data.num_iterations to extend the run")
+        raise ConfigError(f"--ckpt_path {path} has trained {done} iterations already, "
+                          f"--data.training.num_iterations {num_iterations} asks for no more: "
+                          "raise --data.training.num_iterations to extend the run")
     return int(processed) + 1
 
 
@@ -227,7 +257,9 @@ def _checkpoint_after_validations(trainer, datamodule) -> None:
     are taken after each validation instead, as with any other interval (a callback that sets
     ``save_on_train_epoch_end`` keeps its choice)."""
     interval = trainer.val_check_interval
-    validates = trainer.limit_val_batches != 0 and getattr(getattr(datamodule, "hparams", None), "val_num_groups", 1)
+    settings = getattr(datamodule, "settings", None)
+    validates = trainer.limit_val_batches != 0 and (settings is None
+                                                    or settings.validation.num_groups)
     if not (isinstance(interval, int) and interval == 1 and validates):
         return
     for callback in trainer.checkpoint_callbacks:
@@ -246,7 +278,8 @@ def _fit_validation_into_run(config) -> None:
     """A run shorter than ``--trainer.val_check_interval`` iterations validates once, at its end (Lightning refuses
     an integer interval larger than the epoch's batch count; here an epoch is the whole run)."""
     trainer, data = config.get("trainer") or {}, config.get("data") or {}
-    interval, iterations = trainer.get("val_check_interval"), data.get("num_iterations")
+    interval = trainer.get("val_check_interval")
+    iterations = (data.get("training") or {}).get("num_iterations")
     if isinstance(interval, int) and not isinstance(interval, bool) and isinstance(iterations, int) \
             and 0 < iterations < interval:
         trainer["val_check_interval"] = iterations

@@ -3,7 +3,7 @@
 A bad value fails here with one line naming the flag and its allowed values (:class:`~ragen_lightning.errors.
 ConfigError`; the CLI prints it and exits with 2), never after the run's folders, logs or ``config.yaml`` exist or
 its processes started. The checks are the owners' own (each setting's domain is declared where the setting is:
-:data:`~ragen_lightning.starpo.checks.MODULE_DOMAINS`, :data:`~ragen_lightning.data.checks.DATA_DOMAINS`, the
+:data:`~ragen_lightning.starpo.checks.MODULE_DOMAINS`, :mod:`ragen_lightning.data.settings`, the
 settings dataclasses' ``__post_init__``); this module only runs them on the parsed configuration, plus what only the
 command line knows: model and data paths, strategy refusals, writable output folders, a reachable wandb server.
 
@@ -18,13 +18,14 @@ import re
 import sys
 import tempfile
 import threading
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from ragen_lightning.data.checks import check_rollout_settings, check_world_size
+from ragen_lightning.data.checks import check_envs, check_world_size
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.mixture import train_entries
-from ragen_lightning.data.sampler import FilterConfig
+from ragen_lightning.data.settings import DataSettings
 from ragen_lightning.errors import ConfigError, Domain
 from ragen_lightning.models import lora as lora_mod
 from ragen_lightning.models.loading import (
@@ -34,10 +35,8 @@ from ragen_lightning.models.loading import (
     resolve_model_path,
 )
 from ragen_lightning.parallel import check_strategy
-from ragen_lightning.rollout.settings import as_episode
-from ragen_lightning.rollout.vllm_engine import VLLMConfig
 from ragen_lightning.sft.experts import require_expert
-from ragen_lightning.sft.warm_start import check_warm_start_setting
+from ragen_lightning.sft.warm_start import as_warm_start
 from ragen_lightning.starpo.checks import (
     check_data_settings,
     check_module_settings,
@@ -67,30 +66,35 @@ def check_settings(config: Any, run: bool = True) -> None:
         SEED_DOMAIN.check("--seed_everything", seed)
     model, data, trainer = _plain(get("model")) or {}, _plain(get("data")) or {}, _plain(get("trainer")) or {}
     check_strategy(trainer.get("strategy"), trainer.get("accelerator"), lora=model.get("lora"), hardware=run)
-    if data:
-        check_rollout_settings(data)
-        as_episode(data.get("episode"))
-        FilterConfig(**(data.get("filter") or {}))
-        VLLMConfig(**(data.get("vllm") or {}))
+    settings = data_settings(data) if data else None
+    if settings is not None:
+        check_envs(settings)
     if model:
         check_model_name("--model.model", model["model"])
-        settings = module_settings(model, data)
-        if settings.critic.model is not None:
-            check_model_name("--model.critic.model", settings.critic.model)
+        module = module_settings(model, data)
+        if module.critic.model is not None:
+            check_model_name("--model.critic.model", module.critic.model)
         check_dtype("--model.dtype", model["dtype"])
-        check_warm_start_setting(model.get("warm_start"))
+        as_warm_start(model.get("warm_start"))
         as_group(EarlyStopSettings, model.get("early_stop"), "--model.early_stop")
-        check_module_settings(settings, lora_mod.as_settings(model.get("lora")))
+        check_module_settings(module, lora_mod.as_settings(model.get("lora")))
         check_optimizer_factories(model.get("optim") or {})
-        check_threads_precision(settings.update.micro_batch_threads, trainer.get("precision"))
-        check_data_settings(settings.advantage, data or None, tis_cap=settings.loss.tis_cap)
-    if data and (size := world_size(trainer)) is not None:
-        check_world_size(data, size)
+        check_threads_precision(module.update.micro_batch_threads, trainer.get("precision"))
+        check_data_settings(module.advantage, settings, tis_cap=module.loss.tis_cap)
+    if settings is not None and (size := world_size(trainer)) is not None:
+        check_world_size(settings, size)
+
+
+def data_settings(data: dict[str, Any]) -> DataSettings:
+    """The groups of a parsed ``data`` section (plain dicts), each checked as it is built, then
+    together."""
+    return DataSettings.build(**data)
 
 
 def module_settings(model: dict[str, Any], data: dict[str, Any]) -> ModuleSettings:
     """The settings groups of a parsed ``model`` section (plain dicts), each checked as it is built."""
-    return ModuleSettings.build(data.get("temperature", 1.0), **{name: model.get(name) for name in GROUPS})
+    temperature = (data.get("sampling") or {}).get("temperature", 1.0)
+    return ModuleSettings.build(temperature, **{name: model.get(name) for name in GROUPS})
 
 
 def check_optimizer_factories(optim: dict[str, Any]) -> None:
@@ -149,12 +153,13 @@ def check_run(config: Any) -> None:
     model, data = _plain(config.get("model")) or {}, _plain(config.get("data")) or {}
     if not (model and data):
         return
+    settings = data_settings(data)
     if model.get("warm_start"):  # an env without an expert fails here, not after the tiny model is built
-        for entry in train_entries(data):  # every entry of a mixture gives demonstrations
+        for entry in train_entries(settings):  # every entry of a mixture gives demonstrations
             require_expert(entry.env_id, entry.env_kwargs)
-    dm = RolloutDataModule(**{**data, "filter": FilterConfig(**(data.get("filter") or {})),
-                              "vllm": VLLMConfig(**(data.get("vllm") or {}))})
-    check_context_length("--model.model", model["model"], [dm.episode, *(e.episode_settings(dm.episode) for e in dm.train_entries)])
+    dm = RolloutDataModule(**{f.name: getattr(settings, f.name) for f in fields(settings)})
+    episodes = [dm.episode, *(e.episode_settings(dm.episode) for e in dm.train_entries)]
+    check_context_length("--model.model", model["model"], episodes)
     dm.check_prompt_budget(load_tokenizer(model["model"]))
 
 
@@ -296,7 +301,8 @@ def wandb_offline_fallback(config: Any, timeout: float = WANDB_TIMEOUT_S) -> str
 # -- the command line's parse errors ------------------------------------------------------------------------------
 def parse_error_line(message: str) -> str:
     """jsonargparse's multi-line parse error as one line naming the flag: ``Parser key "data.num_groups":
-    Expected a <class 'int'>. Got value: many`` -> ``--data.num_groups: expected int, got 'many'``."""
+    Expected a <class 'int'>. Got value: many`` -> ``--data.training.num_groups: expected int, got
+    'many'``."""
     text = re.sub(r"<class '(?:[\w]+\.)*(\w+)'>", r"\1", message)
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     flag = ""

@@ -1,5 +1,6 @@
-"""One-step-off-policy rollouts (``--data.async_level 1``): iteration ``k + 1``'s rollout is generated on a worker
-thread, with the weights iteration ``k``'s update starts from, while that update runs.
+"""One-step-off-policy rollouts (``--data.training.async_level 1``): iteration ``k + 1``'s rollout
+is generated on a worker thread, with the weights iteration ``k``'s update starts from, while that
+update runs.
 
 The data module hands out iteration ``k``'s batch, syncs its rollout engine to the actor's current weights and
 launches iteration ``k + 1``'s rollout (:meth:`OneStepAhead.launch`); the update of iteration ``k`` then runs on the

@@ -5,8 +5,9 @@ The training stream is an ``IterableDataset`` (``num_workers=0``, ``batch_size=N
 pre-fetches a rollout generated with stale weights. Iteration ``n`` resets group ``g`` with seed
 ``train_seed + n * num_groups + g`` (RAGEN: ``10000 + 8n + g``); validation always uses seeds ``val_seed + g``.
 ``state_dict`` stores the iteration and the empty-filter streak, so a resumed run continues the same seed stream.
-Environment mixtures (``--data.mixture``: several envs in one batch; ``--data.val_suite``: validation on its own list;
-per-tag seeds and ``train/<tag>/*``, ``val/<tag>/*`` metrics) are described in :mod:`ragen_lightning.data.mixture`.
+Environment mixtures (``--data.env.mixture``: several envs in one batch;
+``--data.validation.suite``: validation on its own list; per-tag seeds and ``train/<tag>/*``,
+``val/<tag>/*`` metrics) are described in :mod:`ragen_lightning.data.mixture`.
 
 With several processes (DDP / FSDP) each rank rolls out its share of whole groups with its own engine and the
 trajectories are all-gathered before filtering, so selection, batch and metrics equal the single-process ones on every
@@ -19,21 +20,15 @@ import functools
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import replace
-from typing import Any, Literal, Protocol
+from dataclasses import asdict, fields, replace
+from typing import Any, Protocol
 
 import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
 from ragen_lightning.data.ahead import STALENESS, OneStepAhead
-from ragen_lightning.data.batching import (
-    NormGrouping,
-    NormMethod,
-    RewardPlacement,
-    build_batch,
-    rollout_metrics,
-)
-from ragen_lightning.data.checks import check_rollout_settings, check_world_size
+from ragen_lightning.data.batching import build_batch, rollout_metrics
+from ragen_lightning.data.checks import check_envs, check_world_size
 from ragen_lightning.data.mixture import (
     Part,
     generation_seed,
@@ -46,6 +41,15 @@ from ragen_lightning.data.mixture import (
     val_seeds,
 )
 from ragen_lightning.data.sampler import FilterConfig, filter_groups, filter_states
+from ragen_lightning.data.settings import (
+    BranchingSettings,
+    DataSettings,
+    EnvSettings,
+    RewardSettings,
+    SamplingSettings,
+    TrainingSettings,
+    ValidationSettings,
+)
 from ragen_lightning.data.suite import SuiteEntry
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.parallel import (
@@ -59,9 +63,8 @@ from ragen_lightning.rollout.branching import BranchFollow
 from ragen_lightning.rollout.engine import SamplingParams
 from ragen_lightning.rollout.engines import snapshot_engine
 from ragen_lightning.rollout.runner import RolloutRunner
-from ragen_lightning.rollout.settings import EpisodeSettings, as_episode
+from ragen_lightning.rollout.settings import EngineSettings, EpisodeSettings
 from ragen_lightning.rollout.tokens import ChatTokens
-from ragen_lightning.rollout.vllm_engine import VLLMConfig
 from ragen_lightning.types import RolloutBatch
 
 
@@ -112,106 +115,62 @@ class _ResumableLoader(DataLoader):
 class RolloutDataModule(L.LightningDataModule):
     """Streams multi-turn rollouts of ``num_groups x group_size`` envs, filtered by within-group reward variance.
 
+    Every argument is a settings group, ``--data.<group>.<name>`` on the command line (each group's
+    fields are documented on its class, :mod:`ragen_lightning.data.settings`).
+
     Args:
-        env_id: gymnasium id of the task (``import envs`` registers ``ragen/*``; ``module:id`` also works); unset:
-            ``ragen/SimpleSokoban-v0``, or the envs of ``mixture``.
-        env_kwargs: keyword arguments of the env.
-        num_groups: env groups per iteration (each group shares one initial state); with several processes it must
-            be divisible by their number (each rank runs whole groups; the seeds are those of one process). With
-            ``mixture``: the groups of an entry that names none.
-        mixture: several training envs in one batch: a list of entries ``{env_id, env_kwargs, num_groups, tag,
-            episode}`` (:mod:`ragen_lightning.data.mixture`: seeds per tag, ``train/<tag>/*`` metrics); replaces
-            ``env_id`` and ``env_kwargs``, which must then be unset.
-        val_suite: validation entries (same keys; ``num_groups`` groups of ``val_group_size``, default
-            ``val_num_groups``), logged as ``val/<tag>/*`` and pooled as ``val/*``; unset: the training env(s).
-        group_size: rollouts per group.
-        num_iterations: StarPO iterations (rollout + update) of a fit; the one place that sets the run length.
+        env: what the rollouts play (``EnvSettings``: ``id``, ``kwargs`` or a ``mixture`` of several
+            envs).
+        training: the training rollouts (``TrainingSettings``: ``num_iterations``, ``num_groups``,
+            ``group_size``, ``seed``, ``empty_stop_steps``, ``async_level``).
         episode: the episode settings (``EpisodeSettings``: turns, action budgets, ``max_new_tokens``, context
             window, ``max_model_len``, thinking, format penalty); the warm start's demonstrations use the same ones.
-        temperature: training sampling temperature, in [0, 2] (vLLM's range).
-        top_p: training nucleus sampling mass.
-        top_k: training top-k (-1 = off).
-        reward_placement: ``last`` (episode score on the last sampled token) or ``turn`` (each turn's reward at its end).
-        branches: training responses sampled per turn (``RolloutRunner``, "Branching"): the episode continues with
-            the first; each other one runs that turn on a copy of the env and is an extra one-turn sample scored by
-            its own turn reward. > 1 needs ``reward_placement: turn``, a windowed ``episode.context_window``, an env
-            with ``branchable = True`` and ``--model.advantage.estimator rft``. Validation never branches.
-        branch_follow: the response a branching episode continues with: ``first`` (the policy's plain play) or
-            ``best`` (the best-scored of the ``branches``, first on ties: the episode follows the best path the
-            policy's samples find and reaches the later states of a level; training success then measures that
-            search, not the policy).
-        norm_grouping: score normalisation groups: ``state`` (per group), ``env`` (all episodes of one mixture
-            entry; RAGEN's ``inductive``) or ``batch``.
-        norm_method: ``identity`` | ``mean`` | ``mean_std`` | ``asym_clip``.
+        sampling: the training rollouts' sampling (``SamplingSettings``: ``temperature``, ``top_p``,
+            ``top_k``).
+        validation: the fixed validation rollout (``ValidationSettings``: ``num_groups``,
+            ``group_size``, ``temperature``, ``seed``, ``suite``).
+        rewards: reward placement and score normalisation (``RewardSettings``).
+        branching: several responses per visited state (``BranchingSettings``: ``branches``,
+            ``follow``).
         filter: the rollout filter (default keeps everything; StarPO-S: ``top_p`` 0.9 with ``include_zero: false``).
-        empty_stop_steps: stop after this many consecutive iterations whose filter kept nothing (0 = never).
-        train_seed: first training reset seed.
-        val_seed: first validation reset seed (validation always uses the same set).
-        val_num_groups: validation episodes (groups of ``val_group_size``); divisible by the number of processes.
-            With ``mixture`` or ``val_suite``: the groups of each entry that names none.
-        val_group_size: validation rollouts per initial state (pass@k uses it).
-        val_temperature: validation sampling temperature (0 = greedy; at most 2).
-        max_batch_size: generation requests decoded together at most.
-        engine: rollout engine: ``hf`` (transformers, samples with the actor itself), ``vllm`` (an in-process vLLM
-            engine whose weights are pushed from the actor before every rollout and checked by the sync probe;
-            needs vLLM, README: vLLM engine; under FSDP2 each rank's engine gets the weights gathered from the
-            shards) or ``auto`` (``vllm`` when installed and the actor is not 4-bit, else ``hf``; the task configs'
-            choice: vLLM's prefix cache makes multi-turn rollouts several times faster).
-        vllm: vLLM engine settings (``VLLMConfig``: memory, sleep level, dtype, probe threshold, ...).
-        async_level: 0: every rollout is generated with the weights it trains (on-policy); 1: iteration ``k + 1``'s
-            rollout is generated on a worker thread, with the weights iteration ``k``'s update starts from, while
-            that update runs (:mod:`ragen_lightning.data.ahead`; needs ``--model.loss.tis_cap``; every rank alike;
-            not with a tensor-parallel vLLM engine).
+        engine: the rollout engine (``EngineSettings``: ``name`` hf / vllm / auto,
+            ``max_batch_size``, ``vllm``).
     """
 
     def __init__(
         self,
-        env_id: str | None = None,
-        env_kwargs: dict[str, Any] | None = None,
-        num_groups: int = 8,
-        mixture: list[dict[str, Any]] | None = None,
-        val_suite: list[dict[str, Any]] | None = None,
-        group_size: int = 16,
-        num_iterations: int = 200,
-        episode: EpisodeSettings | None = None,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = -1,
-        reward_placement: RewardPlacement = "last",
-        branches: int = 1,
-        branch_follow: BranchFollow = "first",
-        norm_grouping: NormGrouping = "state",
-        norm_method: NormMethod = "identity",
+        env: EnvSettings = EnvSettings(),
+        training: TrainingSettings = TrainingSettings(),
+        episode: EpisodeSettings = EpisodeSettings(),
+        sampling: SamplingSettings = SamplingSettings(),
+        validation: ValidationSettings = ValidationSettings(),
+        rewards: RewardSettings = RewardSettings(),
+        branching: BranchingSettings = BranchingSettings(),
         filter: FilterConfig | None = None,
-        empty_stop_steps: int = 5,
-        train_seed: int = 10000,
-        val_seed: int = 123,
-        val_num_groups: int = 64,
-        val_group_size: int = 1,
-        val_temperature: float = 0.5,
-        max_batch_size: int = 128,
-        engine: Literal["hf", "vllm", "auto"] = "hf",
-        vllm: VLLMConfig | None = None,
-        async_level: int = 0,
+        engine: EngineSettings = EngineSettings(),
     ):
         super().__init__()
-        check_rollout_settings(locals())
-        self.save_hyperparameters(ignore=["filter", "vllm", "episode"])
-        self.episode = as_episode(episode)
-        self.vllm = vllm if vllm is not None else VLLMConfig()
-        self.filter = filter if filter is not None else FilterConfig()
-        self.train_params = SamplingParams(temperature, top_p, top_k, self.episode.max_new_tokens)
-        self.val_params = SamplingParams(val_temperature, 1.0, -1, self.episode.max_new_tokens)
-        self.train_entries: list[SuiteEntry] = train_entries(self.hparams)
-        self.val_entries: list[SuiteEntry] = val_entries(self.hparams)
+        self.settings = s = DataSettings.build(
+            env=env, training=training, episode=episode, sampling=sampling, validation=validation,
+            rewards=rewards, branching=branching, filter=filter, engine=engine)
+        check_envs(s)
+        self.save_hyperparameters({f.name: asdict(getattr(s, f.name)) for f in fields(s)})
+        self.episode, self.filter = s.episode, s.filter
+        new_tokens = s.episode.max_new_tokens
+        sampling = s.sampling
+        self.train_params = SamplingParams(sampling.temperature, sampling.top_p, sampling.top_k,
+                                           new_tokens)
+        self.val_params = SamplingParams(s.validation.temperature, 1.0, -1, new_tokens)
+        self.train_entries: list[SuiteEntry] = train_entries(s)
+        self.val_entries: list[SuiteEntry] = val_entries(s)
         self.iteration = 0
         self.consecutive_empty = 0
         self._runners: list[RolloutRunner] = []
-        self.engine = None
+        self.engine = None  # the rollout engine, built at the first rollout (``settings.engine``)
         self.policy: RolloutPolicy | None = None  # connect()
         self._val_runners: list[RolloutRunner] = []
         self._train_engine = None  # the engine of the training rollouts: self.engine, or its snapshot (async)
-        self._ahead = OneStepAhead() if async_level else None
+        self._ahead = OneStepAhead() if s.training.async_level else None
 
     # -- wiring ---------------------------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -221,17 +180,19 @@ class RolloutDataModule(L.LightningDataModule):
     def check_world_size(self, size: int) -> None:
         """Every rank runs whole env groups: ``num_groups`` and ``val_num_groups`` must divide by the process count
         (the CLI's preflight checks it before anything starts; ``setup`` again on every rank)."""
-        check_world_size({**self.hparams, "vllm": self.vllm}, size)
+        check_world_size(self.settings, size)
 
     @property
     def mixture(self) -> bool:
-        """Training from ``--data.mixture``: per-tag seeds, generation seeds and ``train/<tag>/*`` metrics."""
-        return is_mixture(self.hparams)
+        """Training from ``--data.env.mixture``: per-tag seeds, generation seeds and
+        ``train/<tag>/*`` metrics."""
+        return is_mixture(self.settings)
 
     @property
     def tagged_validation(self) -> bool:
-        """Validation on entries with per-tag seeds and ``val/<tag>/*`` metrics (a mixture or ``--data.val_suite``)."""
-        return self.mixture or self.hparams.val_suite is not None
+        """Validation on entries with per-tag seeds and ``val/<tag>/*`` metrics (a mixture or
+        ``--data.validation.suite``)."""
+        return self.mixture or self.settings.validation.suite is not None
 
     def connect(self, policy: RolloutPolicy) -> None:
         """The policy whose rollouts this module streams (``StarPOModule.setup`` connects itself): its tokenizer and
@@ -244,16 +205,18 @@ class RolloutDataModule(L.LightningDataModule):
         if self.policy is None:
             raise RuntimeError("RolloutDataModule has no policy to roll out: connect(module) first (StarPOModule.setup "
                                "connects itself to the trainer's data module)")
-        hp = self.hparams
+        s = self.settings
         chat = ChatTokens(self.policy.tokenizer, enable_think=self.episode.enable_think)
-        extra = {} if hp.engine == "hf" else {"engine": hp.engine, "vllm": self.vllm,
-                                              "max_model_len": self.episode.max_model_len, "seed": hp.train_seed}
-        engine = self.policy.make_engine(max_batch_size=hp.max_batch_size, **extra)
+        extra = {} if s.engine.name == "hf" else {
+            "engine": s.engine.name, "vllm": s.engine.vllm,
+            "max_model_len": self.episode.max_model_len,
+            "seed": s.training.seed}
+        engine = self.policy.make_engine(max_batch_size=s.engine.max_batch_size, **extra)
         self.engine = engine
         self._train_engine = snapshot_engine(engine) if self._ahead is not None else engine
         self.chat = chat
-        self._runners = self._make_runners(self.train_entries, chat, self._train_engine, hp.branches,
-                                           hp.branch_follow)
+        self._runners = self._make_runners(self.train_entries, chat, self._train_engine,
+                                           s.branching.branches, s.branching.follow)
         self._val_runners = self._make_runners(self.val_entries, chat, engine)
         self._check_budget(self._runners, self._val_runners)  # the first prompt must fit (the CLI checked it too)
 
@@ -282,8 +245,8 @@ class RolloutDataModule(L.LightningDataModule):
         self._runners, self._val_runners, self.engine, self._train_engine = [], [], None, None
 
     def train_dataloader(self) -> DataLoader:
-        stream = _Stream(self._next_train_batch, lambda: self.hparams.num_iterations - self.iteration,
-                         total=self.hparams.num_iterations)
+        total = self.settings.training.num_iterations
+        stream = _Stream(self._next_train_batch, lambda: total - self.iteration, total=total)
         return _ResumableLoader(self, stream, batch_size=None, num_workers=0, collate_fn=lambda b: b)
 
     def val_dataloader(self) -> DataLoader:
@@ -297,18 +260,19 @@ class RolloutDataModule(L.LightningDataModule):
     def entry_seeds(self, iteration: int) -> list[list[int]]:
         """Each training entry's reset seeds at ``iteration``: single env ``train_seed + iteration * num_groups +
         g``; a mixture entry its tag's stream, held out from the tag's validation seeds (module ``mixture``)."""
-        hp = self.hparams
+        seed, groups = self.settings.training.seed, self.settings.training.num_groups
         if not self.mixture:
-            return [[hp.train_seed + iteration * hp.num_groups + g for g in range(hp.num_groups)]]
+            return [[seed + iteration * groups + g for g in range(groups)]]
         held_out = dict(zip((e.tag for e in self.val_entries), self.val_entry_seeds()))
-        return [train_seeds(e, hp.train_seed, iteration, held_out.get(e.tag, ())) for e in self.train_entries]
+        return [train_seeds(e, seed, iteration, held_out.get(e.tag, ()))
+                for e in self.train_entries]
 
     def val_entry_seeds(self) -> list[list[int]]:
         """Each validation entry's fixed reset seeds: ``val_seed + g`` for the single env, else its tag's."""
-        hp = self.hparams
+        val = self.settings.validation
         if not self.tagged_validation:
-            return [[hp.val_seed + g for g in range(hp.val_num_groups)]]
-        return [val_seeds(e, hp.val_seed) for e in self.val_entries]
+            return [[val.seed + g for g in range(val.num_groups)]]
+        return [val_seeds(e, val.seed) for e in self.val_entries]
 
     def _next_train_batch(self) -> RolloutBatch:
         """Iteration ``self.iteration``'s batch: generated now, or (``async_level`` 1) taken from the worker that
@@ -317,7 +281,7 @@ class RolloutDataModule(L.LightningDataModule):
         if batch is None:
             batch = self.train_batch(self.iteration)
         self.iteration += 1
-        if self._ahead is not None and self.iteration < self.hparams.num_iterations:
+        if self._ahead is not None and self.iteration < self.settings.training.num_iterations:
             self._ensure_runners()  # (a resumed run's first batch came from its checkpoint)
             sync = self._sync_engine(self._train_engine)  # on this thread, before the update changes the weights
             self._ahead.launch(self.iteration, functools.partial(self._generate, self.iteration),
@@ -333,11 +297,11 @@ class RolloutDataModule(L.LightningDataModule):
     def _generate(self, iteration: int) -> tuple[list[Part], list, dict[str, float]]:
         """This rank's share of iteration ``iteration``'s rollout with the engine as synced: ``(parts, its
         trajectories, timing_s/rollout* metrics)``. No collective: it may run on the async worker."""
-        hp = self.hparams
+        training = self.settings.training
         t0 = time.perf_counter()
         parts = self._parts(self._runners, self.train_entries, self.entry_seeds(iteration), self.train_params,
-                            (hp.train_seed << 20) + iteration, self.mixture)
-        local = self._run_local(parts, hp.group_size)
+                            (training.seed << 20) + iteration, self.mixture)
+        local = self._run_local(parts, training.group_size)
         timing = {"timing_s/rollout": time.perf_counter() - t0}
         self._engine_sleep()
         for runner in self._runners:  # generate, env
@@ -348,12 +312,13 @@ class RolloutDataModule(L.LightningDataModule):
     def _finish(self, iteration: int, sync: dict[str, float], generated: tuple) -> RolloutBatch:
         """Every rank's trajectories of :meth:`_generate`'s ``generated`` (a collective: on the training thread),
         filtered and padded into the batch, with its metrics (``sync``: the engine sync's)."""
-        hp = self.hparams
+        training, rewards = self.settings.training, self.settings.rewards
+        group_size = training.group_size
         parts, local, timing = generated
         trajectories = self._gather(local)
-        metrics = {f"train/{k}": v for k, v in rollout_metrics(trajectories, hp.group_size).items()}
+        metrics = {f"train/{k}": v for k, v in rollout_metrics(trajectories, group_size).items()}
         if self.mixture:
-            metrics.update(tag_metrics(trajectories, hp.group_size, "train"))
+            metrics.update(tag_metrics(trajectories, group_size, "train"))
         metrics.update(sync)
         metrics["rollout/token_drift_rate"] = self._drift_rate(trajectories, parts)
         metrics[STALENESS] = 0.0  # generated with the weights it trains (OneStepAhead.take sets 1)
@@ -361,9 +326,10 @@ class RolloutDataModule(L.LightningDataModule):
         if by_states:  # the states are known once the batch is built (below)
             kept, filter_stats = trajectories, {}
         else:
-            kept, _, filter_stats = filter_groups(trajectories, hp.group_size, self.filter)
-        batch = build_batch(kept, pad_token_id=self.chat.tokenizer.pad_token_id, reward_placement=hp.reward_placement,
-                            norm_grouping=hp.norm_grouping, norm_method=hp.norm_method, metrics=metrics)
+            kept, _, filter_stats = filter_groups(trajectories, group_size, self.filter)
+        batch = build_batch(kept, pad_token_id=self.chat.tokenizer.pad_token_id,
+                            reward_placement=rewards.placement, norm_grouping=rewards.norm_grouping,
+                            norm_method=rewards.norm_method, metrics=metrics)
         if by_states:
             batch, filter_stats = filter_states(batch, self.filter)
         metrics.update(filter_stats)
@@ -373,9 +339,10 @@ class RolloutDataModule(L.LightningDataModule):
             self.consecutive_empty += 1
             warnings.warn(f"rollout filter kept no group at iteration {iteration}: skipping the update "
                           f"({self.consecutive_empty} in a row)", stacklevel=2)
-            if hp.empty_stop_steps > 0 and self.consecutive_empty >= hp.empty_stop_steps and self.trainer is not None:
+            stop = training.empty_stop_steps
+            if stop > 0 and self.consecutive_empty >= stop and self.trainer is not None:
                 warnings.warn(f"stopping: {self.consecutive_empty} consecutive empty filter results "
-                              f"(--data.empty_stop_steps={hp.empty_stop_steps})", stacklevel=2)
+                              f"(--data.training.empty_stop_steps={stop})", stacklevel=2)
                 self.trainer.should_stop = True
         metrics["rollout/empty_after_filter"] = float(not len(batch))
         metrics["rollout/consecutive_empty_after_filter_steps"] = float(self.consecutive_empty)
@@ -416,15 +383,15 @@ class RolloutDataModule(L.LightningDataModule):
         if self._ahead is not None:
             self._ahead.wait()
         self._ensure_runners()
-        hp = self.hparams
+        val = self.settings.validation
         sync = self._sync_engine()
         parts = self._parts(self._val_runners, self.val_entries, self.val_entry_seeds(), self.val_params,
-                            hp.val_seed, self.tagged_validation)
-        trajectories = self._gather(self._run_local(parts, hp.val_group_size))
+                            val.seed, self.tagged_validation)
+        trajectories = self._gather(self._run_local(parts, val.group_size))
         self._engine_sleep()
-        metrics = {f"val/{k}": v for k, v in rollout_metrics(trajectories, hp.val_group_size).items()}
+        metrics = {f"val/{k}": v for k, v in rollout_metrics(trajectories, val.group_size).items()}
         if self.tagged_validation:
-            metrics.update(tag_metrics(trajectories, hp.val_group_size, "val"))
+            metrics.update(tag_metrics(trajectories, val.group_size, "val"))
         metrics.update({k.replace("rollout/", "val/", 1): v for k, v in sync.items()})
         return build_batch(trajectories, pad_token_id=self.chat.tokenizer.pad_token_id, metrics=metrics)
 

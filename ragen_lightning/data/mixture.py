@@ -1,14 +1,17 @@
 """Environment mixtures: several environments in one training batch and validation on its own list.
 
-``--data.mixture`` is a list of entries ``{env_id, env_kwargs, num_groups, tag, episode}``: every entry contributes
-``num_groups`` groups of ``--data.group_size`` rollouts to each iteration's batch. ``--data.val_suite`` is the same
-kind of list for validation (groups of ``--data.val_group_size``). An entry is the evaluation suite's
-:class:`~ragen_lightning.data.suite.SuiteEntry` with its count written ``num_groups``; an entry without one takes
-``--data.num_groups`` (training) or ``--data.val_num_groups`` (validation), and ``episode`` overrides single episode
-settings for that env (a one-turn bandit beside a multi-turn grid). Without ``--data.val_suite`` validation runs every
-training entry with ``--data.val_num_groups`` groups. The single-env flags (``--data.env_id``, ``--data.env_kwargs``,
-``--data.num_groups``) are a mixture of one entry with the seeds of before (below); ``--data.env_id`` and
-``--data.env_kwargs`` cannot be combined with ``--data.mixture``, which names the envs itself.
+``--data.env.mixture`` is a list of entries ``{env_id, env_kwargs, num_groups, tag, episode}``:
+every entry contributes ``num_groups`` groups of ``--data.training.group_size`` rollouts to each
+iteration's batch. ``--data.validation.suite`` is the same kind of list for validation (groups of
+``--data.validation.group_size``). An entry is the evaluation suite's
+:class:`~ragen_lightning.data.suite.SuiteEntry` with its count written ``num_groups``; an entry
+without one takes ``--data.training.num_groups`` (training) or ``--data.validation.num_groups``
+(validation), and ``episode`` overrides single episode settings for that env (a one-turn bandit
+beside a multi-turn grid). Without ``--data.validation.suite`` validation runs every training entry
+with ``--data.validation.num_groups`` groups. The single-env flags (``--data.env.id``,
+``--data.env.kwargs``, ``--data.training.num_groups``) are a mixture of one entry with the seeds of
+before (below); ``--data.env.id`` and ``--data.env.kwargs`` cannot be combined with
+``--data.env.mixture``, which names the envs itself.
 
 Batch layout: the entries' groups follow each other in list order (global group ids ``offset_e + g``, members
 contiguous), so the reward-variance filter and the per-group normalisation see whole groups as before. Each entry has
@@ -37,9 +40,9 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -53,8 +56,11 @@ from ragen_lightning.rollout.seeds import episode_seeds
 from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.types import Trajectory
 
-DEFAULT_ENV_ID = "ragen/SimpleSokoban-v0"  # --data.env_id when neither it nor --data.mixture is given
-TRAIN_FLAG, VAL_FLAG = "--data.mixture", "--data.val_suite"
+if TYPE_CHECKING:
+    from ragen_lightning.data.settings import DataSettings
+
+DEFAULT_ENV_ID = "ragen/SimpleSokoban-v0"  # --data.env.id when neither it nor a mixture is given
+TRAIN_FLAG, VAL_FLAG = "--data.env.mixture", "--data.validation.suite"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]+")
 
 
@@ -64,7 +70,8 @@ def metric_name(tag: str) -> str:
 
 
 def parse_entries(values: Any, flag: str, default_groups: int) -> list[SuiteEntry]:
-    """The entries of ``--data.mixture`` / ``--data.val_suite`` (``flag``); errors name the flag and the entry."""
+    """The entries of ``--data.env.mixture`` / ``--data.validation.suite`` (``flag``); errors name
+    the flag and the entry."""
     if not isinstance(values, (list, tuple)) or not values:
         raise ConfigError(f"{flag} must be a non-empty list of entries {{env_id, env_kwargs, num_groups, tag, "
                           f"episode}}, got {values!r}")
@@ -81,28 +88,26 @@ def parse_entries(values: Any, flag: str, default_groups: int) -> list[SuiteEntr
     return entries
 
 
-def is_mixture(hp: Mapping[str, Any]) -> bool:
-    """Training from ``--data.mixture`` (per-tag seeds and metrics) rather than the single-env flags."""
-    return hp.get("mixture") is not None
+def is_mixture(s: DataSettings) -> bool:
+    """Training from ``--data.env.mixture`` (per-tag seeds and metrics) rather than the single
+    env."""
+    return s.env.mixture is not None
 
 
-def train_entries(hp: Mapping[str, Any]) -> list[SuiteEntry]:
-    """The training entries of the data module's arguments ``hp``: ``--data.mixture``, else one entry from the
-    single-env flags. Refuses ``--data.env_id`` / ``--data.env_kwargs`` beside a mixture."""
-    if not is_mixture(hp):
-        return [SuiteEntry(hp.get("env_id") or DEFAULT_ENV_ID, hp.get("env_kwargs"), hp["num_groups"])]
-    given = [f"--data.{k}" for k in ("env_id", "env_kwargs") if hp.get(k) is not None]
-    if given:
-        raise ConfigError(f"{' and '.join(given)} {'conflict' if len(given) > 1 else 'conflicts'} with {TRAIN_FLAG}, "
-                          f"whose entries name the training envs (env_id, env_kwargs): leave {' and '.join(given)} unset")
-    return parse_entries(hp["mixture"], TRAIN_FLAG, hp["num_groups"])
+def train_entries(s: DataSettings) -> list[SuiteEntry]:
+    """The training entries: ``--data.env.mixture``, else one entry of ``--data.env.id`` /
+    ``kwargs``."""
+    if not is_mixture(s):
+        return [SuiteEntry(s.env.id or DEFAULT_ENV_ID, s.env.kwargs, s.training.num_groups)]
+    return parse_entries(s.env.mixture, TRAIN_FLAG, s.training.num_groups)
 
 
-def val_entries(hp: Mapping[str, Any]) -> list[SuiteEntry]:
-    """The validation entries: ``--data.val_suite``, else the training entries with ``--data.val_num_groups``."""
-    if hp.get("val_suite") is not None:
-        return parse_entries(hp["val_suite"], VAL_FLAG, hp["val_num_groups"])
-    return [replace(e, num_episodes=hp["val_num_groups"]) for e in train_entries(hp)]
+def val_entries(s: DataSettings) -> list[SuiteEntry]:
+    """The validation entries: ``--data.validation.suite``, else the training entries with
+    ``--data.validation.num_groups``."""
+    if s.validation.suite is not None:
+        return parse_entries(s.validation.suite, VAL_FLAG, s.validation.num_groups)
+    return [replace(e, num_episodes=s.validation.num_groups) for e in train_entries(s)]
 
 
 def check_entry_episode(entry: SuiteEntry, base: EpisodeSettings, where: str) -> EpisodeSettings:

@@ -9,7 +9,7 @@ Per-trajectory quantities: ``reward*`` metrics use the episode score (env return
 estimate of the token entropy at temperature 1; RAGEN runs an extra forward pass for it); ``length`` uses the
 sampled response tokens.
 
-With branching rollouts (``--data.branches`` K > 1) the filter can select **states** instead of episode groups
+With branching rollouts (``--data.branching.branches`` K > 1) the filter can select **states** instead of episode groups
 (``over: states``): the K responses sampled for one visited state are a group, scored by their turn rewards (the
 turn's env reward plus its format penalty), and the rows of the dropped states leave the batch (:func:`filter_states`).
 That is the StarPO-S filter for per-state baselines: a state whose K answers all scored alike carries no signal
@@ -62,7 +62,7 @@ class FilterSettings:
         largest: keep the groups with the largest scores (False: the smallest).
         include_zero: keep groups whose score is 0 (e.g. every member got the same reward).
         over: ``groups`` (the ``group_size`` episodes sharing an initial state, RAGEN's filter) or ``states`` (with
-            ``--data.branches`` K > 1: the K responses to each visited state, scored by their turn rewards; reward
+            ``--data.branching.branches`` K > 1: the K responses to each visited state, scored by their turn rewards; reward
             metrics only).
     """
 
@@ -176,14 +176,14 @@ def filter_states(batch: RolloutBatch,
                   config: FilterSettings) -> tuple[RolloutBatch, dict[str, float]]:
     """``(kept rows, rollout/* metrics)``: the StarPO-S filter over the states of a branching batch.
 
-    Each state's responses (rows sharing ``batch.state_index``; K of them, the ``--data.branches``) form a group
+    Each state's responses (rows sharing ``batch.state_index``; K of them, the ``--data.branching.branches``) form a group
     scored by ``config.metric`` over their turn rewards (row sums of ``batch.rewards``: with ``reward_placement
     turn`` a one-turn row holds its turn's env reward plus format penalty); ``select_groups`` picks the states as it
     picks episode groups, and the rows of the other states are dropped. Metrics carry the same names as the group
     filter's, counting states."""
     if batch.state_index is None or not batch.per_turn_rewards:
-        raise ConfigError("--data.filter.over states needs branching rollouts (--data.branches > 1 with "
-                          "--data.reward_placement turn)")
+        raise ConfigError("--data.filter.over states needs branching rollouts (--data.branching.branches > 1 with "
+                          "--data.rewards.placement turn)")
     if len(batch) == 0:
         return batch, {}
     _, state = torch.unique(batch.state_index, return_inverse=True)
@@ -191,7 +191,7 @@ def filter_states(batch: RolloutBatch,
     k = int(sizes[0])
     if bool((sizes == 1).all()):
         raise ConfigError("--data.filter.over states: every state of the batch has one response; it needs branching "
-                          "rollouts (--data.branches > 1)")
+                          "rollouts (--data.branching.branches > 1)")
     if not bool((sizes == k).all()):
         raise ValueError(f"--data.filter.over states: every state needs the same number of responses, got sizes "
                          f"{sorted(set(sizes.tolist()))}")

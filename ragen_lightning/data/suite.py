@@ -4,9 +4,9 @@ A suite names what one evaluation (``python -m ragen_lightning.evaluate``) runs:
 configuration with its episode count and a tag that identifies it in reports and exported trajectories (two entries
 of the same env with different kwargs need different tags). An entry may also override episode settings for its env
 (``episode: {max_turns: 1}`` for a one-turn bandit beside multi-turn grids). The entry type is kept apart from the
-evaluation so that training-time env mixtures reuse it: the data module's ``--data.mixture`` and ``--data.val_suite``
-entries (:mod:`ragen_lightning.data.mixture`) are the same type, their count written ``num_groups`` (see
-:attr:`SuiteEntry.num_episodes`).
+evaluation so that training-time env mixtures reuse it: the data module's ``--data.env.mixture`` and
+``--data.validation.suite`` entries (:mod:`ragen_lightning.data.mixture`) are the same type, their
+count written ``num_groups`` (see :attr:`SuiteEntry.num_episodes`).
 
 YAML: a list of entries, or a mapping with a ``suite`` list::
 
@@ -65,7 +65,8 @@ class SuiteEntry:
 
     @property
     def num_groups(self) -> int:
-        """The count under its training name: groups of a ``--data.mixture`` / ``--data.val_suite`` entry."""
+        """The count under its training name: groups of a ``--data.env.mixture`` /
+        ``--data.validation.suite`` entry."""
         return self.num_episodes
 
     def episode_settings(self, base: EpisodeSettings) -> EpisodeSettings:
@@ -112,7 +113,7 @@ def as_entry(value: Any, where: str = "suite entry", *, count: str = "num_episod
 def check_suite(entries: list[SuiteEntry]) -> list[SuiteEntry]:
     """``entries`` unchanged when there is at least one and the tags are distinct; a :class:`ConfigError` otherwise."""
     if not entries:
-        raise ConfigError("the suite is empty: give --suite FILE or at least one --entry")
+        raise ConfigError("the suite is empty: give --suite FILE, --entry or --data.env.id")
     seen: dict[str, int] = {}
     for i, e in enumerate(entries):
         if e.tag in seen:

@@ -30,7 +30,7 @@ first rolls out, then scores and updates, and the peak is the larger of the two 
 - vLLM engine (colocated): its reservation ``gpu_memory_utilization x GPU memory`` (its weights, KV cache and
   workspace) during the rollout; during the update it holds all of it at ``sleep_level`` 0, nothing at 1 (weights
   offloaded to CPU, KV cache dropped) or 2 (both dropped).
-- one-step-off-policy rollouts (``--data.async_level 1``): the next rollout is generated during the update, so the
+- one-step-off-policy rollouts (``--data.training.async_level 1``): the next rollout is generated during the update, so the
   engine's rollout memory (vLLM's whole reservation, whatever the sleep level; the HF engine's KV cache) counts in
   the update phase too, and the HF engine samples from a frozen copy of the actor (its weights again, static).
 
@@ -240,8 +240,8 @@ def plan(arch: Architecture, *, dtype: str = "float32", activation_bytes: int = 
         optimizer_8bit: an 8-bit AdamW (bitsandbytes ``AdamW8bit``): one byte per moment for full fine-tuning.
         mixed_precision: 16-bit mixed precision (``bf16-mixed`` / ``16-mixed``): autocast caches 16-bit copies of
             the fp32 trainable weights it casts.
-        sleep_level: vLLM's ``--data.vllm.sleep_level``: 0 keeps its reservation through the update, 1 and 2 free it.
-        async_rollouts: ``--data.async_level 1``: the engine generates during the update (and the HF engine from a
+        sleep_level: vLLM's ``--data.engine.vllm.sleep_level``: 0 keeps its reservation through the update, 1 and 2 free it.
+        async_rollouts: ``--data.training.async_level 1``: the engine generates during the update (and the HF engine from a
             frozen copy of the actor).
     """
     pbytes = DTYPE_BYTES[dtype]
@@ -258,7 +258,7 @@ def plan(arch: Architecture, *, dtype: str = "float32", activation_bytes: int = 
         vllm_weights = arch.causal_lm_params() * activation_bytes
         if reserved < vllm_weights:
             notes.append(f"vLLM's reservation {reserved / GIB:.2f} GiB is below its own weights "
-                         f"({vllm_weights / GIB:.2f} GiB): raise --data.vllm.gpu_memory_utilization")
+                         f"({vllm_weights / GIB:.2f} GiB): raise --data.engine.vllm.gpu_memory_utilization")
     # LoRA adapters are fp32 whatever the dtype; full fine-tuning casts only fp32 weights
     copies = 2 * model.cast if mixed_precision and (lora is not None or pbytes == 4) else 0
     asleep = reserved if sleep_level == 0 else 0

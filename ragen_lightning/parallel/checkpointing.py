@@ -48,7 +48,7 @@ _CHUNK = 1 << 20
 RUN_CONTROL_SETTINGS = ("export_dir", "optim.max_consecutive_skips", "early_stop", "lora.export_merged")
 _WHOLE = ("warm_start",)  # compared as one value: its keys are one cached warm start
 # settings linked from another flag (the message names the flag the user sets)
-_FLAG_OF = {"temperature": "--data.temperature"}
+_FLAG_OF = {"temperature": "--data.sampling.temperature"}
 
 
 class CheckpointError(ConfigError):

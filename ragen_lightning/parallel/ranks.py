@@ -4,7 +4,7 @@ The scheme (DESIGN section 8.2, distributed-safe filtering):
 
 1. **Rollout**: rank ``r`` of ``W`` runs the whole groups ``[r*G/W, (r+1)*G/W)`` with its own engine, keeping the
    global group ids, env indices and reset seeds, so N ranks see exactly the envs and generation seeds of 1 rank.
-   With a tensor-parallel vLLM engine over ``k`` ranks (``--data.vllm.tensor_parallel_size``) the ``W / k`` TP
+   With a tensor-parallel vLLM engine over ``k`` ranks (``--data.engine.vllm.tensor_parallel_size``) the ``W / k`` TP
    groups of consecutive ranks take the place of ranks: every rank of a group runs the group's share, one worker of
    the same engine each, and the gather keeps one copy per group (:func:`rollout_rank`, :func:`tp_leaders`).
 2. **Gather + filter**: every rank all-gathers the trajectories (rank-major order is the global group order), then
@@ -44,7 +44,7 @@ def group_share(num_groups: int, world_size: int, rank: int) -> range:
         ConfigError: ``num_groups`` is not a multiple of the world size (whole groups per rank).
     """
     if num_groups % world_size:
-        raise ConfigError(f"--data.num_groups ({num_groups}) must be divisible by the number of processes "
+        raise ConfigError(f"--data.training.num_groups ({num_groups}) must be divisible by the number of processes "
                           f"({world_size}): every rank runs whole env groups")
     per = num_groups // world_size
     return range(rank * per, (rank + 1) * per)
@@ -69,7 +69,7 @@ def check_tensor_parallel(tensor_parallel_size: int, world_size: int) -> None:
     single process cannot push tensors into vLLM's own worker processes, so ``k > 1`` needs ``k`` ranks)."""
     if world_size % tensor_parallel_size:
         raise ConfigError(
-            f"--data.vllm.tensor_parallel_size ({tensor_parallel_size}) must divide the number of training processes "
+            f"--data.engine.vllm.tensor_parallel_size ({tensor_parallel_size}) must divide the number of training processes "
             f"({world_size}): each process is one worker of a tensor-parallel vLLM engine spread over "
             f"{tensor_parallel_size} consecutive ranks (external_launcher)")
 

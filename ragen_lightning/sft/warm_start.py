@@ -14,13 +14,16 @@ shipped the same SFT step, on BFS trajectories). :func:`warm_start` returns the 
 The loop is plain PyTorch (no Trainer start-up cost) but its loss is :func:`~ragen_lightning.sft.module.
 causal_lm_sft_loss`, the function :class:`~ragen_lightning.sft.module.SFTModule` trains with.
 
-Run ``python -m ragen_lightning.sft.warm_start --env ragen/SimpleSokoban-v0`` to warm-start and print the
-format-valid and success rates of the base and warm-started models on held-out seeds.
+Run ``python main.py warm_start --config configs/<task>.yaml`` (the fit's env, episode and
+``--model.warm_start`` recipe) or ``python main.py warm_start --data.env.id ragen/SimpleSokoban-v0``
+to warm-start and print the format-valid and success rates of the base and warm-started models on
+held-out seeds.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 import functools
 import hashlib
 import json
@@ -38,12 +41,8 @@ from ragen_lightning import models
 from ragen_lightning.errors import ConfigError, Domain, check_domains
 from ragen_lightning.parallel.threads import backward_in_order, torch_threads_set
 from ragen_lightning.rollout.seeds import episode_seeds
-from ragen_lightning.rollout.settings import (
-    EpisodeSettings,
-    add_episode_arguments,
-    as_episode,
-    episode_from_args,
-)
+from ragen_lightning.rollout.settings import EpisodeSettings, as_episode, as_settings
+from ragen_lightning.sft.evaluation import evaluate_policy
 from ragen_lightning.sft.experts import reading_clauses, require_expert
 from ragen_lightning.sft.module import (
     Demonstration,
@@ -227,21 +226,17 @@ def train_sft(model: torch.nn.Module, demos: Sequence[Demonstration], pad_token_
     return losses
 
 
-def warm_start(model: str = "tiny", env_id: str = "ragen/SimpleSokoban-v0", env_kwargs: dict[str, Any] | None = None,
-               *, steps: int | None = None, num_episodes: int = 512, lr: float = 3e-3, batch_size: int = 4,
-               weight_decay: float = 0.0, warmup_steps: int = 10, lr_schedule: LRSchedule = "cosine", seed: int = 0,
-               reading_steps: int = 0, episode: EpisodeSettings | dict[str, Any] | None = None,
-               only_successful: bool = False, dtype: str = "float32", cache_dir: str | Path | None = None,
-               torch_threads: int | None = 1, threads: int = 1, verbose: bool = False,
-               more_envs: Sequence[tuple[str, dict[str, Any] | None, EpisodeSettings | None]] = ()) -> Path:
-    """The folder of ``model`` fine-tuned on expert demonstrations of ``env_id`` (built once, then cached).
+@dataclass(frozen=True)
+class WarmStartSettings:
+    """The supervised warm start's recipe (``--model.warm_start.*``; ``python main.py warm_start``
+    takes the same). Every field but ``cache_dir``, ``torch_threads``, ``threads`` and ``verbose``
+    is part of the cache key.
 
     Args:
-        model: ``"tiny"``, a local Hugging Face folder or a hub id (the base model).
-        env_id: registered gymnasium id of the demonstrations' env (``import envs`` registers the project's).
-        env_kwargs: keyword arguments of the env.
-        steps: optimizer steps; None: :func:`default_steps` (150; 500 for the bandit).
-        num_episodes: expert episodes (training seeds ``episode_seeds(seed, num_episodes, "train")``).
+        steps: optimizer steps; null: :func:`default_steps` (the env's hint, else 150; the largest
+            of a mixture's).
+        num_episodes: expert episodes per env (training seeds ``episode_seeds(seed, num_episodes,
+            "train")``).
         lr: AdamW learning rate (peak; linear warm-up, then ``lr_schedule``). 3e-3 suits the ~1M-parameter tiny
             model; use ~1e-5..1e-4 for real LLMs.
         batch_size: sequences per step.
@@ -249,60 +244,156 @@ def warm_start(model: str = "tiny", env_id: str = "ragen/SimpleSokoban-v0", env_
         warmup_steps: linear warm-up steps.
         lr_schedule: ``constant`` or ``cosine`` (to 10 % of ``lr``).
         seed: seeds the demonstration seeds, the batch order and torch's RNG during training.
-        reading_steps: the first ``reading_steps`` of the ``steps`` train only the reasoning's reading clause of
-            every expert turn (:func:`~ragen_lightning.sft.experts.reading_clauses`: up to its first ``;``, e.g.
-            ``goal is below and right of me;``), the rest the whole response. The embedded model learns to read a
-            grid this way and not from whole responses (docs/learning.md, "Reading first"); 0 (default) is off.
-        episode: episode settings of the demonstrations (use the RL run's ``--data.episode`` so the formats match;
-            the expert proposes ``max_actions_per_turn`` actions per turn). A mapping overrides single defaults.
-            Every field but ``format_penalty`` (which does not change a demonstration) is part of the cache key.
+        reading_steps: the first ``reading_steps`` train only the reasoning's reading clause of
+            every expert turn (:func:`~ragen_lightning.sft.experts.reading_clauses`;
+            docs/learning.md, "Reading first"); 0: off.
         only_successful: train only on episodes the env marked successful.
         dtype: parameter dtype while training and in the saved folder.
+        episode: episode settings of the demonstrations that differ from the run's
+            ``--data.episode`` (keys of ``EpisodeSettings``); unset: exactly the rollouts' format.
         cache_dir: where warm-started folders live (default ``tiny.cache_root()``).
-        torch_threads: CPU threads while building (restored afterwards; None keeps torch's setting). The tiny
-            model trains fastest with 1: per-op threading overhead dominates it, and two threads stall badly when
-            another process holds a core (measured 1.25 s vs 3.2-5.9 s per step). Not part of the cache key.
-        threads: parts of each batch trained at once on CPU threads, one op thread each (:func:`sft_backward`;
-            2 on a 2-core machine). The gradient is the same to float rounding: not part of the cache key.
-        verbose: also print the loss and token accuracy every 25 steps (the progress line, on stderr, is always on).
+        torch_threads: CPU threads while building (restored afterwards; null keeps torch's setting);
+            1 is fastest for the tiny model.
+        threads: parts of each batch trained at once on CPU threads, one op thread each
+            (:func:`sft_backward`); the gradient is the same to float rounding.
+        verbose: also print the loss and token accuracy every 25 steps (the progress line is always
+            on).
+    """
+
+    steps: int | None = None
+    num_episodes: int = 512
+    lr: float = 3e-3
+    batch_size: int = 4
+    weight_decay: float = 0.0
+    warmup_steps: int = 10
+    lr_schedule: LRSchedule = "cosine"
+    seed: int = 0
+    reading_steps: int = 0
+    only_successful: bool = False
+    dtype: str = "float32"
+    episode: dict[str, Any] | None = None
+    cache_dir: str | None = None
+    torch_threads: int | None = 1
+    threads: int = 1
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        check_domains(FLAG, self, _DOMAINS)
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ConfigError(f"{FLAG}lr_schedule must be 'constant' or 'cosine', "
+                              f"got {self.lr_schedule!r}")
+        if self.steps is not None and self.reading_steps >= self.steps:
+            raise ConfigError(f"{FLAG}reading_steps must be below steps ({self.steps}), "
+                              f"got {self.reading_steps}")
+        if self.episode is not None:
+            if not isinstance(self.episode, dict):
+                raise ConfigError(f"{FLAG}episode must be a mapping of episode settings, "
+                                  f"got {self.episode!r}")
+            as_episode(self.episode)
+
+    def recipe(self, steps: int) -> dict[str, Any]:
+        """What the cache key hashes of the recipe (the names and order of before the group: same
+        keys)."""
+        return {"steps": steps, "num_episodes": self.num_episodes, "lr": self.lr,
+                "batch_size": self.batch_size,
+                "weight_decay": self.weight_decay, "warmup_steps": self.warmup_steps,
+                "lr_schedule": self.lr_schedule, "seed": self.seed,
+                "only_successful": self.only_successful,
+                "dtype": self.dtype}
+
+
+FLAG = "--model.warm_start."
+_DOMAINS = {
+    "steps": Domain(low=1, integer=True, none=True), "num_episodes": Domain(low=1, integer=True),
+    "lr": Domain(low=0, low_open=True), "batch_size": Domain(low=1, integer=True),
+    "weight_decay": Domain(low=0),
+    "warmup_steps": Domain(low=0, integer=True), "seed": Domain(low=0, integer=True),
+    "reading_steps": Domain(low=0, integer=True),
+    "torch_threads": Domain(low=1, integer=True, none=True), "threads": Domain(low=1, integer=True),
+}
+
+
+# ``--model.warm_start`` as configs and checkpoints hold it
+WarmStartValue = WarmStartSettings | bool | dict[str, Any] | None
+
+
+def as_warm_start(value: WarmStartValue) -> WarmStartSettings | None:
+    """``--model.warm_start`` as settings: None when off (``false``/null), the defaults for
+    ``true``."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return WarmStartSettings()
+    return as_settings(WarmStartSettings, value, FLAG[:-1])
+
+
+def warm_start_hparams(value: WarmStartValue) -> dict[str, Any] | bool:
+    """``--model.warm_start`` as saved with a checkpoint: plain values (a weights-only load takes no
+    objects), the fields off their defaults only, so checkpoints of before the group compare equal."""
+    settings = as_warm_start(value)
+    if settings is None:
+        return False
+    default = WarmStartSettings()
+    changed = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)
+               if getattr(settings, f.name) != getattr(default, f.name)}
+    return changed or True
+
+
+def warm_start(model: str = "tiny", env_id: str = "ragen/SimpleSokoban-v0",
+               env_kwargs: dict[str, Any] | None = None, settings: WarmStartSettings | None = None,
+               *, episode: EpisodeSettings | dict[str, Any] | None = None,
+               more_envs: Sequence[tuple[str, dict[str, Any] | None, EpisodeSettings | None]] = (),
+               ) -> Path:
+    """The folder of ``model`` fine-tuned on expert demonstrations of ``env_id`` (built once, then
+    cached).
+
+    Args:
+        model: ``"tiny"``, a local Hugging Face folder or a hub id (the base model).
+        env_id: registered gymnasium id of the demonstrations' env (``import envs`` registers the
+            project's).
+        env_kwargs: keyword arguments of the env.
+        settings: the recipe (:class:`WarmStartSettings`; None: the defaults).
+        episode: episode settings of the demonstrations (use the RL run's ``--data.episode`` so the
+            formats match), then ``settings.episode`` over them. Every field but ``format_penalty``
+            is part of the cache key.
         more_envs: further ``(env_id, env_kwargs, episode)`` whose demonstrations join ``env_id``'s (an environment
-            mixture, ``--data.mixture``): ``num_episodes`` expert episodes of each env, in its own episode settings
-            (None: ``episode``), trained on as one shuffled set; ``steps`` None takes the largest of the envs' hints.
-            Empty (default): the key is the single env's of before.
+            mixture, ``--data.env.mixture``): ``num_episodes`` expert episodes of each env, in its
+            own episode settings (None: ``episode``), trained on as one shuffled set. Empty: the key
+            is the single env's.
 
     Returns:
         the folder (``save_pretrained`` model + tokenizer + ``warm_start.json`` with the arguments, demo statistics,
         losses and wall time).
     """
+    s = settings if settings is not None else WarmStartSettings()
     require_expert(env_id, env_kwargs)  # one line naming the env class, before anything is built
     episode = as_episode(episode)
+    if s.episode:
+        episode = dataclasses.replace(episode, **s.episode)
     more = [(i, k, as_episode(e) if e is not None else episode) for i, k, e in more_envs]
-    steps = _checked_steps(env_id, env_kwargs, more, steps, num_episodes, batch_size, reading_steps)
-    recipe = {"steps": steps, "num_episodes": num_episodes, "lr": lr, "batch_size": batch_size,
-              "weight_decay": weight_decay, "warmup_steps": warmup_steps, "lr_schedule": lr_schedule, "seed": seed,
-              "only_successful": only_successful, "dtype": dtype}
-    args, code = _key_args(env_id, env_kwargs, episode, more, recipe, reading_steps)
-    final, root, base = _cache_folder(model, cache_dir, args, code)
+    steps = _checked_steps(env_id, env_kwargs, more, s.steps, s.reading_steps)
+    args, code = _key_args(env_id, env_kwargs, episode, more, s.recipe(steps), s.reading_steps)
+    final, root, base = _cache_folder(model, s.cache_dir, args, code)
     if _cached(final):
         return final
-    with torch_threads_set(torch_threads):
-        return _build(final, root, base, args, episode, verbose, threads, more)
+    with torch_threads_set(s.torch_threads):
+        return _build(final, root, base, args, episode, s.verbose, s.threads, more)
 
 
 Sources = Sequence[tuple[str, dict[str, Any] | None, EpisodeSettings]]  # (env_id, env_kwargs, episode) of a mixture
 
 
 def _checked_steps(env_id: str, env_kwargs: dict[str, Any] | None, more: Sources, steps: int | None,
-                   num_episodes: int, batch_size: int, reading_steps: int) -> int:
-    """``steps`` (None: the largest of the envs' hints), once every env has an expert and the counts are valid."""
+                   reading_steps: int) -> int:
+    """``steps`` (None: the largest of the envs' hints), once every env has an expert and the
+    reading steps fit."""
     for more_id, more_kwargs, _ in more:
         require_expert(more_id, more_kwargs)
     if steps is None:
         steps = max(default_steps(i, k) for i, k in [(env_id, env_kwargs)] + [(i, k) for i, k, _ in more])
-    if steps < 1 or num_episodes < 1 or batch_size < 1:
-        raise ValueError(f"steps, num_episodes and batch_size must be >= 1, got {steps}, {num_episodes}, {batch_size}")
     if not 0 <= reading_steps < steps:
-        raise ConfigError(f"--model.warm_start.reading_steps must be >= 0 and below steps ({steps}), got {reading_steps}")
+        raise ConfigError(f"{FLAG}reading_steps must be >= 0 and below steps ({steps}), "
+                          f"got {reading_steps}")
     return steps
 
 
@@ -393,178 +484,104 @@ def _build(final: Path, root: Path, base: str, args: dict[str, Any], episode: Ep
     return final
 
 
-# ``--model.warm_start: {...}`` keys: the arguments of :func:`warm_start` that the module does not supply itself
-_SETTING_DOMAINS = {
-    "steps": Domain(low=1, integer=True, none=True), "num_episodes": Domain(low=1, integer=True),
-    "lr": Domain(low=0, low_open=True), "batch_size": Domain(low=1, integer=True), "weight_decay": Domain(low=0),
-    "warmup_steps": Domain(low=0, integer=True), "seed": Domain(low=0, integer=True),
-    "reading_steps": Domain(low=0, integer=True),
-    "torch_threads": Domain(low=1, integer=True, none=True), "threads": Domain(low=1, integer=True),
-}
-_SETTING_OTHERS = {"lr_schedule", "episode", "only_successful", "dtype", "cache_dir", "verbose"}
-
-
-def check_warm_start_setting(setting: Any) -> None:
-    """Raise :class:`ConfigError` for a ``--model.warm_start`` value that :func:`warm_started_path` would fail on
-    after the run started: an unknown key, a value outside its domain, an unknown ``lr_schedule``."""
-    if not isinstance(setting, dict):
-        return
-    allowed = sorted({*_SETTING_DOMAINS, *_SETTING_OTHERS})
-    unknown = sorted(set(setting) - set(allowed))
-    if unknown:
-        raise ConfigError(f"--model.warm_start: unknown key {unknown[0]!r} (allowed: {', '.join(allowed)})")
-    check_domains("--model.warm_start.", setting, _SETTING_DOMAINS)
-    if setting.get("lr_schedule", "cosine") not in ("constant", "cosine"):
-        raise ConfigError(f"--model.warm_start.lr_schedule must be 'constant' or 'cosine', got {setting['lr_schedule']!r}")
-    if isinstance(setting.get("episode"), dict):
-        as_episode(setting["episode"])
-    steps, reading = setting.get("steps"), setting.get("reading_steps", 0)
-    if isinstance(steps, int) and isinstance(reading, int) and reading >= steps:
-        raise ConfigError(f"--model.warm_start.reading_steps must be below steps ({steps}), got {reading}")
-
-
-def warm_started_path(model: str, setting: bool | dict[str, Any], datamodule) -> str:
+def warm_started_path(model: str, setting: WarmStartValue, datamodule) -> str:
     """The actor's folder for a fit: ``model`` resolved, or (``--model.warm_start`` on) the cached warm start on the
-    data module's env, with demonstrations in exactly the rollouts' format: the data module's episode settings,
-    unless the setting names its own (``warm_start: {episode: {...}}`` overrides single fields)."""
-    if not setting:
+    data module's training envs, with demonstrations in exactly the rollouts' format: the data
+    module's episode settings (each mixture entry's own), ``warm_start.episode`` over them."""
+    settings = as_warm_start(setting)
+    if settings is None:
         return models.resolve_model_path(model)
     if datamodule is None:
         raise ConfigError("--model.warm_start needs the RolloutDataModule (it names the env to learn from)")
-    kwargs = dict(setting) if isinstance(setting, dict) else {}
-    episode = getattr(datamodule, "episode", None)
-    if isinstance(kwargs.get("episode"), dict) and episode is not None:
-        kwargs["episode"] = dataclasses.replace(episode, **kwargs["episode"])
-    kwargs.setdefault("episode", episode)
-    base = as_episode(kwargs["episode"])
-    # the data module's training entries (a mixture: demonstrations of every one, each in its episode settings)
-    entries = getattr(datamodule, "train_entries", None)
-    if not entries:
-        hp = datamodule.hparams
-        return str(warm_start(model, hp.env_id, hp.env_kwargs, **kwargs))
-    first, rest = entries[0], entries[1:]
-    kwargs["episode"] = first.episode_settings(base)
+    base = datamodule.episode
+    if settings.episode:
+        base = dataclasses.replace(base, **settings.episode)
+    # applied: each entry's own episode settings go over it, as in the rollouts
+    settings = dataclasses.replace(settings, episode=None)
+    first, *rest = datamodule.train_entries
     more = [(e.env_id, e.env_kwargs, e.episode_settings(base)) for e in rest]
-    return str(warm_start(model, first.env_id, first.env_kwargs, **kwargs, more_envs=more))
+    return str(warm_start(model, first.env_id, first.env_kwargs, settings,
+                          episode=first.episode_settings(base), more_envs=more))
 
 
-def evaluate_policy(
-    model: str | Path | torch.nn.Module,
-    env_id: str,
-    env_kwargs: dict[str, Any] | None = None,
-    *,
-    tokenizer: Any = None,
-    num_episodes: int = 64,
-    seed: int = 0,
-    exclude_seeds: Sequence[int] = (),
-    temperature: float = 1.0,
-    episode: EpisodeSettings | dict[str, Any] | None = None,
-) -> dict[str, float]:
-    """Roll out ``model`` with the HF engine on held-out seeds (``episode_seeds(seed, n, "eval")``) under the
-    ``episode`` settings (use the RL run's).
-
-    Returns ``format_valid_rate`` (turns with a well-formed answer whose actions were all valid, i.e. no format
-    penalty), ``success_rate``, ``mean_return`` (env reward) and ``mean_turns``.
-    """
-    from ragen_lightning.rollout.engine import HFEngine, SamplingParams
-    from ragen_lightning.rollout.runner import RolloutRunner
-    from ragen_lightning.rollout.tokens import ChatTokens
-
-    if isinstance(model, torch.nn.Module):
-        if tokenizer is None:
-            raise ValueError("pass the tokenizer along with a model object")
-        net = model
-    else:
-        tokenizer = tokenizer or models.load_tokenizer(str(model))
-        net = models.load_causal_lm(str(model))
-    episode = as_episode(episode)
-    engine = HFEngine(net, [tokenizer.eos_token_id], tokenizer.pad_token_id)
-    runner = RolloutRunner(env_id, env_kwargs, ChatTokens(tokenizer, enable_think=episode.enable_think), engine,
-                           episode)
-    seeds = episode_seeds(seed, num_episodes, "eval", exclude=exclude_seeds)
-    params = SamplingParams(temperature=temperature, max_new_tokens=episode.max_new_tokens)
-    try:
-        trajs = runner.run(seeds, 1, params, seed=seed)
-    finally:
-        runner.close()
-    turns = sum(t.num_turns for t in trajs)
-    return {
-        "format_valid_rate": 1.0 - sum(t.num_format_errors for t in trajs) / max(turns, 1),
-        "success_rate": sum(t.success for t in trajs) / len(trajs),
-        "mean_return": sum(t.env_return for t in trajs) / len(trajs),
-        "mean_turns": turns / len(trajs),
-    }
+# the flags of the argparse command line of before -> their spelling now
+RENAMED = {"--env": "--data.env.id", "--env-kwargs": "--data.env.kwargs",
+           "--model": "--model.model",
+           "--steps": f"{FLAG}steps", "--num-episodes": f"{FLAG}num_episodes", "--lr": f"{FLAG}lr",
+           "--batch-size": f"{FLAG}batch_size", "--seed": f"{FLAG}seed",
+           "--cache-dir": f"{FLAG}cache_dir",
+           "--torch-threads": f"{FLAG}torch_threads", "--threads": f"{FLAG}threads",
+           "--eval-episodes": "--eval_episodes", "--temperature": "--eval_temperature",
+           "--no-base": "--skip_base true", "--import": "--imports"}
 
 
-def _default(name: str) -> Any:
-    import inspect
+def parser() -> Any:
+    """``python main.py warm_start``: the shared groups (:mod:`ragen_lightning.data.shared_flags`),
+    the recipe ``--model.warm_start.*`` and the evaluation's own flags."""
+    from ragen_lightning.data.shared_flags import side_parser
 
-    return inspect.signature(warm_start).parameters[name].default
-
-
-def _parser():
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m ragen_lightning.sft.warm_start",
-                                     description="Warm-start a model on expert demonstrations and evaluate it.")
-    parser.add_argument("--env", default="ragen/SimpleSokoban-v0", help="env id")
-    parser.add_argument("--env-kwargs", default="{}", help="env keyword arguments as JSON")
-    parser.add_argument("--model", default="tiny")
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--num-episodes", type=int, default=None)
-    parser.add_argument("--lr", type=float, default=None)
-    parser.add_argument("--batch-size", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eval-episodes", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--no-base", action="store_true", help="skip evaluating the base model")
-    parser.add_argument("--cache-dir", default=None)
-    parser.add_argument("--torch-threads", type=int, default=1, help="CPU threads (1 is fastest for the tiny model)")
-    parser.add_argument("--threads", type=int, default=1, help="parts of a batch trained at once (one per core)")
-    parser.add_argument("--import", dest="modules", action="append", default=None,
-                        help="module registering the env ids (default: the installed env packages, the "
-                        "ragen_lightning.envs entry points)")
-    add_episode_arguments(parser)  # the demonstrations' and the evaluations' episodes
-    return parser
+    p = side_parser("python main.py warm_start", "Warm-start a model on expert demonstrations of "
+                    "the env and evaluate the base and the warm-started model on held-out seeds.")
+    p.add_argument("--model.warm_start", type=WarmStartSettings | bool, default=True,
+                   help="the recipe (WarmStartSettings); a fit's config gives its own")
+    p.add_argument("--eval_episodes", type=int, default=64,
+                   help="held-out episodes of each evaluation")
+    p.add_argument("--eval_temperature", type=float, default=1.0,
+                   help="sampling temperature of the evaluations")
+    p.add_argument("--skip_base", type=bool, default=False, help="skip evaluating the base model")
+    return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Warm-start, printing the evaluation of the base and the warm-started model; a bad setting is one line on
-    stderr and exit status 2."""
+def run(argv: Sequence[str]) -> int:
+    """Warm-start as ``argv`` says (:func:`parser`), printing the evaluation of the base and the
+    warm-started model on seeds the demonstrations never used; raises :class:`ConfigError` for a bad
+    setting."""
+    from ragen_lightning.data.shared_flags import parse
     from ragen_lightning.rollout.env_packages import import_env_packages
 
-    a = _parser().parse_args(argv)
-    torch.set_num_threads(a.torch_threads)
+    c = parse(parser(), argv)
+    settings = as_warm_start(c.model.warm_start) or WarmStartSettings()
     try:
-        try:
-            import_env_packages(a.modules)
-        except ImportError as e:
-            raise ConfigError(f"--import: {e}") from None
-        episode = episode_from_args(a)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    env_kwargs = json.loads(a.env_kwargs)
-    overrides = {k: v for k, v in dict(steps=a.steps, num_episodes=a.num_episodes, lr=a.lr,
-                                      batch_size=a.batch_size).items() if v is not None}
+        import_env_packages([c.imports] if isinstance(c.imports, str) else c.imports)
+    except ImportError as e:
+        raise ConfigError(f"--imports: {e}") from None
+    if c.data.env.mixture is not None:
+        raise ConfigError("python main.py warm_start takes one env (--data.env.id): a fit "
+                          "warm-starts a mixture")
+    env_id, env_kwargs = c.data.env.id or "ragen/SimpleSokoban-v0", c.data.env.kwargs
+    episode = c.data.episode
+    if settings.episode:
+        episode = dataclasses.replace(episode, **settings.episode)
+    if threads := c.torch_threads or settings.torch_threads:
+        torch.set_num_threads(threads)
     # held-out levels: the evaluation seeds never include a demonstration's seed
-    demo_seeds = episode_seeds(a.seed, overrides.get("num_episodes", _default("num_episodes")), "train")
-    evaluate = dict(num_episodes=a.eval_episodes, temperature=a.temperature, seed=a.seed, exclude_seeds=demo_seeds,
-                    episode=episode)
-
-    if not a.no_base:
+    demo_seeds = episode_seeds(settings.seed, settings.num_episodes, "train")
+    evaluate = dict(num_episodes=c.eval_episodes, temperature=c.eval_temperature,
+                    seed=settings.seed, exclude_seeds=demo_seeds, episode=episode,
+                    max_batch_size=c.data.engine.max_batch_size)
+    model = c.model.model
+    if not c.skip_base:
         t = time.perf_counter()
-        print("base", a.model, evaluate_policy(a.model, a.env, env_kwargs, **evaluate),
+        print("base", model, evaluate_policy(model, env_id, env_kwargs, **evaluate),
               f"({time.perf_counter() - t:.1f}s)", flush=True)
     t = time.perf_counter()
-    path = warm_start(a.model, a.env, env_kwargs, seed=a.seed, cache_dir=a.cache_dir, verbose=True, episode=episode,
-                      threads=a.threads, **overrides)
+    recipe = dataclasses.replace(settings, verbose=True, episode=None)
+    path = warm_start(model, env_id, env_kwargs, recipe, episode=episode)
     meta = json.loads((path / META_FILE).read_text())
     print(f"warm start: {path} ({time.perf_counter() - t:.1f}s; trained in {meta['wall_s']:.1f}s, "
           f"loss {meta['losses'][0]:.3f} -> {meta['losses'][-1]:.3f}; demos {meta['demo_stats']})", flush=True)
     t = time.perf_counter()
-    print("warm", evaluate_policy(path, a.env, env_kwargs, **evaluate), f"({time.perf_counter() - t:.1f}s)")
+    warm = evaluate_policy(path, env_id, env_kwargs, **evaluate)
+    print("warm", warm, f"({time.perf_counter() - t:.1f}s)")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python main.py warm_start`` (``python -m ragen_lightning.sft.warm_start`` is its alias): a
+    bad setting is one line on stderr and exit status 2."""
+    from ragen_lightning.data.shared_flags import run_command
+
+    return run_command("warm_start", run, argv, RENAMED)
 
 
 if __name__ == "__main__":

@@ -4,9 +4,9 @@ group checks its own values (:mod:`.settings`)."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
 from typing import Any
 
+from ragen_lightning.data.settings import DataSettings
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.starpo.estimators import RFTOptions, estimators_where, get_estimator
 from ragen_lightning.starpo.settings import AdvantageSettings, ModuleSettings
@@ -21,11 +21,11 @@ def check_module_settings(s: ModuleSettings, lora) -> None:
         raise ConfigError("--model.advantage.length_weight applies to the group-outcome estimators "
                           f"({', '.join(estimators_where(outcome=True))}), not {estimator.name}")
     if not s.temperature > 0 or s.temperature == float("inf"):  # NaN fails the first test
-        raise ConfigError(f"--data.temperature must be a number > 0 for training rollouts, got {s.temperature}: "
+        raise ConfigError(f"--data.sampling.temperature must be a number > 0 for training rollouts, got {s.temperature}: "
                           "the trained log-probs are those of logits / temperature (0 divides by zero); greedy "
-                          "decoding is for validation: --data.val_temperature 0")
+                          "decoding is for validation: --data.validation.temperature 0")
     if loss.tis_cap is not None and s.temperature != 1.0:
-        raise ConfigError("--model.loss.tis_cap needs --data.temperature 1 (engine log-probs are the raw model's), "
+        raise ConfigError("--model.loss.tis_cap needs --data.sampling.temperature 1 (engine log-probs are the raw model's), "
                           f"got temperature={s.temperature}")
     if loss.kl_coef > 0 and loss.kl_kind in ("k1", "kl"):
         warnings.warn("--model.loss.kl_coef > 0 with --model.loss.kl_kind k1: as a loss on sampled tokens its gradient "
@@ -35,33 +35,33 @@ def check_module_settings(s: ModuleSettings, lora) -> None:
         raise ConfigError("--model.lora.shared_base uses the actor's model for the critic: unset --model.critic.model")
 
 
-def check_data_settings(adv: AdvantageSettings, data_hp: Mapping[str, Any] | None, tis_cap: float | None = None
+def check_data_settings(adv: AdvantageSettings, data: DataSettings | None, tis_cap: float | None = None
                         ) -> None:
     """Combinations of the advantage settings (and ``--model.loss.tis_cap``) and the data module's settings that
     cannot work."""
-    if data_hp is None:
+    if data is None:
         return
-    if data_hp.get("async_level", 0) and tis_cap is None:
-        raise ConfigError("--data.async_level 1 trains on rollouts sampled one update earlier: set "
+    if data.training.async_level and tis_cap is None:
+        raise ConfigError("--data.training.async_level 1 trains on rollouts sampled one update earlier: set "
                           "--model.loss.tis_cap (e.g. 2.0), the cap of the importance weight that corrects the update "
                           "with the rollout's own log-probs")
-    estimator, branches = get_estimator(adv.estimator), data_hp.get("branches", 1)
+    estimator, branches = get_estimator(adv.estimator), data.branching.branches
     flag = f"--model.advantage.estimator {estimator.name}"
-    if estimator.groups and data_hp["group_size"] < 2:
-        raise ConfigError(f"--data.group_size must be >= 2 for {flag}")
+    if estimator.groups and data.training.group_size < 2:
+        raise ConfigError(f"--data.training.group_size must be >= 2 for {flag}")
     rft = adv.estimator_options
     if isinstance(rft, RFTOptions) and rft.per_state and branches == 1:
         warnings.warn("--model.advantage.options.per_state has no effect without "
-                      "--data.branches > 1 (every state then has one response)", stacklevel=2)
+                      "--data.branching.branches > 1 (every state then has one response)", stacklevel=2)
     if branches > 1 and not estimator.per_sample:
-        raise ConfigError(f"--data.branches {branches} needs an estimator that scores every sample by its own turn "
-                          f"reward ({', '.join(estimators_where(per_sample=True))}), not {estimator.name}: GAE chains "
-                          "an episode's samples and the group-outcome estimators read the episode score")
-    placement = data_hp.get("reward_placement")
+        raise ConfigError(f"--data.branching.branches {branches} needs an estimator that scores every sample by its "
+                          f"own turn reward ({', '.join(estimators_where(per_sample=True))}), not {estimator.name}: "
+                          "GAE chains an episode's samples and the group-outcome estimators read the episode score")
+    placement = data.rewards.placement
     if estimator.branching and (branches < 2 or placement != "turn"):
         raise ConfigError(f"{flag} compares the K responses of each visited state by their turn rewards: it needs "
-                          f"--data.branches >= 2 and --data.reward_placement turn (got branches {branches}, "
-                          f"reward_placement {placement!r})")
+                          f"--data.branching.branches >= 2 and --data.rewards.placement turn (got branches "
+                          f"{branches}, placement {placement!r})")
 
 
 def check_threads_precision(threads: int, precision: Any) -> None:

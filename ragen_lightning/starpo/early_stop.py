@@ -21,7 +21,7 @@ from ragen_lightning.errors import Domain, check_domains
 
 @dataclass(frozen=True)
 class EarlyStopSettings:
-    """RAGEN's early stops (``--model.early_stop.*``; the empty-filter stop is ``--data.empty_stop_steps``).
+    """RAGEN's early stops (``--model.early_stop.*``; the empty-filter stop is ``--data.training.empty_stop_steps``).
 
     Args:
         rv_collapse_window: baseline = mean in-group reward std of the first N trained iterations; stop when the

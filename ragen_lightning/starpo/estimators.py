@@ -76,7 +76,7 @@ class RFTOptions:
 
     Args:
         threshold: advantage 1 on the turns / episodes scored above it, 0 elsewhere.
-        per_state: with ``--data.branches``: a state's kept responses share one unit of weight.
+        per_state: with ``--data.branching.branches``: a state's kept responses share one unit of weight.
     """
 
     threshold: float = 0.0

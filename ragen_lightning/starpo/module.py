@@ -6,7 +6,7 @@ no-grad scoring -> advantages (:mod:`.estimators`) -> ``ppo_epochs`` x mini-batc
 (the loop and losses in :mod:`.ppo`, each optimizer step in :mod:`.optim`) -> logs;
 ``last_rollout`` / ``last_logs``: batch and logs, for callbacks.
 Manual optimisation, one optimizer per network: ``trainer.global_step`` counts optimizer steps, the run length is
-``--data.num_iterations``. Data parallel: every rank holds the global batch, the update splits its rows (``parallel``).
+``--data.training.num_iterations``. Data parallel: every rank holds the global batch, the update splits its rows (``parallel``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ragen_lightning.models import lora as lora_mod
 from ragen_lightning.models.build import build_networks
 from ragen_lightning.parallel import checkpointing, shard_networks
 from ragen_lightning.rollout.engines import build_engine, is_quantized, resolve_engine
-from ragen_lightning.sft.warm_start import warm_started_path
+from ragen_lightning.sft.warm_start import WarmStartSettings, warm_start_hparams, warm_started_path
 from ragen_lightning.starpo.background import BackgroundSteps
 from ragen_lightning.starpo.checks import check_data_settings, check_module_settings
 from ragen_lightning.starpo.early_stop import EarlyStops, EarlyStopSettings
@@ -72,8 +72,8 @@ class StarPOModule(L.LightningModule):
     Args:
         model: actor model: ``"tiny"`` (the embedded model) or a HF folder / hub id.
         dtype: parameter dtype (``float32`` on CPU; ``bfloat16`` on GPUs).
-        warm_start: supervised warm start from the env's expert before RL (``true``, or a dict of
-            ``ragen_lightning.sft.warm_start`` arguments such as ``steps``); cached per setting.
+        warm_start: supervised warm start from the env's expert before RL (``true``, or its recipe,
+            ``WarmStartSettings``: ``{steps: 1000, threads: 2}``); cached per setting.
         advantage: how rewards become advantages: the estimator and its settings (``AdvantageSettings``).
         loss: the actor's PPO loss: clipping, aggregation, entropy and KL terms (``PolicyLossSettings``).
         critic: the critic, built for an estimator that needs one (``CriticSettings``).
@@ -82,14 +82,14 @@ class StarPOModule(L.LightningModule):
         lora: LoRA / QLoRA (``models.lora.LoraSettings``; null: all weights train); the KL reference is adapters-off.
         early_stop: RAGEN's early stops (:class:`~ragen_lightning.starpo.early_stop.EarlyStopSettings`).
         export_dir: save the trained actor there as a HF folder when fit ends (under LoRA: the peft adapter).
-        temperature: the rollouts' sampling temperature (linked from ``--data.temperature``); log-probs: logits / T.
+        temperature: the rollouts' sampling temperature (linked from ``--data.sampling.temperature``); log-probs: logits / T.
     """
 
     def __init__(
         self,
         model: str = "tiny",
         dtype: str = "float32",
-        warm_start: bool | dict[str, Any] = False,
+        warm_start: WarmStartSettings | bool = False,
         advantage: AdvantageSettings = AdvantageSettings(),  # noqa: B008 (frozen)
         loss: PolicyLossSettings = PolicyLossSettings(),  # noqa: B008 (frozen)
         critic: CriticSettings = CriticSettings(),  # noqa: B008 (frozen)
@@ -112,6 +112,7 @@ class StarPOModule(L.LightningModule):
                               ("update", self.settings.update), ("early_stop", stops))})
         self.hparams["optim"] = self.settings.optim.as_hparams()  # the optimizer factories by name
         self.hparams["lora"] = dataclasses.asdict(self._lora) if self._lora is not None else None
+        self.hparams["warm_start"] = warm_start_hparams(warm_start)
         if self._lora is not None:
             self.strict_loading = False  # LoRA checkpoints hold the trainable weights only (checked on load)
         self.automatic_optimization = False
@@ -163,7 +164,7 @@ class StarPOModule(L.LightningModule):
         self.rollouts = getattr(self.trainer, "datamodule", None)
         if hasattr(self.rollouts, "connect"):
             self.rollouts.connect(self)
-        check_data_settings(self.advantage, getattr(self.rollouts, "hparams", None),  # the CLI checked them already
+        check_data_settings(self.advantage, getattr(self.rollouts, "settings", None),  # the CLI checked them already
                             tis_cap=self.settings.loss.tis_cap)
         self.model_path = warm_started_path(self.hparams.model, self.hparams.warm_start, self.rollouts)
 

@@ -55,7 +55,7 @@ class LRSchedule:
     ``decay_iterations`` StarPO iterations from 1 to :data:`MIN_LR_RATIO`, held there after (0: no decay).
 
     The decay follows iterations, not steps: with rejection sampling or a filter the number of optimizer steps per
-    iteration varies, while the iteration count is the run's length (``--data.num_iterations``). ``iteration``
+    iteration varies, while the iteration count is the run's length (``--data.training.num_iterations``). ``iteration``
     (0-based) is set by :func:`start_iteration` before each iteration's first step."""
 
     warmup_steps: int = 0
@@ -253,7 +253,7 @@ class SkipGuard:
                     "nothing non-finite reached the weights")
             raise TrainingStopped(
                 f"{self.in_a_row[network]} {network} optimizer steps in a row were skipped ({reason}); {kept}. Check "
-                f"--model.optim.{network}_lr (or --model.optim.{network}_optimizer), --model.optim.grad_clip and --data.temperature; "
+                f"--model.optim.{network}_lr (or --model.optim.{network}_optimizer), --model.optim.grad_clip and --data.sampling.temperature; "
                 "--model.optim.max_consecutive_skips sets this limit"
             )
 

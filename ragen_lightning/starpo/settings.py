@@ -295,7 +295,7 @@ def renamed_flag_error(message: str) -> str | None:
 @dataclass(frozen=True)
 class ModuleSettings:
     """Every settings group of a :class:`~ragen_lightning.starpo.module.StarPOModule`, plus the rollouts' sampling
-    temperature (``--data.temperature``, which the trained log-probs are computed at)."""
+    temperature (``--data.sampling.temperature``, which the trained log-probs are computed at)."""
 
     advantage: AdvantageSettings = AdvantageSettings()
     loss: PolicyLossSettings = PolicyLossSettings()

@@ -11,10 +11,10 @@ import torch
 
 import envs  # noqa: F401
 from ragen_lightning import models
-from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.rollout.engine import HFEngine, SamplingParams
 from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.starpo.module import StarPOModule
+from tests.data_groups import data_module
 
 pytestmark = pytest.mark.gpu
 
@@ -43,7 +43,7 @@ def test_hf_engine_greedy_on_cuda_equals_cpu(tiny_path, tiny_tokenizer):
 def test_one_starpo_iteration_on_cuda(tmp_path, tiny_path, precision, dtype, training_devices):
     module = StarPOModule(model=str(tiny_path), dtype=dtype, update={"mini_batch_size": 8, "micro_batch_size": 4},
                           optim={"actor_lr": 1e-3, "critic_lr": 1e-3})
-    dm = RolloutDataModule(env_id="ragen/Bandit-v0", num_groups=2, group_size=4, num_iterations=1,
+    dm = data_module(env_id="ragen/Bandit-v0", num_groups=2, group_size=4, num_iterations=1,
                            episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1,
                                                    max_new_tokens=12, max_model_len=1024),
                            val_num_groups=2)

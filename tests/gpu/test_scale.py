@@ -20,11 +20,11 @@ import pytest
 import torch
 
 import envs  # noqa: F401
-from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.models.lora import LoraSettings
 from ragen_lightning.models.memory import GIB, PUBLISHED, plan
 from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.starpo.module import StarPOModule
+from tests.data_groups import data_module
 from tests.conftest import load_script
 
 pytestmark = pytest.mark.gpu
@@ -59,7 +59,7 @@ def _trainer_for(module: StarPOModule, tmp_path, precision: str, callbacks: list
 
 
 def _fit(trainer: L.Trainer, module: StarPOModule) -> None:
-    dm = RolloutDataModule(env_id="ragen/Bandit-v0", num_groups=2, group_size=4, num_iterations=1,
+    dm = data_module(env_id="ragen/Bandit-v0", num_groups=2, group_size=4, num_iterations=1,
                            episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1,
                                                    max_new_tokens=12, max_model_len=1024),
                            val_num_groups=2)
@@ -117,12 +117,12 @@ def test_fsdp2_on_two_gpus_through_the_cli_exports_changed_finite_weights(tmp_pa
     _two_gpus()
     cmd = [sys.executable, str(ROOT / "main.py"), "fit", "--config", str(ROOT / "configs" / "bandit.yaml"),
            "--config", str(ROOT / "configs" / "fsdp.yaml"), "--trainer.accelerator", "gpu", "--trainer.devices", "2",
-           "--model.model", str(tiny_path), "--model.warm_start", "false", "--data.engine", "hf",
+           "--model.model", str(tiny_path), "--model.warm_start", "false", "--data.engine.name", "hf",
            "--model.update.micro_batch_threads", "1", "--model.critic.in_background", "false",
            "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", "logs",
-           "--data.num_groups", "2", "--data.group_size", "4", "--data.episode.max_new_tokens", "12",
-           "--data.val_num_groups", "2", "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "4",
-           "--data.num_iterations", "2", "--trainer.limit_val_batches", "0", "--validate_first", "false",
+           "--data.training.num_groups", "2", "--data.training.group_size", "4", "--data.episode.max_new_tokens", "12",
+           "--data.validation.num_groups", "2", "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "4",
+           "--data.training.num_iterations", "2", "--trainer.limit_val_batches", "0", "--validate_first", "false",
            "--model.optim.actor_lr", "1e-3", "--model.export_dir", "exported"]
     proc = subprocess.run(cmd, check=False, cwd=tmp_path, capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, WANDB_MODE="offline", HF_HUB_OFFLINE="1"))

@@ -29,15 +29,15 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # four micro-batches per step (so the order gradients are added in matters) and a validation after every iteration
 # (it starts while the background critic is stepping).
 SHORT = ["--config", str(CONFIGS / "bandit.yaml"), "--model.warm_start", "false",
-         "--data.num_groups", "2", "--data.group_size", "4", "--data.episode.max_new_tokens", "12",
-         "--data.val_num_groups", "2", "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "2",
-         "--trainer.val_check_interval", "1", "--data.num_iterations", "3",
+         "--data.training.num_groups", "2", "--data.training.group_size", "4", "--data.episode.max_new_tokens", "12",
+         "--data.validation.num_groups", "2", "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "2",
+         "--trainer.val_check_interval", "1", "--data.training.num_iterations", "3",
          "--trainer.logger", '{class_path: lightning.pytorch.loggers.CSVLogger, init_args: {save_dir: logs, name: csv}}']
 VARIANTS = {
     "config": [],
-    "hf": ["--data.engine", "hf"],
+    "hf": ["--data.engine.name", "hf"],
     # the warm start rebuilt from scratch (a fresh cache per fit) with its two SFT threads, then the fit
-    "warm_start": ["--data.engine", "hf", "--model.warm_start", "{steps: 24, num_episodes: 64, threads: 2}"],
+    "warm_start": ["--data.engine.name", "hf", "--model.warm_start", "{steps: 24, num_episodes: 64, threads: 2}"],
 }
 CHECKPOINT_KEYS = ("state_dict", "optimizer_states", "lr_schedulers", "loops", "global_step", "epoch", "starpo",
                    "datamodule_state", "RolloutDataModule")

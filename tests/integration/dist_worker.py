@@ -8,8 +8,8 @@ with keys: ``out`` (folder), ``model`` (tiny folder), ``strategy`` (``single`` |
 ``ckpt_in`` (resume from), ``ckpt_dir`` (a checkpoint after every optimizer step, ``step=N.ckpt``), ``max_steps``
 (stop early), ``kl`` (KL loss with a reference), ``top_k_abs`` (filter), ``mini`` (mini-batch size), ``export``
 (export the actor to ``<out>/export`` at the end of the fit), ``lora`` (``--model.lora`` settings as a dict), ``tp``
-(``--data.vllm.tensor_parallel_size``: one vLLM engine over that many ranks; each rank's own generations, before the
-gather, are recorded under ``generations``), ``mixture`` (a ``--data.mixture`` list instead of the single Bandit env).
+(``--data.engine.vllm.tensor_parallel_size``: one vLLM engine over that many ranks; each rank's own generations, before the
+gather, are recorded under ``generations``), ``mixture`` (a ``--data.env.mixture`` list instead of the single Bandit env).
 Every rank writes ``rank{r}.json`` (logged metrics per iteration, kept group ids, data-module state) and
 ``rank{r}.pt`` (the full actor/critic parameters, gathered from FSDP2 shards; under LoRA the trainable ones only, and
 the trained actor's ``logits`` on fixed ids).
@@ -37,7 +37,7 @@ from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.sampler import FilterSettings
 from ragen_lightning.parallel import FSDP2Strategy, full_tensor
 from ragen_lightning.rollout.settings import EpisodeSettings
-from ragen_lightning.rollout.vllm_engine import VLLMConfig, VLLMEngine
+from ragen_lightning.rollout.vllm_engine import VLLMSettings, VLLMEngine
 from ragen_lightning.starpo.module import StarPOModule
 
 torch.set_num_threads(1)
@@ -115,15 +115,16 @@ def main(cfg: dict) -> None:
                  export_dir=str(out / "export") if cfg.get("export") else None, lora=cfg.get("lora"))
     probes = record_probes(module) if cfg.get("engine") == "vllm" else []
     generations = record_generations() if cfg.get("engine") == "vllm" else []
-    engine = {"engine": "vllm", "vllm": VLLMConfig(probe_size=2, tensor_parallel_size=cfg.get("tp", 1))} \
+    engine = {"name": "vllm", "vllm": VLLMSettings(probe_size=2, tensor_parallel_size=cfg.get("tp", 1))} \
         if cfg.get("engine") == "vllm" else {}
-    top_k_abs = cfg.get("top_k_abs")
-    flt = FilterSettings(strategy="top_k_abs", value=top_k_abs) if top_k_abs else None
-    envs_ = {"mixture": cfg["mixture"]} if cfg.get("mixture") else {"env_id": "ragen/Bandit-v0"}
-    dm = Recording(**envs_, num_groups=4, group_size=3, num_iterations=cfg["iterations"],
+    flt = FilterSettings(strategy="top_k_abs", value=cfg["top_k_abs"]) if cfg.get("top_k_abs") else None
+    env = {"mixture": cfg["mixture"]} if cfg.get("mixture") else {"id": "ragen/Bandit-v0"}
+    training = {"num_groups": 4, "group_size": 3, "num_iterations": cfg["iterations"],
+                "async_level": int(bool(cfg.get("async")))}
+    dm = Recording(env=env, training=training, sampling={"temperature": 1.0}, validation={"num_groups": 2},
                    episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1,
                                            max_new_tokens=8, max_model_len=1024),
-                   val_num_groups=2, filter=flt, temperature=1.0, async_level=int(bool(cfg.get("async"))), **engine)
+                   filter=flt, engine=engine)
     callbacks = [Metrics()]
     if cfg.get("ckpt_dir"):
         callbacks.append(ModelCheckpoint(dirpath=cfg["ckpt_dir"], every_n_train_steps=1, save_top_k=-1,

@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ragen_lightning.rollout.engine import HFEngine, SamplingParams
-from ragen_lightning.rollout.vllm_engine import VLLMConfig, VLLMEngine
+from ragen_lightning.rollout.vllm_engine import VLLMSettings, VLLMEngine
 
 TEXTS = ("hi", "Push the box left.", "你好，世界", "#_OX__#\n#__P__#", "Answer with <answer>Up</answer>.", "1 2 3",
          "Left || Right", "emoji 😀")
@@ -87,7 +87,7 @@ def main(model_dir: str) -> dict:
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(model_dir)
     actor = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    vllm = VLLMEngine(actor, model_dir, [tok.eos_token_id], tok.pad_token_id, VLLMConfig(probe_size=0),
+    vllm = VLLMEngine(actor, model_dir, [tok.eos_token_id], tok.pad_token_id, VLLMSettings(probe_size=0),
                       max_model_len=1024, max_batch_size=8)
     hf = HFEngine(actor, [tok.eos_token_id], tok.pad_token_id, tokenizer=tok)
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}], tokenize=False,

@@ -33,9 +33,9 @@ def standin_args(task: str, *more: str) -> list[str]:
     return ["fit", "--config", str(ROOT / "configs" / f"{task}.yaml"), *backend_args(task), *update_args(task),
             "--model.model", "tiny:qwen", "--validate_first", "false", "--trainer.logger", "false",
             "--trainer.callbacks", "[]", "--trainer.enable_checkpointing", "false", "--model.warm_start", "false",
-            "--trainer.max_steps", "2", "--data.num_iterations", "1", "--data.num_groups", "2",
-            "--data.group_size", "2", "--data.episode.max_new_tokens", "12", "--data.episode.max_turns", "2",
-            "--data.val_num_groups", "2", "--trainer.val_check_interval", "1",
+            "--trainer.max_steps", "2", "--data.training.num_iterations", "1", "--data.training.num_groups", "2",
+            "--data.training.group_size", "2", "--data.episode.max_new_tokens", "12", "--data.episode.max_turns", "2",
+            "--data.validation.num_groups", "2", "--trainer.val_check_interval", "1",
             "--model.update.mini_batch_size", "4", "--model.update.micro_batch_size", "2",
             "--trainer.enable_model_summary", "false", "--trainer.enable_progress_bar", "false", *more]
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import envs  # noqa: F401
-from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.starpo.module import StarPOModule
+from tests.data_groups import data_module
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ def test_activation_checkpointing_gives_the_same_update(tmp_path, tiny_path, pac
                               update={"mini_batch_size": 8, "micro_batch_size": 4, "activation_checkpointing": on,
                                       "pack": pack},
                               optim={"actor_lr": 1e-2, "critic_lr": 1e-2})
-        dm = RolloutDataModule(env_id="ragen/Bandit-v0", num_groups=2, group_size=4, num_iterations=1,
+        dm = data_module(env_id="ragen/Bandit-v0", num_groups=2, group_size=4, num_iterations=1,
                                episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1,
                                                        max_actions_per_episode=1, max_new_tokens=8, max_model_len=1024),
                                val_num_groups=2)

@@ -1,4 +1,4 @@
-"""``--data.async_level 1`` on real fits (slow: a shortened configs/bandit.yaml on the HF engine): each batch after
+"""``--data.training.async_level 1`` on real fits (slow: a shortened configs/bandit.yaml on the HF engine): each batch after
 the first is generated with the weights of one update before (staleness 1, and its engine log-probs differ from the
 current actor's), and with weights that do not change it is the synchronous run exactly."""
 
@@ -15,7 +15,7 @@ from ragen_lightning.cli import main
 from tests.integration.determinism_script import SHORT
 
 pytestmark = pytest.mark.slow
-ASYNC = ["--data.async_level", "1", "--model.loss.tis_cap", "2.0"]
+ASYNC = ["--data.training.async_level", "1", "--model.loss.tis_cap", "2.0"]
 FROZEN = ["--model.optim.actor_optimizer", "{class_path: torch.optim.SGD, init_args: {lr: 0.0}}",
           "--model.optim.critic_optimizer", "{class_path: torch.optim.SGD, init_args: {lr: 0.0}}"]
 
@@ -23,7 +23,7 @@ FROZEN = ["--model.optim.actor_optimizer", "{class_path: torch.optim.SGD, init_a
 def _fit(root: Path, monkeypatch, *flags: str):
     root.mkdir()
     monkeypatch.chdir(root)
-    cli = main(["fit", *SHORT, "--data.engine", "hf", "--data.num_iterations", "4", "--model.loss.tis_cap", "2.0",
+    cli = main(["fit", *SHORT, "--data.engine.name", "hf", "--data.training.num_iterations", "4", "--model.loss.tis_cap", "2.0",
                 "--model.early_stop.low_val_success_patience", "0", "--model.early_stop.rv_collapse_window", "0",
                 *flags])
     rows: dict[int, dict[str, float]] = {}

@@ -30,7 +30,7 @@ from ragen_lightning.rollout.settings import EpisodeSettings
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "bandit.yaml"
 WARM_START = {"steps": 500}
 EVAL_EPISODES = 128
-FIT_FLAGS = ["--data.num_iterations", "8", "--model.update.mini_batch_size", "16"]
+FIT_FLAGS = ["--data.training.num_iterations", "8", "--model.update.mini_batch_size", "16"]
 
 
 def risky_share(result: dict[str, float], n: int) -> tuple[float, int]:
@@ -48,24 +48,25 @@ def diff_lower_bound(p1: float, n1: int, p2: float, n2: int, z: float = 1.96) ->
 @pytest.mark.slow
 def test_bandit_fit_moves_arm_choice_beyond_noise(tmp_path, monkeypatch, capsys):
     from ragen_lightning.rollout.seeds import episode_seeds
-    from ragen_lightning.sft.warm_start import evaluate_policy, warm_start
+    from ragen_lightning.sft.warm_start import WarmStartSettings, evaluate_policy, warm_start
 
     cfg = yaml.safe_load(CONFIG.read_text())
     data = cfg["data"]
-    assert data["env_kwargs"]["expert_policy"] == "balanced"
+    env_id, env_kwargs = data["env"]["id"], data["env"]["kwargs"]
+    assert env_kwargs["expert_policy"] == "balanced"
     episode = EpisodeSettings(**data["episode"])
-    warm = warm_start("tiny", data["env_id"], data["env_kwargs"], **WARM_START, episode=episode)
+    warm = warm_start("tiny", env_id, env_kwargs, WarmStartSettings(**WARM_START), episode=episode)
     demo_seeds = episode_seeds(0, 512, "train")
     evaluate = {"num_episodes": EVAL_EPISODES, "temperature": 1.0, "seed": 0, "exclude_seeds": demo_seeds,
                 "episode": episode}
-    before = evaluate_policy(warm, data["env_id"], data["env_kwargs"], **evaluate)
+    before = evaluate_policy(warm, env_id, env_kwargs, **evaluate)
 
     monkeypatch.chdir(tmp_path)
     main(["fit", "--config", str(CONFIG), "--trainer.logger", "false", "--trainer.callbacks", "[]",
           "--trainer.enable_checkpointing", "false", "--trainer.limit_val_batches", "0",
           "--model.model", str(warm), "--model.warm_start", "false", "--validate_first", "false", *FIT_FLAGS,
           "--model.export_dir", str(tmp_path / "actor")])
-    after = evaluate_policy(tmp_path / "actor", data["env_id"], data["env_kwargs"], **evaluate)
+    after = evaluate_policy(tmp_path / "actor", env_id, env_kwargs, **evaluate)
     (p1, n1), (p2, n2) = risky_share(before, EVAL_EPISODES), risky_share(after, EVAL_EPISODES)
     lower = diff_lower_bound(p1, n1, p2, n2)
     with capsys.disabled():
@@ -86,8 +87,8 @@ def test_balanced_demonstrations_fit_the_token_budget():
     data = cfg["data"]
     episode = EpisodeSettings(**data["episode"])
     tokenizer = models.load_tokenizer(models.resolve_model_path("tiny"))
-    demos, stats = build_demonstrations(data["env_id"], tokenizer, episode_seeds(0, 96, "train"),
-                                        env_kwargs=data["env_kwargs"], episode=episode)
+    demos, stats = build_demonstrations(data["env"]["id"], tokenizer, episode_seeds(0, 96, "train"),
+                                        env_kwargs=data["env"]["kwargs"], episode=episode)
     assert max(sum(d.loss_mask) for d in demos) < episode.max_new_tokens
     # 96 fair coins: 0.5 +- 1.96 * sqrt(0.25 / 96) = [0.40, 0.60]
     assert 0.40 <= stats["demo/expert_success_rate"] <= 0.60

@@ -16,18 +16,18 @@ from ragen_lightning.parallel.checkpointing import CheckpointError
 pytestmark = pytest.mark.slow
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 COMMON = ["--config", str(CONFIGS / "bandit.yaml"), "--model.warm_start", "false", "--trainer.logger", "false",
-          "--data.num_groups", "2", "--data.group_size", "4", "--data.episode.max_new_tokens", "12",
-          "--data.val_num_groups", "2", "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "4",
-          "--trainer.val_check_interval", "1", "--data.engine", "hf"]
+          "--data.training.num_groups", "2", "--data.training.group_size", "4", "--data.episode.max_new_tokens", "12",
+          "--data.validation.num_groups", "2", "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "4",
+          "--trainer.val_check_interval", "1", "--data.engine.name", "hf"]
 
 
 def test_resume_refuses_other_model_settings_and_damaged_files(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    main(["fit", *COMMON, "--data.num_iterations", "2", "--trainer.max_steps", "1"])  # stops after iteration 1
+    main(["fit", *COMMON, "--data.training.num_iterations", "2", "--trainer.max_steps", "1"])  # stops after iteration 1
     ckpt = tmp_path / "outputs" / "bandit" / "checkpoints" / "last.ckpt"
     assert checkpointing.verify(ckpt) is True  # ModelCheckpoint wrote through SafeCheckpointIO
     assert not [p for p in ckpt.parent.iterdir() if p.name.endswith(".tmp")]
-    resume = ["fit", *COMMON, "--data.num_iterations", "2", "--ckpt_path", str(ckpt)]
+    resume = ["fit", *COMMON, "--data.training.num_iterations", "2", "--ckpt_path", str(ckpt)]
 
     # Before: LightningCLI put the checkpoint's model settings over these flags and trained on, silently.
     with pytest.raises(ConfigError) as info:

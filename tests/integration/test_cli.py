@@ -16,20 +16,20 @@ from ragen_lightning.cli import main
 
 pytestmark = pytest.mark.slow
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-SMALL_RUN = ["--data.num_groups", "2", "--data.group_size", "4", "--data.episode.max_new_tokens", "12",
-             "--data.val_num_groups", "2", "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "4",
-             "--data.num_iterations", "1"]
+SMALL_RUN = ["--data.training.num_groups", "2", "--data.training.group_size", "4", "--data.episode.max_new_tokens", "12",
+             "--data.validation.num_groups", "2", "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "4",
+             "--data.training.num_iterations", "1"]
 
 
 def test_fit_validate_and_export(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     common = ["--config", str(CONFIGS / "bandit.yaml"), "--model.warm_start", "false",
               "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", "logs",
-              "--data.num_groups", "2", "--data.group_size", "4", "--data.episode.max_new_tokens", "12",
-              "--data.val_num_groups", "4", "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "4"]
+              "--data.training.num_groups", "2", "--data.training.group_size", "4", "--data.episode.max_new_tokens", "12",
+              "--data.validation.num_groups", "4", "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "4"]
     best_export = ["--trainer.callbacks+",
                    '{"class_path": "callbacks.BestActorExport", "init_args": {"dirpath": "best"}}']
-    main(["fit", *common, "--data.num_iterations", "2", "--trainer.val_check_interval", "2",
+    main(["fit", *common, "--data.training.num_iterations", "2", "--trainer.val_check_interval", "2",
           "--model.export_dir", "exported", "--validate_first", "true", *best_export])
     ckpt = tmp_path / "outputs" / "bandit" / "checkpoints" / "last.ckpt"
     assert ckpt.is_file()
@@ -69,17 +69,17 @@ def test_fit_validate_and_export(tmp_path, monkeypatch):
 
 
 BAD_END_TO_END = [
-    (["--model.advantage.estimator", "grpo", "--data.group_size", "1"], "error: --data.group_size must be >= 2"),
+    (["--model.advantage.estimator", "grpo", "--data.training.group_size", "1"], "error: --data.training.group_size must be >= 2"),
     (["--data.episode.max_model_len", "64"], "error: --data.episode.max_model_len=64 is too small for the first prompt"),
-    (["--data.env_id", "ragen/Nope-v0"], "error: --data.env_id: unknown env id 'ragen/Nope-v0'"),
+    (["--data.env.id", "ragen/Nope-v0"], "error: --data.env.id: unknown env id 'ragen/Nope-v0'"),
     (["--model.update.micro_batch_size", "64"], "error: --model.update.micro_batch_size (64) must be <="),
-    (["--trainer.devices", "3", "--data.num_groups", "4"],  # checked before any process is launched
-     "error: --data.num_groups (4) must be divisible by the number of processes (3)"),
+    (["--trainer.devices", "3", "--data.training.num_groups", "4"],  # checked before any process is launched
+     "error: --data.training.num_groups (4) must be divisible by the number of processes (3)"),
     # each of these was a traceback, a crash after training started or a usage dump (issue 15)
     (["--data.episode.max_turns", "0"], "error: --data.episode.max_turns must be an integer >= 1, got 0"),
-    (["--data.max_batch_size", "0"], "error: --data.max_batch_size must be an integer >= 1, got 0"),
+    (["--data.engine.max_batch_size", "0"], "error: --data.engine.max_batch_size must be an integer >= 1, got 0"),
     (["--model.model", "/nonexistent"], "error: --model.model '/nonexistent': no such folder"),
-    (["--data.num_groups", "many"], "error: --data.num_groups: expected int, got many"),
+    (["--data.training.num_groups", "many"], "error: --data.training.num_groups: expected int, got many"),
     (["--model.bogus_flag", "1"], "error: unrecognized arguments: --model.bogus_flag 1"),
     (["--config", str(CONFIGS / "fsdp.yaml"), "--trainer.devices", "2", "--model.lora", "{rank: 8, shared_base: true}"],
      "error: --model.lora.shared_base is not supported with FSDP2"),
@@ -153,7 +153,7 @@ def test_unreachable_wandb_server_logs_offline_within_seconds(tmp_path):
     # no wall-clock bound here (a loaded machine fails it): the probe's deadline is unit-tested
     # (tests/unit/test_preflight.py); the subprocess timeout is the hang guard
     proc = subprocess.run([sys.executable, str(main_py), "fit", "--config", str(CONFIGS / "bandit.yaml"),
-                           "--config", str(online), "--model.warm_start", "false", "--data.engine", "hf", *SMALL_RUN],
+                           "--config", str(online), "--model.warm_start", "false", "--data.engine.name", "hf", *SMALL_RUN],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     warning = f"warning: wandb server http://127.0.0.1:{port} unreachable (Connection refused): logging offline"
@@ -161,5 +161,5 @@ def test_unreachable_wandb_server_logs_offline_within_seconds(tmp_path):
     assert list((tmp_path / "outputs" / "bandit" / "wandb").glob("offline-run-*"))
     # stderr is a pipe, not a terminal: one plain line per iteration (ragen_lightning.cli.progress)
     lines = [line for line in proc.stderr.splitlines() if line.startswith("iteration ")]
-    total = int(SMALL_RUN[SMALL_RUN.index("--data.num_iterations") + 1])
+    total = int(SMALL_RUN[SMALL_RUN.index("--data.training.num_iterations") + 1])
     assert [line.split(" | ")[0] for line in lines] == [f"iteration {i}/{total}" for i in range(1, total + 1)]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 import envs  # noqa: F401
 from ragen_lightning.cli import StarPOCLI, main
@@ -16,7 +17,7 @@ from ragen_lightning.models.loading import is_tiny
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # a task config names its env; everything else (configs/models/*, diagnostics, lora, ddp, ...) is an overlay
-TASKS = sorted(p for p in CONFIGS.glob("*.yaml") if "env_id:" in p.read_text())
+TASKS = sorted(p for p in CONFIGS.glob("*.yaml") if "env" in (yaml.safe_load(p.read_text()).get("data") or {}))
 OVERLAYS = sorted(p for p in CONFIGS.rglob("*.yaml") if p not in TASKS)
 
 
@@ -38,7 +39,8 @@ def test_every_config_parses(capsys):
     for task in TASKS:
         cfg = parse(task)
         # the embedded model or a named variant of it (tiny:cells): no task config downloads weights
-        env_ids = [cfg.data.env_id] if cfg.data.mixture is None else [e["env_id"] for e in cfg.data.mixture]
+        env = cfg.data.env
+        env_ids = [env.id] if env.mixture is None else [e["env_id"] for e in env.mixture]
         assert all(i.startswith("ragen/") for i in env_ids) and is_tiny(cfg.model.model), task.name
         checked += 1
     from tests.conftest import load_script
@@ -48,7 +50,7 @@ def test_every_config_parses(capsys):
         task, extra = (recipe_command(overlay) if overlay.parent.name == "recipes"
                        else (CONFIGS / "sokoban_starpo.yaml", ()))
         cfg = parse(task, overlay, extra=extra)
-        assert cfg.data.env_id == "ragen/SimpleSokoban-v0"  # overlays keep the task
+        assert cfg.data.env.id == "ragen/SimpleSokoban-v0"  # overlays keep the task
         checked += 1
     with capsys.disabled():
         print(f"\n[configs] checked {checked} YAML files ({len(TASKS)} tasks, {len(OVERLAYS)} overlays)")
@@ -58,7 +60,7 @@ def test_every_config_parses(capsys):
 def test_bad_value_names_the_flag():
     from ragen_lightning.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"^--data.num_groups: expected int, got many$"):  # one line, before anything
+    with pytest.raises(ConfigError, match=r"^--data.training.num_groups: expected int, got many$"):  # one line, before anything
         parse(CONFIGS / "sokoban.yaml", Path(__file__).with_name("bad_config.yaml"))
 
 
@@ -68,7 +70,7 @@ def backend_args(task: str) -> list[str]:
     if task == "lean":
         from tests.fixtures.lean.fake_kimina import shared_url
 
-        return ["--data.env_kwargs", json.dumps({"server_url": shared_url()})]
+        return ["--data.env.kwargs", json.dumps({"server_url": shared_url()})]
     return []
 
 
@@ -106,9 +108,9 @@ def test_task_config_fit_smoke(task, tmp_path, monkeypatch):
                 "--validate_first", "false",
                 "--trainer.logger", "false", "--trainer.callbacks", "[]", "--trainer.enable_checkpointing", "true",
                 "--model.warm_start", "false",
-                "--trainer.max_steps", "2", "--data.num_iterations", "1", "--data.num_groups", "2",
-                "--data.group_size", "2", "--data.episode.max_new_tokens", "12", "--data.episode.max_turns", "2",
-                "--data.val_num_groups", "2", "--trainer.val_check_interval", "1", "--model.update.mini_batch_size", "4",
+                "--trainer.max_steps", "2", "--data.training.num_iterations", "1", "--data.training.num_groups", "2",
+                "--data.training.group_size", "2", "--data.episode.max_new_tokens", "12", "--data.episode.max_turns", "2",
+                "--data.validation.num_groups", "2", "--trainer.val_check_interval", "1", "--model.update.mini_batch_size", "4",
                 "--model.update.micro_batch_size", "2"])
     m = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
     # the rollout generated tokens and the episodes were scored

@@ -69,10 +69,10 @@ def test_kill_9_mid_run_and_resume_gives_the_uninterrupted_run(tmp_path, rollout
     every value logged after the resume equal the uninterrupted run's bit for bit, including the critic's metrics of
     the checkpoint's iteration (logged with the next one: the checkpoint carries them). With one-step-off-policy
     rollouts the checkpoint carries the rollout that was in flight (sampled with weights no checkpoint holds)."""
-    flags = ["fit", *SHORT, "--data.engine", "hf", "--data.num_iterations", "8",
+    flags = ["fit", *SHORT, "--data.engine.name", "hf", "--data.training.num_iterations", "8",
              # the untrained model fails the format (success 0): no early stop for low validation success
              "--model.early_stop.low_val_success_patience", "0", "--model.early_stop.rv_collapse_window", "0",
-             *(["--data.async_level", "1", "--model.loss.tis_cap", "2.0"] if rollouts == "async" else [])]
+             *(["--data.training.async_level", "1", "--model.loss.tis_cap", "2.0"] if rollouts == "async" else [])]
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
 
     def fit(root: Path, *more: str, background: bool = False):

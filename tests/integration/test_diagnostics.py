@@ -48,7 +48,7 @@ def test_fit_with_every_callback_then_resume(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     common = ["--config", str(CONFIGS / "bandit.yaml"), "--config", str(CONFIGS / "diagnostics.yaml"),
               "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", "logs",
-              "--model.warm_start", "false", "--data.num_groups", "2", "--data.group_size", "4",
+              "--model.warm_start", "false", "--data.training.num_groups", "2", "--data.training.group_size", "4",
               "--data.episode.max_new_tokens", "12", "--trainer.limit_val_batches", "0", "--trainer.val_check_interval", "1",
               "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "4",
               "--model.advantage.estimator", "gae",  # the step counts below assume a critic
@@ -57,7 +57,7 @@ def test_fit_with_every_callback_then_resume(tmp_path, monkeypatch):
               "--trainer.callbacks.every_n_train_steps=2", "--trainer.callbacks.save_top_k=-1",
               "--trainer.callbacks.filename={step}"]
     # stop after iteration 2 of 3, then resume from its checkpoint for iteration 3
-    cli = main(["fit", *common, "--data.num_iterations", "3", "--trainer.max_steps", "4"])
+    cli = main(["fit", *common, "--data.training.num_iterations", "3", "--trainer.max_steps", "4"])
     ckpt = tmp_path / "outputs" / "bandit" / "checkpoints" / "last.ckpt"
     assert ckpt.is_file()  # the task's ModelCheckpoint survived the overlay
     by_name = {type(c).__name__: c for c in cli.trainer.callbacks}
@@ -78,7 +78,7 @@ def test_fit_with_every_callback_then_resume(tmp_path, monkeypatch):
     assert [json.loads(line)["iteration"] for line in jsonl.read_text().splitlines()] == [1, 1, 1, 1]
     tokens_first = sum(float(r["rollout/generated_tokens"]) for r in rows if r.get("rollout/generated_tokens"))
 
-    cli = main(["fit", *common, "--data.num_iterations", "3", "--ckpt_path", str(tmp_path / "steps" / "step=4.ckpt")])
+    cli = main(["fit", *common, "--data.training.num_iterations", "3", "--ckpt_path", str(tmp_path / "steps" / "step=4.ckpt")])
     assert cli.trainer.datamodule.iteration == 3
     by_name = {type(c).__name__: c for c in cli.trainer.callbacks}
     # restored, then one more iteration

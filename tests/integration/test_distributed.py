@@ -175,7 +175,7 @@ def test_fsdp2_sharded_checkpoint_resumes_on_other_world_sizes(tmp_path, tiny_pa
 
 
 def test_async_rollouts_under_fsdp2_equal_one_async_process(tmp_path, tiny_path):
-    """``--data.async_level 1`` on 2 FSDP2 ranks: each rank generates its share of the next rollout on its worker
+    """``--data.training.async_level 1`` on 2 FSDP2 ranks: each rank generates its share of the next rollout on its worker
     (from the unsharded copy, synced from the shards on the training thread), the trajectories are gathered on the
     training thread; the kept groups and the weights equal one async process (both runs at once)."""
     cfg = {"model": str(tiny_path), "iterations": 3, "top_k_abs": 2, "estimator": "grpo", "mini": 6, "micro": 3,
@@ -234,7 +234,7 @@ def test_fsdp2_with_vllm_engines_passes_the_probe_on_every_rank_and_equals_one_p
 @pytest.mark.skipif(not vllm_installed(), reason="needs vLLM (README install)")
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_tensor_parallel_vllm_engine_over_both_ranks(tmp_path, vllm_tiny_path, strategy):
-    """DDP and FSDP2 on 2 ranks with ``--data.vllm.tensor_parallel_size 2``: one vLLM engine (external_launcher)
+    """DDP and FSDP2 on 2 ranks with ``--data.engine.vllm.tensor_parallel_size 2``: one vLLM engine (external_launcher)
     whose two workers are the two training ranks. Both ranks roll out all 4 groups with the same seeds and get the
     same generations; every push (the second after a real optimizer step) sends the full weights from each rank
     (under FSDP2 gathered from the shards tensor by tensor) and the probe passes on both."""

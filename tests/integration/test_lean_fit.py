@@ -16,8 +16,8 @@ from tests.fixtures.lean.fake_kimina import THEOREMS, FakeKimina
 from tests.integration.test_configs import CONFIGS
 
 SMALL = ["--trainer.logger", "false", "--trainer.callbacks", "[]", "--trainer.enable_checkpointing", "false",
-         "--trainer.max_steps", "2", "--data.num_iterations", "1", "--data.num_groups", "2",
-         "--data.group_size", "4", "--data.val_num_groups", "2", "--trainer.val_check_interval", "1",
+         "--trainer.max_steps", "2", "--data.training.num_iterations", "1", "--data.training.num_groups", "2",
+         "--data.training.group_size", "4", "--data.validation.num_groups", "2", "--trainer.val_check_interval", "1",
          "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "4", "--data.episode.max_turns", "3",
          "--model.warm_start", "{steps: 40, num_episodes: 32, batch_size: 2, threads: 2}"]
 
@@ -27,7 +27,7 @@ def test_one_iteration_after_a_short_warm_start(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with FakeKimina() as fake:
         kwargs = json.dumps({"server_url": fake.url, "data_path": str(THEOREMS)})
-        cli = main(["fit", "--config", str(CONFIGS / "lean.yaml"), "--data.env_kwargs", kwargs, *SMALL])
+        cli = main(["fit", "--config", str(CONFIGS / "lean.yaml"), "--data.env.kwargs", kwargs, *SMALL])
         requests = len(fake.requests)
     m = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
     print("lean", requests, "requests;", {k: round(v, 3) for k, v in sorted(m.items()) if k.startswith("train/")})

@@ -17,8 +17,8 @@ RECIPES = sorted((CONFIGS / "recipes").glob("24gb-*.yaml"))
 # --validate_first false: bandit.yaml validates at iteration 0, which builds and closes the rollout engine a second
 # time; the checkpoints' own validate runs below (test_cli checks --validate_first)
 SHORT = ["--trainer.logger", "false", "--model.warm_start", "false", "--validate_first", "false",
-         "--data.num_groups", "2", "--data.group_size", "2", "--data.episode.max_new_tokens", "12", "--data.val_num_groups",
-         "2", "--model.update.mini_batch_size", "4", "--model.update.micro_batch_size", "2", "--data.num_iterations", "1",
+         "--data.training.num_groups", "2", "--data.training.group_size", "2", "--data.episode.max_new_tokens", "12", "--data.validation.num_groups",
+         "2", "--model.update.mini_batch_size", "4", "--model.update.micro_batch_size", "2", "--data.training.num_iterations", "1",
          "--trainer.val_check_interval", "1"]
 
 

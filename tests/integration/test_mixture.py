@@ -18,7 +18,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # time (~3-5 s); the validation after the iteration is the one read here (test_cli checks --validate_first)
 SHORT = ["--model.warm_start", "false", "--validate_first", "false", "--trainer.callbacks", "[]",
          "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", "logs",
-         "--data.group_size", "2", "--data.val_num_groups", "2", "--data.num_iterations", "1",
+         "--data.training.group_size", "2", "--data.validation.num_groups", "2", "--data.training.num_iterations", "1",
          "--trainer.val_check_interval", "1", "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "4"]
 
 
@@ -57,7 +57,7 @@ def test_mixture_config_logs_per_tag_metrics(tmp_path, monkeypatch):
 
 def test_ragen_bandit_setting_validates_on_bandit_and_bandit_test(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    main(["fit", "--config", str(CONFIGS / "bandit_heldout.yaml"), *SHORT, "--data.num_groups", "2",
+    main(["fit", "--config", str(CONFIGS / "bandit_heldout.yaml"), *SHORT, "--data.training.num_groups", "2",
           "--data.episode.max_new_tokens", "12"])
     rows = _rows(tmp_path)
     train = _row_with(rows, "train/batch_size")
@@ -73,7 +73,8 @@ def test_warm_start_trains_on_every_entry_s_demonstrations(tiny_path, tmp_path, 
     from ragen_lightning.rollout.settings import EpisodeSettings
     from ragen_lightning.sft import warm_start as ws
 
-    small = {"env_id": "ragen/Bandit-v0", "steps": 2, "num_episodes": 4, "batch_size": 2,
+    recipe = ws.WarmStartSettings(steps=2, num_episodes=4, batch_size=2, cache_dir=str(tmp_path))
+    small = {"env_id": "ragen/Bandit-v0", "settings": recipe,
              "episode": EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1)}
     lake = ("ragen/FrozenLake-v0", {"success_rate": 1.0}, EpisodeSettings(max_turns=2, max_actions_per_turn=2,
                                                                           context_window="single_turn"))
@@ -81,9 +82,9 @@ def test_warm_start_trains_on_every_entry_s_demonstrations(tiny_path, tmp_path, 
     train_sft = ws.train_sft
     monkeypatch.setattr(ws, "train_sft", lambda net, demos, *a, **kw: trained.append(len(demos)) or
                         train_sft(net, demos, *a, **kw))
-    single = ws.warm_start(str(tiny_path), cache_dir=tmp_path, **small)
-    assert ws.warm_start(str(tiny_path), cache_dir=tmp_path, **small, more_envs=()) == single  # the key of before
-    mixed = ws.warm_start(str(tiny_path), cache_dir=tmp_path, **small, more_envs=[lake])
+    single = ws.warm_start(str(tiny_path), **small)
+    assert ws.warm_start(str(tiny_path), **small, more_envs=()) == single  # the key of before
+    mixed = ws.warm_start(str(tiny_path), **small, more_envs=[lake])
     assert mixed != single
     meta = json.loads((mixed / ws.META_FILE).read_text())
     (more,) = meta["args"]["more_envs"]

@@ -8,13 +8,13 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 import envs  # noqa: F401
-from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.sampler import FilterSettings
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.starpo import module as starpo_module
 from ragen_lightning.starpo.early_stop import EarlyStopSettings
 from ragen_lightning.starpo.module import StarPOModule
+from tests.data_groups import data_module
 from tests.integration.scripted import SeededBanditEngine
 
 pytestmark = pytest.mark.slow
@@ -39,7 +39,7 @@ def data(**kw):
                                         max_new_tokens=12, max_model_len=1024),
                 val_num_groups=2)
     args.update(kw)
-    return RolloutDataModule(**args)
+    return data_module(**args)
 
 
 def trainer(tmp_path, callbacks=(), **kw):
@@ -133,7 +133,7 @@ def test_bad_config_errors(tiny_path):
     with pytest.raises(ValueError, match="unknown env id 'ragen/Nope-v0'"):
         data(env_id="ragen/Nope-v0")
     module = StarPOModule(model=str(tiny_path), advantage={"estimator": "grpo"})
-    with pytest.raises(ValueError, match="--data.group_size must be >= 2"):
+    with pytest.raises(ValueError, match="--data.training.group_size must be >= 2"):
         L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False).fit(module, data(group_size=1))
 
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import envs  # noqa: F401
-from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.starpo.module import StarPOModule
+from tests.data_groups import data_module
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ def _fit(tmp_path, tiny_path, **update):
                           # near-zero gradients into lr-sized differences)
                           optim={"actor_optimizer": partial(torch.optim.SGD, lr=0.5),
                                  "critic_optimizer": partial(torch.optim.SGD, lr=0.5)})
-    dm = RolloutDataModule(env_id="ragen/Bandit-v0", num_groups=2, group_size=4, num_iterations=2,
+    dm = data_module(env_id="ragen/Bandit-v0", num_groups=2, group_size=4, num_iterations=2,
                            episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1,
                                                    max_new_tokens=12, max_model_len=1024),
                            val_num_groups=2)

@@ -1,6 +1,6 @@
 """PropProof from its config: a short warm start on the proof-search expert (its demonstrations run the checker
 through the rollout runner), then one StarPO iteration whose rollouts act in the env and a validation on the val
-split (``--data.val_suite``). ``tests/integration/test_configs.py`` runs the config without a warm start."""
+split (``--data.validation.suite``). ``tests/integration/test_configs.py`` runs the config without a warm start."""
 
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ from ragen_lightning.cli import main
 from tests.integration.test_configs import CONFIGS
 
 SMALL = ["--trainer.logger", "false", "--trainer.callbacks", "[]", "--trainer.enable_checkpointing", "false",
-         "--trainer.max_steps", "2", "--data.num_iterations", "1", "--data.num_groups", "2",
-         "--data.group_size", "4", "--data.val_num_groups", "2", "--trainer.val_check_interval", "1",
+         "--trainer.max_steps", "2", "--data.training.num_iterations", "1", "--data.training.num_groups", "2",
+         "--data.training.group_size", "4", "--data.validation.num_groups", "2", "--trainer.val_check_interval", "1",
          "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "4",
          "--model.warm_start", "{steps: 40, num_episodes: 32, batch_size: 2, threads: 2}"]
 EPISODE = {"searchqa": ["--data.episode.max_turns", "3"], "deepcoder": []}

@@ -76,10 +76,10 @@ def _args(tmp_path, env_id: str) -> list[str]:
             "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
             "--model.model", "tiny", "--model.warm_start", "{num_episodes: 16}", "--model.advantage.estimator", "grpo",
             "--model.update.mini_batch_size", "4", "--model.update.micro_batch_size", "4",
-            "--data.env_id", env_id, "--data.num_groups", "2", "--data.group_size", "2", "--data.num_iterations", "1",
+            "--data.env.id", env_id, "--data.training.num_groups", "2", "--data.training.group_size", "2", "--data.training.num_iterations", "1",
             "--data.episode.max_turns", "2", "--data.episode.max_actions_per_turn", "1",
             "--data.episode.max_actions_per_episode", "2", "--data.episode.max_new_tokens", "24",
-            "--data.episode.max_model_len", "1024", "--data.val_num_groups", "2"]
+            "--data.episode.max_model_len", "1024", "--data.validation.num_groups", "2"]
 
 
 def test_warm_start_and_one_iteration_on_a_new_env(tmp_path, monkeypatch):

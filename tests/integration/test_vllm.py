@@ -58,7 +58,7 @@ def test_probe_catches_a_skipped_push(result):
     assert third["skipped"] and third["changed_since_last_push"]
     assert "rollout/probe_max_abs_logprob_diff" not in third  # it raised instead of returning stats
     err = result["probe_error"]
-    assert err is not None and "--data.vllm.probe_threshold=0.001" in err
+    assert err is not None and "--data.engine.vllm.probe_threshold=0.001" in err
     assert result["global_step"] == 2  # two updates ran; the third rollout never started
 
 

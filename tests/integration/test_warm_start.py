@@ -12,8 +12,14 @@ import envs  # noqa: F401  (registers the ragen/* ids)
 from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.sft import warm_start as ws
 
-SMALL = dict(env_id="ragen/Bandit-v0", steps=2, num_episodes=4, batch_size=2, 
-             episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1))
+SMALL = dict(steps=2, num_episodes=4, batch_size=2)
+EPISODE = EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1)
+
+
+def small(model, cache_dir, **recipe):
+    """A two-step warm start of the bandit (``recipe`` over :data:`SMALL`) cached in ``cache_dir``."""
+    settings = ws.WarmStartSettings(**{**SMALL, "cache_dir": str(cache_dir), **recipe})
+    return ws.warm_start(model, "ragen/Bandit-v0", None, settings, episode=EPISODE)
 
 
 def _weights(path):
@@ -23,7 +29,7 @@ def _weights(path):
 
 
 def test_cache_hit_returns_same_folder_without_training(tiny_path, tmp_path, monkeypatch):
-    first = ws.warm_start(str(tiny_path), cache_dir=tmp_path, **SMALL)
+    first = small(str(tiny_path), tmp_path)
     assert first.parent == tmp_path and first.name.startswith("warm-")
     meta = json.loads((first / ws.META_FILE).read_text())
     assert len(meta["losses"]) == 2 and meta["args"]["env_id"] == "ragen/Bandit-v0"
@@ -36,7 +42,7 @@ def test_cache_hit_returns_same_folder_without_training(tiny_path, tmp_path, mon
     threads = torch.get_num_threads()
     monkeypatch.setattr(ws, "train_sft", boom)
     monkeypatch.setattr(ws, "build_demonstrations", boom)
-    assert ws.warm_start(str(tiny_path), cache_dir=tmp_path, **SMALL) == first
+    assert small(str(tiny_path), tmp_path) == first
     assert torch.get_num_threads() == threads
 
 
@@ -74,16 +80,16 @@ def test_default_steps_per_env():
 
 
 def test_different_arguments_get_different_folders(tiny_path, tmp_path):
-    base = ws.warm_start(str(tiny_path), cache_dir=tmp_path, **SMALL)
-    other_lr = ws.warm_start(str(tiny_path), cache_dir=tmp_path, **{**SMALL, "lr": 1e-3})
-    other_seed = ws.warm_start(str(tiny_path), cache_dir=tmp_path, **{**SMALL, "seed": 1})
+    base = small(str(tiny_path), tmp_path)
+    other_lr = small(str(tiny_path), tmp_path, lr=1e-3)
+    other_seed = small(str(tiny_path), tmp_path, seed=1)
     assert len({base, other_lr, other_seed}) == 3
     assert not torch.equal(_weights(base)["model.embed_tokens.weight"], _weights(other_lr)["model.embed_tokens.weight"])
 
 
 def test_same_arguments_give_identical_weights(tiny_path, tmp_path):
-    a = ws.warm_start(str(tiny_path), cache_dir=tmp_path / "a", **SMALL)
-    b = ws.warm_start(str(tiny_path), cache_dir=tmp_path / "b", **SMALL)
+    a = small(str(tiny_path), tmp_path / "a")
+    b = small(str(tiny_path), tmp_path / "b")
     assert a.name == b.name
     wa, wb = _weights(a), _weights(b)
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
@@ -96,7 +102,7 @@ def test_default_warm_start_answers_in_format_on_sokoban():
     # Uses the default cache (RAGEN_LIGHTNING_CACHE or ~/.cache/ragen_lightning), like the RL module does, so only
     # the first run pays for training (~1 min on 2 idle cores). threads=2: each batch in two parts, one per core (the
     # same gradient to float rounding, so the same cache key and recipe as the default; half the wall time)
-    path = ws.warm_start("tiny", "ragen/SimpleSokoban-v0", threads=2)
+    path = ws.warm_start("tiny", "ragen/SimpleSokoban-v0", settings=ws.WarmStartSettings(threads=2))
     meta = json.loads((path / ws.META_FILE).read_text())
     train_seeds = ws.episode_seeds(0, meta["args"]["num_episodes"], "train")
     rates = ws.evaluate_policy(path, "ragen/SimpleSokoban-v0", num_episodes=64, exclude_seeds=train_seeds,

@@ -1,6 +1,6 @@
 """Run by ``test_vllm.py`` in a subprocess (vLLM takes over torch threading in the process that builds an engine).
 
-``python tests/integration/vllm_fit_script.py MODEL_DIR OUT_DIR`` fits StarPO with ``--data.engine vllm`` on the tiny
+``python tests/integration/vllm_fit_script.py MODEL_DIR OUT_DIR`` fits StarPO with ``--data.engine.name vllm`` on the tiny
 model for 3 iterations and prints one JSON object:
 
 - ``pushes``: per weight sync, whether the actor changed since the previous sync (a real optimizer step ran), the
@@ -24,7 +24,7 @@ import envs  # noqa: F401
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.rollout.engine import HFEngine, SamplingParams
 from ragen_lightning.rollout.settings import EpisodeSettings
-from ragen_lightning.rollout.vllm_engine import SyncProbeError, VLLMConfig, VLLMEngine
+from ragen_lightning.rollout.vllm_engine import SyncProbeError, VLLMSettings, VLLMEngine
 from ragen_lightning.starpo.module import StarPOModule
 
 
@@ -57,10 +57,12 @@ def main(model_dir: str, out_dir: str) -> dict:
 
     module = StarPOModule(model=model_dir, advantage={"estimator": "grpo"},
                           update={"mini_batch_size": 4, "micro_batch_size": 4}, optim={"actor_lr": 1e-3})
-    dm = RolloutDataModule(env_id="ragen/Bandit-v0", num_groups=2, group_size=2, num_iterations=3,
+    dm = RolloutDataModule(env={"id": "ragen/Bandit-v0"},
+                           training={"num_groups": 2, "group_size": 2, "num_iterations": 3},
                            episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1,
                                                    max_new_tokens=12, max_model_len=1024),
-                           val_num_groups=2, max_batch_size=16, engine="vllm", vllm=VLLMConfig(probe_size=2))
+                           validation={"num_groups": 2},
+                           engine={"name": "vllm", "max_batch_size": 16, "vllm": VLLMSettings(probe_size=2)})
     trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                         limit_val_batches=0, default_root_dir=out_dir, callbacks=[SkipThirdPush()])

@@ -6,7 +6,7 @@ from ragen_lightning.cli import _fit_validation_into_run
 
 
 def config(interval, iterations):
-    return Namespace(trainer=Namespace(val_check_interval=interval), data=Namespace(num_iterations=iterations))
+    return Namespace(trainer=Namespace(val_check_interval=interval), data=Namespace(training=Namespace(num_iterations=iterations)))
 
 
 def test_short_run_validates_once_at_its_end():
@@ -32,5 +32,6 @@ def test_a_resumed_fit_gets_one_more_epoch_per_finished_one_and_nothing_left_is_
     assert resume_epochs("a.ckpt", 1, 6, 8) == 2  # a finished 6-iteration run extended to 8: one more epoch
     assert resume_epochs("a.ckpt", None, None, 8) is None  # a plain Lightning checkpoint: nothing known
     with pytest.raises(ConfigError, match=r"^--ckpt_path a.ckpt has trained 6 iterations already, "
-                                          r"--data.num_iterations 6 asks for no more: raise --data.num_iterations"):
+                                          r"--data.training.num_iterations 6 asks for no more: "
+                                          r"raise --data.training.num_iterations"):
         resume_epochs("a.ckpt", 1, 6, 6)

@@ -13,17 +13,17 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 # The definition of an algorithm key (docs/configs.md repeats it): a setting that changes what is optimised or what
 # data is collected. Everything else (model, dtype, warm start, LoRA, learning rates and optimizer classes, micro-batch
-# size, activation checkpointing, logits chunks, threads, trainer.*, the engine and data.vllm.*, max_batch_size,
+# size, activation checkpointing, logits chunks, threads, trainer.*, the engine group data.engine.* (max_batch_size, vllm),
 # max_model_len, max_new_tokens, validation size) is a model / hardware / memory setting an overlay may set.
 ALGORITHM_KEYS = (
     "model.advantage", "model.loss", "model.critic.model", "model.critic.value_clip",
     "model.update.ppo_epochs", "model.update.mini_batch_size", "model.update.shuffle",
     "model.optim.warmup_steps", "model.optim.decay_iterations", "model.optim.weight_decay", "model.optim.grad_clip",
     "model.optim.max_step_kl",
-    "data.env_id", "data.env_kwargs", "data.mixture", "data.val_suite", "data.filter", "data.empty_stop_steps",
-    "data.branches", "data.branch_follow", "data.group_size", "data.num_groups", "data.reward_placement",
-    "data.num_iterations", "data.norm_grouping", "data.norm_method", "data.temperature", "data.top_p", "data.top_k",
-    "data.val_temperature", "data.val_group_size", "data.async_level",
+    "data.env", "data.validation.suite", "data.validation.temperature", "data.validation.group_size",
+    "data.filter", "data.training.empty_stop_steps", "data.training.group_size", "data.training.num_groups",
+    "data.training.num_iterations", "data.training.async_level", "data.branching", "data.rewards",
+    "data.sampling",
     "data.episode.max_turns", "data.episode.max_actions_per_turn", "data.episode.max_actions_per_episode",
     "data.episode.context_window", "data.episode.window_turns", "data.episode.enable_think",
     "data.episode.observation_last", "data.episode.format_penalty", "data.episode.action_format",
@@ -50,7 +50,7 @@ def algorithm_keys(keys: list[str]) -> list[str]:
 def test_the_rule_by_hand():
     tree = {"model": {"advantage": {"estimator": "gae"}, "update": {"micro_batch_size": 1, "mini_batch_size": 8},
                       "optim": {"actor_lr": 1e-6, "warmup_steps": 3}},
-            "data": {"engine": "vllm", "vllm": {"gpu_memory_utilization": 0.3}, "filter": {"value": 0.9},
+            "data": {"engine": {"name": "vllm", "vllm": {"gpu_memory_utilization": 0.3}}, "filter": {"value": 0.9},
                      "episode": {"max_model_len": 2048, "max_turns": 5}, "num_groups_x": 1}}
     assert algorithm_keys(dotted_keys(tree)) == ["model.advantage.estimator", "model.update.mini_batch_size",
                                                  "model.optim.warmup_steps", "data.filter.value",
@@ -76,8 +76,8 @@ def test_task_configs_name_every_algorithm_group(path):
     """Each listed algorithm key the task configs set is a real setting (the list cannot drift from the configs)."""
     keys = dotted_keys(yaml.safe_load(path.read_text()))
     named = algorithm_keys(keys)
-    for group in ("model.advantage", "model.loss", "data.env_id", "data.num_groups", "data.group_size",
-                  "data.num_iterations", "data.episode.max_turns", "data.episode.context_window"):
+    for group in ("model.advantage", "model.loss", "data.env.id", "data.training.num_groups", "data.training.group_size",
+                  "data.training.num_iterations", "data.episode.max_turns", "data.episode.context_window"):
         assert any(k == group or k.startswith(group + ".") for k in named), (path.name, group)
 
 

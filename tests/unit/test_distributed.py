@@ -24,7 +24,7 @@ def test_group_share_is_contiguous_and_needs_divisibility():
     # 8 groups on 4 ranks: 2 each, rank r owns [2r, 2r + 2)
     assert [list(group_share(8, 4, r)) for r in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert list(group_share(3, 1, 0)) == [0, 1, 2]
-    with pytest.raises(ConfigError, match=r"--data.num_groups \(6\) must be divisible by the number of processes \(4\)"):
+    with pytest.raises(ConfigError, match=r"--data.training.num_groups \(6\) must be divisible by the number of processes \(4\)"):
         group_share(6, 4, 0)
 
 
@@ -43,10 +43,10 @@ def test_tensor_parallel_ranks_form_consecutive_groups_that_split_the_env_groups
 
 @pytest.mark.parametrize("tp, size", [(3, 4), (2, 1), (4, 6)])
 def test_tensor_parallel_size_must_divide_the_world(tp, size):
-    with pytest.raises(ConfigError, match=rf"--data.vllm.tensor_parallel_size \({tp}\) must divide the number of "
+    with pytest.raises(ConfigError, match=rf"--data.engine.vllm.tensor_parallel_size \({tp}\) must divide the number of "
                                           rf"training processes \({size}\)"):
         check_tensor_parallel(tp, size)
-    with pytest.raises(ConfigError, match="--data.vllm.tensor_parallel_size"):
+    with pytest.raises(ConfigError, match="--data.engine.vllm.tensor_parallel_size"):
         rollout_rank(0, size, tp)
     check_tensor_parallel(1, size)
 

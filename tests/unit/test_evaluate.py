@@ -12,6 +12,7 @@ import torch
 
 import envs  # noqa: F401  (registers ragen/*)
 from ragen_lightning import evaluate as ev
+from ragen_lightning.data.shared_flags import parse
 from ragen_lightning.data.suite import SuiteEntry, as_entry, check_suite, load_suite
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.engine import HFEngine
@@ -56,8 +57,8 @@ def key(r):
 def test_cli_two_env_suite_writes_report_and_jsonl(tmp_path, tiny_path, capsys):
     (tmp_path / "suite.yaml").write_text(SUITE)
     out = tmp_path / "out"
-    args = ["--model", str(tiny_path), "--suite", str(tmp_path / "suite.yaml"), "--out", str(out), "--samples", "2",
-            "--episode", "{max_new_tokens: 12}", "--no-progress", "--device", "cpu"]
+    args = ["--model.model", str(tiny_path), "--suite", str(tmp_path / "suite.yaml"), "--out", str(out), "--eval.samples", "2",
+            "--data.episode", "{max_new_tokens: 12}", "--progress", "false", "--device", "cpu"]
     assert ev.main(args) == 0
     records = read_jsonl(out / "trajectories.jsonl")
     assert len(records) == TOTAL and len({key(r) for r in records}) == TOTAL
@@ -82,7 +83,7 @@ def test_cli_two_env_suite_writes_report_and_jsonl(tmp_path, tiny_path, capsys):
     assert "| lake | sampled | 4 |" in md and "pass@2" in md and md in capsys.readouterr().out
     # a re-run with the same settings has nothing left to do; with other settings it is refused
     assert ev.main(args) == 0 and len(read_jsonl(out / "trajectories.jsonl")) == TOTAL
-    assert ev.main(args + ["--temperature", "0.5"]) == 2
+    assert ev.main(args + ["--eval.temperature", "0.5"]) == 2
     assert "holds a run with other settings (settings differ" in capsys.readouterr().err
 
 
@@ -223,14 +224,14 @@ def test_suite_entries_are_checked_naming_the_culprit(tmp_path):
 
 
 def test_bad_flags_exit_2_with_one_line(tmp_path, capsys):
-    assert ev.main(["--model", "tiny", "--api-model", "m", "--entry", "{env_id: ragen/Bandit-v0}",
+    assert ev.main(["--ckpt", "a.ckpt", "--api.model", "m", "--entry", "{env_id: ragen/Bandit-v0}",
                     "--out", str(tmp_path)]) == 2
-    assert "give exactly one policy" in capsys.readouterr().err
-    assert ev.main(["--model", "tiny", "--out", str(tmp_path / "o")]) == 2
+    assert "give one policy" in capsys.readouterr().err
+    assert ev.main(["--model.model", "tiny", "--out", str(tmp_path / "o")]) == 2
     assert "the suite is empty" in capsys.readouterr().err
-    assert ev.main(["--model", "tiny", "--entry", "{env_id: ragen/Bandit-v0}", "--episode", "{max_turns: 0}",
+    assert ev.main(["--model.model", "tiny", "--entry", "{env_id: ragen/Bandit-v0}", "--data.episode", "{max_turns: 0}",
                     "--out", str(tmp_path / "p")]) == 2
-    assert capsys.readouterr().err == "error: --episode.max_turns must be an integer >= 1, got 0\n"
+    assert capsys.readouterr().err == "error: --data.episode.max_turns must be an integer >= 1, got 0\n"
 
 
 def test_a_fit_checkpoint_loads_the_trained_actor(tmp_path, tiny_path):
@@ -258,9 +259,9 @@ def test_cli_evaluates_an_openai_compatible_endpoint(tmp_path, tiny_path, monkey
     server = api.MockServer(api.first_action_reply)
     monkeypatch.setenv("MOCK_KEY", "k")
     try:
-        code = ev.main(["--api-model", "mock-model", "--base-url", server.base_url, "--api-key-env", "MOCK_KEY",
-                        "--tokenizer", str(tiny_path), "--entry", "{env_id: ragen/Bandit-v0, num_episodes: 2}",
-                        "--episode", "{max_turns: 1}", "--samples", "2", "--out", str(tmp_path), "--no-progress"])
+        code = ev.main(["--api.model", "mock-model", "--api.base_url", server.base_url, "--api.key_env", "MOCK_KEY",
+                        "--api.tokenizer", str(tiny_path), "--entry", "{env_id: ragen/Bandit-v0, num_episodes: 2}",
+                        "--data.episode", "{max_turns: 1}", "--eval.samples", "2", "--out", str(tmp_path), "--progress", "false"])
     finally:
         server.close()
     assert code == 0
@@ -285,28 +286,25 @@ def test_wilson_by_hand():
 
 
 def test_a_config_without_suite_evaluates_its_val_suite_else_mixture_else_env(tmp_path):
-    """``--config`` alone: the held-out ``val_suite`` entries (``num_groups`` -> seeds, the others
-    ``--num-episodes``), else the training ``mixture``, else the single env; a bad entry names its place."""
-    import argparse
+    """A fit's ``--config`` alone: its held-out ``validation.suite`` entries (``num_groups`` -> seeds, the others
+    ``--num_episodes``), else its training ``env.mixture``, else its single env; a bad entry names its place."""
 
-    def read(data, **flags):
+    def read(data):
         path = tmp_path / "run.yaml"
-        path.write_text(__import__("yaml").safe_dump({"data": data}))
-        a = argparse.Namespace(config=str(path), episode=None, suite=None, entry=None, num_episodes=5, **flags)
-        return ev.read_suite_and_episode(a)[0]
+        path.write_text(__import__("yaml").safe_dump({"data": data, "trainer": {"max_epochs": 1}}))
+        return ev.read_suite(parse(ev.parser(), ["--config", str(path), "--num_episodes", "5"]))
 
     mix = [{"env_id": "ragen/Bandit-v0", "tag": "bandit", "num_groups": 4}]
     val = [{"env_id": "ragen/BanditTest-v0", "tag": "test", "episode": {"max_turns": 1}},
            {"env_id": "ragen/FrozenLake-v0", "num_groups": 3}]
-    got = read({"env_id": "ragen/Sokoban-v0", "mixture": mix, "val_suite": val})
+    got = read({"env": {"mixture": mix}, "validation": {"suite": val}})
     assert got == [SuiteEntry("ragen/BanditTest-v0", None, 5, "test", {"max_turns": 1}),
                    SuiteEntry("ragen/FrozenLake-v0", None, 3, "ragen/FrozenLake-v0")]
-    assert read({"mixture": mix}) == [SuiteEntry("ragen/Bandit-v0", None, 4, "bandit")]
-    assert read({"env_id": "ragen/Bandit-v0", "env_kwargs": {"a": 1}}) == [SuiteEntry("ragen/Bandit-v0", {"a": 1}, 5)]
-    with pytest.raises(ConfigError, match=r"data.val_suite\[0\]: unknown key\(s\) \['num_episodes'\]"):
-        read({"val_suite": [{"env_id": "x", "num_episodes": 2}]})
-    with pytest.raises(ConfigError, match="data.mixture must be a list of entries"):
-        read({"mixture": {"env_id": "x"}})
+    assert read({"env": {"mixture": mix}}) == [SuiteEntry("ragen/Bandit-v0", None, 4, "bandit")]
+    assert read({"env": {"id": "ragen/Bandit-v0", "kwargs": {"a": 1}}}) == [
+        SuiteEntry("ragen/Bandit-v0", {"a": 1}, 5)]
+    with pytest.raises(ConfigError, match=r"--data.validation.suite\[0\]: unknown key\(s\) \['num_episodes'\]"):
+        read({"validation": {"suite": [{"env_id": "x", "num_episodes": 2}]}})
     with pytest.raises(ConfigError, match="the suite is empty"):
         read({})
 
@@ -329,7 +327,7 @@ def test_a_checkpoint_that_would_run_pickled_code_is_refused_before_anything_is_
     # a digest added by the attacker (save_atomic) makes the file verify: the loading itself must refuse the code
     checkpointing.save_atomic({"state_dict": {}, "hyper_parameters": {"model": _Payload(marker)}}, evil)
     assert ev.main(["--ckpt", str(evil), "--entry", "{env_id: ragen/Bandit-v0, num_episodes: 1}", "--out", str(out),
-                    "--no-progress", "--device", "cpu"]) == 2
+                    "--progress", "false", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert not marker.exists() and not out.exists()  # no code ran, no run.json, not even the folder
     assert err.startswith(f"error: --ckpt {evil}: refused: it holds pickled objects other than tensors") \
@@ -344,8 +342,8 @@ def test_the_qwen_standin_evaluates_by_name_or_folder(tmp_path, qwen_standin_pat
 
     out = tmp_path / "out"
     model = "tiny:qwen" if by == "name" else str(qwen_standin_path)
-    args = ["--model", model, "--entry", "{env_id: ragen/Bandit-v0, num_episodes: 2, episode: {max_turns: 1}}",
-            "--out", str(out), "--samples", "1", "--episode", "{max_new_tokens: 6}", "--no-progress",
+    args = ["--model.model", model, "--entry", "{env_id: ragen/Bandit-v0, num_episodes: 2, episode: {max_turns: 1}}",
+            "--out", str(out), "--eval.samples", "1", "--data.episode", "{max_new_tokens: 6}", "--progress", "false",
             "--device", "cpu"]
     assert ev.main(args) == 0
     records = read_jsonl(out / "trajectories.jsonl")

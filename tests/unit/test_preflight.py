@@ -57,8 +57,8 @@ def changed(config, **changes) -> Namespace:
 
 
 INF, NAN = math.inf, math.nan
-ALLOWED_WARM_START = ("batch_size, cache_dir, dtype, episode, lr, lr_schedule, num_episodes, only_successful, reading_steps, "
-                      "seed, steps, threads, torch_threads, verbose, warmup_steps, weight_decay")
+ALLOWED_WARM_START = ("steps, num_episodes, lr, batch_size, weight_decay, warmup_steps, lr_schedule, seed, "
+                      "reading_steps, only_successful, dtype, episode, cache_dir, torch_threads, threads, verbose")
 BAD = [  # (changes, the whole message)
     ({"data__episode__max_model_len": -1}, "--data.episode.max_model_len must be an integer in [1, 1048576], got -1"),
     ({"data__episode__max_turns": 0}, "--data.episode.max_turns must be an integer >= 1, got 0"),
@@ -69,28 +69,28 @@ BAD = [  # (changes, the whole message)
     ({"data__episode__format_penalty": 1.0}, "--data.episode.format_penalty must be a finite number <= 0, got 1.0"),
     ({"data__episode__context_window": "sliding"},
      "--data.episode.context_window must be 'full', 'limited' or 'single_turn', got 'sliding'"),
-    ({"data__top_p": 0.0}, "--data.top_p must be a finite number in (0, 1], got 0.0"),
-    ({"data__top_p": 1.5}, "--data.top_p must be a finite number in (0, 1], got 1.5"),
-    ({"data__top_k": 0}, "--data.top_k must be -1 or an integer >= 1, got 0"),
-    ({"data__temperature": -1.0}, "--data.temperature must be a finite number in [0, 2], got -1.0"),
-    ({"data__temperature": NAN}, "--data.temperature must be a finite number in [0, 2], got nan"),
-    ({"data__val_temperature": -0.5}, "--data.val_temperature must be a finite number in [0, 2], got -0.5"),
-    ({"data__max_batch_size": 0}, "--data.max_batch_size must be an integer >= 1, got 0"),
-    ({"data__num_groups": 0}, "--data.num_groups must be an integer >= 1, got 0"),
-    ({"data__group_size": 0}, "--data.group_size must be an integer >= 1, got 0"),
-    ({"data__num_iterations": 0}, "--data.num_iterations must be an integer >= 1, got 0"),
-    ({"data__val_num_groups": 0}, "--data.val_num_groups must be an integer >= 1, got 0"),
-    ({"data__val_group_size": 0}, "--data.val_group_size must be an integer >= 1, got 0"),
-    ({"data__empty_stop_steps": -1}, "--data.empty_stop_steps must be an integer >= 0, got -1"),
-    ({"data__train_seed": -1}, "--data.train_seed must be an integer >= 0, got -1"),
-    ({"data__val_seed": -5}, "--data.val_seed must be an integer >= 0, got -5"),
-    ({"data__reward_placement": "turn", "data__norm_method": "mean_std"},
-     "--data.norm_method must be 'identity' with --data.reward_placement turn"),
-    ({"data__env_id": "ragen/Nope-v0"}, "--data.env_id: unknown env id 'ragen/Nope-v0'"),
-    ({"data__env_kwargs": {"bogus": 1}},
-     "--data.env_kwargs for ragen/Bandit-v0: BanditEnv.__init__() got an unexpected keyword argument 'bogus'"),
-    ({"data__env_id": "ragen/MetaMathQA-v0", "data__env_kwargs": {"path": "/nonexistent/qa.jsonl"}},
-     "--data.env_kwargs for ragen/MetaMathQA-v0: no such QA file: /nonexistent/qa.jsonl"),
+    ({"data__sampling__top_p": 0.0}, "--data.sampling.top_p must be a finite number in (0, 1], got 0.0"),
+    ({"data__sampling__top_p": 1.5}, "--data.sampling.top_p must be a finite number in (0, 1], got 1.5"),
+    ({"data__sampling__top_k": 0}, "--data.sampling.top_k must be -1 or an integer >= 1, got 0"),
+    ({"data__sampling__temperature": -1.0}, "--data.sampling.temperature must be a finite number in [0, 2], got -1.0"),
+    ({"data__sampling__temperature": NAN}, "--data.sampling.temperature must be a finite number in [0, 2], got nan"),
+    ({"data__validation__temperature": -0.5}, "--data.validation.temperature must be a finite number in [0, 2], got -0.5"),
+    ({"data__engine__max_batch_size": 0}, "--data.engine.max_batch_size must be an integer >= 1, got 0"),
+    ({"data__training__num_groups": 0}, "--data.training.num_groups must be an integer >= 1, got 0"),
+    ({"data__training__group_size": 0}, "--data.training.group_size must be an integer >= 1, got 0"),
+    ({"data__training__num_iterations": 0}, "--data.training.num_iterations must be an integer >= 1, got 0"),
+    ({"data__validation__num_groups": 0}, "--data.validation.num_groups must be an integer >= 1, got 0"),
+    ({"data__validation__group_size": 0}, "--data.validation.group_size must be an integer >= 1, got 0"),
+    ({"data__training__empty_stop_steps": -1}, "--data.training.empty_stop_steps must be an integer >= 0, got -1"),
+    ({"data__training__seed": -1}, "--data.training.seed must be an integer >= 0, got -1"),
+    ({"data__validation__seed": -5}, "--data.validation.seed must be an integer >= 0, got -5"),
+    ({"data__rewards__placement": "turn", "data__rewards__norm_method": "mean_std"},
+     "--data.rewards.norm_method must be 'identity' with --data.rewards.placement turn"),
+    ({"data__env__id": "ragen/Nope-v0"}, "--data.env.id: unknown env id 'ragen/Nope-v0'"),
+    ({"data__env__kwargs": {"bogus": 1}},
+     "--data.env.kwargs for ragen/Bandit-v0: BanditEnv.__init__() got an unexpected keyword argument 'bogus'"),
+    ({"data__env__id": "ragen/MetaMathQA-v0", "data__env__kwargs": {"path": "/nonexistent/qa.jsonl"}},
+     "--data.env.kwargs for ragen/MetaMathQA-v0: no such QA file: /nonexistent/qa.jsonl"),
     ({"data__filter": {"value": -1.0}},
      "--data.filter.value must be a finite number >= 0, got -1.0 (--data.filter.strategy top_p: score mass (>= 1 keeps all))"),
     ({"data__filter": {"strategy": "top_k", "value": 1.5}},
@@ -98,8 +98,8 @@ BAD = [  # (changes, the whole message)
     ({"data__filter": {"strategy": "top_k_abs", "value": 1.5}},
      ("--data.filter.value must be a whole number for --data.filter.strategy top_k_abs (a number of groups), "
       "got 1.5")),
-    ({"data__vllm": {"gpu_memory_utilization": 2.0}},
-     "--data.vllm.gpu_memory_utilization must be a finite number in (0, 1], got 2.0"),
+    ({"data__engine__vllm": {"gpu_memory_utilization": 2.0}},
+     "--data.engine.vllm.gpu_memory_utilization must be a finite number in (0, 1], got 2.0"),
     ({"model__model": "/nonexistent"}, "--model.model '/nonexistent': no such folder, and not 'tiny' or a hub id 'org/name'"),
     ({"model__model": "nonexistent"}, "--model.model 'nonexistent': no such folder, and not 'tiny' or a hub id 'org/name'"),
     ({"model__critic__model": "/nonexistent"},
@@ -111,7 +111,8 @@ BAD = [  # (changes, the whole message)
      "--model.dtype must be one of float32, fp32, bfloat16, bf16, float16, fp16, got 'float33'"),
     ({"model__warm_start": {"steps": 10, "reading_steps": 10}},
      "--model.warm_start.reading_steps must be below steps (10), got 10"),
-    ({"model__warm_start": {"stepz": 3}}, f"--model.warm_start: unknown key 'stepz' (allowed: {ALLOWED_WARM_START})"),
+    ({"model__warm_start": {"stepz": 3}},
+     f"--model.warm_start.stepz is not a setting; --model.warm_start has: {ALLOWED_WARM_START}"),
     ({"model__warm_start": {"steps": -1}}, "--model.warm_start.steps must be null or an integer >= 1, got -1"),
     ({"model__warm_start": {"lr_schedule": "linear"}},
      "--model.warm_start.lr_schedule must be 'constant' or 'cosine', got 'linear'"),
@@ -157,7 +158,7 @@ BAD = [  # (changes, the whole message)
     ({"model__lora": {"rank": 0}}, "--model.lora.rank must be an integer >= 1, got 0"),
     ({"model__early_stop": {"rv_collapse_ratio": 2.0}},
      "--model.early_stop.rv_collapse_ratio must be a finite number in [0, 1], got 2.0"),
-    ({"data__group_size": 1, "model__advantage__estimator": "grpo"}, "--data.group_size must be >= 2 for --model.advantage.estimator grpo"),
+    ({"data__training__group_size": 1, "model__advantage__estimator": "grpo"}, "--data.training.group_size must be >= 2 for --model.advantage.estimator grpo"),
     # the groups' own checks: an unknown estimator or key, a switch of another estimator, a cross-group combination
     ({"model__advantage__estimator": "reinforce"}, "--model.advantage.estimator must be one of gae, grpo, drgrpo"),
     ({"model__advantage__bogus": 1},
@@ -165,12 +166,15 @@ BAD = [  # (changes, the whole message)
     ({"model__advantage__estimator": "grpo", "model__advantage__options": {"turn_level": True}},
      "--model.advantage.options.turn_level is not an option of --model.advantage.estimator grpo; "
      "its options: soft_reweight"),
-    ({"model__loss__tis_cap": 2.0, "data__temperature": 0.7},
-     "--model.loss.tis_cap needs --data.temperature 1 (engine log-probs are the raw model's), got temperature=0.7"),
-    ({"trainer__devices": 3, "data__num_groups": 4},
-     "--data.num_groups (4) must be divisible by the number of processes (3): every rank runs whole env groups"),
-    ({"trainer__devices": "2", "trainer__num_nodes": 2, "data__num_groups": 8, "data__val_num_groups": 6},
-     "--data.val_num_groups (6) must be divisible by the number of processes (4)"),
+    ({"model__loss__tis_cap": 2.0, "data__sampling__temperature": 0.7},
+     "--model.loss.tis_cap needs --data.sampling.temperature 1 (engine log-probs are the raw model's), "
+     "got temperature=0.7"),
+    ({"trainer__devices": 3, "data__training__num_groups": 4},
+     "--data.training.num_groups (4) must be divisible by the number of processes (3): every rank runs "
+     "whole env groups"),
+    ({"trainer__devices": "2", "trainer__num_nodes": 2, "data__training__num_groups": 8,
+      "data__validation__num_groups": 6},
+     "--data.validation.num_groups (6) must be divisible by the number of processes (4)"),
     ({"torch_threads": 0}, "--torch_threads must be null or an integer >= 1, got 0"),
     # bounds past which a value is a typo, and values that only failed after the run's folders were written
     ({"model__advantage__estimator": "rft", "model__advantage__options": {"threshold": NAN}},
@@ -180,8 +184,8 @@ BAD = [  # (changes, the whole message)
     ({"model__optim__grad_clip": 1e-30}, "--model.optim.grad_clip must be 0 or a finite number >= 1e-06, got 1e-30"),
     ({"model__loss__entropy_coeff": 1e30}, "--model.loss.entropy_coeff must be a finite number in [0, 1], got 1e+30"),
     ({"model__loss__clip_high": 1e30}, "--model.loss.clip_high must be a finite number in [0, 10], got 1e+30"),
-    ({"data__temperature": 1e30}, "--data.temperature must be a finite number in [0, 2], got 1e+30"),
-    ({"data__val_temperature": 2.5}, "--data.val_temperature must be a finite number in [0, 2], got 2.5"),
+    ({"data__sampling__temperature": 1e30}, "--data.sampling.temperature must be a finite number in [0, 2], got 1e+30"),
+    ({"data__validation__temperature": 2.5}, "--data.validation.temperature must be a finite number in [0, 2], got 2.5"),
     ({"data__episode__max_model_len": 10_000_000_000},
      "--data.episode.max_model_len must be an integer in [1, 1048576], got 10000000000"),
     ({"seed_everything": -1}, "--seed_everything must be null or an integer in [0, 4294967295], got -1"),
@@ -220,12 +224,13 @@ def test_a_run_needs_hub_models_in_the_cache_when_offline(config, monkeypatch):
 
 def test_the_good_config_and_edge_values_pass(config):
     preflight.check_settings(config)
-    edges = {"data__top_p": 1.0, "data__top_k": -1, "data__val_temperature": 0.0, "model__optim__grad_clip": 0.0,
-             "model__loss__dual_clip": None, "model__advantage__options": {"gamma": 0.0},
-             "model__loss__clip_low": 0.0, "data__train_seed": 0,
+    edges = {"data__sampling__top_p": 1.0, "data__sampling__top_k": -1, "data__validation__temperature": 0.0,
+             "model__optim__grad_clip": 0.0, "model__loss__dual_clip": None,
+             "model__advantage__options": {"gamma": 0.0}, "model__loss__clip_low": 0.0,
+             "data__training__seed": 0,
              "model__warm_start": {"steps": 3, "lr": 1e-3}, "data__filter": {"strategy": "top_k_abs", "value": 2.0},
              "model__advantage__floor": 0.0, "model__loss__clip_high": 10.0, "model__loss__entropy_coeff": 1.0,
-             "data__temperature": 2.0, "data__episode__max_model_len": 2**20,
+             "data__sampling__temperature": 2.0, "data__episode__max_model_len": 2**20,
              "seed_everything": 2**32 - 1,
              "model__optim__actor_optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.1}}}
     preflight.check_settings(changed(config, **edges))
@@ -238,9 +243,9 @@ def test_fsdp2_takes_the_vllm_engine_lora_and_qlora_but_not_a_shared_base(config
     monkeypatch.setattr(checks, "require_vllm", lambda: None)  # as where vLLM is installed
     fsdp2 = {"trainer__strategy": {"class_path": "ragen_lightning.parallel.FSDP2Strategy"}, "trainer__devices": 2}
     for engine in ("vllm", "auto", "hf"):  # each rank's vLLM engine receives the weights gathered from the shards
-        preflight.check_settings(changed(config, data__engine=engine, **fsdp2))
+        preflight.check_settings(changed(config, data__engine__name=engine, **fsdp2))
         for lora in ({"rank": 8}, {"rank": 8, "quantization": "nf4"}):  # adapters and base sharded together
-            preflight.check_settings(changed(config, data__engine=engine, model__lora=lora, **fsdp2))
+            preflight.check_settings(changed(config, data__engine__name=engine, model__lora=lora, **fsdp2))
     with pytest.raises(ConfigError, match="--model.lora.shared_base is not supported with FSDP2"):
         preflight.check_settings(changed(config, model__lora={"rank": 8, "shared_base": True}, **fsdp2))
     ddp = {"trainer__strategy": "ddp_find_unused_parameters_true", "trainer__devices": 2}
@@ -316,8 +321,8 @@ def test_output_folders_must_be_writable(config, tmp_path):
 
 
 @pytest.mark.parametrize("message, line", [
-    ("Parser key \"data.num_groups\":\n  Expected a <class 'int'>. Got value: many",
-     "--data.num_groups: expected int, got many"),
+    ("Parser key \"data.training.num_groups\":\n  Expected a <class 'int'>. Got value: many",
+     "--data.training.num_groups: expected int, got many"),
     ("unrecognized arguments: --model.bogus 1", "unrecognized arguments: --model.bogus 1"),
     ("Parser key \"model.e\":\n  Does not validate against any of the Union subtypes\n  Subtypes: [<class "
      "'pkg.E'>, <class 'NoneType'>]\n  Errors:\n    - Problem with given class_path 'pkg.E':\n        Option 'b' "

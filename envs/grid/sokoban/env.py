@@ -213,7 +213,7 @@ class SokobanEnv(TextEnv):
     * ``render_mode=None``: ``"ansi"`` makes ``render()`` return the observation text.
     """
 
-    branchable = True  # small in-process state: turns may branch (--data.branches)
+    branchable = True  # small in-process state: turns may branch (--data.branching.branches)
 
     action_names = ACTION_NAMES
     # settings that change rewards only (not observations or the expert's actions): warm starts ignore them

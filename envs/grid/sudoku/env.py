@@ -142,7 +142,7 @@ class SudokuEnv(TextEnv):
     (about 3 s): a puzzle whose uniqueness is not settled by then is refused with a ``ValueError``.
     """
 
-    branchable = True  # small in-process state: turns may branch (--data.branches)
+    branchable = True  # small in-process state: turns may branch (--data.branching.branches)
 
     def __init__(
         self,

@@ -28,7 +28,7 @@ def test_arms_are_no_filter_and_ragen2s_filter():
 def test_cell_flags_follow_the_learning_pages_seed_convention():
     assert bench.cell_flags("grpo", "filter", 2) == [
         "--model.advantage.estimator", "grpo", "--data.filter", bench.ARMS["filter"],
-        "--seed_everything", "2", "--data.train_seed", "30000"]
+        "--seed_everything", "2", "--data.training.seed", "30000"]
 
 
 def test_mean_interval_by_hand():

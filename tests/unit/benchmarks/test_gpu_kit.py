@@ -95,8 +95,8 @@ def test_overlay_and_command_follow_the_flags(kit, tmp_path):
     args.devices = 1
     config = kit.overlay(recipe, args, tmp_path / "model", tmp_path)
     assert config["model"]["model"] == str(tmp_path / "model") and config["model"]["warm_start"] is False
-    assert config["data"]["num_iterations"] == 2 and config["data"]["num_groups"] == 4
-    assert config["data"]["episode"]["max_turns"] == 3 and config["data"]["engine"] == "hf"
+    assert config["data"]["training"] == {"num_iterations": 2, "num_groups": 4, "group_size": 2}
+    assert config["data"]["episode"]["max_turns"] == 3 and config["data"]["engine"]["name"] == "hf"
     assert config["data"]["filter"] == {"strategy": "top_p", "value": 1.0, "include_zero": True}
     assert [c["class_path"] for c in config["trainer"]["callbacks"]] == ["callbacks.RolloutThroughput",
                                                                          "callbacks.PeakMemory"]

@@ -65,7 +65,7 @@ def test_indicators_average_first_and_last_quarter(tmp_path):
 
 
 def test_warm_start_override_reaches_the_evaluation_and_the_fit():
-    cfg = {"model": {"model": "tiny", "warm_start": True, "actor_lr": 1e-4}, "data": {"env_id": "x"}}
+    cfg = {"model": {"model": "tiny", "warm_start": True, "actor_lr": 1e-4}, "data": {"env": {"id": "x"}}}
     new, args = bench.with_warm_start(cfg, "{steps: 2000, num_episodes: 2048}")
     assert new["model"] == {"model": "tiny", "warm_start": {"steps": 2000, "num_episodes": 2048}, "actor_lr": 1e-4}
     assert cfg["model"]["warm_start"] is True  # the loaded config is not mutated
@@ -84,7 +84,7 @@ def test_warm_start_evaluation_is_cached_in_its_folder_by_everything_it_reads(tm
         return {"success_rate": 0.25 * len(calls)}
 
     monkeypatch.setattr(bench, "evaluate", fake_evaluate)
-    cfg = {"data": {"env_id": "ragen/Bandit-v0", "env_kwargs": None}}
+    cfg = {"data": {"env": {"id": "ragen/Bandit-v0", "kwargs": None}}}
     warm = str(tmp_path)
     first = bench.evaluate_warm_start(warm, cfg, 64, 1.0, 0, [1, 2])
     assert first == {"success_rate": 0.25} and len(calls) == 1
@@ -93,7 +93,7 @@ def test_warm_start_evaluation_is_cached_in_its_folder_by_everything_it_reads(tm
     # another episode count, temperature or env setting is another evaluation
     assert bench.evaluate_warm_start(warm, cfg, 128, 1.0, 0, [1, 2])["success_rate"] == 0.5
     assert bench.evaluate_warm_start(warm, cfg, 64, 0.5, 0, [1, 2])["success_rate"] == 0.75
-    other = {"data": {"env_id": "ragen/Bandit-v0", "env_kwargs": {"num_arms": 3}}}
+    other = {"data": {"env": {"id": "ragen/Bandit-v0", "kwargs": {"num_arms": 3}}}}
     assert bench.evaluate_warm_start(warm, other, 64, 1.0, 0, [1, 2])["success_rate"] == 1.0
     assert len(calls) == 4
     # a model name (no warm start folder) is evaluated every time, nothing written

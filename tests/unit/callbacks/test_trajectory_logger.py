@@ -173,7 +173,7 @@ def test_a_mixtures_validation_entries_can_be_told_apart(trajectories, tmp_path)
     from ragen_lightning.data.suite import SuiteEntry
     from ragen_lightning.rollout.records import read_jsonl
 
-    # two entries of one env id, told apart only by their tags and kwargs (a mixture / --data.val_suite)
+    # two entries of one env id, told apart only by their tags and kwargs (a mixture / --data.validation.suite)
     entries = [SuiteEntry("ragen/Sokoban-v0", {"dim_room": [5, 5]}, 1, tag="small"),
                SuiteEntry("ragen/Sokoban-v0", {"dim_room": [7, 7]}, 1, tag="large")]
     trajectories[0].tag, trajectories[1].tag = "large", "small"

@@ -13,7 +13,8 @@ from ragen_lightning.data.ahead import (
     batch_from_state,
     batch_state,
 )
-from ragen_lightning.data.checks import check_rollout_settings, check_world_size
+from ragen_lightning.data.checks import check_world_size
+from ragen_lightning.data.settings import DataSettings, TrainingSettings
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.starpo.checks import check_data_settings
 from ragen_lightning.starpo.settings import AdvantageSettings
@@ -94,18 +95,18 @@ def test_the_checkpoint_form_holds_the_batch_without_trajectories_and_restores_i
 
 
 def test_settings_async_cannot_run_with():
-    with pytest.raises(ConfigError, match=r"^--data.async_level 2: only 1 \(one rollout in flight"):
-        check_rollout_settings({"async_level": 2, "num_groups": 2, "group_size": 2})
-    hp = {"async_level": 1, "num_groups": 2, "val_num_groups": 2, "engine": "hf"}
-    check_world_size(hp, 2)  # several processes: each rank's rollout on its worker, the gather on the main thread
-    tp = {**hp, "engine": "vllm", "vllm": {"tensor_parallel_size": 2}}
-    with pytest.raises(ConfigError, match=r"^--data.async_level 1 with --data.vllm.tensor_parallel_size 2: one engine "
-                                          r"spans 2 ranks .* or --data.async_level 0$"):
-        check_rollout_settings(tp)
-    with pytest.raises(ConfigError, match=r"^--data.async_level 1 trains on rollouts sampled one update earlier: set "
-                                          r"--model.loss.tis_cap"):
-        check_data_settings(AdvantageSettings(estimator="grpo"), {"async_level": 1, "group_size": 4}, tis_cap=None)
-    check_data_settings(AdvantageSettings(estimator="grpo"), {"async_level": 1, "group_size": 4}, tis_cap=2.0)
+    with pytest.raises(ConfigError, match=r"^--data.training.async_level 2: only 1 \(one rollout in flight"):
+        TrainingSettings(async_level=2)
+    s = DataSettings.build(training={"async_level": 1, "num_groups": 2, "group_size": 4},
+                           validation={"num_groups": 2}, engine={"name": "hf"})
+    check_world_size(s, 2)  # several processes: each rank's rollout on its worker, the gather on the main thread
+    with pytest.raises(ConfigError, match=r"^--data.training.async_level 1 with --data.engine.vllm."
+                                          r"tensor_parallel_size 2: one engine spans 2 ranks .* or async_level 0$"):
+        DataSettings.build(training={"async_level": 1}, engine={"name": "vllm", "vllm": {"tensor_parallel_size": 2}})
+    with pytest.raises(ConfigError, match=r"^--data.training.async_level 1 trains on rollouts sampled one update "
+                                          r"earlier: set --model.loss.tis_cap"):
+        check_data_settings(AdvantageSettings(estimator="grpo"), s, tis_cap=None)
+    check_data_settings(AdvantageSettings(estimator="grpo"), s, tis_cap=2.0)
 
 
 def test_the_hf_engine_samples_from_a_copy_refreshed_by_sync_and_an_uncopyable_actor_is_refused():
@@ -127,6 +128,6 @@ def test_the_hf_engine_samples_from_a_copy_refreshed_by_sync_and_an_uncopyable_a
         def __deepcopy__(self, memo):
             raise TypeError("cannot pickle 'Params4bit'")
 
-    with pytest.raises(ConfigError, match=r"^--data.async_level 1 samples from a copy of the actor .* \(TypeError: "
-                                          r"cannot pickle 'Params4bit'\): use --data.async_level 0$"):
+    with pytest.raises(ConfigError, match=r"^--data.training.async_level 1 samples from a copy of the actor .* \(TypeError: "
+                                          r"cannot pickle 'Params4bit'\): use --data.training.async_level 0$"):
         snapshot_engine(HFEngine(Quantized(2, 2), [0], 0))

@@ -5,10 +5,11 @@ import pytest
 import envs  # noqa: F401
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.sampler import FilterSettings
+from tests.data_groups import data_module
 
 
 def dm(**kw):
-    return RolloutDataModule(**{"env_id": "ragen/Bandit-v0", "num_groups": 3, "group_size": 2, **kw})
+    return data_module(**{"env_id": "ragen/Bandit-v0", "num_groups": 3, "group_size": 2, **kw})
 
 
 def test_train_seeds_advance_per_iteration_like_ragen():
@@ -51,15 +52,15 @@ def test_the_training_loader_is_resumable_with_the_data_modules_state():
     assert (fresh.iteration, fresh.consecutive_empty) == (7, 2)
 
 
-@pytest.mark.parametrize("kw, flag", [({"num_groups": 0}, "--data.num_groups"), ({"group_size": 0}, "--data.group_size"),
-                                      ({"num_iterations": 0}, "--data.num_iterations")])
+@pytest.mark.parametrize("kw, flag", [({"num_groups": 0}, "--data.training.num_groups"), ({"group_size": 0}, "--data.training.group_size"),
+                                      ({"num_iterations": 0}, "--data.training.num_iterations")])
 def test_bad_sizes_name_the_flag(kw, flag):
     with pytest.raises(ValueError, match=flag):
         dm(**kw)
 
 
 def test_turn_rewards_need_identity_normalisation():
-    with pytest.raises(ValueError, match="--data.norm_method"):
+    with pytest.raises(ValueError, match="--data.rewards.norm_method"):
         dm(reward_placement="turn", norm_method="mean_std")
 
 
@@ -81,11 +82,11 @@ def test_branches_are_refused_where_a_branch_cannot_be_a_scored_one_turn_sample(
     from ragen_lightning.starpo.checks import check_data_settings
 
     windowed = {"context_window": "single_turn", "window_turns": 1}
-    with pytest.raises(ConfigError, match="--data.branches must be"):
+    with pytest.raises(ConfigError, match="--data.branching.branches must be"):
         dm(branches=0)
-    with pytest.raises(ConfigError, match="needs --data.reward_placement turn and a windowed"):
+    with pytest.raises(ConfigError, match="needs --data.rewards.placement turn and a windowed"):
         dm(branches=2, episode=windowed)  # the episode score would not say which branch did well
-    with pytest.raises(ConfigError, match="needs --data.reward_placement turn and a windowed"):
+    with pytest.raises(ConfigError, match="needs --data.rewards.placement turn and a windowed"):
         dm(branches=2, reward_placement="turn")  # full context: one sample per episode
     import gymnasium as gym
 
@@ -96,20 +97,20 @@ def test_branches_are_refused_where_a_branch_cannot_be_a_scored_one_turn_sample(
     with pytest.raises(ConfigError, match="test/FixedBandit-v0 does not declare branchable = True"):
         dm(branches=2, reward_placement="turn", episode=windowed, env_id="test/FixedBandit-v0")
     d = dm(branches=2, reward_placement="turn", episode=windowed)  # Bandit's state deep-copies: accepted
-    with pytest.raises(ConfigError, match="--data.branch_follow best needs --data.branches > 1"):
+    with pytest.raises(ConfigError, match="--data.branching.follow best needs --data.branching.branches > 1"):
         dm(branch_follow="best", reward_placement="turn", episode=windowed)  # nothing to pick from
-    with pytest.raises(ConfigError, match="--data.branch_follow must be 'first' or 'best', got 'top'"):
+    with pytest.raises(ConfigError, match="--data.branching.follow must be one of 'first', 'best', got 'top'"):
         dm(branches=2, reward_placement="turn", episode=windowed, branch_follow="top")
-    assert dm(branches=2, reward_placement="turn", episode=windowed, branch_follow="best").hparams.branch_follow == "best"
+    assert dm(branches=2, reward_placement="turn", episode=windowed, branch_follow="best").settings.branching.follow == "best"
     with pytest.raises(ConfigError, match="--data.filter.over states selects among the responses to each visited "
-                                          "state: it needs --data.branches > 1"):
+                                          "state: it needs --data.branching.branches > 1"):
         dm(reward_placement="turn", episode=windowed, filter=FilterSettings(over="states"))
     states = FilterSettings(over="states")
     built = dm(branches=2, reward_placement="turn", episode=windowed, filter=states)
     assert built.filter.over == "states"
     from ragen_lightning.starpo.settings import AdvantageSettings
 
-    check_data_settings(AdvantageSettings(estimator="rft"), d.hparams)
-    with pytest.raises(ConfigError, match=r"--data.branches 2 needs an estimator that scores every sample by its own "
+    check_data_settings(AdvantageSettings(estimator="rft"), d.settings)
+    with pytest.raises(ConfigError, match=r"--data.branching.branches 2 needs an estimator that scores every sample by its own "
                                           r"turn reward \(rft, .*\), not gae"):
-        check_data_settings(AdvantageSettings(estimator="gae"), d.hparams)
+        check_data_settings(AdvantageSettings(estimator="gae"), d.settings)

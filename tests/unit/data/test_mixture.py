@@ -3,6 +3,7 @@ reward normalisation by env (scripted engines and hand-built trajectories, no mo
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -12,13 +13,13 @@ import envs  # noqa: F401
 from ragen_lightning.data import mixture as mix
 from ragen_lightning.data.batching import build_batch, normalize_scores
 from ragen_lightning.data.checks import check_world_size
-from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.suite import SuiteEntry, as_entry
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.engine import Generation, SamplingParams
 from ragen_lightning.rollout.seeds import episode_seeds
 from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.types import Conversation, Sample, Trajectory
+from tests.data_groups import data_module
 
 BANDIT = {"env_id": "ragen/Bandit-v0", "num_groups": 2, "tag": "bandit", "episode": {"max_turns": 1}}
 LAKE = {"env_id": "ragen/FrozenLake-v0", "tag": "lake"}
@@ -26,7 +27,7 @@ EPISODE = EpisodeSettings(max_turns=2, max_new_tokens=16, max_model_len=1024)
 
 
 def dm(**kw):
-    return RolloutDataModule(**{"group_size": 2, "num_groups": 1, "val_num_groups": 2, "episode": EPISODE, **kw})
+    return data_module(**{"group_size": 2, "num_groups": 1, "val_num_groups": 2, "episode": EPISODE, **kw})
 
 
 # -- entries ------------------------------------------------------------------------------------------------------
@@ -34,7 +35,7 @@ def test_entries_take_num_groups_with_the_flag_as_default():
     d = dm(mixture=[BANDIT, LAKE], num_groups=3)
     assert [(e.env_id, e.tag, e.num_groups) for e in d.train_entries] == [
         ("ragen/Bandit-v0", "bandit", 2), ("ragen/FrozenLake-v0", "lake", 3)]
-    # no val_suite: validation runs the training entries, each with --data.val_num_groups groups
+    # no val_suite: validation runs the training entries, each with --data.validation.num_groups groups
     assert [(e.tag, e.num_groups) for e in d.val_entries] == [("bandit", 2), ("lake", 2)]
     assert d.val_entries[0].episode == {"max_turns": 1}
     # the single-env flags are a mixture of one entry (tag = env id) and the default env is the one of before
@@ -54,22 +55,22 @@ def test_evaluation_entries_keep_num_episodes():
 
 @pytest.mark.parametrize("kw, message", [
     ({"mixture": [BANDIT], "env_id": "ragen/Bandit-v0"},
-     r"^--data.env_id conflicts with --data.mixture, whose entries name the training envs"),
+     r"^--data.env.id conflicts with --data.env.mixture, whose entries name the training envs"),
     ({"mixture": [BANDIT], "env_id": "ragen/Bandit-v0", "env_kwargs": {"split": "test"}},
-     r"^--data.env_id and --data.env_kwargs conflict with --data.mixture"),
-    ({"mixture": []}, r"^--data.mixture must be a non-empty list of entries"),
-    ({"mixture": [BANDIT, {**LAKE, "num_episodes": 3}]}, r"^--data.mixture\[1\]: unknown key\(s\) \['num_episodes'\]"),
-    ({"mixture": [BANDIT, {**LAKE, "num_groups": 0}]}, r"^--data.mixture\[1\]: num_groups must be an integer >= 1, got 0"),
-    ({"mixture": [BANDIT, {**LAKE, "tag": "bandit"}]}, r"^--data.mixture\[0\] and --data.mixture\[1\] share the tag"),
+     r"^--data.env.id and --data.env.kwargs conflict with --data.env.mixture"),
+    ({"mixture": []}, r"^--data.env.mixture must be a non-empty list of entries"),
+    ({"mixture": [BANDIT, {**LAKE, "num_episodes": 3}]}, r"^--data.env.mixture\[1\]: unknown key\(s\) \['num_episodes'\]"),
+    ({"mixture": [BANDIT, {**LAKE, "num_groups": 0}]}, r"^--data.env.mixture\[1\]: num_groups must be an integer >= 1, got 0"),
+    ({"mixture": [BANDIT, {**LAKE, "tag": "bandit"}]}, r"^--data.env.mixture\[0\] and --data.env.mixture\[1\] share the tag"),
     ({"mixture": [{**BANDIT, "tag": "a/b"}, {**LAKE, "tag": "a b"}]},
-     r"^--data.mixture\[0\] and --data.mixture\[1\] have tags that give the same metric name 'a_b'"),
-    ({"mixture": [BANDIT, {"env_id": "ragen/Nope-v0"}]}, r"^--data.mixture\[1\].env_id: unknown env id 'ragen/Nope-v0'"),
+     r"^--data.env.mixture\[0\] and --data.env.mixture\[1\] have tags that give the same metric name 'a_b'"),
+    ({"mixture": [BANDIT, {"env_id": "ragen/Nope-v0"}]}, r"^--data.env.mixture\[1\].env_id: unknown env id 'ragen/Nope-v0'"),
     ({"mixture": [BANDIT, {**LAKE, "env_kwargs": {"size": 0}}]},
-     r"^--data.mixture\[1\].env_kwargs for ragen/FrozenLake-v0: "),
-    ({"val_suite": [{"env_id": "ragen/Nope-v0"}]}, r"^--data.val_suite\[0\].env_id: unknown env id"),
+     r"^--data.env.mixture\[1\].env_kwargs for ragen/FrozenLake-v0: "),
+    ({"val_suite": [{"env_id": "ragen/Nope-v0"}]}, r"^--data.validation.suite\[0\].env_id: unknown env id"),
     ({"mixture": [{**LAKE, "episode": {"max_model_len": 4096}}]},
-     r"^--data.mixture\[0\] \('lake'\): episode.max_model_len 4096 exceeds --data.episode.max_model_len 1024"),
-    ({"mixture": [{**LAKE, "episode": {"max_turns": 0}}]}, r"^--data.mixture\[0\]: suite entry 'lake': episode: .*max_turns"),
+     r"^--data.env.mixture\[0\] \('lake'\): episode.max_model_len 4096 exceeds --data.episode.max_model_len 1024"),
+    ({"mixture": [{**LAKE, "episode": {"max_turns": 0}}]}, r"^--data.env.mixture\[0\]: suite entry 'lake': episode: .*max_turns"),
 ])
 def test_bad_mixtures_name_the_flag(kw, message):
     with pytest.raises(ConfigError, match=message):
@@ -83,15 +84,15 @@ def test_metric_names_replace_unsafe_runs():
 
 
 def test_world_size_counts_the_groups_of_all_entries():
-    hp = {**dm(mixture=[BANDIT, LAKE]).hparams, "vllm": None}  # 2 + 1 training groups, 2 + 2 validation groups
-    check_world_size(hp, 1)
-    check_world_size({**hp, "mixture": [BANDIT, {**LAKE, "num_groups": 2}]}, 2)
+    s = dm(mixture=[BANDIT, LAKE]).settings  # 2 + 1 training groups, 2 + 2 validation groups
+    check_world_size(s, 1)
+    even = replace(s, env=replace(s.env, mixture=[BANDIT, {**LAKE, "num_groups": 2}]))
+    check_world_size(even, 2)
     with pytest.raises(ConfigError, match=r"^the training entries' num_groups summed \(3\) must be divisible by the "
                                           r"number of processes \(2\)"):
-        check_world_size(hp, 2)
+        check_world_size(s, 2)
     with pytest.raises(ConfigError, match=r"^the validation entries' num_groups summed \(3\)"):
-        check_world_size({**hp, "mixture": [BANDIT, {**LAKE, "num_groups": 2}],
-                          "val_suite": [{**LAKE, "num_groups": 3}]}, 2)
+        check_world_size(replace(even, validation=replace(s.validation, suite=[{**LAKE, "num_groups": 3}])), 2)
 
 
 # -- seeds per tag ------------------------------------------------------------------------------------------------
@@ -299,8 +300,8 @@ def test_warm_start_learns_from_every_training_entry(monkeypatch):
     from ragen_lightning.sft import warm_start as ws
 
     calls = []
-    monkeypatch.setattr(ws, "warm_start", lambda model, env_id, env_kwargs, **kw: calls.append(
-        (env_id, env_kwargs, kw)) or "folder")
+    monkeypatch.setattr(ws, "warm_start", lambda model, env_id, env_kwargs, settings, **kw: calls.append(
+        (env_id, env_kwargs, {**kw, "steps": settings.steps})) or "folder")
     d = dm(mixture=[BANDIT, {**LAKE, "env_kwargs": {"size": 4}}])
     assert ws.warm_started_path("tiny", {"steps": 3}, d) == "folder"
     env_id, env_kwargs, kw = calls[-1]

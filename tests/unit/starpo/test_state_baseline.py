@@ -12,6 +12,7 @@ from ragen_lightning.errors import ConfigError
 from ragen_lightning.starpo.estimators import advantages_for, kept_rows
 from ragen_lightning.starpo.checks import check_data_settings
 from ragen_lightning.starpo.module import StarPOModule
+from tests.data_groups import data_view
 from tests.unit.starpo.test_rft import SETTINGS, branched_episode
 
 STATE = replace(SETTINGS, estimator="state_baseline")
@@ -79,11 +80,11 @@ def test_the_settings_it_needs_are_checked(tiny_path):
     adv = module.advantage
     assert adv.estimator == "state_baseline" and module.hparams["advantage"]["estimator"] == "state_baseline"
     assert not module.uses_critic
-    check_data_settings(adv, {"group_size": 1, "branches": 8, "reward_placement": "turn"})
-    with pytest.raises(ConfigError, match="needs --data.branches >= 2 and --data.reward_placement turn"):
-        check_data_settings(adv, {"group_size": 1, "branches": 1, "reward_placement": "turn"})
-    with pytest.raises(ConfigError, match=r"reward_placement 'last'"):
-        check_data_settings(adv, {"group_size": 1, "branches": 8, "reward_placement": "last"})
-    with pytest.raises(ConfigError, match=r"--data.branches 8 needs an estimator that scores every sample by its own "
+    check_data_settings(adv, data_view(group_size=1, branches=8, reward_placement="turn"))
+    with pytest.raises(ConfigError, match="needs --data.branching.branches >= 2 and --data.rewards.placement turn"):
+        check_data_settings(adv, data_view(group_size=1, branches=1, reward_placement="turn"))
+    with pytest.raises(ConfigError, match=r"placement 'last'"):
+        check_data_settings(adv, data_view(group_size=1, branches=8, reward_placement="last"))
+    with pytest.raises(ConfigError, match=r"--data.branching.branches 8 needs an estimator that scores every sample by its own "
                                           r"turn reward \(rft, state_baseline, state_grpo\), not grpo"):
-        check_data_settings(replace(adv, estimator="grpo"), {"group_size": 4, "branches": 8, "reward_placement": "turn"})
+        check_data_settings(replace(adv, estimator="grpo"), data_view(group_size=4, branches=8, reward_placement="turn"))
