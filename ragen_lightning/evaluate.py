@@ -2,11 +2,11 @@
 ragen_lightning.evaluate``).
 
     python main.py evaluate --config configs/bandit.yaml --ckpt outputs/bandit/checkpoints/last.ckpt
-    python main.py evaluate --model.model outputs/bandit/export --suite suite.yaml --out
-    outputs/eval/bandit python main.py evaluate --api.model gpt-4o-mini --suite suite.yaml --out
-    outputs/eval/gpt4o-mini python main.py evaluate --api.model local --api.base_url
-    http://127.0.0.1:8000/v1 --data.env.id \\
-        ragen/FrozenLake-v0 --num_episodes 64
+    python main.py evaluate --model.model outputs/bandit/export --suite suite.yaml \\
+        --out outputs/eval/bandit
+    python main.py evaluate --api.model gpt-4o-mini --suite suite.yaml --out outputs/eval/gpt4o-mini
+    python main.py evaluate --api.model local --api.base_url http://127.0.0.1:8000/v1 \\
+        --data.env.id ragen/FrozenLake-v0 --num_episodes 64
 
 The policy is a Lightning checkpoint of a fit (``--ckpt``: the actor as trained, LoRA included), an
 OpenAI-compatible endpoint (``--api.model``, :class:`~ragen_lightning.rollout.api_engine.APIEngine`;
