@@ -294,7 +294,7 @@ def compare_update(a) -> None:
             "this project, micro_batch_threads 2 (torch threads 1 each)": (project_update_runner(a, path, batch, 2), 1),
             "TRL GRPOTrainer, torch threads 1": (trl, 1)}
     times: dict[str, list[float]] = {k: [] for k in runs}
-    for name, (run, threads) in runs.items():  # warm-up
+    for run, threads in runs.values():  # warm-up
         run(1, threads)
     for _ in range(a.repeats):
         for name, (run, threads) in runs.items():

@@ -137,7 +137,7 @@ def multi_turn(args) -> list[dict]:
             return HFEngine(actor, stop, pad, max_batch_size=G * N)
         if name == "hf-noreuse":
             return HFEngine(actor, stop, pad, max_batch_size=G * N, prefix_cache_tokens=0)
-        from ragen_lightning.rollout.vllm_engine import VLLMSettings, VLLMEngine
+        from ragen_lightning.rollout.vllm_engine import VLLMEngine
 
         return VLLMEngine(actor, path, stop, pad, d["vllm"], max_model_len=d["max_model_len"],
                           max_batch_size=G * N, seed=0)
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         n = sum(len(o.token_ids) for o in outs)
         rows[b].update(hf_tokens=n, hf_s=wall, hf_tok_s=n / wall)
 
-    from ragen_lightning.rollout.vllm_engine import VLLMSettings, VLLMEngine
+    from ragen_lightning.rollout.vllm_engine import VLLMEngine, VLLMSettings
 
     engine, init_s = timed(VLLMEngine, actor, path, stop, tok.pad_token_id, VLLMSettings(),
                            max_model_len=args.prompt_len + args.new_tokens + 8, max_batch_size=max(args.batches),

@@ -75,8 +75,8 @@ def worker(args) -> None:
     from ragen_lightning.parallel import gather_objects, shard_model, world
     from ragen_lightning.parallel.ranks import stream_full_tensors
     from ragen_lightning.rollout.vllm_engine import (
-        VLLMSettings,
         VLLMEngine,
+        VLLMSettings,
         weights_for_push,
     )
 

@@ -56,6 +56,7 @@ from typing import Any
 
 import torch
 
+from ragen_lightning.data.settings import EnvSettings, ValidationSettings
 from ragen_lightning.data.suite import SuiteEntry, as_entry, check_suite, load_suite
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.metrics.functional import pass_at_k
@@ -65,7 +66,6 @@ from ragen_lightning.rollout.env_packages import import_env_packages
 from ragen_lightning.rollout.records import append_jsonl, episode_record, read_jsonl
 from ragen_lightning.rollout.runner import RolloutRunner
 from ragen_lightning.rollout.seeds import episode_seeds
-from ragen_lightning.data.settings import EnvSettings, ValidationSettings
 from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.rollout.tokens import ChatTokens
 

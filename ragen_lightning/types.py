@@ -7,8 +7,8 @@ Token tensors of a :class:`RolloutBatch` are right-padded ``[B, T]``. Per-token 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Sequence
 
 import torch
 
@@ -175,10 +175,10 @@ class RolloutBatch:
     def _tensors(self) -> list[str]:
         return [*self._TENSORS, *(["state_index"] if self.state_index is not None else [])]
 
-    def to(self, device: torch.device | str) -> "RolloutBatch":
+    def to(self, device: torch.device | str) -> RolloutBatch:
         return replace(self, **{k: getattr(self, k).to(device) for k in self._tensors()})
 
-    def select(self, index: torch.Tensor | slice) -> "RolloutBatch":
+    def select(self, index: torch.Tensor | slice) -> RolloutBatch:
         """Rows ``index`` of every tensor (metrics and trajectories are shared)."""
         return replace(self, **{k: getattr(self, k)[index] for k in self._tensors()})
 
@@ -219,7 +219,7 @@ class UpdateBatch:
     def _fields(self) -> dict[str, torch.Tensor | None]:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
 
-    def with_inert_row(self) -> "UpdateBatch":
+    def with_inert_row(self) -> UpdateBatch:
         """This batch plus one row that trains nothing: row 0's tokens with an all-zero loss mask and zero
         advantages/returns. It pads a rank's share of a mini-batch so every rank runs the same micro-batches."""
         out = {}
@@ -230,7 +230,7 @@ class UpdateBatch:
             out[name] = v
         return UpdateBatch(**out)
 
-    def rows(self, index: torch.Tensor) -> "UpdateBatch":
+    def rows(self, index: torch.Tensor) -> UpdateBatch:
         """Rows ``index``, cut to the longest of them (``L`` tokens, at least 2 so there is one target)."""
         length = max(int(self.attention_mask[index].sum(-1).max()), 2)
         out = {}

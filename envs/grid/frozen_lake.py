@@ -13,7 +13,8 @@ drops the "slippery ice" sentence when ``success_rate == 1`` (nothing slips then
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces

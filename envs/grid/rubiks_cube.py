@@ -16,7 +16,8 @@ to leave the cube solved is redrawn, so every episode starts unsolved.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces

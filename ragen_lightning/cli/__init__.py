@@ -10,7 +10,6 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 import torch
 from jsonargparse import ArgumentError
@@ -53,7 +52,7 @@ class StarPOCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.sampling.temperature", "model.temperature")
         parser.add_argument(
-            "--torch_threads", type=Optional[int], default=None,
+            "--torch_threads", type=int | None, default=None,
             help="CPU threads for torch (null: torch's default). Small models on few cores run fastest with 1: "
                  "per-op threading overhead dominates and stalls badly when another process holds a core.",
         )

@@ -77,7 +77,7 @@ class Architecture:
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """``name -> (in_features, out_features)`` of one block's linear layers."""
-        H, I, kv, q = self.hidden_size, self.intermediate_size, self.kv_dim, self.q_dim
+        H, I, kv, q = self.hidden_size, self.intermediate_size, self.kv_dim, self.q_dim  # noqa: E741
         return {"q_proj": (H, q), "k_proj": (H, kv), "v_proj": (H, kv), "o_proj": (q, H),
                 "gate_proj": (H, I), "up_proj": (H, I), "down_proj": (I, H)}
 
@@ -342,7 +342,7 @@ def _update_bytes(arch: Architecture, activation_bytes: int, micro_batch_size: i
                   logits_chunk_size: int | None, activation_checkpointing: bool) -> tuple[int, int]:
     """``(activations, logits)``: what one micro-batch of ``seq_len``-token samples keeps for backward, blocks and LM
     head apart."""
-    H, I, kv = arch.hidden_size, arch.intermediate_size, arch.kv_dim
+    H, I, kv = arch.hidden_size, arch.intermediate_size, arch.kv_dim  # noqa: E741 (the papers' I)
     tokens = micro_batch_size * seq_len
     per_layer = tokens * (10 * H + 3 * kv + 4 * I) * activation_bytes
     if activation_checkpointing:

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from ragen_lightning.models.cache import CACHE_ENV_VAR, build_folder, cache_root  # noqa: F401 - re-exported
 from ragen_lightning.rollout import prompting

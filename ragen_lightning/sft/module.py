@@ -13,9 +13,10 @@ from __future__ import annotations
 import copy
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import lightning as L
 import numpy as np
@@ -57,7 +58,7 @@ class SFTBatch:
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
-    def to(self, device: torch.device | str) -> "SFTBatch":
+    def to(self, device: torch.device | str) -> SFTBatch:
         return SFTBatch(self.input_ids.to(device), self.attention_mask.to(device), self.loss_mask.to(device))
 
 

@@ -23,7 +23,6 @@ held-out seeds.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 import functools
 import hashlib
 import json
@@ -32,8 +31,10 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

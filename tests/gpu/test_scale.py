@@ -24,8 +24,8 @@ from ragen_lightning.models.lora import LoraSettings
 from ragen_lightning.models.memory import GIB, PUBLISHED, plan
 from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.starpo.module import StarPOModule
-from tests.data_groups import data_module
 from tests.conftest import load_script
+from tests.data_groups import data_module
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]

@@ -37,7 +37,7 @@ from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.sampler import FilterSettings
 from ragen_lightning.parallel import FSDP2Strategy, full_tensor
 from ragen_lightning.rollout.settings import EpisodeSettings
-from ragen_lightning.rollout.vllm_engine import VLLMSettings, VLLMEngine
+from ragen_lightning.rollout.vllm_engine import VLLMEngine, VLLMSettings
 from ragen_lightning.starpo.module import StarPOModule
 
 torch.set_num_threads(1)

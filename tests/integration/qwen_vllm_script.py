@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ragen_lightning.rollout.engine import HFEngine, SamplingParams
-from ragen_lightning.rollout.vllm_engine import VLLMSettings, VLLMEngine
+from ragen_lightning.rollout.vllm_engine import VLLMEngine, VLLMSettings
 
 TEXTS = ("hi", "Push the box left.", "你好，世界", "#_OX__#\n#__P__#", "Answer with <answer>Up</answer>.", "1 2 3",
          "Left || Right", "emoji 😀")

@@ -24,7 +24,7 @@ import envs  # noqa: F401
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.rollout.engine import HFEngine, SamplingParams
 from ragen_lightning.rollout.settings import EpisodeSettings
-from ragen_lightning.rollout.vllm_engine import SyncProbeError, VLLMSettings, VLLMEngine
+from ragen_lightning.rollout.vllm_engine import SyncProbeError, VLLMEngine, VLLMSettings
 from ragen_lightning.starpo.module import StarPOModule
 
 

@@ -38,9 +38,9 @@ def test_the_printed_texts_are_silenced_and_others_still_show():
         warnings.simplefilter("always")
         filter_harmless_warnings()
         for text, category in PRINTED:
-            warnings.warn(text, category)
-        warnings.warn("It is recommended to use `self.log('train/x', ...)`", UserWarning)  # not a val/ metric
-        warnings.warn("rollout filter kept no group at iteration 3", UserWarning)  # the project's own
+            warnings.warn(text, category)  # noqa: B028 (as the libraries warn)
+        warnings.warn("It is recommended to use `self.log('train/x', ...)`", UserWarning)  # noqa: B028 (not a val/ metric)
+        warnings.warn("rollout filter kept no group at iteration 3", UserWarning)  # noqa: B028 (the project's own)
     assert [str(w.message) for w in caught] == ["It is recommended to use `self.log('train/x', ...)`",
                                                 "rollout filter kept no group at iteration 3"]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]

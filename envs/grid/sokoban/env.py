@@ -33,7 +33,8 @@ Departures from RAGEN (all deliberate):
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces

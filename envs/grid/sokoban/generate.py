@@ -41,9 +41,9 @@ RAGEN's own generator (``generator="ragen"``) uses the same boards and :func:`so
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Iterable, Iterator, Sequence
 
 # Action indices 0..3 = Up, Down, Left, Right; (row, col) deltas.
 DELTAS = ((-1, 0), (1, 0), (0, -1), (0, 1))
@@ -308,7 +308,7 @@ def _reconstruct(geo: Geometry, layers: list[dict[int, int]], boxes: int, player
     actions: list[int] = []
     for d in range(len(layers) - 2, -1, -1):
         layer = layers[d]
-        for a, o in enumerate(offsets):
+        for a, o in enumerate(offsets):  # noqa: B007 (a: the action found, read after the loop)
             prev = player - o
             pbit = 1 << prev
             if layer.get(boxes, 0) & pbit:  # walked from prev

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _geometry(n: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[tuple[int, ...], ...]]:
     """Row, column and box index of every cell, and each cell's peers (same row, column or box)."""
     b = math.isqrt(n)

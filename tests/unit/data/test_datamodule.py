@@ -3,7 +3,6 @@
 import pytest
 
 import envs  # noqa: F401
-from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.data.sampler import FilterSettings
 from tests.data_groups import data_module
 

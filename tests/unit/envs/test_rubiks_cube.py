@@ -123,7 +123,7 @@ def test_scramble_then_inverse_solves():
         assert len(env.scramble) == 12 and not is_solved(env.state)
         assert all(b != inverse_action(a) for a, b in zip(env.scramble, env.scramble[1:]))
         undo = [inverse_action(a) for a in reversed(env.scramble)]
-        for k, a in enumerate(undo):
+        for a in undo:
             obs, reward, terminated, truncated, info = env.step(a)
             if terminated:
                 break

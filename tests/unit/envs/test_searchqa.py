@@ -143,7 +143,7 @@ def test_the_expert_searches_then_answers_and_always_succeeds(env):
     turns = {1: [], 2: []}
     for seed in range(100):
         env.reset(seed=seed)
-        for turn in range(1, 5):
+        for turn in range(1, 5):  # noqa: B007 (read after the loop)
             _reasoning, (action,) = env.expert_turn(1)
             _obs, reward, terminated, truncated, info = env.step(action)
             if terminated or truncated:

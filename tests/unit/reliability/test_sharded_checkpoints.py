@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from ragen_lightning.parallel import checkpointing
-from ragen_lightning.parallel.checkpointing import CheckpointError, FOLDER_DIGEST
+from ragen_lightning.parallel.checkpointing import FOLDER_DIGEST, CheckpointError
 
 
 def _folder(root, name="step=4.ckpt", payload=b"shard"):

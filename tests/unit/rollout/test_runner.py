@@ -122,7 +122,7 @@ def test_full_mode_stored_ids_are_engine_prompts_plus_samples(tiny_tokenizer):
     (sample,) = t.samples
     conv = sample.conversation
     # every prompt the engine saw is a prefix of the stored stream, followed by exactly the sampled tokens
-    for turn, (start, end) in enumerate(conv.turn_spans):
+    for turn, (start, _end) in enumerate(conv.turn_spans):
         prompt = engine.prompts[turn][0]
         assert conv.input_ids[:start] == prompt
     assert sum(conv.loss_mask) == sum(e - s for s, e in conv.turn_spans)

@@ -12,18 +12,18 @@ import pytest
 import torch
 
 import envs  # noqa: F401
+from ragen_lightning.data.settings import DataSettings
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.engine import Generation
 from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.rollout.vllm_engine import (
-    VLLMSettings,
     VLLMEngine,
+    VLLMSettings,
     merged_lora_weights,
     trainer_logprobs,
     weights_for_push,
 )
 from ragen_lightning.starpo.module import StarPOModule
-from ragen_lightning.data.settings import DataSettings
 from tests.data_groups import data_module
 
 DATA = {"env_id": "ragen/Bandit-v0", "num_groups": 2, "group_size": 2, "val_num_groups": 2,

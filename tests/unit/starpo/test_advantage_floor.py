@@ -11,7 +11,6 @@ from ragen_lightning.starpo.settings import AdvantageSettings
 from ragen_lightning.types import Conversation, Sample, Trajectory
 
 
-
 def episode(index: int, score: float) -> Trajectory:
     c = Conversation()
     c.extend([1], sampled=False)

@@ -9,8 +9,8 @@ import torch
 
 from ragen_lightning.data.batching import build_batch
 from ragen_lightning.errors import ConfigError
-from ragen_lightning.starpo.estimators import advantages_for, kept_rows
 from ragen_lightning.starpo.checks import check_data_settings
+from ragen_lightning.starpo.estimators import advantages_for, kept_rows
 from ragen_lightning.starpo.module import StarPOModule
 from tests.data_groups import data_view
 from tests.unit.starpo.test_rft import SETTINGS, branched_episode

@@ -9,8 +9,8 @@ import torch
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.parallel.threads import map_threads
 from ragen_lightning.starpo.checks import check_threads_precision
-from ragen_lightning.starpo.scoring import MicroBatching, score_batch
 from ragen_lightning.starpo.optim import MicroOutput, StepContext, accumulate
+from ragen_lightning.starpo.scoring import MicroBatching, score_batch
 
 X = torch.arange(1.0, 13.0).reshape(6, 2)  # row r of the batch: (2r + 1, 2r + 2)
 
