@@ -2,7 +2,7 @@
 
 Lightning's bar redraws one line in place and draws nothing useful into a file; :class:`IterationLines` takes its
 place there (the CLI adds it when stderr is not a terminal) and writes one line per RL iteration and one per
-validation, on rank 0 only::
+validation, on global rank 0 only::
 
     iteration 3/80 | 14.2 s/it | ETA 18:40 | reward 0.512 | success 0.250
     validation at iteration 20: success 0.414 | reward 0.803
@@ -18,7 +18,7 @@ from typing import TextIO
 
 from lightning.pytorch.callbacks import ProgressBar
 
-from ragen_lightning.sft.progress import duration, is_rank_zero
+from ragen_lightning.sft.progress import duration
 
 # (logged key, name on the line); "score" is a trajectory's reward: env return plus format penalties
 TRAIN_VALUES = (("train/score", "reward"), ("train/success", "success"))
@@ -48,7 +48,7 @@ class IterationLines(ProgressBar):
         self.enabled = True
 
     def _write(self, line: str) -> None:
-        if self.enabled and is_rank_zero():
+        if self.enabled:  # Lightning's ProgressBar.setup disables the bar on every rank but 0
             out = self.stream if self.stream is not None else sys.stderr
             out.write(line + "\n")
             out.flush()

@@ -128,7 +128,8 @@ def test_external_launcher_env_names_the_rank_and_the_gpu(monkeypatch):
     from ragen_lightning.rollout import vllm_engine
 
     monkeypatch.setattr(vllm_engine, "world", lambda: (3, 4))
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "unset")  # recorded, so the value the engine sets is undone after the test
+    monkeypatch.delenv("LOCAL_RANK")  # (a bare delenv of an absent name records nothing: LOCAL_RANK 3 leaked)
     monkeypatch.setenv("RANK", "0")  # stale: the process group's rank wins
     assert vllm_engine.external_launcher(torch.device("cpu")) == "external_launcher"
     assert (os.environ["RANK"], os.environ["LOCAL_RANK"]) == ("3", "3")
