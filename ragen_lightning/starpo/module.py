@@ -182,7 +182,8 @@ class StarPOModule(L.LightningModule):
                               activation_checkpointing=self.settings.update.activation_checkpointing)
         self.actor, self.critic, self._reference = nets.actor, nets.critic, [nets.reference] if nets.reference else []
         if self.device_mesh is not None:  # FSDP2 (ModelParallelStrategy): shard per block
-            engine = resolve_engine(getattr(self.rollouts, "hparams", {}).get("engine", "hf"),
+            data = getattr(self.rollouts, "settings", None)  # the data module's settings groups
+            engine = resolve_engine(data.engine.name if data is not None else "hf",
                                     quantized=is_quantized(self.actor))  # auto: QLoRA samples with HF
             cuda = self.trainer.strategy.root_device.type == "cuda"
             self._rollout_actor = shard_networks([self.actor, self.critic, self.reference],

@@ -31,10 +31,11 @@ def test_resume_refuses_other_model_settings_and_damaged_files(tmp_path, monkeyp
 
     # Before: LightningCLI put the checkpoint's model settings over these flags and trained on, silently.
     with pytest.raises(ConfigError) as info:
-        main([*resume, "--model.advantage.estimator", "grpo", "--model.advantage.gamma", "0.9"])
-    assert str(info.value).startswith(
-        f"--ckpt_path {ckpt} was trained with other model settings: --model.advantage.estimator (checkpoint 'gae', now "
-        "'grpo'); --model.advantage.gamma (checkpoint 1.0, now 0.9). Resume with the run's settings")
+        main([*resume, "--model.advantage.estimator", "grpo", "--model.loss.clip_high", "0.3"])
+    message = str(info.value)
+    assert message.startswith(f"--ckpt_path {ckpt} was trained with other model settings: ")
+    assert "--model.advantage.estimator (checkpoint 'gae', now 'grpo')" in message
+    assert "--model.loss.clip_high (checkpoint 0.28, now 0.3)" in message and "Resume with the run's settings" in message
     with pytest.raises(ConfigError, match=r"--model\.lora \(checkpoint None, now \{"):
         main([*resume, "--config", str(CONFIGS / "lora.yaml")])
 

@@ -49,7 +49,8 @@ def test_starpo_s_on_qwen_05b_parses_to_starpo_s():
     assert model["advantage"]["estimator"] == "gae" and model["loss"]["kl_coef"] == 0.0
     assert (model["loss"]["clip_low"], model["loss"]["clip_high"]) == (0.2, 0.28)
     assert (data["filter"]["strategy"], data["filter"]["value"], data["filter"]["include_zero"]) == ("top_p", 0.9, False)
-    assert (data["num_groups"], data["group_size"], data["num_iterations"]) == (8, 16, 200)
+    training = data["training"]
+    assert (training["num_groups"], training["group_size"], training["num_iterations"]) == (8, 16, 200)
     assert (data["episode"]["max_turns"], data["episode"]["max_new_tokens"], data["episode"]["max_model_len"]) == \
         (5, 400, 3600)
-    assert data["engine"] == "vllm" and data["vllm"]["gpu_memory_utilization"] == 0.4
+    assert data["engine"]["name"] == "vllm" and data["engine"]["vllm"]["gpu_memory_utilization"] == 0.4
