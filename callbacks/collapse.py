@@ -1,9 +1,10 @@
 """CollapseMonitor: RAGEN-2's MI diagnostics on a schedule, early-warning rules, and actions that close the loop.
 
-Rules (RAGEN v1's echo-trap signals and RAGEN-2's template-collapse signal; SPEC §5.6, §6.1):
+Rules (RAGEN v1's echo-trap signals and RAGEN-2's template-collapse signal;
+RAGEN's trainer and collapse_metrics):
 
 * ``reward_std``: in-group reward std (``rollout/in_group_reward_std``) below ``reward_std_ratio`` x its baseline for
-  ``window`` iterations in a row (low reward variance = weak task gradient, SPEC §6.2);
+  ``window`` iterations in a row (low reward variance = weak task gradient, RAGEN-2);
 * ``entropy``: token entropy (``actor/entropy``) below ``entropy_ratio`` x its baseline for ``window`` iterations;
 * ``mi``: the first-turn MI estimate below ``mi_ratio`` x its baseline for ``mi_window`` measurements in a row
   (template collapse, invisible to entropy);

@@ -1,4 +1,5 @@
-"""GradientAnalysis (SPEC §6.3): gradient norms of the policy, entropy and KL terms, bucketed by group reward std.
+"""GradientAnalysis (RAGEN's gradient_reporter): gradient norms of the policy, entropy and KL terms,
+bucketed by group reward std.
 
 RAGEN-2's SNR argument says low-reward-variance groups carry a weak task gradient while the regularisers (entropy,
 KL) keep theirs. This callback measures it: every ``every_n`` iterations (and at iteration 1) it takes the iteration's

@@ -1,6 +1,6 @@
 """FrozenLake as an exact Gymnasium text env (RAGEN's ``frozen_lake`` env type, FrozenLake / CoordFrozenLake tags).
 
-Behaviour follows RAGEN (SPEC 1.2): a new random map per seeded reset, slippery moves with a configurable
+Behaviour follows RAGEN's frozen_lake env: a new random map per seeded reset, slippery moves with a configurable
 ``success_rate``, RAGEN's symbols and coordinate rendering. Written from scratch on :class:`envs.base.TextEnv` (no
 wrapping of Gymnasium's toy-text env), with two solvers: :meth:`FrozenLakeEnv.solve` (shortest path, as if the ice
 were not slippery) and :meth:`FrozenLakeEnv.optimal_policy` (value iteration for the slippery lake).
@@ -146,7 +146,7 @@ class FrozenLakeEnv(TextEnv):
     * ``desc=None``: an explicit map (rows of ``S``, ``F``, ``H``, ``G``; one ``S`` and one ``G``), e.g.
       ``["SFFF", "FHFH", "FFFH", "HFFG"]``; it wins over ``size``/``p``/``map_seed``.
     * ``shared_transitions=False``: ignore the ``transition_seed`` reset option, so envs reset with the same seed
-      slip identically under identical actions (RAGEN's group behaviour, SPEC 1.2).
+      slip identically under identical actions (RAGEN's group behaviour, RAGEN's frozen_lake env).
     * ``render_mode=None``: ``"ansi"`` makes ``render()`` return the observation text.
 
     ## Randomness

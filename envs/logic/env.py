@@ -6,7 +6,7 @@ formulas live in :mod:`envs.logic.formulas`, the tactic language and its checker
 :mod:`envs.logic.checker`, the proof search (the expert) in :mod:`envs.logic.prover` and the theorem
 generator in :mod:`envs.logic.theorems`.
 
-Rewards mirror RAGEN's Lean env (SPEC 1.12): every step ``step_penalty`` (-0.1) plus ``valid_step_reward`` when the
+Rewards mirror RAGEN's Lean env: every step ``step_penalty`` (-0.1) plus ``valid_step_reward`` when the
 tactic is accepted or ``invalid_step_reward`` (-1) when it is rejected, ``success_reward`` (+10) when the last goal
 closes, ``max_steps_penalty`` (-2) when the step limit ends the episode with goals left. RAGEN's Lean timeout penalty
 has no counterpart (the checker is exact and bounded). Departure: ``valid_step_reward`` defaults to +0.1, not RAGEN's

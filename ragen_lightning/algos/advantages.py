@@ -1,10 +1,10 @@
-"""Advantage estimators and post-advantage modifiers for StarPO (SPEC §4.3-4.6).
+"""Advantage estimators and post-advantage modifiers for StarPO (RAGEN's core_algos).
 
 Shapes: token tensors are ``[B, T]`` (B trajectories x T loss positions), per-trajectory tensors ``[B]``. Masks are
 0/1 (bool or float): 1 on trained (assistant) tokens, 0 on environment / template / padding tokens.
 
 Equations
-- GAE (Schulman et al. 2016), masked as veRL v0.6.1 does it, SPEC §4.3. Backwards over t with ``nv = lg = 0``:
+- GAE (Schulman et al. 2016), masked as veRL v0.6.1 does it. Backwards over t with ``nv = lg = 0``:
   ``δ_t = r_t + γ·nv − V_t``, ``g_t = δ_t + γλ·lg``, ``nv ← m_t·V_t + (1−m_t)·nv``, ``lg ← m_t·g_t + (1−m_t)·lg``,
   ``A_t = lg``, ``returns = A + V``. Positions with mask 0 are bridged: the value and the running advantage of the
   next trained token carry across them, so a multi-turn trajectory is one MDP over its trained tokens. A reward
@@ -13,7 +13,7 @@ Equations
   windowed context modes) packed into one row in order, so either GAE runs over the whole episode; a turn's last
   token then bootstraps from the value of the next turn's first trained token. RAGEN has no equivalent: its
   turn-level modes give every turn sample the episode score.
-- Turn-level ("bi-level") GAE, SPEC §4.4: a high-level GAE over turn ends with ``high_level_gamma`` produces a
+- Turn-level ("bi-level") GAE, RAGEN's core_algos: a high-level GAE over turn ends with ``high_level_gamma`` produces a
   per-turn target ``R̃ = Â + V`` at each turn end, then a token-level GAE inside each turn bootstraps to it.
 - GRPO (Shao et al. 2024) ``A_i = (s_i − μ_g)/(σ_g + eps)`` with unbiased σ; Dr.GRPO (Liu et al. 2025) ``s_i − μ_g``;
   BRPO: the same normalisation over the whole batch; ARPO: raw scores (RAGEN v1 README estimators).
@@ -80,7 +80,7 @@ def _float_dtype(*tensors: torch.Tensor) -> torch.dtype:
 def gae(
     rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Masked GAE (SPEC §4.3), unwhitened: ``(advantages [B,T], returns [B,T])``.
+    """Masked GAE (veRL 0.6.1's GAE), unwhitened: ``(advantages [B,T], returns [B,T])``.
 
     Args:
         rewards: ``[B, T]`` token rewards (RAGEN puts the trajectory reward on the last trained position).
@@ -102,7 +102,7 @@ def _backward_gae(
     lam: float,
     reset: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The SPEC §4.3 recurrence; where ``reset[:, t]`` the carried value and advantage restart from 0 at t."""
+    """veRL 0.6.1's GAE recurrence; where ``reset[:, t]`` the carried value and advantage restart from 0 at t."""
     dtype = _float_dtype(rewards, values)
     r, v = rewards.to(dtype), values.to(dtype)
     m = as_bool_mask(mask).to(dtype)
@@ -196,7 +196,7 @@ def turn_level_gae(
     lam: float,
     high_level_gamma: float = 0.95,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Turn-level (bi-level) GAE (SPEC §4.4), unwhitened: ``(advantages [B,T], returns [B,T])``.
+    """Turn-level (bi-level) GAE (RAGEN's core_algos), unwhitened: ``(advantages [B,T], returns [B,T])``.
 
     Args:
         rewards: ``[B, T]``; each turn's reward sits on that turn's end position (zero rewards are fine).
@@ -307,7 +307,7 @@ def broadcast_to_tokens(advantages: torch.Tensor, mask: torch.Tensor) -> torch.T
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Post-advantage modifiers (SPEC §4.6; applied in the order listed there)
+# Post-advantage modifiers (RAGEN's core_algos; applied in the order listed there)
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -370,7 +370,7 @@ def zero_task_advantage(advantages: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# KL in the reward (SPEC §4.1, ``use_kl_in_reward``)
+# KL in the reward (veRL's core_algos, ``use_kl_in_reward``)
 # ----------------------------------------------------------------------------------------------------------------
 
 

@@ -1,10 +1,10 @@
-"""StarPO-S / RAGEN-2 rollout filtering: group scores and group selection (SPEC §5.2-5.4).
+"""StarPO-S / RAGEN-2 rollout filtering: group scores and group selection (RAGEN's rollout_filter).
 
 A batch of rollouts is ``num_groups`` groups x ``group_size`` samples; the samples of a group share an initial
 state. ``group_scores`` reduces a per-trajectory matrix ``[G, N]`` to one score per group (by default the in-group
 reward std: RAGEN-2's signal-to-noise proxy), and ``select_groups`` picks the groups to train on.
 
-Selection (``select_groups``, SPEC §5.3, ties broken towards the lower group index by stable sorts) by a strategy of
+Selection (``select_groups``, as RAGEN's rollout_filter; ties broken towards the lower group index by stable sorts) by a strategy of
 the table :data:`FILTER_STRATEGIES` (one function each, with its options dataclass; a user's own
 is registered with :func:`~ragen_lightning.registry.register_filter` or named ``module:name``):
 0. ``include_zero=False`` first drops groups with ``|score| <= 1e-10``.
@@ -266,7 +266,7 @@ def kept_sample_mask(kept: torch.Tensor, num_groups: int, group_size: int) -> to
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Metrics (SPEC §5.4)
+# Metrics (RAGEN's rollout_filter)
 # ----------------------------------------------------------------------------------------------------------------
 
 

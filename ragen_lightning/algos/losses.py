@@ -1,4 +1,4 @@
-"""Policy / value losses, KL estimators and loss aggregation for StarPO (SPEC §4.1-4.2); token entropy and
+"""Policy / value losses, KL estimators and loss aggregation for StarPO (veRL's core_algos); token entropy and
 log-probs from logits are in :mod:`ragen_lightning.algos.logits`.
 
 Shapes: token tensors ``[B, T]``; ``mask`` is the 0/1 loss mask. Losses return ``(loss, metrics)``; metrics are
@@ -177,7 +177,7 @@ def ppo_policy_loss(
     horizon: int | None = None,
     is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped policy loss with clip-higher and dual clip (SPEC §4.1).
+    """PPO clipped policy loss with clip-higher and dual clip (veRL's core_algos).
 
     Args:
         logprobs: ``[B, T]`` log-probs of the sampled tokens under the current policy (with grad).
@@ -254,7 +254,7 @@ def value_loss(
     normalizer: Normalizer = None,
     horizon: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped value loss (SPEC §4.2): ``agg(½·max((v−R)², (v_clip−R)²))``, ``v_clip = clip(v, v_old ± clip_range)``.
+    """Clipped value loss (veRL): ``agg(½·max((v−R)², (v_clip−R)²))``, ``v_clip = clip(v, v_old ± clip_range)``.
 
     ``clip_range=None`` gives the plain ``½(v−R)²``. RAGEN always uses ``token-mean``. Metrics: ``vf_clipfrac``
     (clipped branch strictly larger), ``vpred_mean``.
@@ -311,7 +311,7 @@ KLKind = Literal[
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind = "k1") -> torch.Tensor:
-    """Per-token KL estimate of the current policy from the reference (SPEC §4.1 names and clamps).
+    """Per-token KL estimate of the current policy from the reference (veRL's core_algos names and clamps).
 
     ``kind`` with a trailing ``+`` is straight-through: the forward value is the named estimator exactly, the
     gradient is that of k2 (``logp − logp_ref``), which is unbiased for the KL gradient.
@@ -389,7 +389,7 @@ def actor_loss(
     horizon: int | None = None,
     is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``pg_loss − entropy_coeff·agg(H) + kl_coef·agg(KL)`` (SPEC §4.1), every term aggregated by
+    """``pg_loss − entropy_coeff·agg(H) + kl_coef·agg(KL)`` (veRL's core_algos), every term aggregated by
     ``loss.agg_mode``; clipping and coefficients from ``loss``.
 
     Args:

@@ -10,7 +10,7 @@ Reward placement (RAGEN's ``use_turn_scores``):
   samples as one sequence, so a turn's return holds its own and every later turn's reward, as in ``full`` mode
   (RAGEN's turn-level modes put the whole episode score on every turn sample: ``last``).
 
-Score normalisation (RAGEN's ``reward_normalization``, SPEC 2.7) by group (``state``: samples of one group; ``env``:
+Score normalisation (RAGEN's ctx_manager ``reward_normalization``) by group (``state``: samples of one group; ``env``:
 every episode of one environment-mixture entry, the trajectories' ``tag``, RAGEN's ``inductive``; ``batch``: all
 samples) with ``identity`` | ``mean`` | ``mean_std`` | ``asym_clip``; applied only when some group has more than one
 member (a validation batch of singletons is left alone). One score per episode is normalised, whatever the grouping.

@@ -1,4 +1,4 @@
-"""The cross log-prob matrix of RAGEN-2's mutual-information proxy, by teacher forcing (SPEC §6.1).
+"""The cross log-prob matrix of RAGEN-2's mutual-information proxy, by teacher forcing (RAGEN's collapse_metrics).
 
 From a rollout's trajectories (token-in/token-out conversations, ``rollout/tokens.py``) this builds prompt/reasoning
 pairs and scores every reasoning under every prompt with the actor:

@@ -1,4 +1,5 @@
-"""Pure statistics of rollouts and collapse diagnostics (SPEC §6.1-6.2, §5.4): token entropy, within-group reward std,
+"""Pure statistics of rollouts and collapse diagnostics (RAGEN-2;
+RAGEN's rollout_filter): token entropy, within-group reward std,
 pass@k, the valid-thinking rate, the mutual-information family of a cross log-prob matrix and prompt retrieval.
 
 One home per statistic: the data module, the TorchMetrics classes and the callbacks all call these functions (the
@@ -33,7 +34,7 @@ Retrieval
     for every row: its accuracy is the share of rows whose true prompt is column 0's (or equivalent to it), which is
     the chance level when every column is the true prompt of equally many rows.
 
-Regimes (SPEC §6.2): high conditional entropy and high MI = diverse reasoning; low entropy, high MI = compressed
+Regimes (RAGEN-2): high conditional entropy and high MI = diverse reasoning; low entropy, high MI = compressed
 reasoning; high entropy, low MI = template collapse (invisible to entropy alone); low entropy, low MI = low-entropy
 collapse. Falling within-group reward std (with falling entropy) is the echo-trap early warning.
 """
@@ -84,7 +85,7 @@ def mean_token_entropy(entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
 
 
 def within_group_reward_std(rewards: torch.Tensor) -> torch.Tensor:
-    """``[G, N]`` trajectory rewards -> ``[G]`` unbiased in-group std (SPEC §5.4 ``in_group_reward_std``).
+    """``[G, N]`` trajectory rewards -> ``[G]`` unbiased in-group std (RAGEN's rollout_filter ``in_group_reward_std``).
 
     0 for ``N = 1`` (RAGEN gives NaN) and exactly 0 for identical rewards (a member is subtracted first).
     """
@@ -116,7 +117,7 @@ def pass_at_k(num_success: torch.Tensor, group_size: int | torch.Tensor, k: int)
 
 def valid_thinking_rate(valid: torch.Tensor) -> torch.Tensor:
     """``[turns]`` bool (the turn has a non-empty ``<think>…</think>``, ``cross.thinking_flags``) -> 0-dim float64
-    share of valid turns (SPEC §6.1 ``collapse/valid_thinking_rate``); 0 with no turn."""
+    share of valid turns (RAGEN's collapse_metrics ``collapse/valid_thinking_rate``); 0 with no turn."""
     v = valid.to(torch.float64)
     return v.sum() / v.numel() if v.numel() else v.new_zeros(())
 

@@ -1,4 +1,4 @@
-"""TorchMetrics for rollout statistics (SPEC §3.4, §5.4, §6.1): rewards (mean, in-group std, success, pass@k),
+"""TorchMetrics for rollout statistics (RAGEN's es_manager; RAGEN's rollout_filter; RAGEN's collapse_metrics): rewards (mean, in-group std, success, pass@k),
 lengths and the valid-thinking rate; fed by the ``callbacks.RolloutStatistics`` callback.
 
 The classes only accumulate: the math is ``functional`` (``within_group_reward_std``, ``pass_at_k``,
@@ -192,7 +192,7 @@ class LengthMetrics(SumStateMetric):
 
 
 class ValidThinkingRate(RatioMetric):
-    """``Σ valid turns / Σ turns`` (SPEC §6.1 ``valid_thinking_rate``): ``functional.valid_thinking_rate`` accumulated
+    """``Σ valid turns / Σ turns`` (RAGEN's collapse_metrics ``valid_thinking_rate``): ``functional.valid_thinking_rate`` accumulated
     over updates and ranks.
 
     A turn is valid when its ``<think>…</think>`` block is non-empty (``cross.thinking_flags``). ``update(flags)`` or

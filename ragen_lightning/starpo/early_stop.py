@@ -1,4 +1,4 @@
-"""RAGEN's early-stopping rules (SPEC 5.6) as small state machines the module feeds every iteration.
+"""RAGEN's early-stopping rules (RAGEN's trainer) as small state machines the module feeds every iteration.
 
 * Reward-variance collapse: the baseline is the mean in-group reward std of the first ``window`` trained
   iterations; afterwards, the run stops when each of the last ``window`` trained iterations is below

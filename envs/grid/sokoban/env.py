@@ -1,6 +1,6 @@
 """Sokoban as an exact Gymnasium text env (RAGEN's ``sokoban`` env type and its tags).
 
-Rules, rewards and renderings follow RAGEN (SPEC 1.1; the board's text lives in
+Rules, rewards and renderings follow RAGEN (RAGEN's sokoban env; the board's text lives in
 :mod:`envs.grid.sokoban.text`). Two level generators (:mod:`envs.grid.sokoban.ragen` and
 :mod:`envs.grid.sokoban.generate`), both seeded from ``np_random`` only
 (never Python's ``random``, the global NumPy state or string hashing), both always solvable:

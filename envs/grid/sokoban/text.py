@@ -4,7 +4,7 @@ board, and rendering a board in the grid and coordinate formats.
 Boards are :mod:`envs.grid.sokoban.generate`'s bitmasks; this module turns them into the strings the
 agent reads and back. It is its own module because the env's rules and rewards never look at
 symbols: everything here depends on the board and the symbol lookup only. The renderings are
-bit-identical to RAGEN's (SPEC 1.1): the tiny model's tokenizer corpus and every measured result
+bit-identical to RAGEN's sokoban env: the tiny model's tokenizer corpus and every measured result
 were produced from them.
 """
 
