@@ -188,8 +188,9 @@ def test_readme_default_run_figures_are_in_the_learning_table():
 
 
 def test_docs_and_configs_cite_no_missing_spec_file():
-    """The repository has no SPEC file: docs and config comments cite RAGEN (its files) or the papers instead."""
-    files = [README, *DOCS.glob("*.md"), *(ROOT / "configs").rglob("*.yaml")]
+    """The repository has no SPEC file: docs, config comments and docstrings cite RAGEN (its files) or the papers instead."""
+    code = [p for d in ("ragen_lightning", "envs", "callbacks", "benchmarks", "scripts") for p in (ROOT / d).rglob("*.py")]
+    files = [README, *DOCS.glob("*.md"), *(ROOT / "configs").rglob("*.yaml"), *code]
     citing = [f"{p.relative_to(ROOT)}:{n}" for p in files for n, line in enumerate(p.read_text().splitlines(), 1)
               if re.search(r"\bSPEC\b|SPEC\.md", line)]
     assert citing == []
