@@ -5,20 +5,20 @@
     python benchmarks/envs.py --histogram            # Sokoban difficulty: shortest-solution histogram per generator
     python benchmarks/envs.py --expert --ids ragen/DeepCoder-v0   # steps with the expert's actions (sandbox runs)
 
-For each id: a warm-up, then ``reset(seed=s)`` over the fixed seeds ``--seed``, ``--seed + 1``, ... for
-``--seconds`` (resets/s), then steps with actions drawn from the seeded action space (a ``Text`` action space
-samples strings), resetting with the next seed whenever an episode ends; steps/s counts only the time inside
-``step``. Envs are used unwrapped (no Gymnasium checker wrappers). Ids whose module is not importable, or whose
-backend is not configured (``ragen/Lean-v0``: set ``$RAGEN_LEAN_SERVER_URL``), are skipped
-with a note. Imports only ``envs``, NumPy and Gymnasium.
+For each id: a warm-up, then ``reset(seed=s)`` over the fixed seeds ``--seed``, ``--seed + 1``, ...
+for ``--seconds`` (resets/s), then steps with actions drawn from the seeded action space (a ``Text``
+action space samples strings), resetting with the next seed whenever an episode ends; steps/s counts
+only the time inside ``step``. Envs are used unwrapped (no Gymnasium checker wrappers). Ids whose
+module is not importable, or whose backend is not configured (``ragen/Lean-v0``: set
+``$RAGEN_LEAN_SERVER_URL``), are skipped with a note. Imports only ``envs``, NumPy and Gymnasium.
 
-``--histogram`` prints, for the SimpleSokoban (6x6, 1 box) and LargerSokoban (8x8, 2 boxes, search depth 10)
-presets and each level generator (``"ragen"``, the presets' default, and ``"uniform_depth"``), the histogram of the
-shortest solution length (``info["optimal_steps"]``) over seeds ``0 .. --levels - 1``. RAGEN's own generator gives
-mean 4.0 (1-11) and 5.8 on 300 seeds.
+``--histogram`` prints, for the SimpleSokoban (6x6, 1 box) and LargerSokoban (8x8, 2 boxes, search
+depth 10) presets and each level generator (``"ragen"``, the presets' default, and
+``"uniform_depth"``), the histogram of the shortest solution length (``info["optimal_steps"]``) over
+seeds ``0 .. --levels - 1``. RAGEN's own generator gives mean 4.0 (1-11) and 5.8 on 300 seeds.
 
-Reference point for Sokoban: RAGEN's generator (gym-sokoban's reverse play) does about 210 resets/s for 6x6 rooms
-with one box and 84/s for 8x8 with two boxes on one core of the build machines.
+Reference point for Sokoban: RAGEN's generator (gym-sokoban's reverse play) does about 210 resets/s
+for 6x6 rooms with one box and 84/s for 8x8 with two boxes on one core of the build machines.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ import envs  # noqa: E402
 
 
 def _make(env_id: str) -> tuple[gym.Env | None, str]:
-    """The unwrapped env, or None and the reason it cannot be built yet (missing module, import error)."""
+    """The unwrapped env, or None and the reason it cannot be built yet (missing module, import
+    error)."""
     module = envs.ENV_IDS[env_id][0].split(":")[0]
     try:
         importlib.import_module(module)
@@ -53,7 +54,8 @@ def _make(env_id: str) -> tuple[gym.Env | None, str]:
 
     try:
         return gym.make(env_id).unwrapped, ""
-    except LeanBackendUnavailable as e:  # ragen/Lean-v0 without $RAGEN_LEAN_SERVER_URL / $RAGEN_LEAN_PROJECT
+    # ragen/Lean-v0 without $RAGEN_LEAN_SERVER_URL / $RAGEN_LEAN_PROJECT
+    except LeanBackendUnavailable as e:
         return None, str(e)
 
 
@@ -98,9 +100,9 @@ def bench_steps(env: gym.Env, seconds: float, seed: int, warmup: int) -> float:
 
 
 def bench_expert_steps(env: gym.Env, seconds: float, seed: int, warmup: int) -> float:
-    """Steps/s with the env's own expert choosing each action (``expert_turn``, computed outside the timed region):
-    the path a solving agent takes, e.g. DeepCoder's sandbox runs or SearchQA's searches, which random text never
-    reaches."""
+    """Steps/s with the env's own expert choosing each action (``expert_turn``, computed outside the
+    timed region): the path a solving agent takes, e.g. DeepCoder's sandbox runs or SearchQA's
+    searches, which random text never reaches."""
     clock = time.perf_counter
     episode = 0
     env.reset(seed=seed)
@@ -137,8 +139,10 @@ def sokoban_histograms(levels: int) -> None:
             steps = [env.reset(seed=s)[1]["optimal_steps"] for s in range(levels)]
             seconds = time.perf_counter() - start
             counts = Counter(steps)
-            print(f"{preset} generator={generator}: {levels} levels, mean {sum(steps) / levels:.2f} steps, "
-                  f"range {min(steps)}-{max(steps)}, {levels / seconds:,.0f} resets/s")
+            print(
+                f"{preset} generator={generator}: {levels} levels, mean {sum(steps) / levels:.2f} steps, "
+                f"range {min(steps)}-{max(steps)}, {levels / seconds:,.0f} resets/s"
+            )
             top = max(counts.values())
             for k in range(min(steps), max(steps) + 1):
                 print(f"  {k:>3} {counts.get(k, 0):>5} {'#' * round(40 * counts.get(k, 0) / top)}")
@@ -146,14 +150,21 @@ def sokoban_histograms(levels: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ids", nargs="*", default=None, help="env ids (default: every id in envs.ENV_IDS)")
+    parser.add_argument(
+        "--ids", nargs="*", default=None, help="env ids (default: every id in envs.ENV_IDS)"
+    )
     parser.add_argument("--seconds", type=float, default=1.0, help="duration of each measurement")
     parser.add_argument("--seed", type=int, default=0, help="first reset seed")
     parser.add_argument("--warmup", type=int, default=20, help="resets/steps before measuring")
     parser.add_argument("--cpu", type=int, default=None, help="pin the process to this CPU (Linux)")
-    parser.add_argument("--expert", action="store_true",
-                        help="step with each env's expert action (expert_turn) instead of sampled actions")
-    parser.add_argument("--histogram", action="store_true", help="Sokoban shortest-solution histograms instead")
+    parser.add_argument(
+        "--expert",
+        action="store_true",
+        help="step with each env's expert action (expert_turn) instead of sampled actions",
+    )
+    parser.add_argument(
+        "--histogram", action="store_true", help="Sokoban shortest-solution histograms instead"
+    )
     parser.add_argument("--levels", type=int, default=300, help="levels per histogram")
     args = parser.parse_args(argv)
     if args.cpu is not None:

@@ -41,18 +41,32 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # learning.py
-sys.path.insert(0, str(ROOT))  # before benchmarks/: `import envs` is the project's envs package, not benchmarks/envs.py
+# before benchmarks/: `import envs` is the project's envs package, not benchmarks/envs.py
+sys.path.insert(0, str(ROOT))
 
 from ragen_lightning.evaluate import wilson
 
 ARMS: dict[str, str] = {
     "none": "{strategy: top_p, value: 1.0, include_zero: true}",
-    "filter": ("{strategy: top_p, value: 0.9, metric: reward_variance, include_zero: false, "
-               "options: {mode: linear}}"),
+    "filter": (
+        "{strategy: top_p, value: 0.9, metric: reward_variance, include_zero: false, "
+        "options: {mode: linear}}"
+    ),
 }
 
 # Student's t, two-sided 95 %, by degrees of freedom
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+T95 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+}
 
 
 def mean_interval(values: list[float]) -> tuple[float, float, float]:
@@ -72,12 +86,16 @@ def cell_flags(estimator: str, arm: str, seed: int) -> list[str]:
     return ["--model.advantage.estimator", estimator, "--data.filter", ARMS[arm], *seed_flags(seed)]
 
 
-def with_collapse_every(cfg: dict[str, Any], every: int | None, samples: int | None = None) -> dict[str, Any]:
-    """``cfg`` with its ``callbacks.CollapseMonitor`` measuring MI every ``every`` iterations on ``samples`` sampled
-    first turns (each unchanged for None)."""
+def with_collapse_every(
+    cfg: dict[str, Any], every: int | None, samples: int | None = None
+) -> dict[str, Any]:
+    """``cfg`` with its ``callbacks.CollapseMonitor`` measuring MI every ``every`` iterations on
+    ``samples`` sampled first turns (each unchanged for None)."""
     if every is None and samples is None:
         return cfg
-    changes = {k: v for k, v in (("compute_freq", every), ("num_samples", samples)) if v is not None}
+    changes = {
+        k: v for k, v in (("compute_freq", every), ("num_samples", samples)) if v is not None
+    }
     callbacks = []
     for c in cfg.get("trainer", {}).get("callbacks", []):
         if str(c.get("class_path", "")).endswith("CollapseMonitor"):
@@ -86,10 +104,21 @@ def with_collapse_every(cfg: dict[str, Any], every: int | None, samples: int | N
     return {**cfg, "trainer": {**cfg.get("trainer", {}), "callbacks": callbacks}}
 
 
-def run_cell(task: str, estimator: str, arm: str, seed: int, fit_args: list[str], eval_episodes: int,
-             temperature: float, eval_seed: int, out: str, collapse_every: int | None = None,
-             collapse_samples: int | None = None) -> dict[str, Any]:
-    """Fit one cell in a subprocess, evaluate its actor here (one torch thread), write ``result.json``."""
+def run_cell(
+    task: str,
+    estimator: str,
+    arm: str,
+    seed: int,
+    fit_args: list[str],
+    eval_episodes: int,
+    temperature: float,
+    eval_seed: int,
+    out: str,
+    collapse_every: int | None = None,
+    collapse_samples: int | None = None,
+) -> dict[str, Any]:
+    """Fit one cell in a subprocess, evaluate its actor here (one torch thread), write
+    ``result.json``."""
     import torch
 
     torch.set_num_threads(1)
@@ -101,21 +130,37 @@ def run_cell(task: str, estimator: str, arm: str, seed: int, fit_args: list[str]
     run_dir = Path(out) / Path(task).stem / f"{estimator}-{arm}-s{seed}"
     fit_s = learning.fit_into(task, cfg, run_dir, [*cell_flags(estimator, arm, seed), *fit_args])
     _, demo = learning.warm_model(cfg)
-    after = learning.evaluate(str(run_dir / "actor"), cfg, eval_episodes, temperature, eval_seed, demo)
-    row = {"task": Path(task).stem, "estimator": estimator, "arm": arm, "seed": seed, "fit_s": fit_s,
-           "after": after, "eval_episodes": eval_episodes, "temperature": temperature,
-           "indicators": learning.indicators(run_dir), "command": (run_dir / "command.txt").read_text().strip()}
+    after = learning.evaluate(
+        str(run_dir / "actor"), cfg, eval_episodes, temperature, eval_seed, demo
+    )
+    row = {
+        "task": Path(task).stem,
+        "estimator": estimator,
+        "arm": arm,
+        "seed": seed,
+        "fit_s": fit_s,
+        "after": after,
+        "eval_episodes": eval_episodes,
+        "temperature": temperature,
+        "indicators": learning.indicators(run_dir),
+        "command": (run_dir / "command.txt").read_text().strip(),
+    }
     (run_dir / "result.json").write_text(json.dumps(row, indent=1))
     return row
 
 
-def before_of(task: str, eval_episodes: int, temperature: float, eval_seed: int, out: Path) -> dict[str, Any]:
+def before_of(
+    task: str, eval_episodes: int, temperature: float, eval_seed: int, out: Path
+) -> dict[str, Any]:
     """The warm start's held-out result (cached in ``<out>/<task>/before.json``)."""
     path = out / Path(task).stem / "before.json"
     if path.exists():
         saved = json.loads(path.read_text())
-        if (saved["eval_episodes"], saved["temperature"], saved["eval_seed"]) == (eval_episodes, temperature,
-                                                                                   eval_seed):
+        if (saved["eval_episodes"], saved["temperature"], saved["eval_seed"]) == (
+            eval_episodes,
+            temperature,
+            eval_seed,
+        ):
             return saved
     import learning
 
@@ -124,8 +169,13 @@ def before_of(task: str, eval_episodes: int, temperature: float, eval_seed: int,
     cfg = learning.load_config(task)
     warm, demo = learning.warm_model(cfg)
     result = learning.evaluate_warm_start(warm, cfg, eval_episodes, temperature, eval_seed, demo)
-    saved = {"warm_start": warm, "eval_episodes": eval_episodes, "temperature": temperature, "eval_seed": eval_seed,
-             **result}
+    saved = {
+        "warm_start": warm,
+        "eval_episodes": eval_episodes,
+        "temperature": temperature,
+        "eval_seed": eval_seed,
+        **result,
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(saved, indent=1))
     return saved
@@ -136,27 +186,36 @@ def fmt(x: float | None, f: str = "{:.3f}") -> str:
 
 
 def paired_cell(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
-    """``filter - none`` over seeds: the mean with its t interval, each seed's difference, and how many seeds'
-    differences exclude 0 on their own evaluation (normal approximation for two proportions over the episodes)."""
+    """``filter - none`` over seeds: the mean with its t interval, each seed's difference, and how
+    many seeds' differences exclude 0 on their own evaluation (normal approximation for two
+    proportions over the episodes)."""
     if not pairs:
         return "-"
     import learning
 
     d, beyond = [], 0
     for none, filt in pairs:
-        diff, lo, hi = learning.diff_interval(none["after"]["success_rate"], none["eval_episodes"],
-                                              filt["after"]["success_rate"], filt["eval_episodes"])
+        diff, lo, hi = learning.diff_interval(
+            none["after"]["success_rate"],
+            none["eval_episodes"],
+            filt["after"]["success_rate"],
+            filt["eval_episodes"],
+        )
         d.append(diff)
         beyond += lo > 0 or hi < 0
     m, lo, hi = mean_interval(d)
-    return (f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]; per seed {', '.join(f'{x:+.3f}' for x in d)} "
-            f"({beyond}/{len(d)} beyond evaluation noise)")
+    return (
+        f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]; per seed {', '.join(f'{x:+.3f}' for x in d)} "
+        f"({beyond}/{len(d)} beyond evaluation noise)"
+    )
 
 
 def summary(out: Path, tasks: list[str], estimators: list[str], seeds: list[int]) -> str:
-    header = ("| task | estimator | arm | seeds | before [95 %] | after: mean [95 %] | after per seed | "
-              "gain: mean [95 %] | filter - none, paired: mean [95 %] | fit min | reward std first -> last | "
-              "entropy first -> last | H(Z|X) first -> last | MI first -> last | kept |")
+    header = (
+        "| task | estimator | arm | seeds | before [95 %] | after: mean [95 %] | after per seed | "
+        "gain: mean [95 %] | filter - none, paired: mean [95 %] | fit min | reward std first -> last | "
+        "entropy first -> last | H(Z|X) first -> last | MI first -> last | kept |"
+    )
     lines = [header, "|---" * 15 + "|"]
     for task in tasks:
         name = Path(task).stem
@@ -182,8 +241,13 @@ def summary(out: Path, tasks: list[str], estimators: list[str], seeds: list[int]
                 g, glo, ghi = mean_interval([a - b for a in after])
                 paired = "-"
                 if arm == "filter":
-                    paired = paired_cell([(rows[("none", s)], rows[("filter", s)]) for s in seeds
-                                          if ("filter", s) in rows and ("none", s) in rows])
+                    paired = paired_cell(
+                        [
+                            (rows[("none", s)], rows[("filter", s)])
+                            for s in seeds
+                            if ("filter", s) in rows and ("none", s) in rows
+                        ]
+                    )
 
                 def ind(key: str, got: list[dict[str, Any]] = got) -> float | None:
                     vals = [r["indicators"][key] for r in got if key in r["indicators"]]
@@ -200,7 +264,8 @@ def summary(out: Path, tasks: list[str], estimators: list[str], seeds: list[int]
                     f"{b:.3f} [{blo:.3f}, {bhi:.3f}] | {m:.3f} [{lo:.3f}, {hi:.3f}] | "
                     f"{', '.join(f'{a:.3f}' for a in after)} | {g:+.3f} [{glo:+.3f}, {ghi:+.3f}] | {paired} | "
                     f"{min(fits):.1f}-{max(fits):.1f} | {pair('reward_std')} | {pair('entropy')} | "
-                    f"{pair('cond_entropy')} | {pair('mi')} | {kept_s} |")
+                    f"{pair('cond_entropy')} | {pair('mi')} | {kept_s} |"
+                )
     return "\n".join(lines)
 
 
@@ -212,15 +277,29 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--eval-episodes", type=int, default=1024)
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--eval-seed", type=int, default=0, help="seed of the held-out evaluation episodes")
+    p.add_argument(
+        "--eval-seed", type=int, default=0, help="seed of the held-out evaluation episodes"
+    )
     p.add_argument("--jobs", type=int, default=2, help="cells at a time")
     p.add_argument("--out", default="outputs/filter_table")
-    p.add_argument("--collapse-every", type=int, default=None,
-                   help="measure the MI proxy every N iterations (the task config's CollapseMonitor compute_freq)")
-    p.add_argument("--collapse-samples", type=int, default=None,
-                   help="sampled first turns per MI measurement (the CollapseMonitor's num_samples)")
-    p.add_argument("--summary", action="store_true", help="only print the table of the cells measured")
-    p.add_argument("--fit-args", nargs=argparse.REMAINDER, default=[], help="extra main.py flags (put last)")
+    p.add_argument(
+        "--collapse-every",
+        type=int,
+        default=None,
+        help="measure the MI proxy every N iterations (the task config's CollapseMonitor compute_freq)",
+    )
+    p.add_argument(
+        "--collapse-samples",
+        type=int,
+        default=None,
+        help="sampled first turns per MI measurement (the CollapseMonitor's num_samples)",
+    )
+    p.add_argument(
+        "--summary", action="store_true", help="only print the table of the cells measured"
+    )
+    p.add_argument(
+        "--fit-args", nargs=argparse.REMAINDER, default=[], help="extra main.py flags (put last)"
+    )
     a = p.parse_args(argv)
     out = Path(a.out).resolve()
     if not a.summary:
@@ -229,20 +308,44 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(1)
         for task in a.tasks:
             before = before_of(task, a.eval_episodes, a.temperature, a.eval_seed, out)
-            print(f"{task}: warm start {before['warm_start']}: success {before['success_rate']:.3f}", flush=True)
-        cells = [(t, e, arm, s) for t in a.tasks for e in a.estimators for s in a.seeds for arm in a.arms
-                 if not (out / Path(t).stem / f"{e}-{arm}-s{s}" / "result.json").exists()]
+            print(
+                f"{task}: warm start {before['warm_start']}: success {before['success_rate']:.3f}",
+                flush=True,
+            )
+        cells = [
+            (t, e, arm, s)
+            for t in a.tasks
+            for e in a.estimators
+            for s in a.seeds
+            for arm in a.arms
+            if not (out / Path(t).stem / f"{e}-{arm}-s{s}" / "result.json").exists()
+        ]
         print(f"{len(cells)} cells to run, {a.jobs} at a time", flush=True)
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=a.jobs, mp_context=ctx) as pool:
-            futures = {pool.submit(run_cell, *c, a.fit_args, a.eval_episodes, a.temperature, a.eval_seed,
-                                   str(out), a.collapse_every, a.collapse_samples): c for c in cells}
+            futures = {
+                pool.submit(
+                    run_cell,
+                    *c,
+                    a.fit_args,
+                    a.eval_episodes,
+                    a.temperature,
+                    a.eval_seed,
+                    str(out),
+                    a.collapse_every,
+                    a.collapse_samples,
+                ): c
+                for c in cells
+            }
             for f in as_completed(futures):
                 c = futures[f]
                 try:
                     r = f.result()
-                    print(f"{'/'.join(map(str, c))}: success {r['after']['success_rate']:.3f}, "
-                          f"fit {r['fit_s'] / 60:.1f} min", flush=True)
+                    print(
+                        f"{'/'.join(map(str, c))}: success {r['after']['success_rate']:.3f}, "
+                        f"fit {r['fit_s'] / 60:.1f} min",
+                        flush=True,
+                    )
                 except Exception as e:  # noqa: BLE001  (one failed cell does not stop the table)
                     print(f"{'/'.join(map(str, c))}: FAILED: {e}", flush=True)
     print(summary(out, a.tasks, a.estimators, a.seeds))

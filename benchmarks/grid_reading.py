@@ -27,20 +27,35 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-SUFFIX = ("You have 10 actions left. Always output: <think> [Your thoughts] </think> <answer> [your answer] </answer> "
-          "with no extra text. Strictly follow this format. ")
+SUFFIX = (
+    "You have 10 actions left. Always output: <think> [Your thoughts] </think> <answer> [your answer] </answer> "
+    "with no extra text. Strictly follow this format. "
+)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="tiny:cells", help="an embedded model name (tiny, tiny:cells, tiny:small+cells)")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--model",
+        default="tiny:cells",
+        help="an embedded model name (tiny, tiny:cells, tiny:small+cells)",
+    )
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--eval-every", type=int, default=250)
-    p.add_argument("--prefix", type=int, default=0, help="repetitions of a 34-token sentence before the grid")
-    p.add_argument("--suffix", type=int, default=0, help="repetitions of the chat format's instruction sentence "
-                   "(~45 tokens) between the grid and the answer, as in the real prompt")
+    p.add_argument(
+        "--prefix", type=int, default=0, help="repetitions of a 34-token sentence before the grid"
+    )
+    p.add_argument(
+        "--suffix",
+        type=int,
+        default=0,
+        help="repetitions of the chat format's instruction sentence "
+        "(~45 tokens) between the grid and the answer, as in the real prompt",
+    )
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
@@ -60,7 +75,9 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     env = gym.make("ragen/FrozenLake-v0", success_rate=1.0)
-    filler = tok("You're a helpful assistant. You are solving the FrozenLake puzzle. " * args.prefix)["input_ids"]
+    filler = tok(
+        "You're a helpful assistant. You are solving the FrozenLake puzzle. " * args.prefix
+    )["input_ids"]
 
     after = tok(SUFFIX * args.suffix)["input_ids"]
 
@@ -78,11 +95,12 @@ def main() -> None:
         trained = torch.zeros((len(rows), width), dtype=torch.bool)
         for i, (c, t) in enumerate(rows):
             ids[i, : len(c) + len(t)] = torch.tensor(c + t)
-            trained[i, len(c): len(c) + len(t)] = True
+            trained[i, len(c) : len(c) + len(t)] = True
         return ids, trained
 
     def logits(ids: torch.Tensor) -> torch.Tensor:
-        """``[b, t - 1, V]``: position j predicts token j + 1 (zeros inside the shared prefix, never trained)."""
+        """``[b, t - 1, V]``: position j predicts token j + 1 (zeros inside the shared prefix, never
+        trained)."""
         if not filler:
             return model(input_ids=ids).logits[:, :-1]
         out = run_on_shared_prefix(model, ids, len(filler), attention_mask=None).logits
@@ -101,7 +119,10 @@ def main() -> None:
 
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     rng = np.random.default_rng(args.seed)
-    print(f"{args.model}: context {len(example(0)[0])} tokens, batch {args.batch}, lr {args.lr}", flush=True)
+    print(
+        f"{args.model}: context {len(example(0)[0])} tokens, batch {args.batch}, lr {args.lr}",
+        flush=True,
+    )
     start = time.perf_counter()
     for step in range(1, args.steps + 1):
         ids, trained = batch(rng.integers(0, 10**6, args.batch))
@@ -112,8 +133,11 @@ def main() -> None:
         opt.step()
         opt.zero_grad()
         if step % args.eval_every == 0:
-            print(f"step {step}: loss {loss.item():.3f}, held-out exact match {exact_match():.3f} "
-                  f"({time.perf_counter() - start:.0f} s)", flush=True)
+            print(
+                f"step {step}: loss {loss.item():.3f}, held-out exact match {exact_match():.3f} "
+                f"({time.perf_counter() - start:.0f} s)",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

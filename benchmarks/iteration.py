@@ -36,34 +36,57 @@ ITERATION = "throughput/iteration_s"
 
 
 def read_iterations(metrics_csv: Path) -> list[dict[str, float]]:
-    """One dict per training iteration (rows merged by ``step``) with the timing columns that have values."""
+    """One dict per training iteration (rows merged by ``step``) with the timing columns that have
+    values."""
     by_step: dict[str, dict[str, float]] = {}
     with open(metrics_csv) as f:
         for row in csv.DictReader(f):
-            keep = {k: float(v) for k, v in row.items()
-                    if v not in ("", None) and (k.startswith("timing_s/") or k in (ITERATION, "rollout/generated_tokens"))}
+            keep = {
+                k: float(v)
+                for k, v in row.items()
+                if v not in ("", None)
+                and (k.startswith("timing_s/") or k in (ITERATION, "rollout/generated_tokens"))
+            }
             if keep:
                 by_step.setdefault(row.get("step", ""), {}).update(keep)
     rows = [r for r in by_step.values() if "timing_s/update" in r or "timing_s/rollout" in r]
     return rows
 
 
-def run_tree(tree: Path, config: str, iterations: int, extra: list[str], log_dir: Path) -> tuple[list[dict], float]:
+def run_tree(
+    tree: Path, config: str, iterations: int, extra: list[str], log_dir: Path
+) -> tuple[list[dict], float]:
     scratch = Path(tempfile.mkdtemp(prefix="iteration-bench-"))
-    cmd = [sys.executable, str(tree / "main.py"), "fit", "--config", str(tree / config),
-           "--data.training.num_iterations", str(iterations), "--trainer.limit_val_batches", "0", *extra]
-    env = dict(os.environ, WANDB_MODE="offline", HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    cmd = [
+        sys.executable,
+        str(tree / "main.py"),
+        "fit",
+        "--config",
+        str(tree / config),
+        "--data.training.num_iterations",
+        str(iterations),
+        "--trainer.limit_val_batches",
+        "0",
+        *extra,
+    ]
+    env = dict(
+        os.environ, WANDB_MODE="offline", HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0"
+    )
     log = log_dir / f"{tree.name}-{int(time.time())}.log"
     print(f"$ (cd {scratch} && {shlex.join(cmd)})  > {log}", flush=True)
     t0 = time.perf_counter()
     with open(log, "w") as out:
-        proc = subprocess.run(cmd, cwd=scratch, stdout=out, stderr=subprocess.STDOUT, env=env, check=False)
+        proc = subprocess.run(
+            cmd, cwd=scratch, stdout=out, stderr=subprocess.STDOUT, env=env, check=False
+        )
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{tree}: exit {proc.returncode}; see {log}")
     found = sorted(scratch.glob("**/csv/version_*/metrics.csv"), key=lambda p: p.stat().st_mtime)
     if not found:
-        raise SystemExit(f"{tree}: no csv/version_*/metrics.csv under {scratch} (does the config log to CSV?)")
+        raise SystemExit(
+            f"{tree}: no csv/version_*/metrics.csv under {scratch} (does the config log to CSV?)"
+        )
     return read_iterations(found[-1]), wall
 
 
@@ -75,22 +98,41 @@ def summary(runs: list[tuple[list[dict], float]], skip: int) -> dict:
     kept = [it for its, _ in runs for it in its[skip:]]
     first = [it for its, _ in runs for it in its[:skip]]
     cols = sorted({k for it in kept + first for k in it})
-    return {"kept": {k: mean([it[k] for it in kept if k in it]) for k in cols},
-            "first": {k: mean([it[k] for it in first if k in it]) for k in cols},
-            "n": len(kept), "process_s": mean([w for _, w in runs])}
+    return {
+        "kept": {k: mean([it[k] for it in kept if k in it]) for k in cols},
+        "first": {k: mean([it[k] for it in first if k in it]) for k in cols},
+        "n": len(kept),
+        "process_s": mean([w for _, w in runs]),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--trees", nargs="+", default=["."], help="source trees (each has main.py and the config)")
-    p.add_argument("--labels", nargs="+", default=None, help="a name per tree for the tables (default: the path)")
+    p.add_argument(
+        "--trees", nargs="+", default=["."], help="source trees (each has main.py and the config)"
+    )
+    p.add_argument(
+        "--labels",
+        nargs="+",
+        default=None,
+        help="a name per tree for the tables (default: the path)",
+    )
     p.add_argument("--config", default="configs/sokoban.yaml", help="relative to each tree")
     p.add_argument("--iterations", type=int, default=3)
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--skip", type=int, default=1, help="leading iterations per run reported apart (start-up)")
+    p.add_argument(
+        "--skip", type=int, default=1, help="leading iterations per run reported apart (start-up)"
+    )
     p.add_argument("--extra-args", default="", help="extra CLI flags for every tree (one string)")
-    p.add_argument("--tree-args", nargs="+", default=None, help="extra CLI flags per tree (one string per tree)")
-    p.add_argument("--log-dir", default=None, help="where each run's output goes (default: a temp dir)")
+    p.add_argument(
+        "--tree-args",
+        nargs="+",
+        default=None,
+        help="extra CLI flags per tree (one string per tree)",
+    )
+    p.add_argument(
+        "--log-dir", default=None, help="where each run's output goes (default: a temp dir)"
+    )
     args = p.parse_args(argv)
     trees = [Path(t).resolve() for t in args.trees]
     labels = args.labels or [str(t) for t in trees]
@@ -108,24 +150,38 @@ def main(argv: list[str] | None = None) -> dict:
 
     sums = [summary(r, args.skip) for r in runs]
     cols = sorted({k for s in sums for k in s["kept"]}, key=lambda k: (k != ITERATION, k))
-    print(f"\n{args.config}: {args.iterations} iterations x {args.repeats} run(s) per tree; means over iterations "
-          f"after the first {args.skip} of each run; {os.cpu_count()} CPU cores\n")
+    print(
+        f"\n{args.config}: {args.iterations} iterations x {args.repeats} run(s) per tree; means over iterations "
+        f"after the first {args.skip} of each run; {os.cpu_count()} CPU cores\n"
+    )
     print("| metric | " + " | ".join(labels) + " |")
     print("|---|" + "---:|" * len(labels))
     for k in cols:
-        print(f"| {k} | " + " | ".join(f"{s['kept'].get(k, float('nan')):.2f}" for s in sums) + " |")
+        print(
+            f"| {k} | " + " | ".join(f"{s['kept'].get(k, float('nan')):.2f}" for s in sums) + " |"
+        )
     print("| iterations averaged | " + " | ".join(str(s["n"]) for s in sums) + " |")
-    print("| process wall s (incl. start-up) | " + " | ".join(f"{s['process_s']:.1f}" for s in sums) + " |")
+    print(
+        "| process wall s (incl. start-up) | "
+        + " | ".join(f"{s['process_s']:.1f}" for s in sums)
+        + " |"
+    )
     if args.skip:
         for k in (ITERATION, "timing_s/rollout", "timing_s/update"):
-            print(f"| first {args.skip} iteration(s): {k} | "
-                  + " | ".join(f"{s['first'].get(k, float('nan')):.2f}" for s in sums) + " |")
+            print(
+                f"| first {args.skip} iteration(s): {k} | "
+                + " | ".join(f"{s['first'].get(k, float('nan')):.2f}" for s in sums)
+                + " |"
+            )
     base = sums[0]["kept"]
     if len(trees) > 1:
         print(f"\nspeed-up vs {labels[0]} (its time / this time):")
         for label, s in zip(labels[1:], sums[1:]):
-            parts = [f"{k.split('/')[-1]} {base[k] / s['kept'][k]:.2f}x" for k in (ITERATION, "timing_s/rollout",
-                     "timing_s/update") if k in base and s["kept"].get(k)]
+            parts = [
+                f"{k.split('/')[-1]} {base[k] / s['kept'][k]:.2f}x"
+                for k in (ITERATION, "timing_s/rollout", "timing_s/update")
+                if k in base and s["kept"].get(k)
+            ]
             print(f"  {label}: " + ", ".join(parts))
     print(f"\nrun logs: {log_dir}")
     return {"labels": labels, "summaries": sums}

@@ -37,9 +37,10 @@ UNSOLVED = "unsolved"
 
 
 def classify(distances: Sequence[int | None], success: bool) -> dict[str, Any]:
-    """One episode from its solver distances ``[d_0, d_1, ..., d_n]`` (``d_i`` after the i-th action, None when
-    unsolvable): ``actions`` n, ``optimal`` (steps with ``d_{i+1} == d_i - 1``), ``dead_at`` (index of the first
-    action after which the state was unsolvable, None if never), ``outcome`` and ``left`` (the last distance)."""
+    """One episode from its solver distances ``[d_0, d_1, ..., d_n]`` (``d_i`` after the i-th
+    action, None when unsolvable): ``actions`` n, ``optimal`` (steps with ``d_{i+1} == d_i - 1``),
+    ``dead_at`` (index of the first action after which the state was unsolvable, None if never),
+    ``outcome`` and ``left`` (the last distance)."""
     if not distances or distances[0] is None:
         raise ValueError(f"the level must be solvable at reset, got distances {list(distances)!r}")
     optimal, dead_at = 0, None
@@ -49,12 +50,19 @@ def classify(distances: Sequence[int | None], success: bool) -> dict[str, Any]:
         elif before is not None and after == before - 1:
             optimal += 1
     outcome = SOLVED if success else DEAD if dead_at is not None else UNSOLVED
-    return {"start": distances[0], "actions": len(distances) - 1, "optimal": optimal, "dead_at": dead_at,
-            "outcome": outcome, "left": distances[-1]}
+    return {
+        "start": distances[0],
+        "actions": len(distances) - 1,
+        "optimal": optimal,
+        "dead_at": dead_at,
+        "outcome": outcome,
+        "left": distances[-1],
+    }
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Totals over :func:`classify` records: outcome counts, the optimal share of all actions, success by ``start``."""
+    """Totals over :func:`classify` records: outcome counts, the optimal share of all actions,
+    success by ``start``."""
     actions = sum(r["actions"] for r in records)
     by_start: dict[int, list[bool]] = defaultdict(list)
     for r in records:
@@ -64,14 +72,19 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "success": sum(r["outcome"] == SOLVED for r in records) / max(len(records), 1),
         "outcomes": dict(Counter(r["outcome"] for r in records)),
         "optimal_action_share": sum(r["optimal"] for r in records) / actions if actions else 0.0,
-        "dead_at": dict(sorted(Counter(r["dead_at"] for r in records if r["dead_at"] is not None).items())),
-        "unsolved_left": dict(sorted(Counter(r["left"] for r in records if r["outcome"] == UNSOLVED).items())),
+        "dead_at": dict(
+            sorted(Counter(r["dead_at"] for r in records if r["dead_at"] is not None).items())
+        ),
+        "unsolved_left": dict(
+            sorted(Counter(r["left"] for r in records if r["outcome"] == UNSOLVED).items())
+        ),
         "success_by_start": {d: (len(v), sum(v) / len(v)) for d, v in sorted(by_start.items())},
     }
 
 
 def replay(env: Any, seed: int, actions: Sequence[str]) -> list[int | None]:
-    """The solver distance at reset and after each of ``actions`` (action words) on ``env`` reset with ``seed``."""
+    """The solver distance at reset and after each of ``actions`` (action words) on ``env`` reset
+    with ``seed``."""
     core = env.unwrapped
     names = list(core.action_names)
     env.reset(seed=seed)
@@ -93,13 +106,21 @@ def replay(env: Any, seed: int, actions: Sequence[str]) -> list[int | None]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="a Hugging Face folder (a warm start, an exported actor)")
-    p.add_argument("--config", required=True, help="the task config: env, env_kwargs, episode settings")
+    p.add_argument(
+        "--model", required=True, help="a Hugging Face folder (a warm start, an exported actor)"
+    )
+    p.add_argument(
+        "--config", required=True, help="the task config: env, env_kwargs, episode settings"
+    )
     p.add_argument("--episodes", type=int, default=256)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out episodes")
-    p.add_argument("--demo-episodes", type=int, default=None,
-                   help="demonstration episodes to exclude (default: the config's warm start num_episodes, else 512)")
+    p.add_argument(
+        "--demo-episodes",
+        type=int,
+        default=None,
+        help="demonstration episodes to exclude (default: the config's warm start num_episodes, else 512)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     a = p.parse_args(argv)
 
@@ -125,18 +146,33 @@ def main(argv: Sequence[str] | None = None) -> None:
     env_id, env_kwargs = data["env"]["id"], data["env"].get("kwargs")
     tokenizer, net = models.load_tokenizer(a.model), models.load_causal_lm(a.model).eval()
     engine = HFEngine(net, [tokenizer.eos_token_id], tokenizer.pad_token_id)
-    runner = RolloutRunner(env_id, env_kwargs, ChatTokens(tokenizer, enable_think=episode.enable_think), engine,
-                           episode)
-    seeds = episode_seeds(a.seed, a.episodes, "eval", exclude=episode_seeds(ws.get("seed", 0), demo, "train"))
+    runner = RolloutRunner(
+        env_id,
+        env_kwargs,
+        ChatTokens(tokenizer, enable_think=episode.enable_think),
+        engine,
+        episode,
+    )
+    seeds = episode_seeds(
+        a.seed, a.episodes, "eval", exclude=episode_seeds(ws.get("seed", 0), demo, "train")
+    )
     try:
-        trajectories = runner.run(seeds, 1, SamplingParams(temperature=a.temperature,
-                                                           max_new_tokens=episode.max_new_tokens), seed=a.seed)
+        trajectories = runner.run(
+            seeds,
+            1,
+            SamplingParams(temperature=a.temperature, max_new_tokens=episode.max_new_tokens),
+            seed=a.seed,
+        )
     finally:
         runner.close()
     env = make_env(env_id, env_kwargs)
     try:
-        records = [classify(replay(env, t.seed, [w for turn in t.turn_info for w in turn["actions"]]), t.success)
-                   for t in trajectories]
+        records = [
+            classify(
+                replay(env, t.seed, [w for turn in t.turn_info for w in turn["actions"]]), t.success
+            )
+            for t in trajectories
+        ]
     finally:
         env.close()
     summary = summarize(records)
@@ -148,8 +184,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"optimal actions {summary['optimal_action_share']:.3f} of all actions")
     print(f"first dead state after action index: {summary['dead_at']}")
     print(f"distance left when unsolved: {summary['unsolved_left']}")
-    print("success by shortest solution at reset: " + ", ".join(
-        f"d={d}: {s:.2f} ({n})" for d, (n, s) in summary["success_by_start"].items()))
+    print(
+        "success by shortest solution at reset: "
+        + ", ".join(f"d={d}: {s:.2f} ({n})" for d, (n, s) in summary["success_by_start"].items())
+    )
 
 
 if __name__ == "__main__":

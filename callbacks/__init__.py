@@ -1,17 +1,22 @@
-"""Optional observers and controllers of a StarPO run, reached from YAML by ``class_path`` (``callbacks.X``).
+"""Optional observers and controllers of a StarPO run, reached from YAML by ``class_path``
+(``callbacks.X``).
 
 Each is independent of the others and of their order, reads the iteration's data the module keeps
-(``StarPOModule.last_rollout`` / ``last_logs``) in ``on_train_batch_end``, and saves its state in checkpoints
-(``state_dict`` / ``load_state_dict``), so a resumed run continues where it stopped.
+(``StarPOModule.last_rollout`` / ``last_logs``) in ``on_train_batch_end``, and saves its state in
+checkpoints (``state_dict`` / ``load_state_dict``), so a resumed run continues where it stopped.
 
-- :class:`CollapseMonitor`: MI diagnostics on a schedule and early-warning rules with actions (log, checkpoint, stop,
-  adjust the filter value or the entropy coefficient).
-- :class:`TrajectoryLogger`: sampled trajectories as JSONL, a self-contained HTML page and a wandb Table.
-- :class:`GradientAnalysis`: gradient norms of the policy / entropy / KL terms bucketed by group reward std.
+- :class:`CollapseMonitor`: MI diagnostics on a schedule and early-warning rules with actions (log,
+  checkpoint, stop, adjust the filter value or the entropy coefficient).
+- :class:`TrajectoryLogger`: sampled trajectories as JSONL, a self-contained HTML page and a wandb
+  Table.
+- :class:`GradientAnalysis`: gradient norms of the policy / entropy / KL terms bucketed by group
+  reward std.
 - :class:`RolloutThroughput`: tokens/s and the rollout / update / env time split.
 - :class:`PeakMemory`: each iteration's peak memory (CUDA allocator and device; process RSS on CPU).
-- :class:`RolloutStatistics`: TorchMetrics (pass@k, reasoning length, valid-thinking rate) of the kept rollouts.
-- :class:`BestActorExport`: the actor of the best validation so far, kept as a model folder (model selection).
+- :class:`RolloutStatistics`: TorchMetrics (pass@k, reasoning length, valid-thinking rate) of the
+  kept rollouts.
+- :class:`BestActorExport`: the actor of the best validation so far, kept as a model folder (model
+  selection).
 """
 
 from callbacks.best_actor import BestActorExport
@@ -22,5 +27,12 @@ from callbacks.stats import RolloutStatistics
 from callbacks.throughput import RolloutThroughput
 from callbacks.trajectories import TrajectoryLogger
 
-__all__ = ["BestActorExport", "CollapseMonitor", "GradientAnalysis", "PeakMemory", "RolloutStatistics",
-           "RolloutThroughput", "TrajectoryLogger"]
+__all__ = [
+    "BestActorExport",
+    "CollapseMonitor",
+    "GradientAnalysis",
+    "PeakMemory",
+    "RolloutStatistics",
+    "RolloutThroughput",
+    "TrajectoryLogger",
+]

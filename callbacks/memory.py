@@ -1,18 +1,22 @@
-"""PeakMemory: the peak memory of every iteration (rollout + update), to compare with the memory plan.
+"""PeakMemory: the peak memory of every iteration (rollout + update), to compare with the memory
+plan.
 
-On CUDA the allocator's peak is reset when an iteration starts (``on_train_batch_start``, before the rollout is
-generated) and read when it ends, so model loading and anything between iterations are not counted:
+On CUDA the allocator's peak is reset when an iteration starts (``on_train_batch_start``, before the
+rollout is generated) and read when it ends, so model loading and anything between iterations are
+not counted:
 
-* ``memory/peak_allocated_gib``: ``torch.cuda.max_memory_allocated`` (live tensors; what the memory plan predicts
-  without its runtime overhead);
-* ``memory/peak_reserved_gib``: ``torch.cuda.max_memory_reserved`` (the caching allocator's blocks, fragmentation
-  included);
-* ``memory/device_used_gib`` and ``memory/device_total_gib``: the whole device at the iteration's end, from
-  ``torch.cuda.mem_get_info`` (CUDA context, other processes and libraries' workspaces included).
+* ``memory/peak_allocated_gib``: ``torch.cuda.max_memory_allocated`` (live tensors; what the memory
+  plan predicts without its runtime overhead);
+* ``memory/peak_reserved_gib``: ``torch.cuda.max_memory_reserved`` (the caching allocator's blocks,
+  fragmentation included);
+* ``memory/device_used_gib`` and ``memory/device_total_gib``: the whole device at the iteration's
+  end, from ``torch.cuda.mem_get_info`` (CUDA context, other processes and libraries' workspaces
+  included).
 
-On CPU, ``memory/peak_rss_gib`` is the process's peak resident set (``VmHWM``: since the process started, so
-it only grows; it holds Python, torch and the libraries as well as the model, and is not what the plan predicts).
-Values are logged by rank 0's loggers (the other ranks' peaks are alike under data parallelism and FSDP).
+On CPU, ``memory/peak_rss_gib`` is the process's peak resident set (``VmHWM``: since the process
+started, so it only grows; it holds Python, torch and the libraries as well as the model, and is not
+what the plan predicts). Values are logged by rank 0's loggers (the other ranks' peaks are alike
+under data parallelism and FSDP).
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ GIB = 1024**3
 
 
 def cpu_peak_rss_bytes() -> int:
-    """This process's peak resident set in bytes: Linux's ``VmHWM`` (``getrusage`` can lag behind it), else
-    ``getrusage`` (kilobytes on Linux, bytes on macOS)."""
+    """This process's peak resident set in bytes: Linux's ``VmHWM`` (``getrusage`` can lag behind
+    it), else ``getrusage`` (kilobytes on Linux, bytes on macOS)."""
     status = Path("/proc/self/status")
     if status.is_file():
         for line in status.read_text().splitlines():
@@ -44,9 +48,12 @@ def cpu_peak_rss_bytes() -> int:
 def cuda_memory_values(device: torch.device) -> dict[str, float]:
     """The ``memory/*`` values of a CUDA device since the last peak reset (module docstring)."""
     free, total = torch.cuda.mem_get_info(device)
-    return {"memory/peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
-            "memory/peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
-            "memory/device_used_gib": (total - free) / GIB, "memory/device_total_gib": total / GIB}
+    return {
+        "memory/peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
+        "memory/peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
+        "memory/device_used_gib": (total - free) / GIB,
+        "memory/device_total_gib": total / GIB,
+    }
 
 
 class PeakMemory(Callback):

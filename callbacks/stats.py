@@ -1,15 +1,19 @@
-"""RolloutStatistics: the TorchMetrics classes of ``ragen_lightning.metrics`` fed from each iteration's kept rollout.
+"""RolloutStatistics: the TorchMetrics classes of ``ragen_lightning.metrics`` fed from each
+iteration's kept rollout.
 
-Logs only what the data module does not already log as floats (``train/*`` holds success, score, turns, actions,
-response length and pass@group_size of the whole rollout; ``rollout/*`` the filter statistics):
+Logs only what the data module does not already log as floats (``train/*`` holds success, score,
+turns, actions, response length and pass@group_size of the whole rollout; ``rollout/*`` the filter
+statistics):
 
 * ``stats/pass@k`` for each ``k`` in ``ks`` (unbiased estimator per group, ``RewardMetrics``);
-* ``stats/think_tokens_mean``: reasoning tokens (strictly between ``<think>`` and ``</think>``) per trajectory, and
-  ``stats/valid_thinking_rate``: turns with a non-empty reasoning / turns (``LengthMetrics``, ``ValidThinkingRate``);
-  a shrinking, input-independent reasoning length is one face of template collapse.
+* ``stats/think_tokens_mean``: reasoning tokens (strictly between ``<think>`` and ``</think>``) per
+  trajectory, and ``stats/valid_thinking_rate``: turns with a non-empty reasoning / turns
+  (``LengthMetrics``, ``ValidThinkingRate``); a shrinking, input-independent reasoning length is one
+  face of template collapse.
 
-The metrics are reset every iteration and computed with TorchMetrics' cross-rank sync, so under DDP every rank logs
-the value over all ranks' rollouts. Computed on the kept (post-filter) trajectories, group-major.
+The metrics are reset every iteration and computed with TorchMetrics' cross-rank sync, so under DDP
+every rank logs the value over all ranks' rollouts. Computed on the kept (post-filter) trajectories,
+group-major.
 """
 
 from __future__ import annotations
@@ -49,13 +53,23 @@ class RolloutStatistics(Callback):
             m.reset()
         if self._finder is None:
             self._finder = ReasoningFinder(tokenizer)
-        scores = torch.tensor([t.score for t in trajectories], dtype=torch.float32).view(-1, group_size)
+        scores = torch.tensor([t.score for t in trajectories], dtype=torch.float32).view(
+            -1, group_size
+        )
         success = torch.tensor([bool(t.success) for t in trajectories]).view(-1, group_size)
         self.rewards.update(scores, success)
         turns = trajectory_turns(trajectories, self._finder)
-        self.lengths.update(think_tokens=torch.tensor([float(sum(len(t.reasoning or []) for t in ts)) for ts in turns]))
+        self.lengths.update(
+            think_tokens=torch.tensor(
+                [float(sum(len(t.reasoning or []) for t in ts)) for ts in turns]
+            )
+        )
         self.valid.update(thinking_flags(turns))
-        out = {f"stats/{k}": float(v) for k, v in self.rewards.compute().items() if k.startswith("pass@")}
+        out = {
+            f"stats/{k}": float(v)
+            for k, v in self.rewards.compute().items()
+            if k.startswith("pass@")
+        }
         out["stats/think_tokens_mean"] = float(self.lengths.compute()["think_tokens_mean"])
         out["stats/valid_thinking_rate"] = float(self.valid.compute())
         return out

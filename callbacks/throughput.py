@@ -1,15 +1,19 @@
-"""RolloutThroughput: tokens per second and where an iteration's time goes (rollout vs update, generation vs env).
+"""RolloutThroughput: tokens per second and where an iteration's time goes (rollout vs update,
+generation vs env).
 
-Reads what the data module and the module already log (``timing_s/rollout`` with its ``timing_s/rollout_generate``
-and ``timing_s/rollout_env`` parts, ``rollout/generated_tokens``, ``timing_s/update``) plus its own wall clock from
-``on_train_batch_start`` to ``on_train_batch_end``, and logs ``throughput/*``:
+Reads what the data module and the module already log (``timing_s/rollout`` with its
+``timing_s/rollout_generate`` and ``timing_s/rollout_env`` parts, ``rollout/generated_tokens``,
+``timing_s/update``) plus its own wall clock from ``on_train_batch_start`` to
+``on_train_batch_end``, and logs ``throughput/*``:
 
 * ``generate_tokens_per_s`` = generated tokens / generation time (the engine's decode speed);
-* ``rollout_tokens_per_s`` = generated tokens / rollout time (includes env steps and prompt building);
+* ``rollout_tokens_per_s`` = generated tokens / rollout time (includes env steps and prompt
+  building);
 * ``update_tokens_per_s`` = trained-batch tokens (attention mask sum) / update time;
-* ``iteration_s``, and the fractions of it spent in ``rollout``, ``update``, ``env`` and ``other`` (logging,
-  callbacks; ``1 - rollout - update``);
-* ``total_generated_tokens`` and ``total_s`` over the run (kept in the checkpoint, so they continue on resume).
+* ``iteration_s``, and the fractions of it spent in ``rollout``, ``update``, ``env`` and ``other``
+  (logging, callbacks; ``1 - rollout - update``);
+* ``total_generated_tokens`` and ``total_s`` over the run (kept in the checkpoint, so they continue
+  on resume).
 """
 
 from __future__ import annotations
@@ -22,8 +26,11 @@ from lightning.pytorch.callbacks import Callback
 from callbacks._common import iteration_data, log_values
 
 
-def throughput_values(logs: dict[str, float], trained_tokens: float, iteration_s: float) -> dict[str, float]:
-    """The per-iteration ``throughput/*`` values from the logged timings (see the module docstring)."""
+def throughput_values(
+    logs: dict[str, float], trained_tokens: float, iteration_s: float
+) -> dict[str, float]:
+    """The per-iteration ``throughput/*`` values from the logged timings (see the module
+    docstring)."""
     out: dict[str, float] = {"throughput/iteration_s": iteration_s}
     tokens = logs.get("rollout/generated_tokens", 0.0)
     gen, rollout = logs.get("timing_s/rollout_generate", 0.0), logs.get("timing_s/rollout", 0.0)
@@ -43,7 +50,8 @@ def throughput_values(logs: dict[str, float], trained_tokens: float, iteration_s
 
 
 class RolloutThroughput(Callback):
-    """Logs tokens/s and the rollout / update / env time split of every iteration (module docstring)."""
+    """Logs tokens/s and the rollout / update / env time split of every iteration (module
+    docstring)."""
 
     def __init__(self):
         self.total_tokens = 0.0

@@ -39,10 +39,19 @@ from ragen_lightning.errors import ConfigError
 from ragen_lightning.rollout.records import append_jsonl, episode_record
 
 _STATE_RE = re.compile(r"State:\n(.*?)\n(?:You have|No valid action|$)", re.DOTALL)
-# cell colours by symbol (Sokoban: # wall, _ floor, O target, X box, √ box on target, P player, S player on target;
-# FrozenLake: _ frozen, O hole, G goal, P player, X player in hole, √ player on goal)
-_CELL_COLOURS = {"#": "#555555", "_": "#f2f2f2", "O": "#f4a6a6", "X": "#c8a165", "√": "#7fc97f", "P": "#5b8def",
-                 "S": "#9b6bd6", "G": "#ffd34d"}
+# cell colours by symbol (Sokoban: # wall, _ floor, O target, X box, √ box on target, P player, S
+# player on target; FrozenLake: _ frozen, O hole, G goal, P player, X player in hole, √ player on
+# goal)
+_CELL_COLOURS = {
+    "#": "#555555",
+    "_": "#f2f2f2",
+    "O": "#f4a6a6",
+    "X": "#c8a165",
+    "√": "#7fc97f",
+    "P": "#5b8def",
+    "S": "#9b6bd6",
+    "G": "#ffd34d",
+}
 
 _CSS = """
 body{font-family:sans-serif;margin:1.5em;color:#222}
@@ -104,19 +113,28 @@ def trajectory_record(traj: Any, tokenizer: Any, iteration: int) -> dict[str, An
     """The JSON-able view of one trajectory (see the module docstring)."""
     convs = [s.conversation for s in traj.samples]
     return {
-        "iteration": iteration, "env_index": traj.env_index, "group_id": traj.group_id, "seed": traj.seed,
-        "score": traj.score, "env_return": traj.env_return, "penalty": traj.penalty, "success": bool(traj.success),
-        "num_turns": traj.num_turns, "turn_rewards": list(traj.turn_rewards),
+        "iteration": iteration,
+        "env_index": traj.env_index,
+        "group_id": traj.group_id,
+        "seed": traj.seed,
+        "score": traj.score,
+        "env_return": traj.env_return,
+        "penalty": traj.penalty,
+        "success": bool(traj.success),
+        "num_turns": traj.num_turns,
+        "turn_rewards": list(traj.turn_rewards),
         "turn_penalties": [float(t.get("penalty", 0.0)) for t in traj.turn_info]
-        if len(traj.turn_info) == len(traj.turn_rewards) else [],
+        if len(traj.turn_info) == len(traj.turn_rewards)
+        else [],
         "boards": boards(convs[0].messages) if convs else [],
         "samples": [segments(c.input_ids, c.loss_mask, tokenizer) for c in convs],
     }
 
 
 def entry_fields(traj: Any, entries: Sequence[Any]) -> dict[str, Any]:
-    """``{"tag", "env_id", "env_kwargs"}`` of the validation entry ``traj`` ran in: the entry with its tag (a mixture
-    or ``--data.validation.suite``), the only entry for a single env's rollout (untagged); unknown values are None."""
+    """``{"tag", "env_id", "env_kwargs"}`` of the validation entry ``traj`` ran in: the entry with
+    its tag (a mixture or ``--data.validation.suite``), the only entry for a single env's rollout
+    (untagged); unknown values are None."""
     if traj.tag:
         found = [e for e in entries if e.tag == traj.tag]
     else:
@@ -132,8 +150,10 @@ def _board_html(board: str) -> str:
         return f"<pre>{html.escape(board)}</pre>"
     rows = []
     for line in board.split("\n"):
-        cells = "".join(f'<td style="background:{_CELL_COLOURS.get(ch, "#ddd")}">{html.escape(ch)}</td>'
-                        for ch in line)
+        cells = "".join(
+            f'<td style="background:{_CELL_COLOURS.get(ch, "#ddd")}">{html.escape(ch)}</td>'
+            for ch in line
+        )
         rows.append(f"<tr>{cells}</tr>")
     return f'<table class="board">{"".join(rows)}</table>'
 
@@ -146,32 +166,45 @@ def _score_html(r: dict[str, Any]) -> str:
 
 
 def _rewards_html(r: dict[str, Any]) -> str:
-    """Per turn: the env reward and the format penalty charged; a total row (their sums: env return, penalty)."""
+    """Per turn: the env reward and the format penalty charged; a total row (their sums: env return,
+    penalty)."""
     penalties = r.get("turn_penalties") or []
     if len(penalties) != len(r["turn_rewards"]):
-        penalties = [None] * len(r["turn_rewards"])  # records without per-turn penalties: the total row only
-    rows = "".join(f"<tr><td>{t + 1}</td><td>{v:.4g}</td><td>{'' if p is None else f'{p:.4g}'}</td></tr>"
-                   for t, (v, p) in enumerate(zip(r["turn_rewards"], penalties)))
-    total = (f"<tr><th>total</th><td>{sum(r['turn_rewards']):.4g}</td><td>{r.get('penalty', 0.0):.4g}</td></tr>")
-    return (f"<table class='rewards'><tr><th>turn</th><th>reward</th><th>format penalty</th></tr>{rows}{total}"
-            "</table>")
+        # records without per-turn penalties: the total row only
+        penalties = [None] * len(r["turn_rewards"])
+    rows = "".join(
+        f"<tr><td>{t + 1}</td><td>{v:.4g}</td><td>{'' if p is None else f'{p:.4g}'}</td></tr>"
+        for t, (v, p) in enumerate(zip(r["turn_rewards"], penalties))
+    )
+    total = f"<tr><th>total</th><td>{sum(r['turn_rewards']):.4g}</td><td>{r.get('penalty', 0.0):.4g}</td></tr>"
+    return (
+        f"<table class='rewards'><tr><th>turn</th><th>reward</th><th>format penalty</th></tr>{rows}{total}"
+        "</table>"
+    )
 
 
 def render_html(records: list[dict[str, Any]], title: str) -> str:
     """A self-contained page for ``records`` (no external CSS, JS or fonts)."""
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-             f"<style>{_CSS}</style><script>{_SCRIPT}</script></head><body>",
-             f"<h1>{html.escape(title)}</h1>",
-             ("<div class='legend'><span id='mask-legend'>(enable JavaScript for the counts)</span> "
-              "<label><input type='checkbox' id='toggle-context'> hide context</label></div>")]
+    parts = [
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+        f"<style>{_CSS}</style><script>{_SCRIPT}</script></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        (
+            "<div class='legend'><span id='mask-legend'>(enable JavaScript for the counts)</span> "
+            "<label><input type='checkbox' id='toggle-context'> hide context</label></div>"
+        ),
+    ]
     for r in records:
         parts.append(
             f"<div class='traj'><h3>env {r['env_index']} (group {r['group_id']}, seed {r['seed']}): "
             f"{_score_html(r)}, success {r['success']}, {r['num_turns']} turns</h3>{_rewards_html(r)}"
-            f"<div class='boards'>{''.join(_board_html(b) for b in r['boards'])}</div>")
+            f"<div class='boards'>{''.join(_board_html(b) for b in r['boards'])}</div>"
+        )
         for sample in r["samples"]:
-            spans = "".join(f"<span class='{'trained' if s['trained'] else 'context'}'>{html.escape(s['text'])}</span>"
-                            for s in sample)
+            spans = "".join(
+                f"<span class='{'trained' if s['trained'] else 'context'}'>{html.escape(s['text'])}</span>"
+                for s in sample
+            )
             parts.append(f"<div class='conv'>{spans}</div>")
         parts.append("</div>")
     parts.append("</body></html>")
@@ -179,7 +212,8 @@ def render_html(records: list[dict[str, Any]], title: str) -> str:
 
 
 def board_image(board: str, cell: int = 12):
-    """A grid board as an ``[H, W, 3]`` uint8 image (one colour per symbol), or None for non-grid states."""
+    """A grid board as an ``[H, W, 3]`` uint8 image (one colour per symbol), or None for non-grid
+    states."""
     if not is_grid(board):
         return None
     import numpy as np
@@ -189,7 +223,9 @@ def board_image(board: str, cell: int = 12):
     for r, line in enumerate(rows):
         for c, ch in enumerate(line):
             hexcol = _CELL_COLOURS.get(ch, "#dddddd").lstrip("#")
-            img[r * cell:(r + 1) * cell, c * cell:(c + 1) * cell] = [int(hexcol[i:i + 2], 16) for i in (0, 2, 4)]
+            img[r * cell : (r + 1) * cell, c * cell : (c + 1) * cell] = [
+                int(hexcol[i : i + 2], 16) for i in (0, 2, 4)
+            ]
     return img
 
 
@@ -206,12 +242,25 @@ class TrajectoryLogger(Callback):
         validation: append every validation episode to ``validation.jsonl`` (evaluate's format).
     """
 
-    def __init__(self, every_n: int = 10, num_trajectories: int = 4, dirpath: str | None = None, jsonl: bool = True,
-                 html: bool = True, wandb_table: bool = True, validation: bool = True):
+    def __init__(
+        self,
+        every_n: int = 10,
+        num_trajectories: int = 4,
+        dirpath: str | None = None,
+        jsonl: bool = True,
+        html: bool = True,
+        wandb_table: bool = True,
+        validation: bool = True,
+    ):
         if every_n < 1 or num_trajectories < 1:
             raise ConfigError("TrajectoryLogger every_n and num_trajectories must be >= 1")
         self.every_n, self.num_trajectories, self.dirpath = every_n, num_trajectories, dirpath
-        self.jsonl, self.html, self.wandb_table, self.validation = jsonl, html, wandb_table, validation
+        self.jsonl, self.html, self.wandb_table, self.validation = (
+            jsonl,
+            html,
+            wandb_table,
+            validation,
+        )
         self.iterations = 0
         self.written: list[str] = []
 
@@ -229,16 +278,23 @@ class TrajectoryLogger(Callback):
         step = len(trajectories) / n
         return [trajectories[int(i * step)] for i in range(n)]
 
-    def write(self, trajectories: list[Any], tokenizer: Any, iteration: int, out_dir: Path) -> list[dict[str, Any]]:
+    def write(
+        self, trajectories: list[Any], tokenizer: Any, iteration: int, out_dir: Path
+    ) -> list[dict[str, Any]]:
         """Write the records of ``trajectories`` for ``iteration``; returns them."""
-        records = [trajectory_record(t, tokenizer, iteration) for t in self.pick(trajectories, self.num_trajectories)]
+        records = [
+            trajectory_record(t, tokenizer, iteration)
+            for t in self.pick(trajectories, self.num_trajectories)
+        ]
         out_dir.mkdir(parents=True, exist_ok=True)
         if self.jsonl:
             with open(out_dir / "trajectories.jsonl", "a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in records)
         if self.html:
             path = out_dir / f"iteration_{iteration}.html"
-            path.write_text(render_html(records, f"Trajectories, iteration {iteration}"), encoding="utf-8")
+            path.write_text(
+                render_html(records, f"Trajectories, iteration {iteration}"), encoding="utf-8"
+            )
             self.written.append(str(path))
         return records
 
@@ -247,28 +303,48 @@ class TrajectoryLogger(Callback):
         if step is None:
             return
         rollout, _, iteration = step
-        if not rollout.trajectories or not on_schedule(iteration, self.every_n) or not trainer.is_global_zero:
+        if (
+            not rollout.trajectories
+            or not on_schedule(iteration, self.every_n)
+            or not trainer.is_global_zero
+        ):
             return
-        records = self.write(rollout.trajectories, pl_module.tokenizer, iteration, self._dir(trainer))
+        records = self.write(
+            rollout.trajectories, pl_module.tokenizer, iteration, self._dir(trainer)
+        )
         if self.wandb_table:
             self._wandb(trainer, records, iteration)
 
-    def write_validation(self, trajectories: list[Any], iteration: int, out_dir: Path,
-                         entries: Sequence[Any] = ()) -> int:
-        """Append every validation episode to ``validation.jsonl``; returns how many. Each record starts with the
-        ``tag``, ``env_id`` and ``env_kwargs`` of its validation entry (``entries``: the data module's
-        ``val_entries``), as evaluate's records do."""
-        records = [episode_record(t, **entry_fields(t, entries), iteration=iteration, **{"pass": "validation"})
-                   for t in trajectories]
+    def write_validation(
+        self, trajectories: list[Any], iteration: int, out_dir: Path, entries: Sequence[Any] = ()
+    ) -> int:
+        """Append every validation episode to ``validation.jsonl``; returns how many. Each record
+        starts with the ``tag``, ``env_id`` and ``env_kwargs`` of its validation entry (``entries``:
+        the data module's ``val_entries``), as evaluate's records do."""
+        records = [
+            episode_record(
+                t, **entry_fields(t, entries), iteration=iteration, **{"pass": "validation"}
+            )
+            for t in trajectories
+        ]
         return append_jsonl(out_dir / "validation.jsonl", records)
 
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+    def on_validation_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
+    ) -> None:
         trajectories = getattr(batch, "trajectories", None)
-        if not self.validation or trainer.sanity_checking or not trainer.is_global_zero or not trajectories:
+        if (
+            not self.validation
+            or trainer.sanity_checking
+            or not trainer.is_global_zero
+            or not trajectories
+        ):
             return
         datamodule = getattr(trainer, "datamodule", None)
         iteration = getattr(datamodule, "iteration", self.iterations)
-        self.write_validation(trajectories, int(iteration), self._dir(trainer), getattr(datamodule, "val_entries", ()))
+        self.write_validation(
+            trajectories, int(iteration), self._dir(trainer), getattr(datamodule, "val_entries", ())
+        )
 
     @staticmethod
     def _wandb(trainer: Any, records: list[dict[str, Any]], iteration: int) -> None:
@@ -279,13 +355,35 @@ class TrajectoryLogger(Callback):
             return
         import wandb
 
-        table = wandb.Table(columns=["iteration", "env_index", "group_id", "score", "penalty", "success",
-                                     "turn_rewards", "board", "text"])
+        table = wandb.Table(
+            columns=[
+                "iteration",
+                "env_index",
+                "group_id",
+                "score",
+                "penalty",
+                "success",
+                "turn_rewards",
+                "board",
+                "text",
+            ]
+        )
         for r in records:
             img = board_image(r["boards"][0]) if r["boards"] else None
-            text = "".join(s["text"] if s["trained"] else f"[{s['text']}]" for s in (r["samples"] or [[]])[0])
-            table.add_data(iteration, r["env_index"], r["group_id"], r["score"], r["penalty"], r["success"],
-                           json.dumps(r["turn_rewards"]), wandb.Image(img) if img is not None else None, text)
+            text = "".join(
+                s["text"] if s["trained"] else f"[{s['text']}]" for s in (r["samples"] or [[]])[0]
+            )
+            table.add_data(
+                iteration,
+                r["env_index"],
+                r["group_id"],
+                r["score"],
+                r["penalty"],
+                r["success"],
+                json.dumps(r["turn_rewards"]),
+                wandb.Image(img) if img is not None else None,
+                text,
+            )
         for lg in loggers:
             lg.experiment.log({"trajectories": table}, commit=False)
 

@@ -44,30 +44,36 @@ class EnvIds(dict):
             self[env_id] = entry
 
 
-ENV_IDS = EnvIds({
-    "ragen/Sokoban-v0": ("envs.grid.sokoban.env:SokobanEnv", {}),
-    "ragen/SimpleSokoban-v0": ("envs.grid.sokoban.env:SokobanEnv", {"preset": "SimpleSokoban"}),
-    "ragen/LargerSokoban-v0": ("envs.grid.sokoban.env:SokobanEnv", {"preset": "LargerSokoban"}),
-    "ragen/CoordSokoban-v0": ("envs.grid.sokoban.env:SokobanEnv", {"preset": "CoordSokoban"}),
-    "ragen/SokobanDifferentGridVocab-v0": (
-        "envs.grid.sokoban.env:SokobanEnv", {"preset": "SokobanDifferentGridVocab"}),
-    "ragen/FrozenLake-v0": ("envs.grid.frozen_lake:FrozenLakeEnv", {}),
-    "ragen/CoordFrozenLake-v0": (
-        "envs.grid.frozen_lake:FrozenLakeEnv", {"observation_format": "grid_coord"}),
-    "ragen/Bandit-v0": ("envs.text.bandit:BanditEnv", {}),
-    "ragen/BanditTest-v0": ("envs.text.bandit:BanditEnv", {"split": "test"}),
-    "ragen/Countdown-v0": ("envs.text.countdown:CountdownEnv", {}),
-    "ragen/MetaMathQA-v0": ("envs.text.metamathqa:MetaMathQAEnv", {}),
-    "ragen/Sudoku-v0": ("envs.grid.sudoku.env:SudokuEnv", {}),
-    "ragen/2048-v0": ("envs.grid.game_2048:Game2048Env", {}),
-    "ragen/RubiksCube-v0": ("envs.grid.rubiks_cube:RubiksCubeEnv", {}),
-    "ragen/SearchQA-v0": ("envs.tools.search.env:SearchQAEnv", {}),
-    "ragen/DeepCoder-v0": ("envs.tools.code.env:DeepCoderEnv", {}),
-    # Lean needs a backend: server_url / lean_project (envs/tools/lean/env.py)
-    "ragen/Lean-v0": ("envs.tools.lean.env:LeanEnv", {}),
-    "ragen/WebShop-v0": ("envs.tools.webshop.env:WebShopEnv", {}),
-    "ragen/PropProof-v0": ("envs.logic.env:PropProofEnv", {}),
-})
+ENV_IDS = EnvIds(
+    {
+        "ragen/Sokoban-v0": ("envs.grid.sokoban.env:SokobanEnv", {}),
+        "ragen/SimpleSokoban-v0": ("envs.grid.sokoban.env:SokobanEnv", {"preset": "SimpleSokoban"}),
+        "ragen/LargerSokoban-v0": ("envs.grid.sokoban.env:SokobanEnv", {"preset": "LargerSokoban"}),
+        "ragen/CoordSokoban-v0": ("envs.grid.sokoban.env:SokobanEnv", {"preset": "CoordSokoban"}),
+        "ragen/SokobanDifferentGridVocab-v0": (
+            "envs.grid.sokoban.env:SokobanEnv",
+            {"preset": "SokobanDifferentGridVocab"},
+        ),
+        "ragen/FrozenLake-v0": ("envs.grid.frozen_lake:FrozenLakeEnv", {}),
+        "ragen/CoordFrozenLake-v0": (
+            "envs.grid.frozen_lake:FrozenLakeEnv",
+            {"observation_format": "grid_coord"},
+        ),
+        "ragen/Bandit-v0": ("envs.text.bandit:BanditEnv", {}),
+        "ragen/BanditTest-v0": ("envs.text.bandit:BanditEnv", {"split": "test"}),
+        "ragen/Countdown-v0": ("envs.text.countdown:CountdownEnv", {}),
+        "ragen/MetaMathQA-v0": ("envs.text.metamathqa:MetaMathQAEnv", {}),
+        "ragen/Sudoku-v0": ("envs.grid.sudoku.env:SudokuEnv", {}),
+        "ragen/2048-v0": ("envs.grid.game_2048:Game2048Env", {}),
+        "ragen/RubiksCube-v0": ("envs.grid.rubiks_cube:RubiksCubeEnv", {}),
+        "ragen/SearchQA-v0": ("envs.tools.search.env:SearchQAEnv", {}),
+        "ragen/DeepCoder-v0": ("envs.tools.code.env:DeepCoderEnv", {}),
+        # Lean needs a backend: server_url / lean_project (envs/tools/lean/env.py)
+        "ragen/Lean-v0": ("envs.tools.lean.env:LeanEnv", {}),
+        "ragen/WebShop-v0": ("envs.tools.webshop.env:WebShopEnv", {}),
+        "ragen/PropProof-v0": ("envs.logic.env:PropProofEnv", {}),
+    }
+)
 
 # A client of an env served over HTTP (``python -m envs.serving.serve <env_id>``, serving/remote):
 # not in ENV_IDS, whose entries are the tasks themselves, because it needs a server to talk to.

@@ -70,7 +70,8 @@ from ragen_lightning.rollout.settings import EpisodeSettings
 from ragen_lightning.rollout.tokens import ChatTokens
 
 PASSES = ("greedy", "sampled")
-UNIT_METRICS = ("success", "format_valid", "pass_at_k")  # per-seed values in [0, 1]: Wilson's interval
+# per-seed values in [0, 1]: Wilson's interval
+UNIT_METRICS = ("success", "format_valid", "pass_at_k")
 BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 2000, 0  # the other metrics' percentile bootstrap
 
 
@@ -95,14 +96,18 @@ class EvalSettings:
 
     def __post_init__(self) -> None:
         if not self.passes or set(self.passes) - set(PASSES):
-            raise ConfigError(f"--eval.passes must name some of {', '.join(PASSES)}, "
-                              f"got {list(self.passes)}")
+            raise ConfigError(
+                f"--eval.passes must name some of {', '.join(PASSES)}, got {list(self.passes)}"
+            )
         if self.samples < 1 or self.seed < 0:
-            raise ConfigError(f"--eval.samples must be >= 1 and --eval.seed >= 0, got "
-                              f"{self.samples}, {self.seed}")
+            raise ConfigError(
+                f"--eval.samples must be >= 1 and --eval.seed >= 0, got {self.samples}, {self.seed}"
+            )
         if not self.temperature > 0 or not 0 < self.top_p <= 1:
-            raise ConfigError(f"--eval.temperature must be > 0 (greedy is its own pass) and "
-                              f"--eval.top_p in (0, 1], got {self.temperature}, {self.top_p}")
+            raise ConfigError(
+                f"--eval.temperature must be > 0 (greedy is its own pass) and "
+                f"--eval.top_p in (0, 1], got {self.temperature}, {self.top_p}"
+            )
 
     def samples_per_seed(self, name: str) -> int:
         """Episodes per seed of pass ``name`` (greedy runs one: its episodes would be identical)."""
@@ -116,7 +121,8 @@ class EvalSettings:
 
 
 def eval_seeds(seed: int, count: int) -> list[int]:
-    """The held-out reset seeds of an entry (the warm start's and learning benchmark's ``"eval"`` stream)."""
+    """The held-out reset seeds of an entry (the warm start's and learning benchmark's ``"eval"``
+    stream)."""
     return episode_seeds(seed, count, "eval")
 
 
@@ -131,40 +137,80 @@ def _runs(indices: list[int], size: int) -> list[list[int]]:
     return out
 
 
-def run_suite(engine: GenerationEngine, chat: ChatTokens, suite: Sequence[SuiteEntry], settings: EvalSettings,
-              episode: EpisodeSettings, jsonl: str | Path, *, chunk_seeds: int = 32, progress: bool = True) -> int:
-    """Run every episode of ``suite`` that ``jsonl`` does not hold yet, appending its record; returns how many ran.
+def run_suite(
+    engine: GenerationEngine,
+    chat: ChatTokens,
+    suite: Sequence[SuiteEntry],
+    settings: EvalSettings,
+    episode: EpisodeSettings,
+    jsonl: str | Path,
+    *,
+    chunk_seeds: int = 32,
+    progress: bool = True,
+) -> int:
+    """Run every episode of ``suite`` that ``jsonl`` does not hold yet, appending its record;
+    returns how many ran.
 
-    A chunk of up to ``chunk_seeds`` consecutive seeds is one ``RolloutRunner.run`` call, with ``first_group`` its
-    position in the seed list: generation seeds depend on the seed's position, not on the chunking, so a resumed
-    run samples exactly what an uninterrupted one would have.
+    A chunk of up to ``chunk_seeds`` consecutive seeds is one ``RolloutRunner.run`` call, with
+    ``first_group`` its position in the seed list: generation seeds depend on the seed's position,
+    not on the chunking, so a resumed run samples exactly what an uninterrupted one would have.
     """
     from ragen_lightning.sft.progress import Progress
 
-    done = {(r.get("tag"), r.get("pass"), r.get("seed"), r.get("sample")) for r in read_jsonl(jsonl)}
+    done = {
+        (r.get("tag"), r.get("pass"), r.get("seed"), r.get("sample")) for r in read_jsonl(jsonl)
+    }
     plan = []
     for entry in suite:
         ep = entry.episode_settings(episode)
         seeds = eval_seeds(settings.seed, entry.num_episodes)
         for name in settings.passes:
             params, k = settings.pass_params(name, ep), settings.samples_per_seed(name)
-            todo = [i for i, s in enumerate(seeds) if any((entry.tag, name, s, m) not in done for m in range(k))]
+            todo = [
+                i
+                for i, s in enumerate(seeds)
+                if any((entry.tag, name, s, m) not in done for m in range(k))
+            ]
             plan.append((entry, ep, name, params, k, seeds, todo))
-    total = sum(e.num_episodes * settings.samples_per_seed(n) for e in suite for n in settings.passes)
+    total = sum(
+        e.num_episodes * settings.samples_per_seed(n) for e in suite for n in settings.passes
+    )
     remaining = sum(len(todo) * k for *_, k, _, todo in plan)
     ran = 0
-    with Progress("evaluate", total, unit="episode", initial=total - remaining, enabled=None if progress else False) as bar:
+    with Progress(
+        "evaluate",
+        total,
+        unit="episode",
+        initial=total - remaining,
+        enabled=None if progress else False,
+    ) as bar:
         for entry, ep, name, params, k, seeds, todo in plan:
             if not todo:
                 continue
             runner = RolloutRunner(entry.env_id, entry.env_kwargs, chat, engine, ep)
             try:
                 for chunk in _runs(todo, chunk_seeds):
-                    trajs = runner.run([seeds[i] for i in chunk], k, params, seed=settings.seed,
-                                       first_group=chunk[0])
-                    records = [episode_record(t, tag=entry.tag, env_id=entry.env_id, env_kwargs=entry.env_kwargs,
-                                              **{"pass": name}, sample=t.env_index % k) for t in trajs]
-                    records = [r for r in records if (r["tag"], name, r["seed"], r["sample"]) not in done]
+                    trajs = runner.run(
+                        [seeds[i] for i in chunk],
+                        k,
+                        params,
+                        seed=settings.seed,
+                        first_group=chunk[0],
+                    )
+                    records = [
+                        episode_record(
+                            t,
+                            tag=entry.tag,
+                            env_id=entry.env_id,
+                            env_kwargs=entry.env_kwargs,
+                            **{"pass": name},
+                            sample=t.env_index % k,
+                        )
+                        for t in trajs
+                    ]
+                    records = [
+                        r for r in records if (r["tag"], name, r["seed"], r["sample"]) not in done
+                    ]
                     append_jsonl(jsonl, records)
                     ran += len(records)
                     bar.update(bar.done + len(records), entry=f"{entry.tag} {name}")
@@ -173,7 +219,7 @@ def run_suite(engine: GenerationEngine, chat: ChatTokens, suite: Sequence[SuiteE
     return ran
 
 
-# -- statistics ---------------------------------------------------------------------------------------------------
+# -- statistics ------------------------------------------------------------------------------------
 def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
     """Wilson score interval of a proportion ``k / n``."""
     if n == 0:
@@ -184,12 +230,17 @@ def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def bootstrap(values: Sequence[float], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
-              level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of ``values``: ``resamples`` draws of ``len(values)`` values with
-    replacement (a generator seeded with ``seed``: the same values give the same interval), then the
-    ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of the resampled means. It lies within
-    ``[min(values), max(values)]``, so within any range the values are bounded by."""
+def bootstrap(
+    values: Sequence[float],
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+    level: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values``: ``resamples`` draws of
+    ``len(values)`` values with replacement (a generator seeded with ``seed``: the same values give
+    the same interval), then the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of the
+    resampled means. It lies within ``[min(values), max(values)]``, so within any range the values
+    are bounded by."""
     x = torch.tensor([float(v) for v in values], dtype=torch.float64)
     idx = torch.randint(len(x), (resamples, len(x)), generator=torch.Generator().manual_seed(seed))
     q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
@@ -197,10 +248,13 @@ def bootstrap(values: Sequence[float], resamples: int = BOOTSTRAP_RESAMPLES, see
     return lo, hi
 
 
-def interval(values: Sequence[float], *, unit: bool = False, z: float = 1.96) -> tuple[float, float, float]:
-    """``(mean, lo, hi)`` over per-seed values: ``unit`` values (in [0, 1]: success, format-valid, pass@k) get
-    Wilson's interval of ``sum / n`` (exact for 0/1 values; a [0, 1] value's variance is at most mean * (1 - mean),
-    what Wilson's interval assumes, so for fractions it is conservative); others (return, turns) the percentile
+def interval(
+    values: Sequence[float], *, unit: bool = False, z: float = 1.96
+) -> tuple[float, float, float]:
+    """``(mean, lo, hi)`` over per-seed values: ``unit`` values (in [0, 1]: success, format-valid,
+    pass@k) get Wilson's interval of ``sum / n`` (exact for 0/1 values; a [0, 1] value's variance is
+    at most mean * (1 - mean), what Wilson's interval assumes, so for fractions it is conservative);
+    others (return, turns) the percentile
     :func:`bootstrap`. Both stay inside the values' range, unlike the normal approximation."""
     n = len(values)
     if n == 0:
@@ -211,9 +265,12 @@ def interval(values: Sequence[float], *, unit: bool = False, z: float = 1.96) ->
     return (mean, *bootstrap(values))
 
 
-def summarize(records: Sequence[dict[str, Any]], suite: Sequence[SuiteEntry], settings: EvalSettings) -> list[dict]:
-    """One row per entry and pass: episode and seed counts, then value / lo / hi of success, env return, turns,
-    format-valid turn rate and pass@k (k = episodes per seed; pass@1 is the success rate)."""
+def summarize(
+    records: Sequence[dict[str, Any]], suite: Sequence[SuiteEntry], settings: EvalSettings
+) -> list[dict]:
+    """One row per entry and pass: episode and seed counts, then value / lo / hi of success, env
+    return, turns, format-valid turn rate and pass@k (k = episodes per seed; pass@1 is the success
+    rate)."""
     rows = []
     for entry in suite:
         for name in settings.passes:
@@ -223,30 +280,46 @@ def summarize(records: Sequence[dict[str, Any]], suite: Sequence[SuiteEntry], se
                 if r.get("tag") == entry.tag and r.get("pass") == name:
                     by_seed[r["seed"]].append(r)
             eps = [r for rs in by_seed.values() for r in rs]
-            row: dict[str, Any] = {"tag": entry.tag, "env_id": entry.env_id, "pass": name, "episodes": len(eps),
-                                   "seeds": len(by_seed), "k": k}
+            row: dict[str, Any] = {
+                "tag": entry.tag,
+                "env_id": entry.env_id,
+                "pass": name,
+                "episodes": len(eps),
+                "seeds": len(by_seed),
+                "k": k,
+            }
 
             seeds = list(by_seed.values())
             per_seed = {
                 "success": [sum(r["success"] for r in rs) / len(rs) for rs in seeds],
                 "return": [sum(r["env_return"] for r in rs) / len(rs) for rs in seeds],
                 "turns": [sum(r["num_turns"] for r in rs) / len(rs) for rs in seeds],
-                "format_valid": [1 - sum(r["num_format_errors"] for r in rs) / t for rs in seeds
-                                 if (t := sum(r["num_turns"] for r in rs)) > 0],
-                "pass_at_k": [float(pass_at_k(torch.tensor([float(sum(r["success"] for r in rs))]), len(rs), k))
-                              for rs in seeds],
+                "format_valid": [
+                    1 - sum(r["num_format_errors"] for r in rs) / t
+                    for rs in seeds
+                    if (t := sum(r["num_turns"] for r in rs)) > 0
+                ],
+                "pass_at_k": [
+                    float(
+                        pass_at_k(torch.tensor([float(sum(r["success"] for r in rs))]), len(rs), k)
+                    )
+                    for rs in seeds
+                ],
             }
             for metric, values in per_seed.items():
                 row[metric], row[f"{metric}_lo"], row[f"{metric}_hi"] = interval(
-                    values, unit=metric in UNIT_METRICS)
+                    values, unit=metric in UNIT_METRICS
+                )
             rows.append(row)
     return rows
 
 
 METRICS = ("success", "return", "turns", "format_valid", "pass_at_k")
-INTERVALS = (f"95 % intervals over seeds: Wilson's score interval for success, format-valid and pass@k (values in "
-             f"[0, 1]); percentile bootstrap of the mean for return and turns ({BOOTSTRAP_RESAMPLES} resamples of the "
-             f"seeds, seed {BOOTSTRAP_SEED}). Both stay inside the values' range.")
+INTERVALS = (
+    f"95 % intervals over seeds: Wilson's score interval for success, format-valid and pass@k (values in "
+    f"[0, 1]); percentile bootstrap of the mean for return and turns ({BOOTSTRAP_RESAMPLES} resamples of the "
+    f"seeds, seed {BOOTSTRAP_SEED}). Both stay inside the values' range."
+)
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -256,7 +329,8 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def write_report(rows: list[dict], out_dir: Path, title: str) -> tuple[Path, Path]:
-    """``report.csv`` (every column) and ``report.md`` (value [lo, hi] per metric), each replaced atomically."""
+    """``report.csv`` (every column) and ``report.md`` (value [lo, hi] per metric), each replaced
+    atomically."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
     writer.writeheader()
@@ -264,42 +338,60 @@ def write_report(rows: list[dict], out_dir: Path, title: str) -> tuple[Path, Pat
     csv_path, md_path = out_dir / "report.csv", out_dir / "report.md"
     _atomic_write(csv_path, buf.getvalue())
     head = ["tag", "pass", "episodes", "success", "return", "turns", "format-valid", "pass@k"]
-    lines = [f"# {title}", "", INTERVALS, "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [
+        f"# {title}",
+        "",
+        INTERVALS,
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for r in rows:
-        cells = [f"{r[m]:.3f} [{r[m + '_lo']:.3f}, {r[m + '_hi']:.3f}]" if r["episodes"] else "-" for m in METRICS]
+        cells = [
+            f"{r[m]:.3f} [{r[m + '_lo']:.3f}, {r[m + '_hi']:.3f}]" if r["episodes"] else "-"
+            for m in METRICS
+        ]
         cells[-1] = f"pass@{r['k']} {cells[-1]}"
         lines.append("| " + " | ".join([r["tag"], r["pass"], str(r["episodes"]), *cells]) + " |")
     _atomic_write(md_path, "\n".join(lines) + "\n")
     return csv_path, md_path
 
 
-# -- the policy ---------------------------------------------------------------------------------------------------
+# -- the policy ------------------------------------------------------------------------------------
 def load_checkpoint_actor(path: str | Path) -> tuple[torch.nn.Module, Any]:
-    """``(actor, tokenizer)`` of a fit's Lightning checkpoint: the module is rebuilt from the checkpoint's own
-    settings on the folder it trained from (the warm start, recorded in the checkpoint), then its weights loaded
-    (a LoRA checkpoint holds the adapters, over that folder's base)."""
+    """``(actor, tokenizer)`` of a fit's Lightning checkpoint: the module is rebuilt from the
+    checkpoint's own settings on the folder it trained from (the warm start, recorded in the
+    checkpoint), then its weights loaded (a LoRA checkpoint holds the adapters, over that folder's
+    base)."""
     import inspect
 
     from ragen_lightning.parallel import checkpointing
     from ragen_lightning.starpo.module import StarPOModule
 
-    try:  # weights only, as fit / validate --ckpt_path load: an untrusted file's pickled code is never run
+    # weights only, as fit / validate --ckpt_path load: an untrusted file's pickled code is never
+    # run
+    try:
         ckpt = checkpointing.load_verified(path, map_location="cpu", weights_only=True)
     except checkpointing.CheckpointError as e:
         if "Weights only load failed" in str(e):
-            raise ConfigError(f"--ckpt {path}: refused: it holds pickled objects other than tensors and plain values, "
-                              "and loading them could run code from the file (fit and validate --ckpt_path refuse "
-                              "it too)") from None
+            raise ConfigError(
+                f"--ckpt {path}: refused: it holds pickled objects other than tensors and plain values, "
+                "and loading them could run code from the file (fit and validate --ckpt_path refuse "
+                "it too)"
+            ) from None
         raise ConfigError(str(e).replace("--ckpt_path", "--ckpt", 1)) from None
     if "state_dict" not in ckpt or "hyper_parameters" not in ckpt:
-        raise ConfigError(f"--ckpt {path}: not a checkpoint of a ragen_lightning fit (no state_dict / hyper_parameters)")
+        raise ConfigError(
+            f"--ckpt {path}: not a checkpoint of a ragen_lightning fit (no state_dict / hyper_parameters)"
+        )
     accepted = set(inspect.signature(StarPOModule.__init__).parameters)
     module = StarPOModule(**{k: v for k, v in ckpt["hyper_parameters"].items() if k in accepted})
     base = ckpt.get("starpo", {}).get("model_path")
     if base is not None and not Path(base).exists() and not base.startswith("tiny"):
-        raise ConfigError(f"--ckpt {path}: the folder the run trained from ({base}) is gone; rebuild it (the fit's "
-                          "warm start is cached under RAGEN_LIGHTNING_CACHE) or evaluate an exported folder (--model)")
+        raise ConfigError(
+            f"--ckpt {path}: the folder the run trained from ({base}) is gone; rebuild it (the fit's "
+            "warm start is cached under RAGEN_LIGHTNING_CACHE) or evaluate an exported folder (--model)"
+        )
     module.model_path = base
     module.configure_model()
     module.load_state_dict(ckpt["state_dict"], strict=module.strict_loading)
@@ -344,9 +436,16 @@ def build_policy(c: Any, episode: EpisodeSettings) -> tuple[GenerationEngine, Ch
     if api.model:
         tokenizer = models.load_tokenizer(api.tokenizer)
         chat = ChatTokens(tokenizer, enable_think=episode.enable_think)
-        engine = APIEngine(api.model, tokenizer, base_url=api.base_url, api_key_env=api.key_env,
-                           max_concurrency=api.max_concurrency, max_retries=api.max_retries,
-                           timeout_s=api.timeout_s, prefix=chat.prefix)
+        engine = APIEngine(
+            api.model,
+            tokenizer,
+            base_url=api.base_url,
+            api_key_env=api.key_env,
+            max_concurrency=api.max_concurrency,
+            max_retries=api.max_retries,
+            timeout_s=api.timeout_s,
+            prefix=chat.prefix,
+        )
         return engine, chat, f"{api.model} at {api.base_url}"
     if c.ckpt:
         actor, tokenizer = load_checkpoint_actor(c.ckpt)
@@ -355,13 +454,17 @@ def build_policy(c: Any, episode: EpisodeSettings) -> tuple[GenerationEngine, Ch
         actor, tokenizer = models.load_causal_lm(name, c.model.dtype), models.load_tokenizer(name)
     device = c.device or ("cuda" if torch.cuda.is_available() else "cpu")
     actor.to(device).eval()
-    engine = HFEngine(actor, [tokenizer.eos_token_id], tokenizer.pad_token_id,
-                      max_batch_size=c.data.engine.max_batch_size)
+    engine = HFEngine(
+        actor,
+        [tokenizer.eos_token_id],
+        tokenizer.pad_token_id,
+        max_batch_size=c.data.engine.max_batch_size,
+    )
     chat = ChatTokens(tokenizer, enable_think=episode.enable_think)
     return engine, chat, str(c.ckpt or c.model.model)
 
 
-# -- command line -------------------------------------------------------------------------------------------------
+# -- command line ----------------------------------------------------------------------------------
 def read_suite(c: Any) -> list[SuiteEntry]:
     """The suite: ``--suite``, ``--entry``, else the data settings' validation suite, mixture or
     env."""
@@ -373,8 +476,9 @@ def read_suite(c: Any) -> list[SuiteEntry]:
     return check_suite(suite)
 
 
-def config_suite(env: EnvSettings, validation: ValidationSettings,
-                 num_episodes: int) -> list[SuiteEntry]:
+def config_suite(
+    env: EnvSettings, validation: ValidationSettings, num_episodes: int
+) -> list[SuiteEntry]:
     """What a training config evaluates on without ``--suite``: its ``validation.suite`` (the
     held-out entries its validation runs), else its ``env.mixture``, else its ``env.id``. An entry's
     ``num_groups`` becomes its number of evaluation seeds; entries without one (and the single env)
@@ -382,40 +486,65 @@ def config_suite(env: EnvSettings, validation: ValidationSettings,
     lists = (("--data.validation.suite", validation.suite), ("--data.env.mixture", env.mixture))
     for flag, entries in lists:
         if entries:
-            return [as_entry(e, f"{flag}[{i}]", count="num_groups", default_count=num_episodes)
-                    for i, e in enumerate(entries)]
+            return [
+                as_entry(e, f"{flag}[{i}]", count="num_groups", default_count=num_episodes)
+                for i, e in enumerate(entries)
+            ]
     if env.id:
         return [SuiteEntry(env.id, env.kwargs, num_episodes)]
     return []
 
 
 def check_run_file(out_dir: Path, run: dict[str, Any]) -> str:
-    """The text of ``run.json`` (written by the caller once every input is checked): ``run`` on the first run; later
-    runs into the same folder must match it (entries may be added, an entry's settings may not change)."""
+    """The text of ``run.json`` (written by the caller once every input is checked): ``run`` on the
+    first run; later runs into the same folder must match it (entries may be added, an entry's
+    settings may not change)."""
     path = out_dir / "run.json"
     run = json.loads(json.dumps(run))  # as read back (tuples are lists)
     if path.exists():
         old = json.loads(path.read_text())
         diffs = [k for k in ("policy", "episode", "settings") if old.get(k) != run[k]]
         entries = {e["tag"]: e for e in old.get("suite", [])}
-        diffs += [f"suite entry {e['tag']!r}" for e in run["suite"] if e["tag"] in entries and entries[e["tag"]] != e]
+        diffs += [
+            f"suite entry {e['tag']!r}"
+            for e in run["suite"]
+            if e["tag"] in entries and entries[e["tag"]] != e
+        ]
         if diffs:
-            raise ConfigError(f"--out {out_dir} holds a run with other settings ({', '.join(diffs)} differ, see "
-                              "run.json): use another --out folder")
-        run = {**run, "suite": list(entries.values()) + [e for e in run["suite"] if e["tag"] not in entries]}
+            raise ConfigError(
+                f"--out {out_dir} holds a run with other settings ({', '.join(diffs)} differ, see "
+                "run.json): use another --out folder"
+            )
+        run = {
+            **run,
+            "suite": list(entries.values()) + [e for e in run["suite"] if e["tag"] not in entries],
+        }
     return json.dumps(run, indent=2) + "\n"
 
 
 # the flags of the argparse command line of before -> their spelling now
-RENAMED = {"--model": "--model.model", "--dtype": "--model.dtype", "--api-model": "--api.model",
-           "--base-url": "--api.base_url", "--api-key-env": "--api.key_env",
-           "--max-concurrency": "--api.max_concurrency", "--max-retries": "--api.max_retries",
-           "--timeout-s": "--api.timeout_s", "--tokenizer": "--api.tokenizer",
-           "--num-episodes": "--num_episodes", "--passes": "--eval.passes", "--seed": "--eval.seed",
-           "--temperature": "--eval.temperature", "--top-p": "--eval.top_p",
-           "--samples": "--eval.samples", "--chunk-seeds": "--chunk_seeds",
-           "--max-batch-size": "--data.engine.max_batch_size", "--torch-threads": "--torch_threads",
-           "--import": "--imports", "--no-progress": "--progress false"}
+RENAMED = {
+    "--model": "--model.model",
+    "--dtype": "--model.dtype",
+    "--api-model": "--api.model",
+    "--base-url": "--api.base_url",
+    "--api-key-env": "--api.key_env",
+    "--max-concurrency": "--api.max_concurrency",
+    "--max-retries": "--api.max_retries",
+    "--timeout-s": "--api.timeout_s",
+    "--tokenizer": "--api.tokenizer",
+    "--num-episodes": "--num_episodes",
+    "--passes": "--eval.passes",
+    "--seed": "--eval.seed",
+    "--temperature": "--eval.temperature",
+    "--top-p": "--eval.top_p",
+    "--samples": "--eval.samples",
+    "--chunk-seeds": "--chunk_seeds",
+    "--max-batch-size": "--data.engine.max_batch_size",
+    "--torch-threads": "--torch_threads",
+    "--import": "--imports",
+    "--no-progress": "--progress false",
+}
 
 
 def parser() -> Any:
@@ -424,25 +553,37 @@ def parser() -> Any:
     from ragen_lightning.data.shared_flags import side_parser
 
     p = side_parser("python main.py evaluate", __doc__.split("\n\n")[0], validation=True)
-    p.add_argument("--ckpt", type=str | None, default=None,
-                   help="a fit's Lightning checkpoint (.ckpt)")
-    p.add_argument("--model.dtype", type=str, default="float32",
-                   help="--model.model: weights dtype")
+    p.add_argument(
+        "--ckpt", type=str | None, default=None, help="a fit's Lightning checkpoint (.ckpt)"
+    )
+    p.add_argument(
+        "--model.dtype", type=str, default="float32", help="--model.model: weights dtype"
+    )
     p.add_class_arguments(APISettings, "api", help="an OpenAI-compatible endpoint as the policy")
-    p.add_class_arguments(EvalSettings, "eval",
-                          help="the passes, seeds and sampling of the evaluation")
-    p.add_argument("--suite", type=str | None, default=None,
-                   help="suite YAML (ragen_lightning/data/suite.py)")
-    p.add_argument("--entry", type=dict | list[dict] | None, default=None,
-                   help="suite entries as YAML, e.g. '{env_id: ragen/Bandit-v0}' "
-                        "(several: --entry+ each)")
-    p.add_argument("--num_episodes", type=int, default=64,
-                   help="episodes per entry taken from the data settings (entries naming "
-                        "num_groups keep theirs)")
+    p.add_class_arguments(
+        EvalSettings, "eval", help="the passes, seeds and sampling of the evaluation"
+    )
+    p.add_argument(
+        "--suite", type=str | None, default=None, help="suite YAML (ragen_lightning/data/suite.py)"
+    )
+    p.add_argument(
+        "--entry",
+        type=dict | list[dict] | None,
+        default=None,
+        help="suite entries as YAML, e.g. '{env_id: ragen/Bandit-v0}' (several: --entry+ each)",
+    )
+    p.add_argument(
+        "--num_episodes",
+        type=int,
+        default=64,
+        help="episodes per entry taken from the data settings (entries naming "
+        "num_groups keep theirs)",
+    )
     p.add_argument("--chunk_seeds", type=int, default=32, help="seeds run (and written) together")
     p.add_argument("--out", type=str, default="outputs/eval", help="output folder")
-    p.add_argument("--device", type=str | None, default=None,
-                   help="cpu or cuda (default: cuda when available)")
+    p.add_argument(
+        "--device", type=str | None, default=None, help="cpu or cuda (default: cuda when available)"
+    )
     p.add_argument("--progress", type=bool, default=True, help="a progress line on stderr")
     return p
 
@@ -462,19 +603,38 @@ def run(argv: Sequence[str]) -> int:
         raise ConfigError(f"--chunk_seeds must be >= 1, got {c.chunk_seeds}")
     settings, episode, suite = c.eval, c.data.episode, read_suite(c)
     out = Path(c.out)
-    policy = {"ckpt": c.ckpt, "model": None if c.ckpt or c.api.model else c.model.model,
-              "api_model": c.api.model, "base_url": c.api.base_url if c.api.model else None}
-    run_text = check_run_file(out, {"policy": policy, "episode": asdict(episode),
-                                    "settings": asdict(settings),
-                                    "suite": [asdict(e) for e in suite]})
+    policy = {
+        "ckpt": c.ckpt,
+        "model": None if c.ckpt or c.api.model else c.model.model,
+        "api_model": c.api.model,
+        "base_url": c.api.base_url if c.api.model else None,
+    }
+    run_text = check_run_file(
+        out,
+        {
+            "policy": policy,
+            "episode": asdict(episode),
+            "settings": asdict(settings),
+            "suite": [asdict(e) for e in suite],
+        },
+    )
     # a checkpoint is checked here: nothing is written before
     engine, chat, what = build_policy(c, episode)
     try:
         out.mkdir(parents=True, exist_ok=True)
         _atomic_write(out / "run.json", run_text)
-        run_suite(engine, chat, suite, settings, episode, out / "trajectories.jsonl",
-                  chunk_seeds=c.chunk_seeds, progress=c.progress)
-    except APIError as e:  # the endpoint failed for good; what ran so far is in the JSONL, a re-run goes on
+        run_suite(
+            engine,
+            chat,
+            suite,
+            settings,
+            episode,
+            out / "trajectories.jsonl",
+            chunk_seeds=c.chunk_seeds,
+            progress=c.progress,
+        )
+    # the endpoint failed for good; what ran so far is in the JSONL, a re-run goes on
+    except APIError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     finally:

@@ -53,15 +53,15 @@ class Estimator:
 
     Args:
         name: its name in the table.
-        fn: ``fn(batch, rewards, mask, values, options) -> (advantages, returns, logs)``.
-        options: its options dataclass (``--model.advantage.options.*``; None: it takes none).
-        critic: a critic is built and its values passed in (else ``values`` is None).
-        groups: needs groups of >= 2 samples (``--data.training.group_size``): it compares a group's members.
-        outcome: one score per episode compared across episodes (``length_weight`` applies).
-        per_sample: scores each sample by its own turn reward (``--data.branching.branches > 1`` may feed it).
-        branching: needs branching rollouts (``--data.branching.branches >= 2``, ``reward_placement turn``).
-        sparse_rows: advantage 0 on every token of many rows: the update leaves those rows out.
-        whole_states: with ``sparse_rows``, a state's rows stay or go together (its statistics
+        fn: ``fn(batch, rewards, mask, values, options) -> (advantages, returns, logs)``. options:
+        its options dataclass (``--model.advantage.options.*``; None: it takes none). critic: a
+        critic is built and its values passed in (else ``values`` is None). groups: needs groups of
+        >= 2 samples (``--data.training.group_size``): it compares a group's members. outcome: one
+        score per episode compared across episodes (``length_weight`` applies). per_sample: scores
+        each sample by its own turn reward (``--data.branching.branches > 1`` may feed it).
+        branching: needs branching rollouts (``--data.branching.branches >= 2``, ``reward_placement
+        turn``). sparse_rows: advantage 0 on every token of many rows: the update leaves those rows
+        out. whole_states: with ``sparse_rows``, a state's rows stay or go together (its statistics
             count all of them).
     """
 

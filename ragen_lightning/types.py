@@ -1,8 +1,9 @@
 """Typed containers passed between rollout, filtering and the update.
 
-Token tensors of a :class:`RolloutBatch` are right-padded ``[B, T]``. Per-token training quantities live on the
-*target* axis: position ``t`` of ``loss_mask``, ``rewards``, ``engine_logprobs`` and ``turn_ends`` describes token
-``input_ids[:, t]``, whose log-prob the model computes from the logits at ``t - 1``. Position 0 is never a target.
+Token tensors of a :class:`RolloutBatch` are right-padded ``[B, T]``. Per-token training quantities
+live on the *target* axis: position ``t`` of ``loss_mask``, ``rewards``, ``engine_logprobs`` and
+``turn_ends`` describes token ``input_ids[:, t]``, whose log-prob the model computes from the logits
+at ``t - 1``. Position 0 is never a target.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ class Conversation:
     def __len__(self) -> int:
         return len(self.input_ids)
 
-    def extend(self, ids: Sequence[int], *, sampled: bool, logprobs: Sequence[float] | None = None) -> None:
+    def extend(
+        self, ids: Sequence[int], *, sampled: bool, logprobs: Sequence[float] | None = None
+    ) -> None:
         ids = list(ids)
         if logprobs is not None and len(logprobs) != len(ids):
             raise ValueError(f"got {len(logprobs)} logprobs for {len(ids)} sampled tokens")
@@ -47,12 +50,14 @@ class Conversation:
 
 @dataclass
 class Sample:
-    """One training sequence cut from an episode (a whole episode in ``full`` context mode, one turn otherwise).
+    """One training sequence cut from an episode (a whole episode in ``full`` context mode, one turn
+    otherwise).
 
     Attributes:
         conversation: the exact token stream, loss mask on the sampled tokens of this sample's trained turns.
-        turn_rewards: reward assigned to each trained turn, in order (one per trained assistant span).
-        turn: the episode turn this sample answers (windowed context modes; the K responses of a branching turn share
+        turn_rewards: reward assigned to each trained turn, in order (one per trained assistant
+        span). turn: the episode turn this sample answers (windowed context modes; the K responses
+        of a branching turn share
             it, so they answer the same state); None for a whole-episode sample (``full`` context mode).
     """
 
@@ -67,29 +72,29 @@ class Trajectory:
 
     Attributes:
         env_index: index of the env in the rollout (``group_id * group_size + member``).
-        group_id: the group (all members share the reset seed).
-        seed: the reset seed.
-        samples: training sequences of this episode.
-        turn_rewards: summed env reward of each turn.
-        penalty: summed format penalty (negative or 0).
-        success: the env reported success at the end.
-        terminated: the env ended the episode.
-        truncated: the episode was cut (action budget, turn limit without termination, or context length).
-        context_truncated: the episode ended because the next turn would not fit ``max_model_len``.
-        num_actions: env actions executed.
-        num_turns: assistant turns generated.
-        num_format_errors: turns charged a format penalty.
-        response_tokens: sampled tokens over all turns.
-        info: numeric env info values averaged over turns, each turn's value its last action's (RAGEN's
+        group_id: the group (all members share the reset seed). seed: the reset seed. samples:
+        training sequences of this episode. turn_rewards: summed env reward of each turn. penalty:
+        summed format penalty (negative or 0). success: the env reported success at the end.
+        terminated: the env ended the episode. truncated: the episode was cut (action budget, turn
+        limit without termination, or context length). context_truncated: the episode ended because
+        the next turn would not fit ``max_model_len``. num_actions: env actions executed. num_turns:
+        assistant turns generated. num_format_errors: turns charged a format penalty.
+        response_tokens: sampled tokens over all turns. info: numeric env info values averaged over
+        turns, each turn's value its last action's (RAGEN's
             ``turn_info``; ``action_is_effective`` etc. stay rates in [0, 1] with several actions per turn).
-        turn_info: one record per generated turn: ``actions`` (the action words executed), ``format_ok`` (the
+        turn_info: one record per generated turn: ``actions`` (the action words executed),
+        ``format_ok`` (the
             answer matched the tag format), ``penalty`` (format penalty charged), ``reward`` (summed env reward) and
-            ``info`` (numeric env info of the turn's last step); what evaluation reports and exports show.
-        trainable: False when the engine returned text, not sampled token ids with their log-probs (an API model):
+            ``info`` (numeric env info of the turn's last step); what evaluation reports and exports
+            show.
+        trainable: False when the engine returned text, not sampled token ids with their log-probs
+        (an API model):
             the ids are a re-encoding of that text, and the training batch refuses such a trajectory.
-        env_error: why the env failed (an exception or a timeout in a reset or step, ``"<where>: <type>: <message>"``),
+        env_error: why the env failed (an exception or a timeout in a reset or step, ``"<where>:
+        <type>: <message>"``),
             which ended the episode; None when it did not. The turn in which it failed is not in the trajectory.
-        tag: the environment-mixture entry the episode belongs to (``--data.env.mixture`` / ``--data.validation.suite``: per-tag
+        tag: the environment-mixture entry the episode belongs to (``--data.env.mixture`` /
+        ``--data.validation.suite``: per-tag
             metrics, reward normalisation by env); empty for a single-env rollout.
     """
 
@@ -138,12 +143,14 @@ class RolloutBatch:
         scores: the episode score of each sample (after reward normalisation).  # [B]
         group_index: group id of each sample.  # [B]
         episode_index: episode (trajectory) id of each sample; several samples share it in turn-level modes.  # [B]
-        state_index: id of the state each sample answers: the responses of one branching turn share it, every other
+        state_index: id of the state each sample answers: the responses of one branching turn share
+        it, every other
             sample has its own (None: every sample its own).  # [B]
-        per_turn_rewards: ``rewards`` hold each turn's own reward (``reward_placement: turn``), not the episode score;
+        per_turn_rewards: ``rewards`` hold each turn's own reward (``reward_placement: turn``), not
+        the episode score;
             GAE then runs over an episode's samples as one sequence (:attr:`chains_turns`).
-        metrics: rollout and filter statistics to log (floats).
-        trajectories: the trajectories the samples came from (for viewers and diagnostics; not moved to devices).
+        metrics: rollout and filter statistics to log (floats). trajectories: the trajectories the
+        samples came from (for viewers and diagnostics; not moved to devices).
     """
 
     input_ids: torch.Tensor
@@ -160,16 +167,26 @@ class RolloutBatch:
     trajectories: list[Trajectory] = field(default_factory=list)
     state_index: torch.Tensor | None = None
 
-    _TENSORS = ("input_ids", "attention_mask", "loss_mask", "rewards", "turn_ends", "engine_logprobs", "scores",
-                "group_index", "episode_index")
+    _TENSORS = (
+        "input_ids",
+        "attention_mask",
+        "loss_mask",
+        "rewards",
+        "turn_ends",
+        "engine_logprobs",
+        "scores",
+        "group_index",
+        "episode_index",
+    )
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
     @property
     def chains_turns(self) -> bool:
-        """Per-turn rewards on several samples of one episode (windowed context modes): an earlier turn's return
-        must include the later turns' rewards, so GAE chains the episode's samples in turn order."""
+        """Per-turn rewards on several samples of one episode (windowed context modes): an earlier
+        turn's return must include the later turns' rewards, so GAE chains the episode's samples in
+        turn order."""
         return self.per_turn_rewards and int(self.episode_index.unique().numel()) < len(self)
 
     def _tensors(self) -> list[str]:
@@ -185,10 +202,12 @@ class RolloutBatch:
 
 @dataclass
 class UpdateBatch:
-    """What the mini-batch update reads: the kept rows' tokens plus the per-token training quantities of step 2-3.
+    """What the mini-batch update reads: the kept rows' tokens plus the per-token training
+    quantities of step 2-3.
 
-    Token tensors are ``[B, T]``; the rest live on the target axis ``[B, T - 1]`` (position ``j`` describes token
-    ``input_ids[:, j + 1]``). Optional fields are None when the run does not compute them.
+    Token tensors are ``[B, T]``; the rest live on the target axis ``[B, T - 1]`` (position ``j``
+    describes token ``input_ids[:, j + 1]``). Optional fields are None when the run does not compute
+    them.
 
     Attributes:
         input_ids: token ids, right-padded.  # [B, T]
@@ -196,7 +215,8 @@ class UpdateBatch:
         loss_mask: True on sampled tokens.  # [B, T - 1] bool
         advantages: per-token advantages.  # [B, T - 1]
         engine_logprobs: the rollout engine's log-probs of the sampled tokens.  # [B, T - 1]
-        old_logprobs: the actor's log-probs at rollout time; None when the update's first forward supplies them
+        old_logprobs: the actor's log-probs at rollout time; None when the update's first forward
+        supplies them
             (on-policy: one epoch over one mini-batch).  # [B, T - 1]
         ref_logprobs: the reference's log-probs (KL loss only).  # [B, T - 1]
         values: the critic's values at rollout time (GAE only).  # [B, T - 1]
@@ -220,22 +240,32 @@ class UpdateBatch:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
 
     def with_inert_row(self) -> UpdateBatch:
-        """This batch plus one row that trains nothing: row 0's tokens with an all-zero loss mask and zero
-        advantages/returns. It pads a rank's share of a mini-batch so every rank runs the same micro-batches."""
+        """This batch plus one row that trains nothing: row 0's tokens with an all-zero loss mask
+        and zero advantages/returns. It pads a rank's share of a mini-batch so every rank runs the
+        same micro-batches."""
         out = {}
         for name, v in self._fields().items():
             if v is not None:
-                row = v[:1].clone() if name in ("input_ids", "attention_mask") else torch.zeros_like(v[:1])
+                row = (
+                    v[:1].clone()
+                    if name in ("input_ids", "attention_mask")
+                    else torch.zeros_like(v[:1])
+                )
                 v = torch.cat([v, row])
             out[name] = v
         return UpdateBatch(**out)
 
     def rows(self, index: torch.Tensor) -> UpdateBatch:
-        """Rows ``index``, cut to the longest of them (``L`` tokens, at least 2 so there is one target)."""
+        """Rows ``index``, cut to the longest of them (``L`` tokens, at least 2 so there is one
+        target)."""
         length = max(int(self.attention_mask[index].sum(-1).max()), 2)
         out = {}
         for name, v in self._fields().items():
             if v is not None:
-                v = v[index, :length] if name in ("input_ids", "attention_mask") else v[index, : length - 1]
+                v = (
+                    v[index, :length]
+                    if name in ("input_ids", "attention_mask")
+                    else v[index, : length - 1]
+                )
             out[name] = v
         return UpdateBatch(**out)

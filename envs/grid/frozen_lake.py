@@ -1,13 +1,16 @@
-"""FrozenLake as an exact Gymnasium text env (RAGEN's ``frozen_lake`` env type, FrozenLake / CoordFrozenLake tags).
+"""FrozenLake as an exact Gymnasium text env (RAGEN's ``frozen_lake`` env type, FrozenLake /
+CoordFrozenLake tags).
 
-Behaviour follows RAGEN's frozen_lake env: a new random map per seeded reset, slippery moves with a configurable
-``success_rate``, RAGEN's symbols and coordinate rendering. Written from scratch on :class:`envs.base.TextEnv` (no
-wrapping of Gymnasium's toy-text env), with two solvers: :meth:`FrozenLakeEnv.solve` (shortest path, as if the ice
-were not slippery) and :meth:`FrozenLakeEnv.optimal_policy` (value iteration for the slippery lake).
+Behaviour follows RAGEN's frozen_lake env: a new random map per seeded reset, slippery moves with a
+configurable ``success_rate``, RAGEN's symbols and coordinate rendering. Written from scratch on
+:class:`envs.base.TextEnv` (no wrapping of Gymnasium's toy-text env), with two solvers:
+:meth:`FrozenLakeEnv.solve` (shortest path, as if the ice were not slippery) and
+:meth:`FrozenLakeEnv.optimal_policy` (value iteration for the slippery lake).
 
-Departures from RAGEN (deliberate): actions are 0..3 = Up, Down, Left, Right (RAGEN: 1..4 = Left, Down, Right,
-Up); the coordinate sentence of the prompt names the actual board corner (RAGEN always says (5, 5)); the prompt
-drops the "slippery ice" sentence when ``success_rate == 1`` (nothing slips then).
+Departures from RAGEN (deliberate): actions are 0..3 = Up, Down, Left, Right (RAGEN: 1..4 = Left,
+Down, Right, Up); the coordinate sentence of the prompt names the actual board corner (RAGEN always
+says (5, 5)); the prompt drops the "slippery ice" sentence when ``success_rate == 1`` (nothing slips
+then).
 """
 
 from __future__ import annotations
@@ -39,9 +42,17 @@ _POLICY_CACHE: dict[tuple, np.ndarray] = {}  # (map, success rate) -> the expert
 PERPENDICULAR = ((2, 3), (2, 3), (0, 1), (0, 1))
 OBSERVATION_FORMATS = ("grid", "coord", "grid_coord")
 
-# RAGEN's render codes: 0 player, 1 empty (start shown as empty), 2 hole, 3 goal, 4 player in hole, 5 player on goal
+# RAGEN's render codes: 0 player, 1 empty (start shown as empty), 2 hole, 3 goal, 4 player in hole,
+# 5 player on goal
 GRID_LOOKUP = {0: "P", 1: "_", 2: "O", 3: "G", 4: "X", 5: "√"}
-GRID_VOCAB = {"P": "player", "_": "empty", "O": "hole", "G": "goal", "X": "player in hole", "√": "player on goal"}
+GRID_VOCAB = {
+    "P": "player",
+    "_": "empty",
+    "O": "hole",
+    "G": "goal",
+    "X": "player in hole",
+    "√": "player on goal",
+}
 
 # RAGEN's env_instruction texts (config/envs.yaml).
 _SLIP_SENTENCE = "You may move to the unintended direction due to the slippery ice. "
@@ -51,7 +62,9 @@ INSTRUCTION = (
     + "Example answer format: <think>To forbid the hole and go to the target, I should go left then go up.</think>"
     "<answer>Left || Up</answer>"
 )
-_COORD_SLIP_LINE = "Beware that the ice is slippery, so the agent might slide and end up in an unintended tile.\n"
+_COORD_SLIP_LINE = (
+    "Beware that the ice is slippery, so the agent might slide and end up in an unintended tile.\n"
+)
 COORD_INSTRUCTION = (
     "You are solving the FrozenLake puzzle. The observation includes {what}zero-indexed coordinates for the start, "
     "goal, player, and any holes.\n"
@@ -61,13 +74,13 @@ COORD_INSTRUCTION = (
 )
 
 
-
 MAX_SIZE = 64  # the largest map side (size, and desc's rows and columns)
 
 
 def generate_random_map(size: int, p: float, np_random: np.random.Generator) -> list[str]:
-    """A ``size x size`` map of ``S``/``F``/``H``/``G``: each tile frozen with probability ``p``, start and goal two
-    different uniform cells, redrawn until the goal is reachable from the start through non-hole tiles."""
+    """A ``size x size`` map of ``S``/``F``/``H``/``G``: each tile frozen with probability ``p``,
+    start and goal two different uniform cells, redrawn until the goal is reachable from the start
+    through non-hole tiles."""
     while True:
         frozen = np_random.random((size, size)) < p
         start, goal = np_random.integers(size * size, size=2).tolist()
@@ -82,7 +95,8 @@ def generate_random_map(size: int, p: float, np_random: np.random.Generator) -> 
 
 
 def _bfs(desc: Sequence[str], start: tuple[int, int]) -> tuple[dict[tuple[int, int], int], dict]:
-    """Distances and parent links from ``start`` through non-hole tiles (holes and the goal are not expanded)."""
+    """Distances and parent links from ``start`` through non-hole tiles (holes and the goal are not
+    expanded)."""
     nrow, ncol = len(desc), len(desc[0])
     dist = {start: 0}
     parent: dict[tuple[int, int], tuple[tuple[int, int], int]] = {}
@@ -179,7 +193,9 @@ class FrozenLakeEnv(TextEnv):
         if not 0.0 <= float(success_rate) <= 1.0:
             raise ValueError(f"success_rate must be in [0, 1], got {success_rate!r}")
         if observation_format not in OBSERVATION_FORMATS:
-            raise ValueError(f"observation_format must be one of {OBSERVATION_FORMATS}, got {observation_format!r}")
+            raise ValueError(
+                f"observation_format must be one of {OBSERVATION_FORMATS}, got {observation_format!r}"
+            )
         self.size, self.p, self.success_rate = int(size), float(p), float(success_rate)
         self.observation_format = observation_format
         self.shared_transitions = bool(shared_transitions)
@@ -188,13 +204,17 @@ class FrozenLakeEnv(TextEnv):
         if desc is not None:
             self._fixed_desc = _check_desc(desc)
         elif map_seed is not None:
-            self._fixed_desc = generate_random_map(self.size, self.p, seeding.np_random(map_seed)[0])
+            self._fixed_desc = generate_random_map(
+                self.size, self.p, seeding.np_random(map_seed)[0]
+            )
         self.action_space = spaces.Discrete(4)
         self.observation_space = text_space(extra_chars="".join(GRID_LOOKUP.values()))
         self._load(self._fixed_desc or ["SG"])
 
     # ------------------------------------------------------------------ gymnasium API
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict]:
         super().reset(seed=seed)
         self._seed_transitions(self._reset_options(options, (TRANSITION_SEED,)))
         self._load(self._fixed_desc or generate_random_map(self.size, self.p, self.np_random))
@@ -203,7 +223,13 @@ class FrozenLakeEnv(TextEnv):
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict]:
         a = as_action(action, 4)
         if a is None or self._terminated:
-            return self._render_text(), 0.0, self._terminated, False, self._info(False, a is not None)
+            return (
+                self._render_text(),
+                0.0,
+                self._terminated,
+                False,
+                self._info(False, a is not None),
+            )
         direction = a
         if self.success_rate < 1.0:
             u = float(self.transition_rng.random())
@@ -240,9 +266,9 @@ class FrozenLakeEnv(TextEnv):
 
     # ------------------------------------------------------------------ solvers and state views
     def solve(self) -> list[int] | None:
-        """Shortest action sequence (0..3 = Up, Down, Left, Right) from the player to the goal through non-hole
-        tiles, as if nothing slipped; ``[]`` on the goal, None when the goal is unreachable (or the player is in a
-        hole)."""
+        """Shortest action sequence (0..3 = Up, Down, Left, Right) from the player to the goal
+        through non-hole tiles, as if nothing slipped; ``[]`` on the goal, None when the goal is
+        unreachable (or the player is in a hole)."""
         if self.tile == "G":
             return []
         if self.tile == "H":
@@ -261,20 +287,22 @@ class FrozenLakeEnv(TextEnv):
     ) -> tuple[np.ndarray, np.ndarray]:
         """Value iteration for the slippery lake.
 
-        Returns ``(policy, value)``, both ``[nrow, ncol]``. With ``gamma=1`` (default) ``value[r, c]`` is the
-        highest probability of ever reaching the goal from (r, c) (no step limit); with ``gamma < 1`` it is the
-        highest ``E[gamma ** T]``, T the number of steps to the goal (0 if never reached), which favours fast routes.
-        Goal: 1, holes: 0. ``policy[r, c]`` is an action achieving it; among equally good actions it takes one with
-        the fewest expected steps to the end of the episode, so it never dithers (e.g. bumping into the border
-        forever where that is "safe"). Safe play can still be slow: with ``gamma=1`` the best route may wait for
-        lucky slips.
+        Returns ``(policy, value)``, both ``[nrow, ncol]``. With ``gamma=1`` (default) ``value[r,
+        c]`` is the highest probability of ever reaching the goal from (r, c) (no step limit); with
+        ``gamma < 1`` it is the highest ``E[gamma ** T]``, T the number of steps to the goal (0 if
+        never reached), which favours fast routes. Goal: 1, holes: 0. ``policy[r, c]`` is an action
+        achieving it; among equally good actions it takes one with the fewest expected steps to the
+        end of the episode, so it never dithers (e.g. bumping into the border forever where that is
+        "safe"). Safe play can still be slow: with ``gamma=1`` the best route may wait for lucky
+        slips.
         """
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
         nrow, ncol = self.nrow, self.ncol
         n = nrow * ncol
         flat = "".join(self.desc)
-        nxt = np.empty((n, 4), dtype=np.int64)  # nxt[s, direction]: cell reached moving that way from s
+        # nxt[s, direction]: cell reached moving that way from s
+        nxt = np.empty((n, 4), dtype=np.int64)
         for s in range(n):
             r, c = divmod(s, ncol)
             for d, (dr, dc) in enumerate(DELTAS):
@@ -300,9 +328,11 @@ class FrozenLakeEnv(TextEnv):
             if done:
                 break
         q = gamma * expect(v)
-        best = q >= q.max(axis=1, keepdims=True) - 1e-9  # actions keeping the best success probability
-        # Expected steps until the episode ends (hopeless tiles count as ends), using only those actions. A proper
-        # choice exists from every hopeful tile, and dithering ones cost 1 per step forever, so this converges.
+        # actions keeping the best success probability
+        best = q >= q.max(axis=1, keepdims=True) - 1e-9
+        # Expected steps until the episode ends (hopeless tiles count as ends), using only those
+        # actions. A proper choice exists from every hopeful tile, and dithering ones cost 1 per
+        # step forever, so this converges.
         stop = end | (v < 1e-12)
         t = np.zeros(n)
         for _ in range(max_iter):
@@ -335,7 +365,9 @@ class FrozenLakeEnv(TextEnv):
         self._holes = [rc for rc in cells if desc[rc[0]][rc[1]] == "H"]
         self._pos = self._start
         self._terminated = False
-        self._static_lines = ["".join("O" if ch == "H" else "G" if ch == "G" else "_" for ch in row) for row in desc]
+        self._static_lines = [
+            "".join("O" if ch == "H" else "G" if ch == "G" else "_" for ch in row) for row in desc
+        ]
         self._coord_head = (
             f"Board size: {self.nrow} rows x {self.ncol} cols (zero-indexed).\n"
             f"Start: {_fmt([self._start])}\nGoal: {_fmt([self._goal])}"
@@ -343,20 +375,24 @@ class FrozenLakeEnv(TextEnv):
         self._coord_holes = "\nHoles: " + _fmt(self._holes) if self._holes else ""
 
     def expert_turn(self, max_actions: int) -> tuple[str, tuple[str, ...]]:
-        """The warm start's expert. Deterministic ice: the first ``max_actions`` steps of the shortest path
-        (:meth:`solve`). Slippery ice: the optimal policy's action (:meth:`optimal_policy`) at the player's cell,
-        then at the cell that action intends to reach, and so on up to ``max_actions`` (stopping at the goal or a
-        hole).
+        """The warm start's expert. Deterministic ice: the first ``max_actions`` steps of the
+        shortest path (:meth:`solve`). Slippery ice: the optimal policy's action
+        (:meth:`optimal_policy`) at the player's cell, then at the cell that action intends to
+        reach, and so on up to ``max_actions`` (stopping at the goal or a hole).
 
-        After a slip the later actions of a slippery turn were chosen for the wrong cell, but a turn budget binds
-        harder: with RAGEN's 5 turns x 2 actions the expert succeeds in 83 % of episodes this way against 65 % with
-        one action per turn (512 default maps, success rate 0.8).
+        After a slip the later actions of a slippery turn were chosen for the wrong cell, but a turn
+        budget binds harder: with RAGEN's 5 turns x 2 actions the expert succeeds in 83 % of
+        episodes this way against 65 % with one action per turn (512 default maps, success rate
+        0.8).
 
-        Reasoning: ``"goal is below and right of me; I go Down, Right"`` (``"...; ice is slippery, I go ..."``).
+        Reasoning: ``"goal is below and right of me; I go Down, Right"`` (``"...; ice is slippery, I
+        go ..."``).
         """
         names = tuple(self.action_names)
         pos = tuple(self.player_position)
-        goal = next((r, c) for r, row in enumerate(self.desc) for c, ch in enumerate(row) if ch == "G")
+        goal = next(
+            (r, c) for r, row in enumerate(self.desc) for c, ch in enumerate(row) if ch == "G"
+        )
         where = f"goal is {relation(goal, pos)} me"
         if self.success_rate >= 1.0:
             plan = self.solve()
@@ -371,14 +407,17 @@ class FrozenLakeEnv(TextEnv):
             action = names[int(policy[cell])]
             chosen.append(action)
             dr, dc = _DELTA_BY_NAME[action]
-            cell = (min(max(cell[0] + dr, 0), self.nrow - 1), min(max(cell[1] + dc, 0), self.ncol - 1))
+            cell = (
+                min(max(cell[0] + dr, 0), self.nrow - 1),
+                min(max(cell[1] + dc, 0), self.ncol - 1),
+            )
             if self.desc[cell[0]][cell[1]] in "GH":
                 break
         return f"{where}; ice is slippery, {going(chosen)}", tuple(chosen)
 
     def _slippery_policy(self) -> np.ndarray:
-        """``self.optimal_policy()[0]``, cached per (map, success rate): value iteration takes ~0.1 s and an
-        episode asks every turn."""
+        """``self.optimal_policy()[0]``, cached per (map, success rate): value iteration takes ~0.1
+        s and an episode asks every turn."""
         key = (tuple(self.desc), float(self.success_rate))
         if key not in _POLICY_CACHE:
             if len(_POLICY_CACHE) >= 4096:
@@ -407,7 +446,11 @@ class FrozenLakeEnv(TextEnv):
         return f"{self._coord_head}\n{label}: {_fmt([self._pos])}{self._coord_holes}"
 
     def _info(self, effective: bool, valid: bool) -> dict[str, Any]:
-        return {"success": self.tile == "G", "action_is_effective": effective, "action_is_valid": valid}
+        return {
+            "success": self.tile == "G",
+            "action_is_effective": effective,
+            "action_is_valid": valid,
+        }
 
 
 def _check_desc(desc: Sequence[str]) -> list[str]:
@@ -415,7 +458,9 @@ def _check_desc(desc: Sequence[str]) -> list[str]:
     if not rows or not rows[0] or any(len(row) != len(rows[0]) for row in rows):
         raise ValueError("desc rows must be non-empty strings of equal length")
     if len(rows) > MAX_SIZE or len(rows[0]) > MAX_SIZE:
-        raise ValueError(f"desc must have at most {MAX_SIZE} rows and columns, got {len(rows)}x{len(rows[0])}")
+        raise ValueError(
+            f"desc must have at most {MAX_SIZE} rows and columns, got {len(rows)}x{len(rows[0])}"
+        )
     flat = "".join(rows)
     if set(flat) - set("SFHG"):
         raise ValueError(f"desc may only contain S, F, H, G, got {sorted(set(flat) - set('SFHG'))}")

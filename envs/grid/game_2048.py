@@ -2,11 +2,11 @@
 
 Departures from RAGEN:
 
-- The invalid-move penalty survives the log reward. RAGEN computes ``0.1 * log2(raw + 1)`` for ``raw > 0`` and
-  0.0 otherwise, so the -0.1 for a move that changes nothing is erased whenever ``use_log_reward`` is on (the
-  default). Here an invalid move always earns ``invalid_act_score``.
-- ``success`` reflects ``max_tile >= goal_tile`` on every step (RAGEN only sets it on the terminating step, so a run
-  cut by the action budget never counts as a success).
+- The invalid-move penalty survives the log reward. RAGEN computes ``0.1 * log2(raw + 1)`` for ``raw
+  > 0`` and 0.0 otherwise, so the -0.1 for a move that changes nothing is erased whenever
+  ``use_log_reward`` is on (the default). Here an invalid move always earns ``invalid_act_score``.
+- ``success`` reflects ``max_tile >= goal_tile`` on every step (RAGEN only sets it on the
+  terminating step, so a run cut by the action budget never counts as a success).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ _EXPERT_ORDER = ("Up", "Down", "Left", "Right")  # the expert's tie order
 def merge_line(line: list[int]) -> tuple[list[int], int]:
     """Slide one line towards index 0 and merge equal neighbours once each.
 
-    Returns the new line and the sum of the merged tiles (the score gained): ``[2, 2, 2, 2] -> [4, 4, 0, 0], 8``.
+    Returns the new line and the sum of the merged tiles (the score gained): ``[2, 2, 2, 2] -> [4,
+    4, 0, 0], 8``.
     """
     values = [v for v in line if v]
     out: list[int] = []
@@ -44,7 +45,8 @@ def merge_line(line: list[int]) -> tuple[list[int], int]:
 
 
 def slide(grid: np.ndarray, action: int) -> tuple[np.ndarray, int, bool]:
-    """``(new_grid, score_gained, moved)`` for action 0 Up, 1 Right, 2 Down, 3 Left; ``grid`` is not modified."""
+    """``(new_grid, score_gained, moved)`` for action 0 Up, 1 Right, 2 Down, 3 Left; ``grid`` is not
+    modified."""
     # Rotate so the move becomes "Left", merge every row, rotate back.
     turns = {0: 1, 1: 2, 2: 3, 3: 0}[action]
     rotated = np.rot90(grid, turns)
@@ -61,10 +63,10 @@ def slide(grid: np.ndarray, action: int) -> tuple[np.ndarray, int, bool]:
 class Game2048Env(TextEnv):
     """2048 on a ``size`` x ``size`` grid.
 
-    ## Description
-    Reset places two tiles on an empty grid (uniform empty cell; 2 with probability ``two_prob``, else 4). Each move
-    slides all tiles in one direction; two equal tiles that meet merge into their sum (each tile merges at most once
-    per move). After a move that changed the grid a new tile spawns.
+    ## Description Reset places two tiles on an empty grid (uniform empty cell; 2 with probability
+    ``two_prob``, else 4). Each move slides all tiles in one direction; two equal tiles that meet
+    merge into their sum (each tile merges at most once per move). After a move that changed the
+    grid a new tile spawns.
 
     ## Action Space
     ``Discrete(4)``: 0 Up, 1 Right, 2 Down, 3 Left (``action_names``).
@@ -81,28 +83,27 @@ class Game2048Env(TextEnv):
         Current Score: 0
         What is your next move?
 
-    ## Rewards
-    ``raw`` = the sum of the tiles created by merges this move. With ``use_log_reward`` (default) the reward is
-    ``0.1 * log2(raw + 1)`` when ``raw > 0`` and 0.0 for a valid move without merges; otherwise it is ``raw``.
-    A move that changes nothing (or an action that is not an int in 0..3) gives ``invalid_act_score`` (-0.1) in
-    both modes, ``action_is_valid=False`` and no spawn.
+    ## Rewards ``raw`` = the sum of the tiles created by merges this move. With ``use_log_reward``
+    (default) the reward is ``0.1 * log2(raw + 1)`` when ``raw > 0`` and 0.0 for a valid move
+    without merges; otherwise it is ``raw``. A move that changes nothing (or an action that is not
+    an int in 0..3) gives ``invalid_act_score`` (-0.1) in both modes, ``action_is_valid=False`` and
+    no spawn.
 
-    ## Episode End
-    Terminated when no move can change the grid. Truncated after ``max_steps`` steps (valid or not) if set.
-    Stepping after the end returns the last observation, reward 0.0, the same end flags and
-    ``action_is_valid=False``.
+    ## Episode End Terminated when no move can change the grid. Truncated after ``max_steps`` steps
+    (valid or not) if set. Stepping after the end returns the last observation, reward 0.0, the same
+    end flags and ``action_is_valid=False``.
 
-    ## Info
-    ``success`` (``max_tile >= goal_tile``), ``action_is_valid``, ``action_is_effective`` (the grid changed),
-    ``raw_reward`` (the step's raw score, or the penalty), ``score`` (sum of raw merge scores so far), ``max_tile``.
+    ## Info ``success`` (``max_tile >= goal_tile``), ``action_is_valid``, ``action_is_effective``
+    (the grid changed), ``raw_reward`` (the step's raw score, or the penalty), ``score`` (sum of raw
+    merge scores so far), ``max_tile``.
 
     ## Arguments
     - ``size`` (4), ``two_prob`` (0.9), ``use_log_reward`` (True), ``invalid_act_score`` (-0.1).
     - ``goal_tile`` (2048): a power of two >= 4. ``max_steps`` (None = unlimited).
     - ``render_mode``: ``None`` or ``"ansi"``.
 
-    ## Options
-    ``reset(options={"grid": g})`` starts from a given ``size`` x ``size`` grid (0 or powers of two >= 2).
+    ## Options ``reset(options={"grid": g})`` starts from a given ``size`` x ``size`` grid (0 or
+    powers of two >= 2).
     """
 
     branchable = True  # small in-process state: turns may branch (--data.branching.branches)
@@ -134,7 +135,9 @@ class Game2048Env(TextEnv):
         self.use_log_reward = bool(use_log_reward)
         self.invalid_act_score = float(invalid_act_score)
         if not np.isfinite(self.invalid_act_score):
-            raise ValueError(f"invalid_act_score must be a finite number, got {invalid_act_score!r}")
+            raise ValueError(
+                f"invalid_act_score must be a finite number, got {invalid_act_score!r}"
+            )
         self.goal_tile = goal_tile
         self.max_steps = max_steps
 
@@ -156,13 +159,17 @@ class Game2048Env(TextEnv):
         )
         return PromptSpec(instruction=instruction, action_names=self.action_names)
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict]:
         super().reset(seed=seed)
         options = self._reset_options(options, ("grid",))
         if "grid" in options:
             grid = np.asarray(options["grid"])
             if grid.shape != (self.size, self.size) or not np.issubdtype(grid.dtype, np.integer):
-                raise ValueError(f"options['grid'] must be a {self.size}x{self.size} int grid, got shape {grid.shape}")
+                raise ValueError(
+                    f"options['grid'] must be a {self.size}x{self.size} int grid, got shape {grid.shape}"
+                )
             tiles = grid[grid != 0]
             if (tiles < 2).any() or (tiles & (tiles - 1)).any():
                 raise ValueError("options['grid'] tiles must be 0 or powers of two >= 2")
@@ -182,7 +189,13 @@ class Game2048Env(TextEnv):
         if self.grid is None:
             raise RuntimeError("Game2048Env: call reset() before step()")
         if self._terminated or self._truncated:
-            return self._obs, 0.0, self._terminated, self._truncated, self._info(valid=False, effective=False, raw=0.0)
+            return (
+                self._obs,
+                0.0,
+                self._terminated,
+                self._truncated,
+                self._info(valid=False, effective=False, raw=0.0),
+            )
         self.num_steps += 1
         a = as_action(action, 4)
         moved = False
@@ -200,9 +213,17 @@ class Game2048Env(TextEnv):
             else:
                 reward = raw
             self._terminated = not self.valid_actions()
-        self._truncated = not self._terminated and self.max_steps is not None and self.num_steps >= self.max_steps
+        self._truncated = (
+            not self._terminated and self.max_steps is not None and self.num_steps >= self.max_steps
+        )
         self._obs = self._render_text()
-        return self._obs, reward, self._terminated, self._truncated, self._info(valid=moved, effective=moved, raw=raw)
+        return (
+            self._obs,
+            reward,
+            self._terminated,
+            self._truncated,
+            self._info(valid=moved, effective=moved, raw=raw),
+        )
 
     @property
     def board(self) -> np.ndarray | None:
@@ -235,9 +256,10 @@ class Game2048Env(TextEnv):
         }
 
     def expert_turn(self, max_actions: int) -> tuple[str, tuple[str, ...]]:
-        """The warm start's expert: a one-step greedy heuristic on ``board``: among the moves that change the
-        board, the one maximising merge score + 2 x empty cells, keeping the largest tile in a corner as a
-        tie-break; ties in the fixed order Up, Down, Left, Right. One action per turn (a tile spawns after each)."""
+        """The warm start's expert: a one-step greedy heuristic on ``board``: among the moves that
+        change the board, the one maximising merge score + 2 x empty cells, keeping the largest tile
+        in a corner as a tie-break; ties in the fixed order Up, Down, Left, Right. One action per
+        turn (a tile spawns after each)."""
         board = np.asarray(self.board)
         names = tuple(self.action_names or ACTION_NAMES)
         best, best_key = None, None

@@ -59,18 +59,22 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_']*\Z")
 
 
 class ProofError(ValueError):
-    """A tactic or term the checker rejects; the message is the compiler-like error shown to the agent."""
+    """A tactic or term the checker rejects; the message is the compiler-like error shown to the
+    agent."""
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Terms
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
-_TERM_TOKEN = re.compile(r"\s*(\(|\)|\.(?:1|2)(?![0-9])|[A-Za-z_][A-Za-z0-9_']*(?:\.[A-Za-z_][A-Za-z0-9_']*)*)")
+_TERM_TOKEN = re.compile(
+    r"\s*(\(|\)|\.(?:1|2)(?![0-9])|[A-Za-z_][A-Za-z0-9_']*(?:\.[A-Za-z_][A-Za-z0-9_']*)*)"
+)
 
 
 def parse_term(text: str) -> tuple:
-    """A term's syntax tree: ``("var", n)``, ``("const", n)``, ``("proj", t, 1|2)``, ``("app", f, (args...))``."""
+    """A term's syntax tree: ``("var", n)``, ``("const", n)``, ``("proj", t, 1|2)``, ``("app", f,
+    (args...))``."""
     tokens: list[str] = []
     pos = 0
     while pos < len(text):
@@ -147,7 +151,9 @@ def term_text(t: tuple) -> str:
     if kind == "proj":
         inner = term_text(t[1])
         return f"{inner if t[1][0] != 'app' else '(' + inner + ')'}.{t[2]}"
-    parts = [term_text(t[1])] + [term_text(a) if a[0] != "app" else f"({term_text(a)})" for a in t[2]]
+    parts = [term_text(t[1])] + [
+        term_text(a) if a[0] != "app" else f"({term_text(a)})" for a in t[2]
+    ]
     return " ".join(parts)
 
 
@@ -156,8 +162,10 @@ def _head_args(t: tuple) -> tuple[tuple, tuple]:
 
 
 def _mismatch(t: tuple, actual: Formula, expected: Formula) -> ProofError:
-    return ProofError(f"type mismatch\n  {term_text(t)}\nhas type\n  {show(actual)}\nbut is expected to have type\n"
-                      f"  {show(expected)}")
+    return ProofError(
+        f"type mismatch\n  {term_text(t)}\nhas type\n  {show(actual)}\nbut is expected to have type\n"
+        f"  {show(expected)}"
+    )
 
 
 def infer(goal: Goal, t: tuple) -> Formula:
@@ -169,26 +177,34 @@ def infer(goal: Goal, t: tuple) -> Formula:
             raise ProofError(f"unknown identifier '{t[1]}'")
         return f
     if kind == "const":
-        raise ProofError(f"cannot infer the type of '{t[1]}' here: use it where the expected type is known "
-                         "(exact, apply, or as an argument)")
+        raise ProofError(
+            f"cannot infer the type of '{t[1]}' here: use it where the expected type is known "
+            "(exact, apply, or as an argument)"
+        )
     if kind == "proj":
         f = infer(goal, t[1])
         if f[0] != "and":
-            raise ProofError(f"invalid projection: '{term_text(t[1])}' has type {show(f)}, which is not a "
-                             "conjunction")
+            raise ProofError(
+                f"invalid projection: '{term_text(t[1])}' has type {show(f)}, which is not a "
+                "conjunction"
+            )
         return f[t[2]]
     head, args = _head_args(t)
     if head[0] == "const":
-        raise ProofError(f"cannot infer the type of '{head[1]}' here: use it where the expected type is known "
-                         "(exact, apply, or as an argument)")
+        raise ProofError(
+            f"cannot infer the type of '{head[1]}' here: use it where the expected type is known "
+            "(exact, apply, or as an argument)"
+        )
     f = infer(goal, head)
     done: list[tuple] = []
     for arg in args:
         pc = premise_conclusion(f)
         if pc is None:
             applied = term_text(("app", head, tuple(done))) if done else term_text(head)
-            raise ProofError(f"function expected: '{applied}' has type {show(f)}, it cannot be applied to "
-                             f"'{term_text(arg)}'")
+            raise ProofError(
+                f"function expected: '{applied}' has type {show(f)}, it cannot be applied to "
+                f"'{term_text(arg)}'"
+            )
         check(goal, arg, pc[0])
         done.append(arg)
         f = pc[1]
@@ -206,15 +222,21 @@ def check(goal: Goal, t: tuple, expected: Formula) -> None:
     name = head[1]
     arity = {"And.intro": 2, "Or.inl": 1, "Or.inr": 1, "False.elim": 1, "absurd": 2}[name]
     if len(args) != arity:
-        raise ProofError(f"'{name}' expects {arity} argument{'s' if arity > 1 else ''}, got {len(args)}")
+        raise ProofError(
+            f"'{name}' expects {arity} argument{'s' if arity > 1 else ''}, got {len(args)}"
+        )
     if name == "And.intro":
         if expected[0] != "and":
-            raise ProofError(f"'And.intro' builds a conjunction, but the expected type is {show(expected)}")
+            raise ProofError(
+                f"'And.intro' builds a conjunction, but the expected type is {show(expected)}"
+            )
         check(goal, args[0], expected[1])
         check(goal, args[1], expected[2])
     elif name in ("Or.inl", "Or.inr"):
         if expected[0] != "or":
-            raise ProofError(f"'{name}' builds a disjunction, but the expected type is {show(expected)}")
+            raise ProofError(
+                f"'{name}' builds a disjunction, but the expected type is {show(expected)}"
+            )
         check(goal, args[0], expected[1 if name == "Or.inl" else 2])
     elif name == "False.elim":
         check(goal, args[0], FALSE)
@@ -222,9 +244,9 @@ def check(goal: Goal, t: tuple, expected: Formula) -> None:
         check(goal, args[1], neg(infer(goal, args[0])))
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Tactics
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def _fresh(goal_hyps: tuple[tuple[str, Formula], ...], names: list[str]) -> None:
@@ -233,11 +255,14 @@ def _fresh(goal_hyps: tuple[tuple[str, Formula], ...], names: list[str]) -> None
         if not _NAME.match(name) or name in RESERVED or name in CONSTANTS:
             raise ProofError(f"invalid hypothesis name '{name}'")
         if name in used or name in names[:i]:
-            raise ProofError(f"the name '{name}' is already used by a hypothesis; choose a fresh name")
+            raise ProofError(
+                f"the name '{name}' is already used by a hypothesis; choose a fresh name"
+            )
 
 
 def apply_tactic(state: State, tactic: str) -> State:
-    """The proof state after ``tactic`` (one line; several tactics separated by ``;`` run as one block), or a
+    """The proof state after ``tactic`` (one line; several tactics separated by ``;`` run as one
+    block), or a
     :class:`ProofError` with the compiler-like message. ``state`` is never changed."""
     if not isinstance(tactic, str):
         raise ProofError("a tactic must be text")
@@ -261,7 +286,7 @@ def apply_tactic(state: State, tactic: str) -> State:
 
 def _one_tactic(state: State, text: str) -> State:
     words = text.split()
-    name, rest = words[0], text[len(words[0]):].strip()
+    name, rest = words[0], text[len(words[0]) :].strip()
     if name not in TACTICS:
         raise ProofError(f"unknown tactic '{name}'")
     if name == "done":
@@ -291,7 +316,9 @@ def _intro(goal: Goal, rest: str) -> tuple[Goal, ...]:
     for name in names:
         pc = premise_conclusion(target)
         if pc is None:
-            raise ProofError(f"intro failed: no premise left to introduce as '{name}', the goal is {show(target)}")
+            raise ProofError(
+                f"intro failed: no premise left to introduce as '{name}', the goal is {show(target)}"
+            )
         hyps.append((name, pc[0]))
         target = pc[1]
     return (Goal(tuple(hyps), target),)
@@ -310,7 +337,9 @@ def _apply(goal: Goal, rest: str) -> tuple[Goal, ...]:
     t = parse_term(rest)
     head, args = _head_args(t)
     if head[0] == "const":
-        if args:  # a constant with arguments must close the goal (its missing arguments have no names to refer to)
+        # a constant with arguments must close the goal (its missing arguments have no names to
+        # refer to)
+        if args:
             check(goal, t, goal.target)
             return ()
         target = goal.target
@@ -327,8 +356,10 @@ def _apply(goal: Goal, rest: str) -> tuple[Goal, ...]:
     while not same(conclusion, goal.target):
         pc = premise_conclusion(conclusion)
         if pc is None:
-            raise ProofError(f"apply failed: could not unify the conclusion of '{term_text(t)}'\n  {show(f)}\n"
-                             f"with the goal\n  {show(goal.target)}")
+            raise ProofError(
+                f"apply failed: could not unify the conclusion of '{term_text(t)}'\n  {show(f)}\n"
+                f"with the goal\n  {show(goal.target)}"
+            )
         premises.append(pc[0])
         conclusion = pc[1]
     return tuple(Goal(goal.hyps, p) for p in premises)
@@ -375,8 +406,10 @@ def _cases(goal: Goal, rest: str) -> tuple[Goal, ...]:
             raise ProofError(f"'{h}' has type False, which has no cases: write 'cases {h}'")
         return ()
     if f[0] not in ("and", "or"):
-        raise ProofError(f"cases failed: '{h}' has type {show(f)}, which is not a conjunction, a disjunction or "
-                         "False")
+        raise ProofError(
+            f"cases failed: '{h}' has type {show(f)}, which is not a conjunction, a disjunction or "
+            "False"
+        )
     if len(names) != 2:
         raise ProofError(f"cases on '{h} : {show(f)}' needs two names: cases {h} with a b")
     _fresh(kept, names)
@@ -406,7 +439,9 @@ def _contradiction(goal: Goal, rest: str) -> tuple[Goal, ...]:
     _no_args("contradiction", rest)
     if contradiction_in(goal):
         return ()
-    raise ProofError("contradiction failed: no hypothesis is False and no two hypotheses are A and ~A")
+    raise ProofError(
+        "contradiction failed: no hypothesis is False and no two hypotheses are A and ~A"
+    )
 
 
 def contradiction_in(goal: Goal) -> bool:
@@ -414,6 +449,16 @@ def contradiction_in(goal: Goal) -> bool:
     return FALSE in types or any(f[0] == "imp" and f[2] == FALSE and f[1] in types for f in types)
 
 
-_TACTIC_FUNCS = {"intro": _intro, "exact": _exact, "apply": _apply, "assumption": _assumption,
-                 "constructor": _constructor, "left": _side(1, "left"), "right": _side(2, "right"),
-                 "cases": _cases, "specialize": _specialize, "exfalso": _exfalso, "contradiction": _contradiction}
+_TACTIC_FUNCS = {
+    "intro": _intro,
+    "exact": _exact,
+    "apply": _apply,
+    "assumption": _assumption,
+    "constructor": _constructor,
+    "left": _side(1, "left"),
+    "right": _side(2, "right"),
+    "cases": _cases,
+    "specialize": _specialize,
+    "exfalso": _exfalso,
+    "contradiction": _contradiction,
+}

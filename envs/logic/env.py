@@ -1,19 +1,22 @@
-"""Tactic proofs of generated propositional theorems, checked exactly by the project (``ragen/PropProof-v0``).
+"""Tactic proofs of generated propositional theorems, checked exactly by the project
+(``ragen/PropProof-v0``).
 
-This is NOT Lean and runs no Lean: it is a CPU-trainable stand-in for RAGEN's Lean env, so multi-turn proof repair
-(write a tactic, read the compiler-like error and the goal state, fix it) can be trained and tested anywhere. The
-formulas live in :mod:`envs.logic.formulas`, the tactic language and its checker in
+This is NOT Lean and runs no Lean: it is a CPU-trainable stand-in for RAGEN's Lean env, so
+multi-turn proof repair (write a tactic, read the compiler-like error and the goal state, fix it)
+can be trained and tested anywhere. The formulas live in :mod:`envs.logic.formulas`, the tactic
+language and its checker in
 :mod:`envs.logic.checker`, the proof search (the expert) in :mod:`envs.logic.prover` and the theorem
 generator in :mod:`envs.logic.theorems`.
 
-Rewards mirror RAGEN's Lean env: every step ``step_penalty`` (-0.1) plus ``valid_step_reward`` when the
-tactic is accepted or ``invalid_step_reward`` (-1) when it is rejected, ``success_reward`` (+10) when the last goal
-closes, ``max_steps_penalty`` (-2) when the step limit ends the episode with goals left. RAGEN's Lean timeout penalty
-has no counterpart (the checker is exact and bounded). Departure: ``valid_step_reward`` defaults to +0.1, not RAGEN's
-+1: with +1 every accepted tactic nets +0.9, and an agent that repeats an accepted tactic that proves nothing
-(``exfalso`` on the target ``False``) earns more over a long episode than a short proof (RAGEN's 100 steps: about 88
-against 10 + a few); at +0.1 an accepted step nets 0 and only the proof pays. Pass ``valid_step_reward=1.0`` for
-RAGEN's values.
+Rewards mirror RAGEN's Lean env: every step ``step_penalty`` (-0.1) plus ``valid_step_reward`` when
+the tactic is accepted or ``invalid_step_reward`` (-1) when it is rejected, ``success_reward`` (+10)
+when the last goal closes, ``max_steps_penalty`` (-2) when the step limit ends the episode with
+goals left. RAGEN's Lean timeout penalty has no counterpart (the checker is exact and bounded).
+Departure: ``valid_step_reward`` defaults to +0.1, not RAGEN's +1: with +1 every accepted tactic
+nets +0.9, and an agent that repeats an accepted tactic that proves nothing (``exfalso`` on the
+target ``False``) earns more over a long episode than a short proof (RAGEN's 100 steps: about 88
+against 10 + a few); at +0.1 an accepted step nets 0 and only the proof pays. Pass
+``valid_step_reward=1.0`` for RAGEN's values.
 """
 
 from __future__ import annotations
@@ -44,18 +47,44 @@ INSTRUCTION = (
     "format: <think>the goal is an implication</think><answer>intro h1 || exact h1</answer>"
 )
 OBS_MAX_CHARS = 8192
-_SAMPLE_TACTICS = ("intro h1", "intro h1 h2", "intro h1 h2 h3", "exact h1", "exact h2", "exact h1 h2", "apply h1",
-                   "apply h2", "assumption", "constructor", "left", "right", "cases h1 with h4 h5",
-                   "cases h2 with h4 h5", "specialize h1 h2", "exfalso", "contradiction", "exact h1.1",
-                   "exact Or.inl h1", "exact And.intro h1 h2", "intros", "done")
-_SHAPES = {"imp": "an implication", "not": "a negation", "and": "a conjunction", "or": "a disjunction",
-           "false": "False", "atom": "an atom"}
+_SAMPLE_TACTICS = (
+    "intro h1",
+    "intro h1 h2",
+    "intro h1 h2 h3",
+    "exact h1",
+    "exact h2",
+    "exact h1 h2",
+    "apply h1",
+    "apply h2",
+    "assumption",
+    "constructor",
+    "left",
+    "right",
+    "cases h1 with h4 h5",
+    "cases h2 with h4 h5",
+    "specialize h1 h2",
+    "exfalso",
+    "contradiction",
+    "exact h1.1",
+    "exact Or.inl h1",
+    "exact And.intro h1 h2",
+    "intros",
+    "done",
+)
+_SHAPES = {
+    "imp": "an implication",
+    "not": "a negation",
+    "and": "a conjunction",
+    "or": "a disjunction",
+    "false": "False",
+    "atom": "an atom",
+}
 
 
 class _TacticActions(spaces.Text):
-    """The action space: text. ``sample()`` draws tactic lines (most of them well-formed, over the names ``h1..h5``)
-    so random agents, ``check_env`` and the benchmark meet accepted steps and real error messages, not strings that
-    never parse."""
+    """The action space: text. ``sample()`` draws tactic lines (most of them well-formed, over the
+    names ``h1..h5``) so random agents, ``check_env`` and the benchmark meet accepted steps and real
+    error messages, not strings that never parse."""
 
     def sample(self, mask: Any = None, probability: Any = None) -> str:
         if mask is not None or probability is not None:
@@ -129,11 +158,15 @@ class PropProofEnv(TextEnv):
             raise ValueError(f"split must be one of {sorted(SPLITS)}, got {split!r}")
         self.depth, self.num_atoms, self.split, self.max_steps = depth, num_atoms, split, max_steps
         self.step_penalty, self.valid_step_reward = float(step_penalty), float(valid_step_reward)
-        self.invalid_step_reward, self.success_reward = float(invalid_step_reward), float(success_reward)
+        self.invalid_step_reward, self.success_reward = (
+            float(invalid_step_reward),
+            float(success_reward),
+        )
         self.max_steps_penalty = float(max_steps_penalty)
         self.observation_space = text_space(max_length=OBS_MAX_CHARS)
-        self.action_space = _TacticActions(min_length=0, max_length=MAX_TACTIC_CHARS,
-                                           charset=text_space().character_set)
+        self.action_space = _TacticActions(
+            min_length=0, max_length=MAX_TACTIC_CHARS, charset=text_space().character_set
+        )
         self.theorem: tuple | None = None
         self.state: State = ()
         self.step_count = 0
@@ -143,7 +176,9 @@ class PropProofEnv(TextEnv):
     def prompt_spec(self) -> PromptSpec:
         return PromptSpec(instruction=INSTRUCTION)
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict]:
         super().reset(seed=seed)
         options = self._reset_options(options, ("theorem",))
         if "theorem" in options:
@@ -163,7 +198,13 @@ class PropProofEnv(TextEnv):
         if self.theorem is None:
             raise RuntimeError("PropProofEnv: call reset() before step()")
         if self._terminated or self._truncated:
-            return self._obs, 0.0, self._terminated, self._truncated, self._info(False, False, False, "episode ended")
+            return (
+                self._obs,
+                0.0,
+                self._terminated,
+                self._truncated,
+                self._info(False, False, False, "episode ended"),
+            )
         self.step_count += 1
         before = self.state
         try:
@@ -190,8 +231,13 @@ class PropProofEnv(TextEnv):
         return _bounded(state_text(self.state))
 
     def _info(self, success: bool, valid: bool, effective: bool, error: str) -> dict[str, Any]:
-        return {"success": bool(success), "action_is_valid": bool(valid), "action_is_effective": bool(effective),
-                "goals": len(self.state), "error": error}
+        return {
+            "success": bool(success),
+            "action_is_valid": bool(valid),
+            "action_is_effective": bool(effective),
+            "goals": len(self.state),
+            "error": error,
+        }
 
     def expert_turn(self, max_actions: int) -> tuple[str, tuple[str, ...]]:
         """The warm start's expert: a proof search from the current state
@@ -201,17 +247,19 @@ class PropProofEnv(TextEnv):
             raise RuntimeError("PropProofEnv: call reset() before expert_turn()")
         plan = prove_state(self.state)
         if not plan:
-            raise ValueError(f"PropProofEnv: the proof search finds no proof of the current goals of "
-                             f"{show(self.theorem)}")
+            raise ValueError(
+                f"PropProofEnv: the proof search finds no proof of the current goals of "
+                f"{show(self.theorem)}"
+            )
         target = self.state[0].target
-        return f"the goal is {_SHAPES[target[0]]}", tuple(plan[:max(1, int(max_actions))])
+        return f"the goal is {_SHAPES[target[0]]}", tuple(plan[: max(1, int(max_actions))])
 
     def _render_text(self) -> str:
         return self._obs
 
 
 def _bounded(text: str) -> str:
-    return text if len(text) <= OBS_MAX_CHARS else text[:OBS_MAX_CHARS - 3] + "..."
+    return text if len(text) <= OBS_MAX_CHARS else text[: OBS_MAX_CHARS - 3] + "..."
 
 
 __all__ = ["INSTRUCTION", "PropProofEnv"]

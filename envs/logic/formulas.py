@@ -22,8 +22,20 @@ MAX_FORMULA_CHARS = 400  # bounds the depth of every recursion over a formula
 FALSE: Formula = ("false",)
 # the tactic language's keywords (envs.logic.checker): reserved here, so a formula never names a
 # proposition after one
-TACTICS = ("intro", "exact", "apply", "assumption", "constructor", "left", "right", "cases", "specialize",
-           "exfalso", "contradiction", "done")
+TACTICS = (
+    "intro",
+    "exact",
+    "apply",
+    "assumption",
+    "constructor",
+    "left",
+    "right",
+    "cases",
+    "specialize",
+    "exfalso",
+    "contradiction",
+    "done",
+)
 RESERVED = {"with", "False", "True", *TACTICS}
 
 
@@ -31,9 +43,9 @@ class FormulaSyntaxError(ValueError):
     """A formula that does not parse."""
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Formulas
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def atom(name: str) -> Formula:
@@ -75,7 +87,8 @@ def show(f: Formula, prec: int = 0) -> str:
 
 
 def canon(f: Formula) -> Formula:
-    """``f`` with every ``~A`` unfolded to ``A -> False`` (Lean's ``Not`` is reducible: the two are the same type)."""
+    """``f`` with every ``~A`` unfolded to ``A -> False`` (Lean's ``Not`` is reducible: the two are
+    the same type)."""
     kind = f[0]
     if kind == "not":
         return ("imp", canon(f[1]), FALSE)
@@ -85,8 +98,9 @@ def canon(f: Formula) -> Formula:
 
 
 def same(a: Formula, b: Formula) -> bool:
-    """Definitional equality of two formulas (syntactic up to unfolding ``~``): ``canon(a) == canon(b)``, compared
-    top-down so that formulas of different shapes differ at once (the search compares a lot of them)."""
+    """Definitional equality of two formulas (syntactic up to unfolding ``~``): ``canon(a) ==
+    canon(b)``, compared top-down so that formulas of different shapes differ at once (the search
+    compares a lot of them)."""
     if a is b:
         return True
     if a[0] == "not":
@@ -112,7 +126,8 @@ _UNICODE = {"→": "->", "∧": "/\\", "∨": "\\/", "¬": "~"}
 
 
 def parse_formula(text: str) -> Formula:
-    """The formula of ``text`` (ASCII syntax of the module docstring; Lean's unicode connectives are accepted too)."""
+    """The formula of ``text`` (ASCII syntax of the module docstring; Lean's unicode connectives are
+    accepted too)."""
     if not isinstance(text, str) or not text.strip():
         raise FormulaSyntaxError("empty formula")
     if len(text) > MAX_FORMULA_CHARS:
@@ -124,7 +139,9 @@ def parse_formula(text: str) -> Formula:
             break
         m = _FORMULA_TOKEN.match(text, pos)
         if m is None:
-            raise FormulaSyntaxError(f"unexpected character {text[pos:].lstrip()[0]!r} in formula {text!r}")
+            raise FormulaSyntaxError(
+                f"unexpected character {text[pos:].lstrip()[0]!r} in formula {text!r}"
+            )
         tokens.append(_UNICODE.get(m.group(1), m.group(1)))
         pos = m.end()
     parser = _FormulaParser(tokens, text)
@@ -151,8 +168,8 @@ class _FormulaParser:
         return self.chain("and", "/\\", self.unary)
 
     def chain(self, kind: str, symbol: str, sub) -> Formula:
-        """``a op b op c`` as ``(kind, a, (kind, b, c))`` (right associative), read in a loop: a long chain costs no
-        recursion depth."""
+        """``a op b op c`` as ``(kind, a, (kind, b, c))`` (right associative), read in a loop: a
+        long chain costs no recursion depth."""
         operands = [sub()]
         while self.peek() == symbol:
             self.i += 1
@@ -196,9 +213,9 @@ class _FormulaParser:
         raise FormulaSyntaxError(f"unexpected {tok!r} in formula {self.text!r}")
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Goals and their text
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -230,8 +247,9 @@ def initial_state(theorem: Formula) -> State:
 
 
 def state_text(state: State, max_goals: int = 4) -> str:
-    """Lean's goal view in ASCII: ``"2 goals"``, then each goal's hypotheses and ``|- target``, blank lines between;
-    ``"no goals"`` when the proof is complete. At most ``max_goals`` goals are printed in full."""
+    """Lean's goal view in ASCII: ``"2 goals"``, then each goal's hypotheses and ``|- target``,
+    blank lines between; ``"no goals"`` when the proof is complete. At most ``max_goals`` goals are
+    printed in full."""
     if not state:
         return "no goals"
     head = "1 goal" if len(state) == 1 else f"{len(state)} goals"

@@ -1,8 +1,9 @@
 """The expert of :mod:`envs.logic.env`: a bounded backward proof search that writes the tactics of a
 proof (:mod:`envs.logic.checker`'s language) for a goal of :mod:`envs.logic.formulas`.
 
-The search is its own module because the checker never needs it: the checker judges the agent's tactics, the
-search only proposes them (warm-start answers, and the generator's check that its theorems have a short proof).
+The search is its own module because the checker never needs it: the checker judges the agent's
+tactics, the search only proposes them (warm-start answers, and the generator's check that its
+theorems have a short proof).
 """
 
 from __future__ import annotations
@@ -33,12 +34,13 @@ def _fresh_names(goal: Goal, k: int) -> list[str]:
 def prove_goal(goal: Goal, depth: int = 6, nodes: int = 20000) -> list[str] | None:
     """Tactics that close ``goal`` (and only it), found by a backward proof search, or None.
 
-    Invertible steps first (``exact`` a matching hypothesis, a contradiction, ``intro``, ``cases`` on a conjunction,
-    ``specialize`` an implication whose premise is a hypothesis, ``constructor``); then the choices (``left``/
-    ``right``, ``apply`` a hypothesis whose conclusion is the target, ``exfalso`` and ``apply`` one concluding
-    ``False``), at most ``depth`` choices deep; ``cases`` on a disjunction last. At most ``nodes`` goals in all, so
-    the search is bounded on any input. Iterative deepening over ``depth`` returns a proof with the fewest nested
-    choices (an ``exfalso`` detour is never preferred to a proof without one)."""
+    Invertible steps first (``exact`` a matching hypothesis, a contradiction, ``intro``, ``cases``
+    on a conjunction, ``specialize`` an implication whose premise is a hypothesis, ``constructor``);
+    then the choices (``left``/ ``right``, ``apply`` a hypothesis whose conclusion is the target,
+    ``exfalso`` and ``apply`` one concluding ``False``), at most ``depth`` choices deep; ``cases``
+    on a disjunction last. At most ``nodes`` goals in all, so the search is bounded on any input.
+    Iterative deepening over ``depth`` returns a proof with the fewest nested choices (an
+    ``exfalso`` detour is never preferred to a proof without one)."""
     budget = _Budget(nodes)
     for d in range(depth + 1):
         plan = _search(goal, d, budget)
@@ -101,20 +103,23 @@ def _search(goal: Goal, depth: int, budget: _Budget) -> list[str] | None:
         plan = _choices(goal, depth, budget)
         if plan is not None:
             return plan
-    # a disjunction among the hypotheses is split last: invertible, but it doubles the rest of the proof, and the
-    # choices above often prove the target without it
+    # a disjunction among the hypotheses is split last: invertible, but it doubles the rest of the
+    # proof, and the choices above often prove the target without it
     for n, f in goal.hyps:
         if f[0] == "or":
             a, b = _fresh_names(Goal(goal.without(n), target), 2)
             kept = goal.without(n)
             first = _search(Goal((*kept, (a, f[1])), target), depth, budget)
-            second = None if first is None else _search(Goal((*kept, (b, f[2])), target), depth, budget)
+            second = (
+                None if first is None else _search(Goal((*kept, (b, f[2])), target), depth, budget)
+            )
             return None if second is None else [f"cases {n} with {a} {b}", *first, *second]
     return None
 
 
 def _choices(goal: Goal, depth: int, budget: _Budget) -> list[str] | None:
-    """The non-invertible steps: ``left``/``right``, ``apply`` a hypothesis, ``exfalso`` + ``apply``."""
+    """The non-invertible steps: ``left``/``right``, ``apply`` a hypothesis, ``exfalso`` +
+    ``apply``."""
     target = goal.target
     if target[0] == "or":
         for side, word in ((1, "left"), (2, "right")):
@@ -138,8 +143,8 @@ def _choices(goal: Goal, depth: int, budget: _Budget) -> list[str] | None:
 
 
 def _premises_for(f: Formula, target: Formula) -> list[Formula] | None:
-    """The premises ``apply`` leaves when a hypothesis of type ``f`` is applied to ``target`` (None: it does not
-    conclude it; an empty list is ``exact``'s job)."""
+    """The premises ``apply`` leaves when a hypothesis of type ``f`` is applied to ``target`` (None:
+    it does not conclude it; an empty list is ``exact``'s job)."""
     premises: list[Formula] = []
     while not same(f, target):
         pc = premise_conclusion(f)

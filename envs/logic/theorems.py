@@ -13,12 +13,22 @@ from envs.logic.prover import prove_state
 
 ATOMS = ("p", "q", "r", "s", "t", "u", "v", "w")
 SPLITS = {"train": range(8), "val": range(8, 9), "test": range(9, 10)}
-_TRANSFORMS = ("imp_intro", "and_intro", "or_intro", "mp", "and_elim", "or_elim", "neg_intro", "explosion")
+_TRANSFORMS = (
+    "imp_intro",
+    "and_intro",
+    "or_intro",
+    "mp",
+    "and_elim",
+    "or_elim",
+    "neg_intro",
+    "explosion",
+)
 
 
 def split_of(theorem: Formula) -> str:
-    """The split a theorem belongs to: a stable hash of its text, 8 of 10 buckets train, 1 val, 1 test. Drawing by
-    seed and filtering by this bucket keeps the splits disjoint by content, whatever seeds they are drawn with."""
+    """The split a theorem belongs to: a stable hash of its text, 8 of 10 buckets train, 1 val, 1
+    test. Drawing by seed and filtering by this bucket keeps the splits disjoint by content,
+    whatever seeds they are drawn with."""
     bucket = zlib.crc32(show(theorem).encode()) % 10
     return next(name for name, buckets in SPLITS.items() if bucket in buckets)
 
@@ -60,10 +70,17 @@ def _small(rng: np.random.Generator, atoms: tuple[str, ...]) -> Formula:
     return neg(a) if rng.random() < 0.25 else a
 
 
-def _transform(step: str, premises: list[Formula], target: Formula, j: int, rng: np.random.Generator,
-               atoms: tuple[str, ...]) -> Formula:
-    """One construction step of :func:`generate_theorem` on premise ``j``: changes ``premises`` in place and returns
-    the new target. The draws' order is part of the result: a seed must keep giving the same theorem."""
+def _transform(
+    step: str,
+    premises: list[Formula],
+    target: Formula,
+    j: int,
+    rng: np.random.Generator,
+    atoms: tuple[str, ...],
+) -> Formula:
+    """One construction step of :func:`generate_theorem` on premise ``j``: changes ``premises`` in
+    place and returns the new target. The draws' order is part of the result: a seed must keep
+    giving the same theorem."""
     if step == "imp_intro":
         target = imp(premises.pop(j), target)
     elif step == "and_intro":
@@ -98,14 +115,22 @@ def _transform(step: str, premises: list[Formula], target: Formula, j: int, rng:
     return target
 
 
-def draw_theorem(rng: np.random.Generator, depth: int = 3, num_atoms: int = 4, split: str = "train",
-                 max_draws: int = 1000) -> Formula:
-    """Theorems from :func:`generate_theorem` until one is in ``split`` (see :func:`split_of`) and the proof search
-    proves it (its construction makes it provable; the search bounds only keep the expert's plans short)."""
+def draw_theorem(
+    rng: np.random.Generator,
+    depth: int = 3,
+    num_atoms: int = 4,
+    split: str = "train",
+    max_draws: int = 1000,
+) -> Formula:
+    """Theorems from :func:`generate_theorem` until one is in ``split`` (see :func:`split_of`) and
+    the proof search proves it (its construction makes it provable; the search bounds only keep the
+    expert's plans short)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {sorted(SPLITS)}, got {split!r}")
     for _ in range(max_draws):
         theorem = generate_theorem(rng, depth, num_atoms)
         if split_of(theorem) == split and prove_state(initial_state(theorem)) is not None:
             return theorem
-    raise RuntimeError(f"no {split} theorem of depth {depth} over {num_atoms} atoms in {max_draws} draws")
+    raise RuntimeError(
+        f"no {split} theorem of depth {depth} over {num_atoms} atoms in {max_draws} draws"
+    )

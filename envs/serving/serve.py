@@ -77,28 +77,36 @@ class EnvServer(BoundedConnections):
 
     Args:
         address: ``(host, port)`` to listen on.
-        env_id: the registered env id served (clients asking for another are refused).
-        env_kwargs: keyword arguments every session's env gets; they bound a client's ``env_kwargs`` (module
+        env_id: the registered env id served (clients asking for another are refused). env_kwargs:
+        keyword arguments every session's env gets; they bound a client's ``env_kwargs`` (module
             docstring).
         client_kwargs: the keys a client may set (``render_mode`` always; safety keys never).
-        secret: shared secret clients must send as ``Authorization: Bearer <secret>`` (None: no check).
-        max_sessions: live sessions at most.
-        max_request_bytes: largest request body read.
+        secret: shared secret clients must send as ``Authorization: Bearer <secret>`` (None: no
+        check). max_sessions: live sessions at most. max_request_bytes: largest request body read.
         idle_timeout_s: a session untouched this long is closed (checked when a session is created).
-        connection_timeout_s: a connection silent this long is closed.
-        max_connections: open connections at most (one more is answered 503 and closed).
+        connection_timeout_s: a connection silent this long is closed. max_connections: open
+        connections at most (one more is answered 503 and closed).
     """
 
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], env_id: str, env_kwargs: dict[str, Any] | None = None, *,
-                 secret: str | None = None, max_sessions: int = 256,
-                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, idle_timeout_s: float = 3600.0,
-                 client_kwargs: list[str] | tuple[str, ...] = (),
-                 connection_timeout_s: float = DEFAULT_CONNECTION_TIMEOUT_S,
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS):
+    def __init__(
+        self,
+        address: tuple[str, int],
+        env_id: str,
+        env_kwargs: dict[str, Any] | None = None,
+        *,
+        secret: str | None = None,
+        max_sessions: int = 256,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        idle_timeout_s: float = 3600.0,
+        client_kwargs: list[str] | tuple[str, ...] = (),
+        connection_timeout_s: float = DEFAULT_CONNECTION_TIMEOUT_S,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    ):
         self.client_kwargs = check_allowed_keys(client_kwargs)
-        make(env_id, env_kwargs or {}).close()  # an unknown id or bad kwargs fail now, not at the first client
+        # an unknown id or bad kwargs fail now, not at the first client
+        make(env_id, env_kwargs or {}).close()
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
         self.secret = secret
         self.max_sessions = bounded_int("EnvServer", "max_sessions", max_sessions, 1)
@@ -106,15 +114,19 @@ class EnvServer(BoundedConnections):
         self.idle_timeout_s = idle_timeout_s
         self.sessions: dict[str, _Session] = {}
         self.sessions_lock = threading.Lock()
-        super().__init__(address, _Handler, connection_timeout_s=connection_timeout_s,
-                         max_connections=max_connections)
+        super().__init__(
+            address,
+            _Handler,
+            connection_timeout_s=connection_timeout_s,
+            max_connections=max_connections,
+        )
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
         return f"http://{host}:{port}"
 
-    # -- sessions --------------------------------------------------------------------------------------------------
+    # -- sessions ----------------------------------------------------------------------------------
     def create(self, sid: str, body: dict[str, Any]) -> dict[str, Any]:
         if body.get("env_id") != self.env_id:
             raise HTTPError(400, f"this server hosts {self.env_id!r}, not {body.get('env_id')!r}")
@@ -129,16 +141,21 @@ class EnvServer(BoundedConnections):
         with self.sessions_lock:
             self._expire()
             existing = self.sessions.get(sid)
-            if existing is not None:  # a retried creation: the same session if it asks for the same env
+            # a retried creation: the same session if it asks for the same env
+            if existing is not None:
                 if existing.create != create:
                     raise HTTPError(409, f"session {sid} exists with other settings")
                 return describe(existing.env)
             if len(self.sessions) >= self.max_sessions:
-                raise HTTPError(503, f"too many sessions (--max-sessions {self.max_sessions}); close some")
+                raise HTTPError(
+                    503, f"too many sessions (--max-sessions {self.max_sessions}); close some"
+                )
         try:
             env = make(self.env_id, merged)
         except Exception as e:  # noqa: BLE001 - the client's kwargs are bad input: say so
-            raise HTTPError(422, f"gymnasium.make({self.env_id!r}) failed: {type(e).__name__}: {e}") from None
+            raise HTTPError(
+                422, f"gymnasium.make({self.env_id!r}) failed: {type(e).__name__}: {e}"
+            ) from None
         with self.sessions_lock:
             self.sessions[sid] = _Session(env, create)
         return describe(env)
@@ -169,17 +186,24 @@ class EnvServer(BoundedConnections):
         with self.sessions_lock:
             session = self.sessions.get(sid)
         if session is None:
-            raise HTTPError(404, f"unknown session {sid} (closed, idled out, or the server restarted)",
-                            unknown_session=True)
+            raise HTTPError(
+                404,
+                f"unknown session {sid} (closed, idled out, or the server restarted)",
+                unknown_session=True,
+            )
         seq = body.get("seq")
         if isinstance(seq, bool) or not isinstance(seq, int):
             raise HTTPError(400, f"seq must be an integer, got {seq!r}")
         with session.lock:
             session.touched = time.monotonic()
             if seq == session.last_seq and session.last_answer is not None:
-                answer = session.last_answer  # a retry of the request just answered: never run a step twice
+                # a retry of the request just answered: never run a step twice
+                answer = session.last_answer
             elif seq <= session.last_seq:
-                raise HTTPError(409, f"out-of-order request {seq} (the last one answered was {session.last_seq})")
+                raise HTTPError(
+                    409,
+                    f"out-of-order request {seq} (the last one answered was {session.last_seq})",
+                )
             else:  # numbers only grow; gaps are requests that never arrived
                 try:
                     answer = run(session.env, what, body)
@@ -198,38 +222,58 @@ def make(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
 def describe(env: gym.Env) -> dict[str, Any]:
     """What a client needs to mirror ``env``: spaces, flags, prompt spec and action names."""
     core = env.unwrapped
-    return {"observation_space": space_to_json(env.observation_space, "observation space"),
-            "action_space": space_to_json(env.action_space, "action space"),
-            "transition_seeded": bool(getattr(core, "transition_seeded", False)),
-            "has_expert": callable(getattr(core, "expert_turn", None)), **prompt_fields(env)}
+    return {
+        "observation_space": space_to_json(env.observation_space, "observation space"),
+        "action_space": space_to_json(env.action_space, "action space"),
+        "transition_seeded": bool(getattr(core, "transition_seeded", False)),
+        "has_expert": callable(getattr(core, "expert_turn", None)),
+        **prompt_fields(env),
+    }
 
 
 def prompt_fields(env: gym.Env) -> dict[str, Any]:
     core = env.unwrapped
-    return {"prompt_spec": spec_to_json(core.prompt_spec()),
-            "action_names": [str(a) for a in (getattr(core, "action_names", ()) or ())]}
+    return {
+        "prompt_spec": spec_to_json(core.prompt_spec()),
+        "action_names": [str(a) for a in (getattr(core, "action_names", ()) or ())],
+    }
 
 
 def run(env: gym.Env, what: str, body: dict[str, Any]) -> dict[str, Any]:
-    """Execute one reset/step/call; an exception of the env is the client's 422 (its message, its type)."""
+    """Execute one reset/step/call; an exception of the env is the client's 422 (its message, its
+    type)."""
     try:
         if what == "reset":
             seed, options = body.get("seed"), body.get("options")
             if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
                 raise HTTPError(400, f"seed must be an integer or null, got {seed!r}")
             if options is not None and not isinstance(options, dict):
-                raise HTTPError(400, f"options must be a JSON object or null, got {type(options).__name__}")
+                raise HTTPError(
+                    400, f"options must be a JSON object or null, got {type(options).__name__}"
+                )
             obs, info = env.reset(seed=seed, options=options)
-            return {"obs": to_json(obs, "observation"), "info": to_json(info, "info"), **prompt_fields(env)}
+            return {
+                "obs": to_json(obs, "observation"),
+                "info": to_json(info, "info"),
+                **prompt_fields(env),
+            }
         if what == "step":
             if "action" not in body:
                 raise HTTPError(400, "step needs an action")
             obs, reward, terminated, truncated, info = env.step(body["action"])
-            return {"obs": to_json(obs, "observation"), "reward": float(reward), "terminated": bool(terminated),
-                    "truncated": bool(truncated), "info": to_json(info, "info")}
+            return {
+                "obs": to_json(obs, "observation"),
+                "reward": float(reward),
+                "terminated": bool(terminated),
+                "truncated": bool(truncated),
+                "info": to_json(info, "info"),
+            }
         method, args = body.get("method"), body.get("args") or []
         if method not in ALLOWED_CALLS or not isinstance(args, list):
-            raise HTTPError(400, f"call needs a method in {list(ALLOWED_CALLS)} and a list of args, got {method!r}")
+            raise HTTPError(
+                400,
+                f"call needs a method in {list(ALLOWED_CALLS)} and a list of args, got {method!r}",
+            )
         target = env.render if method == "render" else getattr(env.unwrapped, method, None)
         if not callable(target):
             raise HTTPError(404, f"the env has no {method}")
@@ -237,8 +281,12 @@ def run(env: gym.Env, what: str, body: dict[str, Any]) -> dict[str, Any]:
     except HTTPError:
         raise
     except Exception as e:  # noqa: BLE001 - the env's exception goes back to its client
-        log.warning("env %s raised in %s: %s: %s", type(env.unwrapped).__name__, what, type(e).__name__, e)
-        raise HTTPError(422, f"the env raised {type(e).__name__}: {e}", env_error=type(e).__name__) from None
+        log.warning(
+            "env %s raised in %s: %s: %s", type(env.unwrapped).__name__, what, type(e).__name__, e
+        )
+        raise HTTPError(
+            422, f"the env raised {type(e).__name__}: {e}", env_error=type(e).__name__
+        ) from None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -260,6 +308,7 @@ class _Handler(BaseHTTPRequestHandler):
             if what is None:
                 raise HTTPError(404, f"no such endpoint: POST {self.path}")
             return self.server.act(sid, what, self._body())
+
         self._handle(post)
 
     def do_DELETE(self) -> None:
@@ -282,15 +331,20 @@ class _Handler(BaseHTTPRequestHandler):
             raise HTTPError(411, "a request body needs a Content-Length")
         if int(length) > self.server.max_request_bytes:
             self.close_connection = True  # the body stays unread
-            raise HTTPError(413, f"request of {length} bytes exceeds --max-request-bytes "
-                                 f"{self.server.max_request_bytes}")
+            raise HTTPError(
+                413,
+                f"request of {length} bytes exceeds --max-request-bytes "
+                f"{self.server.max_request_bytes}",
+            )
         raw = self.rfile.read(int(length))
         try:
             body = json.loads(raw) if raw else {}
         except ValueError as e:
             raise HTTPError(400, f"the request body is not JSON: {e}") from None
         if not isinstance(body, dict):
-            raise HTTPError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+            raise HTTPError(
+                400, f"the request body must be a JSON object, got {type(body).__name__}"
+            )
         return body
 
     def _authorised(self) -> bool:
@@ -305,7 +359,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 raise HTTPError(401, "missing or wrong shared secret (Authorization: Bearer ...)")
             status, out = 200, action()
-        except TimeoutError:  # the client went silent mid-request: handle_one_request closes the connection
+        # the client went silent mid-request: handle_one_request closes the connection
+        except TimeoutError:
             raise
         except HTTPError as e:
             status, out = e.status, {"error": e.message, **e.extra}
@@ -315,7 +370,10 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             data = json.dumps(out).encode()
         except (TypeError, ValueError) as e:
-            status, data = 500, json.dumps({"error": f"the answer cannot be sent as JSON: {e}"}).encode()
+            status, data = (
+                500,
+                json.dumps({"error": f"the answer cannot be sent as JSON: {e}"}).encode(),
+            )
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -326,7 +384,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def serve_until_interrupted(server: ThreadingHTTPServer) -> None:
-    """Serve requests until Ctrl-C, then close the listening socket (both of the project's servers' main loop)."""
+    """Serve requests until Ctrl-C, then close the listening socket (both of the project's servers'
+    main loop)."""
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -356,15 +415,23 @@ def _json_flag(parser: argparse.ArgumentParser, name: str, value: str, kind: typ
 
 def add_connection_flags(parser: argparse.ArgumentParser) -> None:
     """``--connection-timeout-s`` and ``--max-connections`` (both servers)."""
-    parser.add_argument("--connection-timeout-s", type=float, default=DEFAULT_CONNECTION_TIMEOUT_S,
-                        help="close a connection silent this long (seconds)")
-    parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
-                        help="open connections at most (more are answered 503)")
+    parser.add_argument(
+        "--connection-timeout-s",
+        type=float,
+        default=DEFAULT_CONNECTION_TIMEOUT_S,
+        help="close a connection silent this long (seconds)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help="open connections at most (more are answered 503)",
+    )
 
 
 def secret_and_host(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
-    """The shared secret named by ``--secret-env`` (None without it), after refusing a non-loopback ``--host``
-    without one unless ``--insecure`` (then warn)."""
+    """The shared secret named by ``--secret-env`` (None without it), after refusing a non-loopback
+    ``--host`` without one unless ``--insecure`` (then warn)."""
     secret = None
     if args.secret_env is not None:
         secret = os.environ.get(args.secret_env)
@@ -374,34 +441,61 @@ def secret_and_host(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     return secret
 
 
-def refuse_public_host(parser: argparse.ArgumentParser, host: str, secured: bool, insecure: bool) -> None:
+def refuse_public_host(
+    parser: argparse.ArgumentParser, host: str, secured: bool, insecure: bool
+) -> None:
     """Refuse a non-loopback ``host`` without a shared secret unless ``--insecure`` (then warn)."""
     if _is_loopback(host) or secured:
         return
     if not insecure:
-        parser.error(f"--host {host} is reachable from other machines: set --secret-env (or --insecure)")
-    print(f"WARNING: --insecure: anyone who can reach {host} can use this server without a secret",
-          file=sys.stderr, flush=True)
+        parser.error(
+            f"--host {host} is reachable from other machines: set --secret-env (or --insecure)"
+        )
+    print(
+        f"WARNING: --insecure: anyone who can reach {host} can use this server without a secret",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m envs.serving.serve",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("env_id", help="a registered gymnasium id (e.g. ragen/Sokoban-v0) or module:id")
-    parser.add_argument("--env-kwargs", default="{}", help="JSON object of gymnasium.make keyword arguments")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    parser = argparse.ArgumentParser(
+        prog="python -m envs.serving.serve", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "env_id", help="a registered gymnasium id (e.g. ragen/Sokoban-v0) or module:id"
+    )
+    parser.add_argument(
+        "--env-kwargs", default="{}", help="JSON object of gymnasium.make keyword arguments"
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: loopback only)"
+    )
     parser.add_argument("--port", type=int, default=8765, help="port (0: a free one, printed)")
-    parser.add_argument("--secret-env", default=None, help="environment variable holding the shared secret")
-    parser.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without a secret")
+    parser.add_argument(
+        "--secret-env", default=None, help="environment variable holding the shared secret"
+    )
+    parser.add_argument(
+        "--insecure", action="store_true", help="allow a non-loopback --host without a secret"
+    )
     parser.add_argument("--max-sessions", type=int, default=256)
     parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES)
     parser.add_argument("--idle-timeout-s", type=float, default=3600.0)
-    parser.add_argument("--client-kwargs", default="[]", help="JSON list of the env_kwargs keys a client may set "
-                        "(within --env-kwargs' values; never the safety keys)")
+    parser.add_argument(
+        "--client-kwargs",
+        default="[]",
+        help="JSON list of the env_kwargs keys a client may set "
+        "(within --env-kwargs' values; never the safety keys)",
+    )
     add_connection_flags(parser)
     args = parser.parse_args(argv)
-    kwargs, allowed = (_json_flag(parser, name, value, kind) for name, value, kind in
-                       (("--env-kwargs", args.env_kwargs, dict), ("--client-kwargs", args.client_kwargs, list)))
+    kwargs, allowed = (
+        _json_flag(parser, name, value, kind)
+        for name, value, kind in (
+            ("--env-kwargs", args.env_kwargs, dict),
+            ("--client-kwargs", args.client_kwargs, list),
+        )
+    )
     try:
         check_allowed_keys(allowed)
     except ValueError as e:
@@ -410,10 +504,18 @@ def main(argv: list[str] | None = None) -> None:
     import envs  # noqa: F401 - registers the project's ids
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    server = EnvServer((args.host, args.port), args.env_id, kwargs, secret=secret, max_sessions=args.max_sessions,
-                       max_request_bytes=args.max_request_bytes, idle_timeout_s=args.idle_timeout_s,
-                       client_kwargs=allowed, connection_timeout_s=args.connection_timeout_s,
-                       max_connections=args.max_connections)
+    server = EnvServer(
+        (args.host, args.port),
+        args.env_id,
+        kwargs,
+        secret=secret,
+        max_sessions=args.max_sessions,
+        max_request_bytes=args.max_request_bytes,
+        idle_timeout_s=args.idle_timeout_s,
+        client_kwargs=allowed,
+        connection_timeout_s=args.connection_timeout_s,
+        max_connections=args.max_connections,
+    )
     print(f"serving {args.env_id} on {server.url}", flush=True)
     serve_until_interrupted(server)
 

@@ -1,1 +1,2 @@
-"""One-answer text tasks: Bandit, Countdown, MetaMathQA (an arm name or the answer is the action)."""
+"""One-answer text tasks: Bandit, Countdown, MetaMathQA (an arm name or the answer is the
+action)."""

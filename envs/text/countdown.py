@@ -1,15 +1,18 @@
-"""Countdown arithmetic puzzle (RAGEN's ``countdown`` env), single turn, instances generated from the seed.
+"""Countdown arithmetic puzzle (RAGEN's ``countdown`` env), single turn, instances generated from
+the seed.
 
-RAGEN reads the HF dataset ``Jiayi-Pan/Countdown-Tasks-3to4``; nothing can be downloaded here, so instances are
-generated procedurally in the same shape (3 or 4 numbers in 1..99, target in 1..100).
+RAGEN reads the HF dataset ``Jiayi-Pan/Countdown-Tasks-3to4``; nothing can be downloaded here, so
+instances are generated procedurally in the same shape (3 or 4 numbers in 1..99, target in 1..100).
 
-Generation rule: shuffle the numbers, then repeatedly pick two of the remaining values at random and combine them
-with a random operation whose result is a positive integer (``a + b``, ``a * b``, ``larger - smaller`` when they
-differ, ``a / b`` when it divides exactly), until one value is left: that is the target. Drawing is repeated until
-the target lies in ``[1, max_target]``. So every instance has a solution that uses each number exactly once with
-positive integer intermediate results (RAGEN's own filter only accepted sign-only sums ``±n1±n2...``).
+Generation rule: shuffle the numbers, then repeatedly pick two of the remaining values at random and
+combine them with a random operation whose result is a positive integer (``a + b``, ``a * b``,
+``larger - smaller`` when they differ, ``a / b`` when it divides exactly), until one value is left:
+that is the target. Drawing is repeated until the target lies in ``[1, max_target]``. So every
+instance has a solution that uses each number exactly once with positive integer intermediate
+results (RAGEN's own filter only accepted sign-only sums ``±n1±n2...``).
 
-Answer checking departs from RAGEN's ``eval``: the equation is parsed with :mod:`ast` and evaluated exactly with
+Answer checking departs from RAGEN's ``eval``: the equation is parsed with :mod:`ast` and evaluated
+exactly with
 :class:`fractions.Fraction`, allowing only integer literals, ``+ - * /``, unary ``-``/``+`` and parentheses.
 """
 
@@ -42,10 +45,10 @@ _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
 def evaluate_expression(text: str) -> tuple[Fraction, list[int]]:
     """Exact value of an arithmetic expression and the integer literals it uses.
 
-    Allowed: non-negative integer literals, binary ``+ - * /``, unary ``-`` and ``+``, parentheses (and the aliases
-    ``× ÷ −``). Raises ``ValueError`` for anything else (names, calls, floats, ``**``, ``=``, syntax errors,
-    text over 1024 characters) and ``ZeroDivisionError`` when a divisor evaluates to 0; that exception carries the
-    literals in its ``numbers`` attribute.
+    Allowed: non-negative integer literals, binary ``+ - * /``, unary ``-`` and ``+``, parentheses
+    (and the aliases ``× ÷ −``). Raises ``ValueError`` for anything else (names, calls, floats,
+    ``**``, ``=``, syntax errors, text over 1024 characters) and ``ZeroDivisionError`` when a
+    divisor evaluates to 0; that exception carries the literals in its ``numbers`` attribute.
     """
     if not isinstance(text, str):
         raise ValueError(f"expected a string, got {type(text).__name__}")
@@ -54,7 +57,8 @@ def evaluate_expression(text: str) -> tuple[Fraction, list[int]]:
     for alias, op in _OPERATOR_ALIASES.items():
         text = text.replace(alias, op)
     try:
-        with warnings.catch_warnings():  # model text like "3x" makes the parser warn; it is just an invalid answer
+        # model text like "3x" makes the parser warn; it is just an invalid answer
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)
             tree = ast.parse(text.strip(), mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
@@ -100,16 +104,18 @@ def evaluate_expression(text: str) -> tuple[Fraction, list[int]]:
     return value, numbers
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Solver: exhaustive search over every way of combining all numbers pairwise (exact rational arithmetic).
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
+# Solver: exhaustive search over every way of combining all numbers pairwise (exact rational
+# arithmetic).
+# --------------------------------------------------------------------------------------------------
 
 # Precedence of an expression string's top-level operator: 3 atom, 2 multiplicative, 1 additive.
 _Item = tuple[Fraction, str, int]
 
 
 def _combine(a: _Item, b: _Item, natural: bool) -> list[_Item]:
-    """Every ``a op b``; with ``natural`` only results that are non-negative integers (classic Countdown rules)."""
+    """Every ``a op b``; with ``natural`` only results that are non-negative integers (classic
+    Countdown rules)."""
     (va, ea, pa), (vb, eb, pb) = a, b
     out: list[_Item] = [(va + vb, f"{ea} + {eb}", 1)]
     if not natural or va >= vb:
@@ -126,11 +132,13 @@ def _paren(expr: str, prec: int, at_most: int) -> str:
 
 
 def solve_countdown(nums: list[int] | tuple[int, ...], target: int) -> str | None:
-    """An expression using every number in ``nums`` exactly once that evaluates to ``target``, or None.
+    """An expression using every number in ``nums`` exactly once that evaluates to ``target``, or
+    None.
 
-    Searches all pairwise combinations with ``+ - * /`` (both operand orders, exact fractions), first keeping every
-    intermediate result a non-negative integer (the readable solutions used as demonstrations), then without that
-    restriction. Deterministic: the same input always gives the same expression. Four numbers take milliseconds.
+    Searches all pairwise combinations with ``+ - * /`` (both operand orders, exact fractions),
+    first keeping every intermediate result a non-negative integer (the readable solutions used as
+    demonstrations), then without that restriction. Deterministic: the same input always gives the
+    same expression. Four numbers take milliseconds.
     """
     target_f = Fraction(target)
     seen: set[tuple[Fraction, ...]] = set()
@@ -162,44 +170,44 @@ def solve_countdown(nums: list[int] | tuple[int, ...], target: int) -> str | Non
 
 
 class CountdownEnv(TextEnv):
-    """Countdown: combine all given numbers with ``+ - * /`` to hit a target. One answer per episode.
+    """Countdown: combine all given numbers with ``+ - * /`` to hit a target. One answer per
+    episode.
 
-    ## Description
-    At reset the seed generates ``numbers`` (3 or 4, uniform in ``1..max_number``) and a reachable target (see the
-    module docstring for the rule: each number used exactly once, positive integer intermediate results, target in
-    ``1..max_target``). The agent answers with an equation string such as ``"(44 - 19) * 4 - 35"``.
+    ## Description At reset the seed generates ``numbers`` (3 or 4, uniform in ``1..max_number``)
+    and a reachable target (see the module docstring for the rule: each number used exactly once,
+    positive integer intermediate results, target in ``1..max_target``). The agent answers with an
+    equation string such as ``"(44 - 19) * 4 - 35"``.
 
-    ## Action Space
-    ``Text`` (printable ASCII plus ``× ÷ − –``, up to 1024 characters): the equation, without ``= target``.
-    ``action_names`` is empty.
+    ## Action Space ``Text`` (printable ASCII plus ``× ÷ − –``, up to 1024 characters): the
+    equation, without ``= target``. ``action_names`` is empty.
 
-    ## Observation Space
-    ``Text`` over printable ASCII. Reset: ``"Target: {target}, nums: {nums}"`` (``nums`` as a Python list);
-    after the answer: ``"Your answer get {reward} points."``.
+    ## Observation Space ``Text`` over printable ASCII. Reset: ``"Target: {target}, nums: {nums}"``
+    (``nums`` as a Python list); after the answer: ``"Your answer get {reward} points."``.
 
     ## Rewards
-    - 0.0 (bad format): not a string, not an arithmetic expression (only integer literals, ``+ - * /``, unary minus,
-      parentheses are allowed; ``=`` is not), or its integer literals are not exactly the multiset ``nums``
-      (a number missing, reused or foreign).
-    - ``format_score`` (0.1): right numbers, but the value differs from the target or a divisor evaluates to 0.
+    - 0.0 (bad format): not a string, not an arithmetic expression (only integer literals, ``+ - *
+      /``, unary minus, parentheses are allowed; ``=`` is not), or its integer literals are not
+      exactly the multiset ``nums`` (a number missing, reused or foreign).
+    - ``format_score`` (0.1): right numbers, but the value differs from the target or a divisor
+      evaluates to 0.
     - ``score`` (1.0): right numbers and the exact value equals the target.
 
-    ## Episode End
-    Terminated after one answer, whatever it is. Stepping after the end returns the last observation, reward 0.0,
-    ``terminated=True`` and ``action_is_valid=False``.
+    ## Episode End Terminated after one answer, whatever it is. Stepping after the end returns the
+    last observation, reward 0.0, ``terminated=True`` and ``action_is_valid=False``.
 
-    ## Info
-    ``success`` (reward == ``score``), ``action_is_valid`` (format ok), ``action_is_effective`` (reward > 0).
+    ## Info ``success`` (reward == ``score``), ``action_is_valid`` (format ok),
+    ``action_is_effective`` (reward > 0).
 
     ## Arguments
     - ``format_score`` (0.1), ``score`` (1.0).
-    - ``min_numbers`` (3), ``max_numbers`` (4): how many numbers an instance has (uniform in between).
-    - ``max_number`` (99): numbers are drawn from ``1..max_number``. ``max_target`` (100): targets lie in
-      ``1..max_target``.
+    - ``min_numbers`` (3), ``max_numbers`` (4): how many numbers an instance has (uniform in
+      between).
+    - ``max_number`` (99): numbers are drawn from ``1..max_number``. ``max_target`` (100): targets
+      lie in ``1..max_target``.
     - ``render_mode``: ``None`` or ``"ansi"``.
 
-    ## Options
-    ``reset(options={"target": int, "nums": list[int]})`` plays a given instance instead of a generated one.
+    ## Options ``reset(options={"target": int, "nums": list[int]})`` plays a given instance instead
+    of a generated one.
     """
 
     branchable = True  # small in-process state: turns may branch (--data.branching.branches)
@@ -223,7 +231,9 @@ class CountdownEnv(TextEnv):
         self.max_target = bounded_int("CountdownEnv", "max_target", max_target, 1, MAX_VALUE)
         self.format_score, self.score = float(format_score), float(score)
         if not (math.isfinite(self.format_score) and math.isfinite(self.score)):
-            raise ValueError(f"format_score and score must be finite numbers, got {format_score!r}, {score!r}")
+            raise ValueError(
+                f"format_score and score must be finite numbers, got {format_score!r}, {score!r}"
+            )
         self.min_numbers = int(min_numbers)
         self.max_numbers = int(max_numbers)
 
@@ -237,7 +247,9 @@ class CountdownEnv(TextEnv):
     def prompt_spec(self) -> PromptSpec:
         return PromptSpec(instruction=INSTRUCTION)
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict]:
         super().reset(seed=seed)
         options = self._reset_options(options, ("target", "nums"))
         if options:
@@ -245,11 +257,16 @@ class CountdownEnv(TextEnv):
                 raise ValueError("CountdownEnv.reset: options must give both 'target' and 'nums'")
             nums = options["nums"]
             if not isinstance(nums, (list, tuple)) or not 1 <= len(nums) <= 6:
-                raise ValueError(f"options['nums'] must be a list of 1 to 6 integers, got {nums!r}"[:200])
-            nums = [bounded_int("CountdownEnv", "options['nums'] entries", n, 0, MAX_VALUE)
-                    for n in nums]
+                raise ValueError(
+                    f"options['nums'] must be a list of 1 to 6 integers, got {nums!r}"[:200]
+                )
+            nums = [
+                bounded_int("CountdownEnv", "options['nums'] entries", n, 0, MAX_VALUE)
+                for n in nums
+            ]
             self.target = bounded_int(
-                "CountdownEnv", "options['target']", options["target"], -MAX_VALUE, MAX_VALUE)
+                "CountdownEnv", "options['target']", options["target"], -MAX_VALUE, MAX_VALUE
+            )
             self.nums = nums
         else:
             self.target, self.nums = self._generate()
@@ -281,16 +298,27 @@ class CountdownEnv(TextEnv):
         if self.target is None:
             raise RuntimeError("CountdownEnv: call reset() before step()")
         if self._done:
-            return self._obs, 0.0, True, False, self._info(success=False, valid=False, effective=False)
+            return (
+                self._obs,
+                0.0,
+                True,
+                False,
+                self._info(success=False, valid=False, effective=False),
+            )
         reward = self.check_answer(action)
         self._obs = f"Your answer get {reward} points."
         self._done = True
-        return self._obs, reward, True, False, self._info(
-            success=reward == self.score, valid=reward > 0, effective=reward > 0
+        return (
+            self._obs,
+            reward,
+            True,
+            False,
+            self._info(success=reward == self.score, valid=reward > 0, effective=reward > 0),
         )
 
     def check_answer(self, answer: Any) -> float:
-        """Reward of ``answer`` for the current instance: 0.0, ``format_score`` or ``score`` (see class doc)."""
+        """Reward of ``answer`` for the current instance: 0.0, ``format_score`` or ``score`` (see
+        class doc)."""
         try:
             value, used = evaluate_expression(answer)
         except ValueError:
@@ -310,8 +338,8 @@ class CountdownEnv(TextEnv):
         }
 
     def expert_turn(self, max_actions: int) -> tuple[str, tuple[str, ...]]:
-        """The warm start's expert: the solver's equation (:func:`solve_countdown`) for the current numbers and
-        target."""
+        """The warm start's expert: the solver's equation (:func:`solve_countdown`) for the current
+        numbers and target."""
         expr = solve_countdown(list(self.nums), int(self.target))
         if expr is None:  # generated instances always have one; a hand-set instance might not
             expr = " + ".join(str(n) for n in self.nums)
@@ -320,4 +348,3 @@ class CountdownEnv(TextEnv):
 
     def _render_text(self) -> str:
         return self._obs
-

@@ -1,14 +1,15 @@
-"""Static question answering over a local file (RAGEN's ``metamathqa`` env and its unregistered ``static`` sibling).
+"""Static question answering over a local file (RAGEN's ``metamathqa`` env and its unregistered
+``static`` sibling).
 
-RAGEN streams the HF ``meta-math/MetaMathQA`` train split. Nothing is downloaded here: the env reads a local
-``.jsonl`` or ``.parquet`` file, either in MetaMathQA's own schema (``query``/``response``; the label is what follows
-``The answer is: `` on the response's last line) or a plain ``question``/``answer`` schema. Without a path it uses
-``envs/text/data/arithmetic_qa.jsonl``, a small set of arithmetic word problems written in
-MetaMathQA's schema by :func:`generate_arithmetic_qa` (a test checks the shipped file equals the
-generator's output).
+RAGEN streams the HF ``meta-math/MetaMathQA`` train split. Nothing is downloaded here: the env reads
+a local ``.jsonl`` or ``.parquet`` file, either in MetaMathQA's own schema (``query``/``response``;
+the label is what follows ``The answer is: `` on the response's last line) or a plain
+``question``/``answer`` schema. Without a path it uses ``envs/text/data/arithmetic_qa.jsonl``, a
+small set of arithmetic word problems written in MetaMathQA's schema by
+:func:`generate_arithmetic_qa` (a test checks the shipped file equals the generator's output).
 
-Departures from RAGEN: numbers also match when equal as exact rationals (``"12.0"`` == ``"12"``), and
-``max_attempts`` bounds an episode (RAGEN relies on the agent's action budget alone).
+Departures from RAGEN: numbers also match when equal as exact rationals (``"12.0"`` == ``"12"``),
+and ``max_attempts`` bounds an episode (RAGEN relies on the agent's action budget alone).
 """
 
 from __future__ import annotations
@@ -31,21 +32,23 @@ INCORRECT_TEXT = "Incorrect. Please think again."
 MAX_ANSWER_LENGTH = 1024
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Answer matching
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 _THOUSANDS = re.compile(r"^[-+]?\d{1,3}(,\d{3})+(\.\d*)?$")
-# The syntax ``fractions.Fraction`` accepts (after whitespace removal): sign, digits with optional ``_`` groups, then
-# either ``/denominator`` or an optional decimal part and exponent. Digit runs are split by ``_``, ``/``, ``.`` or
-# ``e``, so the pattern is unambiguous and matching is linear in the length.
+# The syntax ``fractions.Fraction`` accepts (after whitespace removal): sign, digits with optional
+# ``_`` groups, then either ``/denominator`` or an optional decimal part and exponent. Digit runs
+# are split by ``_``, ``/``, ``.`` or ``e``, so the pattern is unambiguous and matching is linear in
+# the length.
 _NUMERAL = re.compile(
     r"[-+]?(?=\d|\.\d)\d*(?:_\d+)*"
     r"(?:/\d+(?:_\d+)*|(?:\.\d*(?:_\d+)*)?(?:e(?P<exp>[-+]?\d+(?:_\d+)*))?)",
     re.IGNORECASE,
 )
-# Bounds that keep judging a number cheap: ``Fraction("1e999999999")`` computes 10**999999999 (minutes, gigabytes).
-# A numeral beyond them is never equal to another number; it still matches an identical string.
+# Bounds that keep judging a number cheap: ``Fraction("1e999999999")`` computes 10**999999999
+# (minutes, gigabytes). A numeral beyond them is never equal to another number; it still matches an
+# identical string.
 MAX_NUMERAL_LENGTH = 200
 MAX_EXPONENT = 1000
 
@@ -56,7 +59,8 @@ def normalize_answer(text: str) -> str:
 
 
 def _numeral(text: str) -> tuple[str, bool] | None:
-    """``(numeral without thousands separators, within bounds)``, or None when ``text`` is not a numeral."""
+    """``(numeral without thousands separators, within bounds)``, or None when ``text`` is not a
+    numeral."""
     if _THOUSANDS.match(text):
         text = text.replace(",", "")
     m = _NUMERAL.fullmatch(text)
@@ -64,13 +68,16 @@ def _numeral(text: str) -> tuple[str, bool] | None:
         return None
     exp = m.group("exp")
     # the exponent's digits are bounded by the length check before int() reads them
-    ok = len(text) <= MAX_NUMERAL_LENGTH and (exp is None or abs(int(exp.replace("_", ""))) <= MAX_EXPONENT)
+    ok = len(text) <= MAX_NUMERAL_LENGTH and (
+        exp is None or abs(int(exp.replace("_", ""))) <= MAX_EXPONENT
+    )
     return text, ok
 
 
 def numeral_out_of_range(text: str) -> bool:
-    """True when ``text`` (whitespace removed) is a numeral beyond :data:`MAX_NUMERAL_LENGTH` characters or an
-    exponent of magnitude :data:`MAX_EXPONENT`: such a number is only ever matched as a string."""
+    """True when ``text`` (whitespace removed) is a numeral beyond :data:`MAX_NUMERAL_LENGTH`
+    characters or an exponent of magnitude :data:`MAX_EXPONENT`: such a number is only ever matched
+    as a string."""
     parsed = _numeral(normalize_answer(text))
     return parsed is not None and not parsed[1]
 
@@ -91,7 +98,8 @@ def answers_match(answer: str, label: str) -> bool:
     Numbers: integers, decimals, fractions ``a/b``, scientific notation and thousands separators
     (``"1,000"``); ``"12.0"``, ``"12"`` and ``"24/2"`` all match ``"12"``. A numeral longer than
     :data:`MAX_NUMERAL_LENGTH` characters or with an exponent beyond +-:data:`MAX_EXPONENT` is not judged as a number
-    (``"1e999999999"`` matches only itself), so every comparison runs in time linear in the inputs' length.
+    (``"1e999999999"`` matches only itself), so every comparison runs in time linear in the inputs'
+    length.
     """
     a, b = normalize_answer(answer), normalize_answer(label)
     if a == b:
@@ -100,9 +108,9 @@ def answers_match(answer: str, label: str) -> bool:
     return x is not None and x == y
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Loading
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def _record_to_item(record: Any, where: str) -> tuple[str, str]:
@@ -170,10 +178,11 @@ def _load_cached(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, str], 
 
 
 def load_qa_items(path: str | os.PathLike) -> tuple[tuple[str, str], ...]:
-    """``(question, label)`` pairs from a ``.jsonl`` or ``.parquet`` file (cached per path and modification time).
+    """``(question, label)`` pairs from a ``.jsonl`` or ``.parquet`` file (cached per path and
+    modification time).
 
-    Raises ``FileNotFoundError`` for a missing file, ``ValueError`` naming the file and line (row) for malformed
-    input or an unsupported extension, ``ImportError`` for parquet without pyarrow.
+    Raises ``FileNotFoundError`` for a missing file, ``ValueError`` naming the file and line (row)
+    for malformed input or an unsupported extension, ``ImportError`` for parquet without pyarrow.
     """
     path = os.fspath(path)
     if not path.endswith((".jsonl", ".parquet")):
@@ -184,9 +193,9 @@ def load_qa_items(path: str | os.PathLike) -> tuple[tuple[str, str], ...]:
     return _load_cached(os.path.abspath(path), stat.st_mtime_ns, stat.st_size)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The shipped arithmetic word-problem set
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 class _SplitMix64:
@@ -210,9 +219,40 @@ class _SplitMix64:
         return seq[self.next() % len(seq)]
 
 
-_NAMES = ("Alice", "Ben", "Carla", "David", "Emma", "Farid", "Grace", "Hugo", "Iris", "Jamal", "Kenji", "Lena",
-          "Mateo", "Nadia", "Omar", "Priya", "Quinn", "Rosa", "Sam", "Tara")
-_ITEMS = ("apples", "pencils", "marbles", "stickers", "cookies", "books", "cards", "shells", "stamps", "oranges")
+_NAMES = (
+    "Alice",
+    "Ben",
+    "Carla",
+    "David",
+    "Emma",
+    "Farid",
+    "Grace",
+    "Hugo",
+    "Iris",
+    "Jamal",
+    "Kenji",
+    "Lena",
+    "Mateo",
+    "Nadia",
+    "Omar",
+    "Priya",
+    "Quinn",
+    "Rosa",
+    "Sam",
+    "Tara",
+)
+_ITEMS = (
+    "apples",
+    "pencils",
+    "marbles",
+    "stickers",
+    "cookies",
+    "books",
+    "cards",
+    "shells",
+    "stamps",
+    "oranges",
+)
 
 
 def _two_names(r: _SplitMix64) -> tuple[str, str]:
@@ -225,7 +265,11 @@ def _add(r: _SplitMix64) -> tuple[str, str, int]:
     name, item = r.pick(_NAMES), r.pick(_ITEMS)
     a, b = r.randint(5, 90), r.randint(3, 60)
     q = f"{name} has {a} {item}. Then {name} gets {b} more {item}. How many {item} does {name} have now?"
-    return q, f"{name} starts with {a} {item} and gets {b} more, so {name} has {a} + {b} = {a + b} {item}.", a + b
+    return (
+        q,
+        f"{name} starts with {a} {item} and gets {b} more, so {name} has {a} + {b} = {a + b} {item}.",
+        a + b,
+    )
 
 
 def _subtract(r: _SplitMix64) -> tuple[str, str, int]:
@@ -240,7 +284,11 @@ def _multiply(r: _SplitMix64) -> tuple[str, str, int]:
     item = r.pick(_ITEMS)
     a, b = r.randint(3, 25), r.randint(2, 12)
     q = f"A box holds {a} {item}. How many {item} are there in {b} such boxes?"
-    return q, f"Each of the {b} boxes holds {a} {item}, so there are {b} * {a} = {a * b} {item}.", a * b
+    return (
+        q,
+        f"Each of the {b} boxes holds {a} {item}, so there are {b} * {a} = {a * b} {item}.",
+        a * b,
+    )
 
 
 def _divide(r: _SplitMix64) -> tuple[str, str, int]:
@@ -256,8 +304,10 @@ def _change(r: _SplitMix64) -> tuple[str, str, int]:
     count, price = r.randint(2, 9), r.randint(1, 9)
     cost = count * price
     bill = r.pick([b for b in (10, 20, 50, 100) if b > cost])
-    q = (f"{name} buys {count} {item} at ${price} each and pays with a ${bill} bill. "
-         f"How many dollars of change does {name} get?")
+    q = (
+        f"{name} buys {count} {item} at ${price} each and pays with a ${bill} bill. "
+        f"How many dollars of change does {name} get?"
+    )
     s = f"The {item} cost {count} * {price} = {cost} dollars, so the change is {bill} - {cost} = {bill - cost} dollars."
     return q, s, bill - cost
 
@@ -266,7 +316,11 @@ def _rectangle(r: _SplitMix64) -> tuple[str, str, int]:
     length, width = r.randint(3, 30), r.randint(2, 20)
     if r.randint(0, 1):
         q = f"A rectangle is {length} meters long and {width} meters wide. What is its area in square meters?"
-        return q, f"The area is length times width: {length} * {width} = {length * width}.", length * width
+        return (
+            q,
+            f"The area is length times width: {length} * {width} = {length * width}.",
+            length * width,
+        )
     q = f"A rectangle is {length} meters long and {width} meters wide. What is its perimeter in meters?"
     p = 2 * (length + width)
     return q, f"The perimeter is 2 * ({length} + {width}) = 2 * {length + width} = {p}.", p
@@ -276,8 +330,10 @@ def _reading(r: _SplitMix64) -> tuple[str, str, int]:
     name = r.pick(_NAMES)
     per_day, days, extra = r.randint(5, 40), r.randint(2, 7), r.randint(1, 30)
     total = per_day * days + extra
-    q = (f"{name} reads {per_day} pages a day for {days} days and then {extra} more pages. "
-         f"How many pages does {name} read in total?")
+    q = (
+        f"{name} reads {per_day} pages a day for {days} days and then {extra} more pages. "
+        f"How many pages does {name} read in total?"
+    )
     s = f"{name} reads {per_day} * {days} = {per_day * days} pages, then {per_day * days} + {extra} = {total} pages."
     return q, s, total
 
@@ -285,7 +341,11 @@ def _reading(r: _SplitMix64) -> tuple[str, str, int]:
 def _speed(r: _SplitMix64) -> tuple[str, str, int]:
     speed, hours = r.randint(4, 24) * 5, r.randint(2, 6)
     q = f"A train travels at {speed} kilometers per hour for {hours} hours. How many kilometers does it travel?"
-    return q, f"Distance is speed times time: {speed} * {hours} = {speed * hours} kilometers.", speed * hours
+    return (
+        q,
+        f"Distance is speed times time: {speed} * {hours} = {speed * hours} kilometers.",
+        speed * hours,
+    )
 
 
 def _ages(r: _SplitMix64) -> tuple[str, str, int]:
@@ -293,7 +353,11 @@ def _ages(r: _SplitMix64) -> tuple[str, str, int]:
     age, extra = r.randint(3, 20), r.randint(1, 12)
     older = 2 * age + extra
     q = f"{name} is {age} years old. {other} is {extra} years older than twice {name}'s age. How old is {other}?"
-    return q, f"Twice {name}'s age is 2 * {age} = {2 * age}, and {2 * age} + {extra} = {older}.", older
+    return (
+        q,
+        f"Twice {name}'s age is 2 * {age} = {2 * age}, and {2 * age} + {extra} = {older}.",
+        older,
+    )
 
 
 def _percent(r: _SplitMix64) -> tuple[str, str, int]:
@@ -317,18 +381,33 @@ def _two_step(r: _SplitMix64) -> tuple[str, str, int]:
     bags, per_bag, eaten = r.randint(2, 8), r.randint(4, 15), r.randint(1, 10)
     have = bags * per_bag
     eaten = min(eaten, have - 1)
-    q = (f"{name} buys {bags} bags with {per_bag} {item} in each bag and then loses {eaten} {item}. "
-         f"How many {item} does {name} have?")
+    q = (
+        f"{name} buys {bags} bags with {per_bag} {item} in each bag and then loses {eaten} {item}. "
+        f"How many {item} does {name} have?"
+    )
     s = f"{name} buys {bags} * {per_bag} = {have} {item}, and {have} - {eaten} = {have - eaten} are left."
     return q, s, have - eaten
 
 
-_TEMPLATES = (_add, _subtract, _multiply, _divide, _change, _rectangle, _reading, _speed, _ages, _percent,
-              _sum_difference, _two_step)
+_TEMPLATES = (
+    _add,
+    _subtract,
+    _multiply,
+    _divide,
+    _change,
+    _rectangle,
+    _reading,
+    _speed,
+    _ages,
+    _percent,
+    _sum_difference,
+    _two_step,
+)
 
 
 def generate_arithmetic_qa(num_items: int = 300, seed: int = 0) -> list[dict[str, str]]:
-    """Arithmetic word problems in MetaMathQA's schema: ``{"query": ..., "response": "... The answer is: N"}``.
+    """Arithmetic word problems in MetaMathQA's schema: ``{"query": ..., "response": "... The answer
+    is: N"}``.
 
     Deterministic (a fixed SplitMix64 stream, templates in round-robin order), questions are unique.
     """
@@ -352,45 +431,45 @@ def arithmetic_qa_jsonl(num_items: int = 300, seed: int = 0) -> str:
     return "".join(json.dumps(item) + "\n" for item in generate_arithmetic_qa(num_items, seed))
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The env
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 class MetaMathQAEnv(TextEnv):
     """Answer one question from a local QA file; a few attempts, halving reward per retry.
 
-    ## Description
-    At reset the seed picks one item of the file; the observation is its question. Each step is one answer string.
+    ## Description At reset the seed picks one item of the file; the observation is its question.
+    Each step is one answer string.
 
     ## Action Space
     ``Text`` (printable ASCII, up to 1024 characters): the answer. ``action_names`` is empty.
 
-    ## Observation Space
-    ``Text`` over printable ASCII plus every character that occurs in the file's questions. Reset: the question;
-    then ``"Correct!"`` or ``"Incorrect. Please think again."``.
+    ## Observation Space ``Text`` over printable ASCII plus every character that occurs in the
+    file's questions. Reset: the question; then ``"Correct!"`` or ``"Incorrect. Please think
+    again."``.
 
-    ## Rewards
-    A correct answer on attempt ``k`` (0-based) earns ``1 / 2**k`` (1.0 on the first try); an incorrect one 0.0.
-    Correct means: equal after removing all whitespace and lower-casing (RAGEN's rule), or both sides parse as the
-    same exact number (``"12.0"`` == ``"12"``, ``"1/2"`` == ``"0.5"``, ``"1,000"`` == ``"1000"``). A numeral over
-    200 characters or with an exponent beyond +-1000 (``"1e999999999"``) is judged as text only, so judging takes
-    time linear in the answer's length (such an answer is simply incorrect); a file whose label is such a numeral is
+    ## Rewards A correct answer on attempt ``k`` (0-based) earns ``1 / 2**k`` (1.0 on the first
+    try); an incorrect one 0.0. Correct means: equal after removing all whitespace and lower-casing
+    (RAGEN's rule), or both sides parse as the same exact number (``"12.0"`` == ``"12"``, ``"1/2"``
+    == ``"0.5"``, ``"1,000"`` == ``"1000"``). A numeral over 200 characters or with an exponent
+    beyond +-1000 (``"1e999999999"``) is judged as text only, so judging takes time linear in the
+    answer's length (such an answer is simply incorrect); a file whose label is such a numeral is
     refused at load, naming the file and line. An empty or non-string answer is invalid: 0.0,
     ``action_is_valid=False``, and it still uses up an attempt.
 
-    ## Episode End
-    Terminated on a correct answer. Truncated after ``max_attempts`` answers without a correct one. Stepping after
-    the end returns the last observation, reward 0.0, the same end flags and ``action_is_valid=False``.
+    ## Episode End Terminated on a correct answer. Truncated after ``max_attempts`` answers without
+    a correct one. Stepping after the end returns the last observation, reward 0.0, the same end
+    flags and ``action_is_valid=False``.
 
-    ## Info
-    ``success`` (answered correctly), ``action_is_valid`` (non-empty string), ``action_is_effective`` (correct),
-    ``attempts`` (answers given so far).
+    ## Info ``success`` (answered correctly), ``action_is_valid`` (non-empty string),
+    ``action_is_effective`` (correct), ``attempts`` (answers given so far).
 
     ## Arguments
-    - ``path``: a ``.jsonl`` or ``.parquet`` file with ``query``/``response`` (label = the text after
-      ``The answer is: `` at the end of the response) or ``question``/``answer`` fields. ``None`` (default) uses the
-      shipped ``envs/text/data/arithmetic_qa.jsonl`` (300 arithmetic word problems).
+    - ``path``: a ``.jsonl`` or ``.parquet`` file with ``query``/``response`` (label = the text
+      after ``The answer is: `` at the end of the response) or ``question``/``answer`` fields.
+      ``None`` (default) uses the shipped ``envs/text/data/arithmetic_qa.jsonl`` (300 arithmetic
+      word problems).
     - ``max_attempts`` (3): answers allowed per episode.
     - ``render_mode``: ``None`` or ``"ansi"``.
 
@@ -398,7 +477,12 @@ class MetaMathQAEnv(TextEnv):
     ``reset(options={"index": i})`` asks question ``i`` of the file instead of a seeded pick.
     """
 
-    def __init__(self, path: str | os.PathLike | None = None, max_attempts: int = 3, render_mode: str | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike | None = None,
+        max_attempts: int = 3,
+        render_mode: str | None = None,
+    ):
         super().__init__(render_mode=render_mode)
         max_attempts = bounded_int("MetaMathQAEnv", "max_attempts", max_attempts, 1)
         self.path = Path(path) if path is not None else DEFAULT_PATH
@@ -424,12 +508,15 @@ class MetaMathQAEnv(TextEnv):
     def prompt_spec(self) -> PromptSpec:
         return PromptSpec(instruction=INSTRUCTION)
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict]:
         super().reset(seed=seed)
         options = self._reset_options(options, ("index",))
         if "index" in options:
             index = bounded_int(
-                "MetaMathQAEnv", "options['index']", options["index"], 0, len(self.items) - 1)
+                "MetaMathQAEnv", "options['index']", options["index"], 0, len(self.items) - 1
+            )
         else:
             index = int(self.np_random.integers(len(self.items)))
         self.index = index
@@ -443,8 +530,12 @@ class MetaMathQAEnv(TextEnv):
         if self.index is None:
             raise RuntimeError("MetaMathQAEnv: call reset() before step()")
         if self._terminated or self._truncated:
-            return self._obs, 0.0, self._terminated, self._truncated, self._info(
-                success=self._terminated, valid=False, effective=False
+            return (
+                self._obs,
+                0.0,
+                self._terminated,
+                self._truncated,
+                self._info(success=self._terminated, valid=False, effective=False),
             )
         attempt = self.attempts
         self.attempts += 1
@@ -454,8 +545,12 @@ class MetaMathQAEnv(TextEnv):
         self._terminated = correct
         self._truncated = not correct and self.attempts >= self.max_attempts
         self._obs = CORRECT_TEXT if correct else INCORRECT_TEXT
-        return self._obs, reward, self._terminated, self._truncated, self._info(
-            success=correct, valid=valid, effective=correct
+        return (
+            self._obs,
+            reward,
+            self._terminated,
+            self._truncated,
+            self._info(success=correct, valid=valid, effective=correct),
         )
 
     def _info(self, *, success: bool, valid: bool, effective: bool) -> dict[str, Any]:

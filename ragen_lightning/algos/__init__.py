@@ -1,7 +1,8 @@
 """Pure tensor math of StarPO / StarPO-S: advantages, losses and rollout filtering.
 
-Imports torch and the standard library only (no lightning, no vllm, no config objects; a test checks this), so the
-training module orchestrates these functions and every equation is unit-tested on hand-computed numbers.
+Imports torch and the standard library only (no lightning, no vllm, no config objects; a test checks
+this), so the training module orchestrates these functions and every equation is unit-tested on
+hand-computed numbers.
 """
 
 from .advantages import (

@@ -1,25 +1,27 @@
-"""Policy / value losses, KL estimators and loss aggregation for StarPO (veRL's core_algos); token entropy and
-log-probs from logits are in :mod:`ragen_lightning.algos.logits`.
+"""Policy / value losses, KL estimators and loss aggregation for StarPO (veRL's core_algos); token
+entropy and log-probs from logits are in :mod:`ragen_lightning.algos.logits`.
 
-Shapes: token tensors ``[B, T]``; ``mask`` is the 0/1 loss mask. Losses return ``(loss, metrics)``; metrics are
-detached 0-dim tensors (no host sync per micro-batch).
+Shapes: token tensors ``[B, T]``; ``mask`` is the 0/1 loss mask. Losses return ``(loss, metrics)``;
+metrics are detached 0-dim tensors (no host sync per micro-batch).
 
 Equations
-- PPO clipped surrogate (Schulman et al. 2017) with asymmetric clip ("clip-higher", DAPO, Yu et al. 2025) and dual
-  clip (Ye et al. 2020): ``ρ = exp(clamp(logp − logp_old, ±20))``, ``L1 = −A·ρ``,
-  ``L2 = −A·clip(ρ, 1−ε_low, 1+ε_high)``, ``Lc = max(L1, L2)``, and for ``A < 0``: ``L = min(Lc, −A·c)``.
+- PPO clipped surrogate (Schulman et al. 2017) with asymmetric clip ("clip-higher", DAPO, Yu et al.
+  2025) and dual clip (Ye et al. 2020): ``ρ = exp(clamp(logp − logp_old, ±20))``, ``L1 = −A·ρ``,
+  ``L2 = −A·clip(ρ, 1−ε_low, 1+ε_high)``, ``Lc = max(L1, L2)``, and for ``A < 0``: ``L = min(Lc,
+  −A·c)``.
 - Clipped value loss: ``½·max((v−R)², (clip(v, v_old ± ε_v)−R)²)``.
-- KL estimators (Schulman 2020, "Approximating KL divergence"): k1 ``logp − logp_ref``, abs ``|k1|``,
-  k2 ``½(logp − logp_ref)²``, k3 ``exp(d) − d − 1`` with ``d = logp_ref − logp``; ``+`` variants are straight-through
-  (value of the estimator, gradient of k2).
+- KL estimators (Schulman 2020, "Approximating KL divergence"): k1 ``logp − logp_ref``, abs
+  ``|k1|``, k2 ``½(logp − logp_ref)²``, k3 ``exp(d) − d − 1`` with ``d = logp_ref − logp``; ``+``
+  variants are straight-through (value of the estimator, gradient of k2).
 
 Loss aggregation, and the departure from RAGEN / veRL
     Every mode is ``numerator(micro-batch) / normalizer(mini-batch)`` where the numerator is a sum over rows, so the
-    micro-batch losses of one mini-batch, each computed with the mini-batch's ``agg_normalizer``, add up to the
-    mini-batch loss exactly, and so do the gradients, however the mini-batch is split. veRL normalises every
-    micro-batch by its own statistics and then divides by the number of micro-batches, so its ``token-mean`` is a
-    mean of per-micro-batch means (with the default micro-batch of 1: a per-sequence mean) and changes with the
-    micro-batch size. Definitions (``m`` the mask of the whole mini-batch, B its rows):
+    micro-batch losses of one mini-batch, each computed with the mini-batch's ``agg_normalizer``,
+    add up to the mini-batch loss exactly, and so do the gradients, however the mini-batch is split.
+    veRL normalises every micro-batch by its own statistics and then divides by the number of
+    micro-batches, so its ``token-mean`` is a mean of per-micro-batch means (with the default
+    micro-batch of 1: a per-sequence mean) and changes with the micro-batch size. Definitions (``m``
+    the mask of the whole mini-batch, B its rows):
 
     ===========================  ==================================  ==========================
     mode                         numerator (sum over rows i)         normalizer
@@ -30,14 +32,14 @@ Loss aggregation, and the departure from RAGEN / veRL
     ``seq-mean-token-sum-norm``  ``Σ_t l·m``                         ``B · horizon``
     ===========================  ==================================  ==========================
 
-    ``seq-mean-token-sum-norm`` (Dr.GRPO's constant normaliser): veRL divides the micro-batch token sum by
-    ``mask.shape[-1]``, the padded length of that micro-batch, which changes with padding and micro-batch size. Here
-    the divisor is ``B · horizon`` with ``horizon`` a fixed length passed in (the maximum response length); it
-    defaults to the mask's width of the tensor given to ``agg_normalizer``. With micro-batches of one sequence and
-    ``horizon = T`` this is veRL's value.
-    An all-zero mask gives a normaliser of 0, which is replaced by 1: the loss is 0, never NaN.
-    Data parallel (gradients averaged over W ranks): pass the all-reduced (summed) normaliser divided by W, and the
-    averaged gradient is the gradient of the global mini-batch loss.
+    ``seq-mean-token-sum-norm`` (Dr.GRPO's constant normaliser): veRL divides the micro-batch token
+    sum by ``mask.shape[-1]``, the padded length of that micro-batch, which changes with padding and
+    micro-batch size. Here the divisor is ``B · horizon`` with ``horizon`` a fixed length passed in
+    (the maximum response length); it defaults to the mask's width of the tensor given to
+    ``agg_normalizer``. With micro-batches of one sequence and ``horizon = T`` this is veRL's value.
+    An all-zero mask gives a normaliser of 0, which is replaced by 1: the loss is 0, never NaN. Data
+    parallel (gradients averaged over W ranks): pass the all-reduced (summed) normaliser divided by
+    W, and the averaged gradient is the gradient of the global mini-batch loss.
 """
 
 from __future__ import annotations
@@ -70,11 +72,13 @@ __all__ = [
 
 Normalizer = float | int | torch.Tensor | None
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Aggregation
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
-AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+AggMode = Literal[
+    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+]
 
 
 def _rows(mask: torch.Tensor) -> torch.Tensor:
@@ -122,8 +126,9 @@ def _agg_fns(agg_mode: str) -> tuple[Callable[..., torch.Tensor], Callable[..., 
         raise ValueError(f"agg_mode must be one of {list(AGG_MODES)}, got {agg_mode!r}") from None
 
 
-def agg_normalizer(mask: torch.Tensor, agg_mode: AggMode, *,
-                   horizon: int | None = None) -> torch.Tensor:
+def agg_normalizer(
+    mask: torch.Tensor, agg_mode: AggMode, *, horizon: int | None = None
+) -> torch.Tensor:
     """The denominator of ``agg_mode`` for the mini-batch whose ``[B, T]`` mask is given (see the
     module docstring).
 
@@ -158,9 +163,9 @@ def aggregate(
     return numerator / safe_count(denom)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Policy and value losses
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def ppo_policy_loss(
@@ -181,18 +186,17 @@ def ppo_policy_loss(
 
     Args:
         logprobs: ``[B, T]`` log-probs of the sampled tokens under the current policy (with grad).
-        old_logprobs: ``[B, T]`` log-probs under the rollout policy.
-        advantages: ``[B, T]``.
-        mask: ``[B, T]`` loss mask.
-        clip_low: ε_low, ratio floor ``1 − ε_low``.
-        clip_high: ε_high, ratio ceiling ``1 + ε_high``.
-        dual_clip: c > 1; for negative advantages the loss is capped at ``−A·c``. None disables it.
-        agg_mode: aggregation mode; normalizer / horizon: see ``aggregate``.
-        is_weights: ``[B, T]`` importance weights (no grad) multiplying each token's clipped loss, e.g.
+        old_logprobs: ``[B, T]`` log-probs under the rollout policy. advantages: ``[B, T]``. mask:
+        ``[B, T]`` loss mask. clip_low: ε_low, ratio floor ``1 − ε_low``. clip_high: ε_high, ratio
+        ceiling ``1 + ε_high``. dual_clip: c > 1; for negative advantages the loss is capped at
+        ``−A·c``. None disables it. agg_mode: aggregation mode; normalizer / horizon: see
+        ``aggregate``. is_weights: ``[B, T]`` importance weights (no grad) multiplying each token's
+        clipped loss, e.g.
             :func:`tis_weights` to correct for the rollout engine's sampling distribution; None = all ones.
 
-    Metrics (masked means over these rows): ``pg_clipfrac`` (L2 > L1), ``pg_clipfrac_lower`` (dual clip active),
-    ``ppo_kl`` (mean of ``old − new``), ``ratio_mean``; ``is_weight_mean`` when ``is_weights`` is given.
+    Metrics (masked means over these rows): ``pg_clipfrac`` (L2 > L1), ``pg_clipfrac_lower`` (dual
+    clip active), ``ppo_kl`` (mean of ``old − new``), ``ratio_mean``; ``is_weight_mean`` when
+    ``is_weights`` is given.
     """
     if clip_low < 0 or clip_high < 0:
         raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
@@ -225,12 +229,16 @@ def ppo_policy_loss(
     return loss, metrics
 
 
-def tis_weights(old_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, cap: float) -> torch.Tensor:
-    """Truncated importance sampling weights ``min(exp(old_logprobs − engine_logprobs), cap)``, detached.
+def tis_weights(
+    old_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """Truncated importance sampling weights ``min(exp(old_logprobs − engine_logprobs), cap)``,
+    detached.
 
-    The rollout engine (e.g. vLLM) samples from a slightly different distribution than the trainer's; weighting
-    each token's policy-gradient term by trainer/engine probability, truncated at ``cap``, corrects for it with
-    bounded variance (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training").
+    The rollout engine (e.g. vLLM) samples from a slightly different distribution than the
+    trainer's; weighting each token's policy-gradient term by trainer/engine probability, truncated
+    at ``cap``, corrects for it with bounded variance (Yao et al. 2025, "Your efficient RL framework
+    secretly brings you off-policy RL training").
 
     Args:
         old_logprobs: ``[B, T]`` the trainer's log-probs of the sampled tokens under the rollout weights.
@@ -254,10 +262,11 @@ def value_loss(
     normalizer: Normalizer = None,
     horizon: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped value loss (veRL): ``agg(½·max((v−R)², (v_clip−R)²))``, ``v_clip = clip(v, v_old ± clip_range)``.
+    """Clipped value loss (veRL): ``agg(½·max((v−R)², (v_clip−R)²))``, ``v_clip = clip(v, v_old ±
+    clip_range)``.
 
-    ``clip_range=None`` gives the plain ``½(v−R)²``. RAGEN always uses ``token-mean``. Metrics: ``vf_clipfrac``
-    (clipped branch strictly larger), ``vpred_mean``.
+    ``clip_range=None`` gives the plain ``½(v−R)²``. RAGEN always uses ``token-mean``. Metrics:
+    ``vf_clipfrac`` (clipped branch strictly larger), ``vpred_mean``.
     """
     m = as_bool_mask(mask)
     loss_unclipped = (values - returns) ** 2
@@ -269,12 +278,15 @@ def value_loss(
         per_token = 0.5 * torch.maximum(loss_unclipped, loss_clipped)
         clipped_frac = masked_mean((loss_clipped > loss_unclipped).float(), m)
     loss = aggregate(per_token, m, agg_mode, normalizer=normalizer, horizon=horizon)
-    return loss, {"vf_clipfrac": clipped_frac.detach(), "vpred_mean": masked_mean(values, m).detach()}
+    return loss, {
+        "vf_clipfrac": clipped_frac.detach(),
+        "vpred_mean": masked_mean(values, m).detach(),
+    }
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # KL estimators
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def _k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -310,11 +322,15 @@ KLKind = Literal[
 ]  # fmt: skip
 
 
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind = "k1") -> torch.Tensor:
-    """Per-token KL estimate of the current policy from the reference (veRL's core_algos names and clamps).
+def kl_penalty(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind = "k1"
+) -> torch.Tensor:
+    """Per-token KL estimate of the current policy from the reference (veRL's core_algos names and
+    clamps).
 
-    ``kind`` with a trailing ``+`` is straight-through: the forward value is the named estimator exactly, the
-    gradient is that of k2 (``logp − logp_ref``), which is unbiased for the KL gradient.
+    ``kind`` with a trailing ``+`` is straight-through: the forward value is the named estimator
+    exactly, the gradient is that of k2 (``logp − logp_ref``), which is unbiased for the KL
+    gradient.
     """
     straight_through = kind.endswith("+")
     base = _KL_BASE.get(kind[:-1] if straight_through else kind)
@@ -327,9 +343,9 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind 
     return value.detach() + (k2 - k2.detach())
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The actor objective
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 # Bounds past which a value is a typo, not a setting (the fields' docs say why).
 MAX_CLIP_HIGH = 10.0
@@ -368,12 +384,20 @@ class PolicyLossSettings:
     tis_cap: float | None = None
 
     def __post_init__(self):
-        check_domains("--model.loss.", self, {
-            "clip_low": Domain(0, 1, high_open=True),  # the ratio floor 1 - clip_low must stay > 0
-            "clip_high": Domain(0, MAX_CLIP_HIGH),
-            "dual_clip": Domain(low=1, low_open=True, none=True),  # bound c * A (A < 0): c > 1
-            "entropy_coeff": Domain(0, MAX_ENTROPY_COEFF), "kl_coef": Domain(low=0),
-            "tis_cap": Domain(low=0, low_open=True, none=True)})
+        check_domains(
+            "--model.loss.",
+            self,
+            {
+                "clip_low": Domain(
+                    0, 1, high_open=True
+                ),  # the ratio floor 1 - clip_low must stay > 0
+                "clip_high": Domain(0, MAX_CLIP_HIGH),
+                "dual_clip": Domain(low=1, low_open=True, none=True),  # bound c * A (A < 0): c > 1
+                "entropy_coeff": Domain(0, MAX_ENTROPY_COEFF),
+                "kl_coef": Domain(low=0),
+                "tis_cap": Domain(low=0, low_open=True, none=True),
+            },
+        )
 
 
 def actor_loss(
@@ -389,8 +413,8 @@ def actor_loss(
     horizon: int | None = None,
     is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``pg_loss − entropy_coeff·agg(H) + kl_coef·agg(KL)`` (veRL's core_algos), every term aggregated by
-    ``loss.agg_mode``; clipping and coefficients from ``loss``.
+    """``pg_loss − entropy_coeff·agg(H) + kl_coef·agg(KL)`` (veRL's core_algos), every term
+    aggregated by ``loss.agg_mode``; clipping and coefficients from ``loss``.
 
     Args:
         entropy: ``[B, T]`` token entropies (``algos.logits.entropy_from_logits``), needed when
@@ -400,8 +424,9 @@ def actor_loss(
         is_weights: per-token importance weights of the policy-gradient term only (``tis_weights``).
         normalizer, horizon: as in ``aggregate``.
 
-    Metrics: those of ``ppo_policy_loss`` plus ``pg_loss``, ``entropy_loss`` and ``kl_loss`` (each this micro-batch's
-    share of the mini-batch value: they add up over micro-batches) when the term is given.
+    Metrics: those of ``ppo_policy_loss`` plus ``pg_loss``, ``entropy_loss`` and ``kl_loss`` (each
+    this micro-batch's share of the mini-batch value: they add up over micro-batches) when the term
+    is given.
     """
     if loss.entropy_coeff != 0.0 and entropy is None:
         raise ValueError("entropy_coeff != 0 needs the token entropy (entropy=...)")

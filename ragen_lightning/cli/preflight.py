@@ -1,14 +1,17 @@
-"""The command line's preflight: every setting checked right after parsing, before anything is written or launched.
+"""The command line's preflight: every setting checked right after parsing, before anything is
+written or launched.
 
-A bad value fails here with one line naming the flag and its allowed values (:class:`~ragen_lightning.errors.
-ConfigError`; the CLI prints it and exits with 2), never after the run's folders, logs or ``config.yaml`` exist or
-its processes started. The checks are the owners' own (each setting's domain is declared where the setting is:
+A bad value fails here with one line naming the flag and its allowed values
+(:class:`~ragen_lightning.errors. ConfigError`; the CLI prints it and exits with 2), never after the
+run's folders, logs or ``config.yaml`` exist or its processes started. The checks are the owners'
+own (each setting's domain is declared where the setting is:
 :data:`~ragen_lightning.starpo.checks.MODULE_DOMAINS`, :mod:`ragen_lightning.data.settings`, the
-settings dataclasses' ``__post_init__``); this module only runs them on the parsed configuration, plus what only the
-command line knows: model and data paths, strategy refusals, writable output folders, a reachable wandb server.
+settings dataclasses' ``__post_init__``); this module only runs them on the parsed configuration,
+plus what only the command line knows: model and data paths, strategy refusals, writable output
+folders, a reachable wandb server.
 
-Checks that need the tokenizer (the first prompt must fit ``max_model_len``) run in the CLI's ``before_fit``, still
-before anything is written.
+Checks that need the tokenizer (the first prompt must fit ``max_model_len``) run in the CLI's
+``before_fit``, still before anything is written.
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ from ragen_lightning.starpo.early_stop import EarlyStopSettings
 from ragen_lightning.starpo.settings import GROUPS, ModuleSettings, as_group
 
 SEED_DOMAIN = Domain(0, 2**32 - 1, integer=True, none=True)  # Lightning's (numpy's) seed range
-WANDB_TIMEOUT_S = 3.0  # how long the wandb server may take to answer an HTTP request before the run logs offline
+# how long the wandb server may take to answer an HTTP request before the run logs offline
+WANDB_TIMEOUT_S = 3.0
 
 
 def _plain(value: Any) -> Any:
@@ -55,17 +59,24 @@ def _plain(value: Any) -> Any:
 
 
 def check_settings(config: Any, run: bool = True) -> None:
-    """Every ``--model.*``, ``--data.*`` and top-level setting of a parsed configuration (a jsonargparse Namespace or
-    a dict with ``model`` / ``data`` / ``trainer`` groups) against its domain and the combinations that cannot work;
-    raises :class:`ConfigError` naming the first bad flag. ``run=False`` (only parsing) skips what depends on this
-    machine's hardware (FSDP1 needs CUDA)."""
+    """Every ``--model.*``, ``--data.*`` and top-level setting of a parsed configuration (a
+    jsonargparse Namespace or a dict with ``model`` / ``data`` / ``trainer`` groups) against its
+    domain and the combinations that cannot work; raises :class:`ConfigError` naming the first bad
+    flag. ``run=False`` (only parsing) skips what depends on this machine's hardware (FSDP1 needs
+    CUDA)."""
     get = config.get
     Domain(low=1, integer=True, none=True).check("--torch_threads", get("torch_threads"))
     Domain(low=0, low_open=True, none=True).check("--gpu_memory_gb", get("gpu_memory_gb"))
     if not isinstance(seed := get("seed_everything"), bool):  # true: a random seed, false: none
         SEED_DOMAIN.check("--seed_everything", seed)
-    model, data, trainer = _plain(get("model")) or {}, _plain(get("data")) or {}, _plain(get("trainer")) or {}
-    check_strategy(trainer.get("strategy"), trainer.get("accelerator"), lora=model.get("lora"), hardware=run)
+    model, data, trainer = (
+        _plain(get("model")) or {},
+        _plain(get("data")) or {},
+        _plain(get("trainer")) or {},
+    )
+    check_strategy(
+        trainer.get("strategy"), trainer.get("accelerator"), lora=model.get("lora"), hardware=run
+    )
     settings = data_settings(data) if data else None
     if settings is not None:
         check_envs(settings)
@@ -92,29 +103,34 @@ def data_settings(data: dict[str, Any]) -> DataSettings:
 
 
 def module_settings(model: dict[str, Any], data: dict[str, Any]) -> ModuleSettings:
-    """The settings groups of a parsed ``model`` section (plain dicts), each checked as it is built."""
+    """The settings groups of a parsed ``model`` section (plain dicts), each checked as it is
+    built."""
     temperature = (data.get("sampling") or {}).get("temperature", 1.0)
     return ModuleSettings.build(temperature, **{name: model.get(name) for name in GROUPS})
 
 
 def check_optimizer_factories(optim: dict[str, Any]) -> None:
-    """Build ``--model.optim.actor_optimizer`` / ``critic_optimizer`` (given as ``{class_path, init_args}`` or a
-    callable) on one dummy parameter, so a bad argument (``lr: -1.0``) is one line naming the flag now, not a
-    traceback when the module configures its optimizers after the run's folders exist."""
+    """Build ``--model.optim.actor_optimizer`` / ``critic_optimizer`` (given as ``{class_path,
+    init_args}`` or a callable) on one dummy parameter, so a bad argument (``lr: -1.0``) is one line
+    naming the flag now, not a traceback when the module configures its optimizers after the run's
+    folders exist."""
     import importlib
 
     import torch
 
     for name in ("actor_optimizer", "critic_optimizer"):
         factory, flag = optim.get(name), f"--model.optim.{name}"
-        if factory is None or isinstance(factory, str):  # a checkpoint's saved name: not rebuilt (OptimSettings)
+        # a checkpoint's saved name: not rebuilt (OptimSettings)
+        if factory is None or isinstance(factory, str):
             continue
         params = [torch.nn.Parameter(torch.zeros(1))]
         try:
             if isinstance(factory, dict):
                 module, _, cls = str(factory.get("class_path", "")).rpartition(".")
                 flag += f" {factory.get('class_path')}"
-                getattr(importlib.import_module(module), cls)(params, **(factory.get("init_args") or {}))
+                getattr(importlib.import_module(module), cls)(
+                    params, **(factory.get("init_args") or {})
+                )
             else:
                 factory(params)
         except Exception as e:  # noqa: BLE001  (the optimizer's own check: "Invalid learning rate: -1.0")
@@ -123,8 +139,9 @@ def check_optimizer_factories(optim: dict[str, Any]) -> None:
 
 
 def world_size(trainer: dict[str, Any]) -> int | None:
-    """The number of processes ``--trainer.devices`` x ``--trainer.num_nodes`` start, when the config says it
-    (None for ``auto`` / ``-1``, which Lightning resolves from the hardware; the data module checks again then)."""
+    """The number of processes ``--trainer.devices`` x ``--trainer.num_nodes`` start, when the
+    config says it (None for ``auto`` / ``-1``, which Lightning resolves from the hardware; the data
+    module checks again then)."""
     devices, nodes = trainer.get("devices", "auto"), trainer.get("num_nodes", 1)
     if isinstance(devices, str) and devices.strip().isdigit():
         devices = int(devices)
@@ -132,29 +149,40 @@ def world_size(trainer: dict[str, Any]) -> int | None:
         devices = [d for d in devices.split(",") if d.strip()]
     if isinstance(devices, (list, tuple)):
         devices = len(devices)
-    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1 or not isinstance(nodes, int):
+    if (
+        isinstance(devices, bool)
+        or not isinstance(devices, int)
+        or devices < 1
+        or not isinstance(nodes, int)
+    ):
         return None
     return devices * max(nodes, 1)
 
 
 def check_models_loadable(config: Any) -> None:
-    """Before a run (not a parse or a memory plan): hub ids must be in the Hugging Face cache when offline."""
+    """Before a run (not a parse or a memory plan): hub ids must be in the Hugging Face cache when
+    offline."""
     model = _plain(config.get("model")) or {}
-    names = {"--model.model": model.get("model"), "--model.critic.model": (model.get("critic") or {}).get("model")}
+    names = {
+        "--model.model": model.get("model"),
+        "--model.critic.model": (model.get("critic") or {}).get("model"),
+    }
     for flag, name in names.items():
         if name is not None:
             check_model_name(flag, name, cached=True)
 
 
 def check_run(config: Any) -> None:
-    """What a run needs beyond valid settings, checked with the tokenizer before anything is built: loadable models,
-    an expert for the warm start's env, and a first prompt (plus a full response) that fits ``max_model_len``."""
+    """What a run needs beyond valid settings, checked with the tokenizer before anything is built:
+    loadable models, an expert for the warm start's env, and a first prompt (plus a full response)
+    that fits ``max_model_len``."""
     check_models_loadable(config)
     model, data = _plain(config.get("model")) or {}, _plain(config.get("data")) or {}
     if not (model and data):
         return
     settings = data_settings(data)
-    if model.get("warm_start"):  # an env without an expert fails here, not after the tiny model is built
+    # an env without an expert fails here, not after the tiny model is built
+    if model.get("warm_start"):
         for entry in train_entries(settings):  # every entry of a mixture gives demonstrations
             require_expert(entry.env_id, entry.env_kwargs)
     dm = RolloutDataModule(**{f.name: getattr(settings, f.name) for f in fields(settings)})
@@ -164,8 +192,9 @@ def check_run(config: Any) -> None:
 
 
 def model_positions(name: str) -> int | None:
-    """The longest sequence model ``name`` takes, from its config (``max_position_embeddings`` times a RoPE
-    scaling factor, as vLLM derives it); None when the config does not say or cannot be read."""
+    """The longest sequence model ``name`` takes, from its config (``max_position_embeddings`` times
+    a RoPE scaling factor, as vLLM derives it); None when the config does not say or cannot be
+    read."""
     from transformers import AutoConfig
 
     try:
@@ -181,19 +210,22 @@ def model_positions(name: str) -> int | None:
 
 
 def check_context_length(flag: str, name: str, episodes: list[Any]) -> None:
-    """``--data.episode.max_model_len`` (of every episode setting a run uses) within model ``name``'s positions:
-    vLLM refuses a longer one with a multi-line validation error after the run's folders exist."""
+    """``--data.episode.max_model_len`` (of every episode setting a run uses) within model
+    ``name``'s positions: vLLM refuses a longer one with a multi-line validation error after the
+    run's folders exist."""
     limit = model_positions(name)
     longest = max((e.max_model_len for e in episodes if e is not None), default=0)
     if limit is not None and longest > limit:
-        raise ConfigError(f"--data.episode.max_model_len {longest} exceeds the {limit} positions of {flag} {name} "
-                          "(its config's max_position_embeddings)")
+        raise ConfigError(
+            f"--data.episode.max_model_len {longest} exceeds the {limit} positions of {flag} {name} "
+            "(its config's max_position_embeddings)"
+        )
 
 
-# -- output folders -----------------------------------------------------------------------------------------------
+# -- output folders --------------------------------------------------------------------------------
 def output_dirs(config: Any) -> dict[str, str]:
-    """Folders the run will write to, by the flag that sets each: the trainer's root, every logger's ``save_dir``,
-    every callback's ``dirpath`` and ``--model.export_dir``."""
+    """Folders the run will write to, by the flag that sets each: the trainer's root, every logger's
+    ``save_dir``, every callback's ``dirpath`` and ``--model.export_dir``."""
     trainer = _plain(config.get("trainer")) or {}
     dirs = {"--trainer.default_root_dir": trainer.get("default_root_dir") or os.getcwd()}
     for group in ("logger", "callbacks"):
@@ -213,8 +245,9 @@ def output_dirs(config: Any) -> dict[str, str]:
 
 
 def check_writable(flag: str, path: str | os.PathLike) -> None:
-    """Raise :class:`ConfigError` unless ``path`` is a folder this process can create files in, or can be created:
-    a temporary folder is made and removed in its nearest existing ancestor, so nothing is left behind."""
+    """Raise :class:`ConfigError` unless ``path`` is a folder this process can create files in, or
+    can be created: a temporary folder is made and removed in its nearest existing ancestor, so
+    nothing is left behind."""
     target = Path(path).expanduser().absolute()
     existing = target
     while not existing.exists() and existing != existing.parent:
@@ -224,7 +257,9 @@ def check_writable(flag: str, path: str | os.PathLike) -> None:
     try:
         tempfile.TemporaryDirectory(dir=existing).cleanup()
     except OSError as e:
-        raise ConfigError(f"{flag} {str(path)!r}: cannot write in {existing} ({e.strerror or e})") from None
+        raise ConfigError(
+            f"{flag} {str(path)!r}: cannot write in {existing} ({e.strerror or e})"
+        ) from None
 
 
 def check_output_dirs(config: Any) -> None:
@@ -232,11 +267,12 @@ def check_output_dirs(config: Any) -> None:
         check_writable(flag, path)
 
 
-# -- wandb --------------------------------------------------------------------------------------------------------
+# -- wandb -----------------------------------------------------------------------------------------
 def unreachable(url: str, timeout: float = WANDB_TIMEOUT_S) -> str | None:
-    """Why ``url`` gives no HTTP answer within ``timeout`` seconds (None: it answers, with any status). A server that
-    accepts the connection but never answers counts as unreachable, as does one that refuses it; the request runs in
-    a helper thread, so a hanging DNS lookup or TLS handshake also counts as a timeout."""
+    """Why ``url`` gives no HTTP answer within ``timeout`` seconds (None: it answers, with any
+    status). A server that accepts the connection but never answers counts as unreachable, as does
+    one that refuses it; the request runs in a helper thread, so a hanging DNS lookup or TLS
+    handshake also counts as a timeout."""
     import urllib.error
     import urllib.request
 
@@ -244,13 +280,17 @@ def unreachable(url: str, timeout: float = WANDB_TIMEOUT_S) -> str | None:
 
     def ask() -> None:
         try:
-            urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout).close()
+            urllib.request.urlopen(
+                urllib.request.Request(url, method="HEAD"), timeout=timeout
+            ).close()
             outcome.append(None)
         except urllib.error.HTTPError:  # an HTTP status (401, 404, ...): the server answers
             outcome.append(None)
         except (OSError, ValueError) as e:  # URLError wraps refusals, timeouts, DNS failures
             reason = getattr(e, "reason", e)
-            outcome.append(getattr(reason, "strerror", None) or str(reason) or type(reason).__name__)
+            outcome.append(
+                getattr(reason, "strerror", None) or str(reason) or type(reason).__name__
+            )
 
     worker = threading.Thread(target=ask, daemon=True)
     worker.start()
@@ -259,9 +299,13 @@ def unreachable(url: str, timeout: float = WANDB_TIMEOUT_S) -> str | None:
 
 
 def _online_wandb_loggers(config: Any) -> list[Any]:
-    """The WandbLogger entries of ``--trainer.logger`` that would log online (as the config's own objects)."""
-    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun") or \
-            os.environ.get("WANDB_DISABLED", "").lower() in ("1", "true"):
+    """The WandbLogger entries of ``--trainer.logger`` that would log online (as the config's own
+    objects)."""
+    if os.environ.get("WANDB_MODE", "").lower() in (
+        "offline",
+        "disabled",
+        "dryrun",
+    ) or os.environ.get("WANDB_DISABLED", "").lower() in ("1", "true"):
         return []
     trainer = config.get("trainer")
     loggers = trainer.get("logger") if trainer is not None else None
@@ -282,9 +326,9 @@ def _get(obj: Any, key: str) -> Any:
 
 
 def wandb_offline_fallback(config: Any, timeout: float = WANDB_TIMEOUT_S) -> str | None:
-    """An online WandbLogger whose server cannot be reached within ``timeout`` seconds is switched to offline mode
-    in ``config`` (wandb would otherwise block for minutes and then fail the run); returns the one-line warning to
-    print, or None when nothing changed."""
+    """An online WandbLogger whose server cannot be reached within ``timeout`` seconds is switched
+    to offline mode in ``config`` (wandb would otherwise block for minutes and then fail the run);
+    returns the one-line warning to print, or None when nothing changed."""
     loggers = _online_wandb_loggers(config)
     if not loggers:
         return None
@@ -294,26 +338,41 @@ def wandb_offline_fallback(config: Any, timeout: float = WANDB_TIMEOUT_S) -> str
         return None
     for args in loggers:
         args["offline"] = True
-    return (f"warning: wandb server {url} unreachable ({reason}): logging offline instead; upload later with "
-            "`wandb sync <save_dir>/wandb/offline-run-*`")
+    return (
+        f"warning: wandb server {url} unreachable ({reason}): logging offline instead; upload later with "
+        "`wandb sync <save_dir>/wandb/offline-run-*`"
+    )
 
 
-# -- the command line's parse errors ------------------------------------------------------------------------------
+# -- the command line's parse errors ---------------------------------------------------------------
 def parse_error_line(message: str) -> str:
-    """jsonargparse's multi-line parse error as one line naming the flag: ``Parser key "data.num_groups":
-    Expected a <class 'int'>. Got value: many`` -> ``--data.training.num_groups: expected int, got
-    'many'``."""
+    """jsonargparse's multi-line parse error as one line naming the flag: ``Parser key
+    "data.num_groups": Expected a <class 'int'>. Got value: many`` -> ``--data.training.num_groups:
+    expected int, got 'many'``."""
     text = re.sub(r"<class '(?:[\w]+\.)*(\w+)'>", r"\1", message)
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     flag = ""
     if lines and (m := re.match(r'^Parser key "([^"]+)":\s*(.*)$', lines[0])):
         flag, lines = f"--{m.group(1)}", ([m.group(2)] if m.group(2) else []) + lines[1:]
-    noise = ("Does not validate against any of the Union subtypes", "Subtypes:", "Errors:", "Given value type:",
-             "- Expected a NoneType", "Expected a NoneType")
-    given = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Given value:")), None)
-    reasons = [line.lstrip("- ").strip() for line in lines
-               if not line.startswith(noise) and not line.startswith("Given value:")]
-    reasons = [r for r in reasons if r and not r.startswith("Problem with given class_path")] or reasons
+    noise = (
+        "Does not validate against any of the Union subtypes",
+        "Subtypes:",
+        "Errors:",
+        "Given value type:",
+        "- Expected a NoneType",
+        "Expected a NoneType",
+    )
+    given = next(
+        (line.split(":", 1)[1].strip() for line in lines if line.startswith("Given value:")), None
+    )
+    reasons = [
+        line.lstrip("- ").strip()
+        for line in lines
+        if not line.startswith(noise) and not line.startswith("Given value:")
+    ]
+    reasons = [
+        r for r in reasons if r and not r.startswith("Problem with given class_path")
+    ] or reasons
     detail = "; ".join(dict.fromkeys(reasons)) or "invalid value"
     detail = re.sub(r"Expected a (\w+)\. Got value: (.*)", r"expected \1, got \2", detail)
     if given is not None and "got" not in detail:
@@ -322,13 +381,16 @@ def parse_error_line(message: str) -> str:
     return line[0].lower() + line[1:] if line[:1].isupper() and not flag else line
 
 
-_REMOVED_FLAGS = {"optimizer": "--model.optim.actor_optimizer (and --model.optim.critic_optimizer)",
-                  "lr_scheduler": "--model.optim.warmup_steps and --model.optim.decay_iterations"}
+_REMOVED_FLAGS = {
+    "optimizer": "--model.optim.actor_optimizer (and --model.optim.critic_optimizer)",
+    "lr_scheduler": "--model.optim.warmup_steps and --model.optim.decay_iterations",
+}
 
 
 def removed_flag_error(message: str) -> str | None:
-    """The one-line error for LightningCLI's generic ``--optimizer`` / ``--lr_scheduler`` flags, which this command
-    line does not have (the module builds its own optimizers and schedules), naming the flags that do it; else None."""
+    """The one-line error for LightningCLI's generic ``--optimizer`` / ``--lr_scheduler`` flags,
+    which this command line does not have (the module builds its own optimizers and schedules),
+    naming the flags that do it; else None."""
     for name, instead in _REMOVED_FLAGS.items():
         if re.search(rf"(?<![\w.])--{name}\b", message):
             return f"--{name} is not a flag of this command line: use {instead}"

@@ -1,8 +1,9 @@
-"""Plain progress lines for runs whose stderr is not a terminal (``nohup``, CI, a scheduler's log file).
+"""Plain progress lines for runs whose stderr is not a terminal (``nohup``, CI, a scheduler's log
+file).
 
-Lightning's bar redraws one line in place and draws nothing useful into a file; :class:`IterationLines` takes its
-place there (the CLI adds it when stderr is not a terminal) and writes one line per RL iteration and one per
-validation, on global rank 0 only::
+Lightning's bar redraws one line in place and draws nothing useful into a file;
+:class:`IterationLines` takes its place there (the CLI adds it when stderr is not a terminal) and
+writes one line per RL iteration and one per validation, on global rank 0 only::
 
     iteration 3/80 | 14.2 s/it | ETA 18:40 | reward 0.512 | success 0.250
     validation at iteration 20: success 0.414 | reward 0.803
@@ -26,7 +27,8 @@ VAL_VALUES = (("val/success", "success"), ("val/score", "reward"))
 
 
 class IterationLines(ProgressBar):
-    """One line per iteration (iteration, time per iteration, ETA, reward, success) and one per validation.
+    """One line per iteration (iteration, time per iteration, ETA, reward, success) and one per
+    validation.
 
     Args:
         stream: where to write (None: stderr, looked up when a line is written).

@@ -1,19 +1,22 @@
-"""From trajectories to a padded :class:`~ragen_lightning.types.RolloutBatch`, plus rollout statistics.
+"""From trajectories to a padded :class:`~ragen_lightning.types.RolloutBatch`, plus rollout
+statistics.
 
 Reward placement (RAGEN's ``use_turn_scores``):
 
-* ``last`` (default): each sample's episode score (env return + format penalty, after normalisation) sits on its
-  last sampled token; every other token reward is 0.
-* ``turn``: each trained turn's own reward (env reward of the turn + its format penalty) sits on that turn's last
-  sampled token. Unlike RAGEN this keeps the format penalty; score normalisation is not defined per turn, so it must
-  be ``identity`` in this mode. In the windowed context modes (one sample per turn) GAE then runs over an episode's
-  samples as one sequence, so a turn's return holds its own and every later turn's reward, as in ``full`` mode
-  (RAGEN's turn-level modes put the whole episode score on every turn sample: ``last``).
+* ``last`` (default): each sample's episode score (env return + format penalty, after normalisation)
+  sits on its last sampled token; every other token reward is 0.
+* ``turn``: each trained turn's own reward (env reward of the turn + its format penalty) sits on
+  that turn's last sampled token. Unlike RAGEN this keeps the format penalty; score normalisation is
+  not defined per turn, so it must be ``identity`` in this mode. In the windowed context modes (one
+  sample per turn) GAE then runs over an episode's samples as one sequence, so a turn's return holds
+  its own and every later turn's reward, as in ``full`` mode (RAGEN's turn-level modes put the whole
+  episode score on every turn sample: ``last``).
 
-Score normalisation (RAGEN's ctx_manager ``reward_normalization``) by group (``state``: samples of one group; ``env``:
-every episode of one environment-mixture entry, the trajectories' ``tag``, RAGEN's ``inductive``; ``batch``: all
-samples) with ``identity`` | ``mean`` | ``mean_std`` | ``asym_clip``; applied only when some group has more than one
-member (a validation batch of singletons is left alone). One score per episode is normalised, whatever the grouping.
+Score normalisation (RAGEN's ctx_manager ``reward_normalization``) by group (``state``: samples of
+one group; ``env``: every episode of one environment-mixture entry, the trajectories' ``tag``,
+RAGEN's ``inductive``; ``batch``: all samples) with ``identity`` | ``mean`` | ``mean_std`` |
+``asym_clip``; applied only when some group has more than one member (a validation batch of
+singletons is left alone). One score per episode is normalised, whatever the grouping.
 """
 
 from __future__ import annotations
@@ -34,20 +37,30 @@ NormGrouping = Literal["state", "env", "batch"]
 NormMethod = Literal["identity", "mean", "mean_std", "asym_clip"]
 
 
-def normalize_scores(scores: torch.Tensor, group_index: torch.Tensor, grouping: NormGrouping = "state",
-                     method: NormMethod = "identity", eps: float = 1e-6,
-                     env_index: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-group score normalisation; ``mean_std`` gives zeros for a group whose std is <= eps. ``env_index``
-    ``[B]``: each score's environment (mixture entry) id, the groups of ``grouping="env"``."""
+def normalize_scores(
+    scores: torch.Tensor,
+    group_index: torch.Tensor,
+    grouping: NormGrouping = "state",
+    method: NormMethod = "identity",
+    eps: float = 1e-6,
+    env_index: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-group score normalisation; ``mean_std`` gives zeros for a group whose std is <= eps.
+    ``env_index`` ``[B]``: each score's environment (mixture entry) id, the groups of
+    ``grouping="env"``."""
     if method not in ("identity", "mean", "mean_std", "asym_clip"):
-        raise ValueError(f"reward normalisation method must be identity|mean|mean_std|asym_clip, got {method!r}")
+        raise ValueError(
+            f"reward normalisation method must be identity|mean|mean_std|asym_clip, got {method!r}"
+        )
     if grouping not in ("state", "env", "batch"):
         raise ValueError(f"reward normalisation grouping must be state|env|batch, got {grouping!r}")
     if grouping == "env" and env_index is None:
         raise ValueError("reward normalisation by env needs each score's env_index")
     if method == "identity":
         return scores
-    keys = {"state": group_index, "env": env_index, "batch": torch.zeros_like(group_index)}[grouping]
+    keys = {"state": group_index, "env": env_index, "batch": torch.zeros_like(group_index)}[
+        grouping
+    ]
     if int(torch.bincount(keys).max()) <= 1:
         return scores
     centred, std = group_centre(scores, keys)
@@ -57,33 +70,49 @@ def normalize_scores(scores: torch.Tensor, group_index: torch.Tensor, grouping: 
     return (z.clamp(-1.0, 3.0) if method == "asym_clip" else z).to(scores.dtype)
 
 
-def build_batch(trajectories: Sequence[Trajectory], *, pad_token_id: int, reward_placement: RewardPlacement = "last",
-                norm_grouping: NormGrouping = "state", norm_method: NormMethod = "identity",
-                metrics: dict[str, float] | None = None) -> RolloutBatch:
-    """Pad every training sample of ``trajectories`` into one batch (episodes in order, samples in turn order).
+def build_batch(
+    trajectories: Sequence[Trajectory],
+    *,
+    pad_token_id: int,
+    reward_placement: RewardPlacement = "last",
+    norm_grouping: NormGrouping = "state",
+    norm_method: NormMethod = "identity",
+    metrics: dict[str, float] | None = None,
+) -> RolloutBatch:
+    """Pad every training sample of ``trajectories`` into one batch (episodes in order, samples in
+    turn order).
 
     Raises:
         ValueError: a trajectory is not trainable (a text-in/text-out engine such as an API model produced it: its
-            ids re-encode returned text and carry no sampled log-probs, so no policy-gradient step can use them).
+            ids re-encode returned text and carry no sampled log-probs, so no policy-gradient step
+            can use them).
     """
     _check_trainable(trajectories)
     if reward_placement not in ("last", "turn"):
         raise ValueError(f"reward_placement must be 'last' or 'turn', got {reward_placement!r}")
     if reward_placement == "turn" and norm_method != "identity":
-        raise ValueError("reward normalisation is per episode score; with reward_placement='turn' use 'identity'")
+        raise ValueError(
+            "reward normalisation is per episode score; with reward_placement='turn' use 'identity'"
+        )
     rows = [(e, t, s) for e, t in enumerate(trajectories) for s in t.samples]
     group_index = torch.tensor([t.group_id for _, t, _ in rows], dtype=torch.long)
     episode_index = torch.tensor([e for e, _, _ in rows], dtype=torch.long)
     scores = _episode_scores(rows, group_index, episode_index, norm_grouping, norm_method)
     tokens = _pad_rows(rows, scores, pad_token_id, reward_placement)
     return RolloutBatch(
-        **vars(tokens), scores=scores, group_index=group_index, episode_index=episode_index,
-        per_turn_rewards=reward_placement == "turn", metrics=dict(metrics or {}), trajectories=list(trajectories),
+        **vars(tokens),
+        scores=scores,
+        group_index=group_index,
+        episode_index=episode_index,
+        per_turn_rewards=reward_placement == "turn",
+        metrics=dict(metrics or {}),
+        trajectories=list(trajectories),
         state_index=_state_index(rows),
     )
 
 
-_Row = tuple[int, Trajectory, Sample]  # (episode index, its trajectory, one of its training samples)
+# (episode index, its trajectory, one of its training samples)
+_Row = tuple[int, Trajectory, Sample]
 
 
 def _check_trainable(trajectories: Sequence[Trajectory]) -> None:
@@ -93,34 +122,49 @@ def _check_trainable(trajectories: Sequence[Trajectory]) -> None:
             f"{len(untrainable)} of {len(trajectories)} trajectories (first: env {untrainable[0].env_index}, seed "
             f"{untrainable[0].seed}) come from a text-in/text-out engine (an API model): their token ids re-encode "
             "the returned text and have no sampled log-probs, so they cannot be trained on; use them for evaluation "
-            "only (python -m ragen_lightning.evaluate)")
+            "only (python -m ragen_lightning.evaluate)"
+        )
 
 
-def _episode_scores(rows: Sequence[_Row], group_index: torch.Tensor, episode_index: torch.Tensor,
-                    grouping: NormGrouping, method: NormMethod) -> torch.Tensor:
-    """``[B]`` each row's episode score, normalised with one score per episode (turn-level modes repeat an episode
-    over several samples, which must not weigh it more in its group's statistics)."""
+def _episode_scores(
+    rows: Sequence[_Row],
+    group_index: torch.Tensor,
+    episode_index: torch.Tensor,
+    grouping: NormGrouping,
+    method: NormMethod,
+) -> torch.Tensor:
+    """``[B]`` each row's episode score, normalised with one score per episode (turn-level modes
+    repeat an episode over several samples, which must not weigh it more in its group's
+    statistics)."""
     raw = torch.tensor([t.score for _, t, _ in rows], dtype=torch.float32)
     first_row = {int(e): i for i, e in reversed(list(enumerate(episode_index.tolist())))}
     ep_rows = torch.tensor(sorted(first_row.values()), dtype=torch.long)
-    env_ids = {tag: i for i, tag in enumerate(dict.fromkeys(t.tag for _, t, _ in rows))}  # mixture entries
+    # mixture entries
+    env_ids = {tag: i for i, tag in enumerate(dict.fromkeys(t.tag for _, t, _ in rows))}
     env_index = torch.tensor([env_ids[t.tag] for _, t, _ in rows], dtype=torch.long)
-    ep_norm = normalize_scores(raw[ep_rows], group_index[ep_rows], grouping, method, env_index=env_index[ep_rows])
-    by_episode = {int(episode_index[r]): float(v) for r, v in zip(ep_rows.tolist(), ep_norm.tolist())}
+    ep_norm = normalize_scores(
+        raw[ep_rows], group_index[ep_rows], grouping, method, env_index=env_index[ep_rows]
+    )
+    by_episode = {
+        int(episode_index[r]): float(v) for r, v in zip(ep_rows.tolist(), ep_norm.tolist())
+    }
     return torch.tensor([by_episode[int(e)] for e in episode_index.tolist()], dtype=torch.float32)
 
 
 def _state_index(rows: Sequence[_Row]) -> torch.Tensor:
-    """``[B]`` state ids: a branching turn's responses answer one state, (episode, turn); every other sample is its
-    own state."""
-    states = [(e, s.turn) if s.turn is not None else (e, "row", i) for i, (e, _, s) in enumerate(rows)]
+    """``[B]`` state ids: a branching turn's responses answer one state, (episode, turn); every
+    other sample is its own state."""
+    states = [
+        (e, s.turn) if s.turn is not None else (e, "row", i) for i, (e, _, s) in enumerate(rows)
+    ]
     state_ids = {key: i for i, key in enumerate(dict.fromkeys(states))}
     return torch.tensor([state_ids[key] for key in states], dtype=torch.long)
 
 
 @dataclass
 class _TokenTensors:
-    """The ``[B, T]`` per-token tensors of a batch, right-padded (named as the :class:`RolloutBatch` fields)."""
+    """The ``[B, T]`` per-token tensors of a batch, right-padded (named as the :class:`RolloutBatch`
+    fields)."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
@@ -130,16 +174,19 @@ class _TokenTensors:
     turn_ends: torch.Tensor
 
 
-def _pad_rows(rows: Sequence[_Row], scores: torch.Tensor, pad_token_id: int,
-              reward_placement: RewardPlacement) -> _TokenTensors:
-    """Each row's conversation padded to the longest, with its rewards on its trained turns' last tokens (module
-    docstring)."""
+def _pad_rows(
+    rows: Sequence[_Row], scores: torch.Tensor, pad_token_id: int, reward_placement: RewardPlacement
+) -> _TokenTensors:
+    """Each row's conversation padded to the longest, with its rewards on its trained turns' last
+    tokens (module docstring)."""
     B = len(rows)
     T = max((len(s.conversation) for _, _, s in rows), default=1)
     out = _TokenTensors(
         input_ids=torch.full((B, T), pad_token_id, dtype=torch.long),
-        attention_mask=torch.zeros((B, T), dtype=torch.long), loss_mask=torch.zeros((B, T), dtype=torch.long),
-        engine_logprobs=torch.zeros((B, T)), rewards=torch.zeros((B, T)),
+        attention_mask=torch.zeros((B, T), dtype=torch.long),
+        loss_mask=torch.zeros((B, T), dtype=torch.long),
+        engine_logprobs=torch.zeros((B, T)),
+        rewards=torch.zeros((B, T)),
         turn_ends=torch.zeros((B, T), dtype=torch.bool),
     )
     for i, (_, _, sample) in enumerate(rows):
@@ -157,13 +204,18 @@ def _pad_rows(rows: Sequence[_Row], scores: torch.Tensor, pad_token_id: int,
             out.rewards[i, ends[-1]] = scores[i]
         else:
             if len(sample.turn_rewards) != len(ends):
-                raise ValueError(f"sample has {len(ends)} trained turns but {len(sample.turn_rewards)} turn rewards")
+                raise ValueError(
+                    f"sample has {len(ends)} trained turns but {len(sample.turn_rewards)} turn rewards"
+                )
             out.rewards[i, ends] = torch.tensor(sample.turn_rewards, dtype=torch.float32)
     return out
 
 
-def trajectory_matrix(trajectories: Sequence[Trajectory], group_size: int, field: str) -> torch.Tensor:
-    """``[G, N]`` matrix of a per-trajectory quantity (``score``, ``env_return``, ``response_tokens``...)."""
+def trajectory_matrix(
+    trajectories: Sequence[Trajectory], group_size: int, field: str
+) -> torch.Tensor:
+    """``[G, N]`` matrix of a per-trajectory quantity (``score``, ``env_return``,
+    ``response_tokens``...)."""
     values = [float(getattr(t, field)) for t in trajectories]
     if len(values) % group_size:
         raise ValueError(f"{len(values)} trajectories do not form groups of {group_size}")
@@ -171,7 +223,8 @@ def trajectory_matrix(trajectories: Sequence[Trajectory], group_size: int, field
 
 
 def sampled_entropy(t: Trajectory) -> float:
-    """Mean negative log-prob of the sampled tokens: an unbiased estimate of the per-token entropy at T=1."""
+    """Mean negative log-prob of the sampled tokens: an unbiased estimate of the per-token entropy
+    at T=1."""
     total, count = 0.0, 0
     for s in t.samples:
         c = s.conversation
@@ -182,7 +235,8 @@ def sampled_entropy(t: Trajectory) -> float:
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory], group_size: int) -> dict[str, float]:
-    """Episode statistics of a rollout (before filtering): success, returns, lengths, format errors, pass@k."""
+    """Episode statistics of a rollout (before filtering): success, returns, lengths, format errors,
+    pass@k."""
     n = len(trajectories)
     if n == 0:
         return {}
@@ -196,7 +250,8 @@ def rollout_metrics(trajectories: Sequence[Trajectory], group_size: int) -> dict
         "format_error_rate": sum(t.num_format_errors for t in trajectories) / max(turns, 1),
         "response_length": sum(t.response_tokens for t in trajectories) / max(turns, 1),
         "context_truncated": sum(t.context_truncated for t in trajectories) / n,
-        # episodes an env exception or timeout ended (a count: any is worth a look; the runner logged each)
+        # episodes an env exception or timeout ended (a count: any is worth a look; the runner
+        # logged each)
         "env_errors": float(sum(t.env_error is not None for t in trajectories)),
     }
     groups: dict[int, list[bool]] = defaultdict(list)

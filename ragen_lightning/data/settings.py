@@ -373,6 +373,8 @@ def renamed_flag_error(message: str) -> str | None:
             old, new = f"--data.{path}", f"--data.{RENAMED[head]}" + (f".{rest}" if rest else "")
             return f"{old} was renamed: use {new}"
     if re.search(r"data\.engine\b(?!\.)", message) and re.search(r"\b(hf|vllm|auto)\b", message):
-        return (f"--data.engine takes a group now: use {ENGINE_PREFIX}name "
-                "(e.g. --data.engine.name vllm)")
+        return (
+            f"--data.engine takes a group now: use {ENGINE_PREFIX}name "
+            "(e.g. --data.engine.name vllm)"
+        )
     return None

@@ -1,9 +1,10 @@
 """Rollout statistics and collapse diagnostics.
 
-``functional`` is the pure torch math, one function per statistic (importable without lightning, torchmetrics or vllm;
-a test checks this); ``cross`` builds and scores cross log-prob matrices. The TorchMetrics ``Metric`` classes of
-``rollout`` (accumulators of the functional values, synced across ranks) are loaded lazily on first attribute access,
-so ``import ragen_lightning.metrics.functional`` does not pull in torchmetrics.
+``functional`` is the pure torch math, one function per statistic (importable without lightning,
+torchmetrics or vllm; a test checks this); ``cross`` builds and scores cross log-prob matrices. The
+TorchMetrics ``Metric`` classes of ``rollout`` (accumulators of the functional values, synced across
+ranks) are loaded lazily on first attribute access, so ``import ragen_lightning.metrics.functional``
+does not pull in torchmetrics.
 """
 
 from __future__ import annotations

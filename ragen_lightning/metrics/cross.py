@@ -1,29 +1,35 @@
-"""The cross log-prob matrix of RAGEN-2's mutual-information proxy, by teacher forcing (RAGEN's collapse_metrics).
+"""The cross log-prob matrix of RAGEN-2's mutual-information proxy, by teacher forcing (RAGEN's
+collapse_metrics).
 
-From a rollout's trajectories (token-in/token-out conversations, ``rollout/tokens.py``) this builds prompt/reasoning
-pairs and scores every reasoning under every prompt with the actor:
+From a rollout's trajectories (token-in/token-out conversations, ``rollout/tokens.py``) this builds
+prompt/reasoning pairs and scores every reasoning under every prompt with the actor:
 
-* X (a prompt): the conversation's token ids up to and including the ``<think>`` generation prefix of a turn, i.e.
-  ``conversation.input_ids[:start]`` of the turn's span (for turn 1: system + first user message + ``<think>``; for a
-  later turn in ``full`` context mode: the whole history up to that turn).
-* Z (a reasoning): the sampled ids strictly between that ``<think>`` and the first ``</think>`` of the response
-  (both tags excluded). A response without ``</think>``, or with nothing before it, has no reasoning: that turn is
-  invalid and excluded (counted in ``num_excluded``). Unlike RAGEN, which re-tokenises the decoded text, Z is the
-  sampled ids themselves (the tokens whose probabilities the model actually produced).
+* X (a prompt): the conversation's token ids up to and including the ``<think>`` generation prefix
+  of a turn, i.e. ``conversation.input_ids[:start]`` of the turn's span (for turn 1: system + first
+  user message + ``<think>``; for a later turn in ``full`` context mode: the whole history up to
+  that turn).
+* Z (a reasoning): the sampled ids strictly between that ``<think>`` and the first ``</think>`` of
+  the response (both tags excluded). A response without ``</think>``, or with nothing before it, has
+  no reasoning: that turn is invalid and excluded (counted in ``num_excluded``). Unlike RAGEN, which
+  re-tokenises the decoded text, Z is the sampled ids themselves (the tokens whose probabilities the
+  model actually produced).
 
 Sampling (:func:`first_turn_pairs`, :func:`trajectory_pairs`):
 
-* first-turn: rows = the valid first turns (all, or ``num_samples`` drawn without replacement); columns = one per
-  group (its first member's X; members of a group share the reset seed, so they saw the same prompt);
-* trajectory-uniform: ``num_samples`` draws with replacement, a trajectory uniformly, then one of its valid turns
-  uniformly; every draw is its own column (N = #draws) with its own row.
+* first-turn: rows = the valid first turns (all, or ``num_samples`` drawn without replacement);
+  columns = one per group (its first member's X; members of a group share the reset seed, so they
+  saw the same prompt);
+* trajectory-uniform: ``num_samples`` draws with replacement, a trajectory uniformly, then one of
+  its valid turns uniformly; every draw is its own column (N = #draws) with its own row.
 
-Columns with identical X ids get the same ``prompt_signature`` (retrieval counts them as the same prompt).
+Columns with identical X ids get the same ``prompt_signature`` (retrieval counts them as the same
+prompt).
 
 :func:`score_pairs` teacher-forces ``[x_j | z_m]`` for all (m, j) under ``no_grad`` in micro-batches and returns
-``ℓ_sum[m, j] = Σ_t log p(z_{m,t} | x_j, z_{m,<t})`` and ``ℓ[m, j] = ℓ_sum / |z_m|`` (at temperature 1 unless told
-otherwise), plus the wall time. The cost is M·N forward passes of ``|x| + |z|`` tokens, hence ``compute_freq`` and
-``num_samples`` in the callback that calls it. Imports torch only (no lightning).
+``ℓ_sum[m, j] = Σ_t log p(z_{m,t} | x_j, z_{m,<t})`` and ``ℓ[m, j] = ℓ_sum / |z_m|`` (at temperature
+1 unless told otherwise), plus the wall time. The cost is M·N forward passes of ``|x| + |z|``
+tokens, hence ``compute_freq`` and ``num_samples`` in the callback that calls it. Imports torch only
+(no lightning).
 """
 
 from __future__ import annotations
@@ -57,7 +63,8 @@ __all__ = [
 
 @dataclass
 class TurnText:
-    """One assistant turn of a trajectory: its prompt ids and its reasoning ids (None when the turn has none)."""
+    """One assistant turn of a trajectory: its prompt ids and its reasoning ids (None when the turn
+    has none)."""
 
     trajectory: int  # index in the trajectory list
     group_id: int
@@ -89,7 +96,8 @@ class CrossPairs:
 
 @dataclass
 class CrossScores:
-    """``token_mean`` and ``seq_sum`` ``[M, N]`` cross log-prob matrices and the scoring wall time in seconds."""
+    """``token_mean`` and ``seq_sum`` ``[M, N]`` cross log-prob matrices and the scoring wall time
+    in seconds."""
 
     token_mean: torch.Tensor
     seq_sum: torch.Tensor
@@ -99,9 +107,9 @@ class CrossScores:
 class ReasoningFinder:
     """Finds the reasoning ids of a sampled response: everything before the first ``</think>``.
 
-    A tokenizer whose ``</think>`` is one id (the embedded tiny model, Qwen3) is matched by id. Otherwise the
-    response is decoded token by token and the tokens that end before the tag's first character are the reasoning
-    (a token that straddles the tag is dropped).
+    A tokenizer whose ``</think>`` is one id (the embedded tiny model, Qwen3) is matched by id.
+    Otherwise the response is decoded token by token and the tokens that end before the tag's first
+    character are the reasoning (a token that straddles the tag is dropped).
 
     Args:
         tokenizer: the actor's tokenizer.
@@ -134,23 +142,30 @@ class ReasoningFinder:
 
 
 def trajectory_turns(trajectories: Sequence[Any], finder: ReasoningFinder) -> list[list[TurnText]]:
-    """The trained turns of every trajectory, in order (each sample's ``turn_spans``; ``full`` mode has one sample
-    holding every turn, the windowed modes one sample per turn)."""
+    """The trained turns of every trajectory, in order (each sample's ``turn_spans``; ``full`` mode
+    has one sample holding every turn, the windowed modes one sample per turn)."""
     out = []
     for t_index, traj in enumerate(trajectories):
         turns = []
         for sample in traj.samples:
             conv = sample.conversation
             for start, end in conv.turn_spans:
-                turns.append(TurnText(t_index, int(traj.group_id), len(turns), list(conv.input_ids[:start]),
-                                      finder(conv.input_ids[start:end])))
+                turns.append(
+                    TurnText(
+                        t_index,
+                        int(traj.group_id),
+                        len(turns),
+                        list(conv.input_ids[:start]),
+                        finder(conv.input_ids[start:end]),
+                    )
+                )
         out.append(turns)
     return out
 
 
 def thinking_flags(turns: list[list[TurnText]]) -> torch.Tensor:
-    """``[all turns]`` bool: the turn has a non-empty reasoning (the definition behind the valid-thinking rate,
-    ``functional.valid_thinking_rate``); turns in trajectory order."""
+    """``[all turns]`` bool: the turn has a non-empty reasoning (the definition behind the
+    valid-thinking rate, ``functional.valid_thinking_rate``); turns in trajectory order."""
     return torch.tensor([t.reasoning is not None for ts in turns for t in ts], dtype=torch.bool)
 
 
@@ -159,10 +174,13 @@ def _signatures(prompts: list[list[int]]) -> torch.Tensor:
     return torch.tensor([ids.setdefault(tuple(p), len(ids)) for p in prompts], dtype=torch.long)
 
 
-def first_turn_pairs(turns: list[list[TurnText]], num_samples: int | None = None,
-                     generator: torch.Generator | None = None) -> CrossPairs:
-    """First-turn pairs: rows = valid first turns (``num_samples`` of them drawn without replacement if fewer than
-    all), columns = one prompt per group (its first member's)."""
+def first_turn_pairs(
+    turns: list[list[TurnText]],
+    num_samples: int | None = None,
+    generator: torch.Generator | None = None,
+) -> CrossPairs:
+    """First-turn pairs: rows = valid first turns (``num_samples`` of them drawn without replacement
+    if fewer than all), columns = one prompt per group (its first member's)."""
     firsts = [ts[0] for ts in turns if ts]
     columns: dict[int, int] = {}
     prompts: list[list[int]] = []
@@ -174,20 +192,28 @@ def first_turn_pairs(turns: list[list[TurnText]], num_samples: int | None = None
     if num_samples is not None and num_samples < len(valid):
         pick = torch.randperm(len(valid), generator=generator)[:num_samples].sort().values
         valid = [valid[i] for i in pick.tolist()]
-    return CrossPairs(prompts=prompts, reasonings=[t.reasoning for t in valid],
-                      prompt_index=torch.tensor([columns[t.group_id] for t in valid], dtype=torch.long),
-                      prompt_signature=_signatures(prompts), num_turns=len(firsts),
-                      num_excluded=sum(t.reasoning is None for t in firsts))
+    return CrossPairs(
+        prompts=prompts,
+        reasonings=[t.reasoning for t in valid],
+        prompt_index=torch.tensor([columns[t.group_id] for t in valid], dtype=torch.long),
+        prompt_signature=_signatures(prompts),
+        num_turns=len(firsts),
+        num_excluded=sum(t.reasoning is None for t in firsts),
+    )
 
 
-def trajectory_pairs(turns: list[list[TurnText]], num_samples: int,
-                     generator: torch.Generator | None = None) -> CrossPairs:
-    """Trajectory-uniform pairs: ``num_samples`` draws with replacement of a trajectory (uniform over those with a
-    valid turn), then one of its valid turns (uniform); draw i is row i and column i."""
+def trajectory_pairs(
+    turns: list[list[TurnText]], num_samples: int, generator: torch.Generator | None = None
+) -> CrossPairs:
+    """Trajectory-uniform pairs: ``num_samples`` draws with replacement of a trajectory (uniform
+    over those with a valid turn), then one of its valid turns (uniform); draw i is row i and column
+    i."""
     all_turns = [t for ts in turns for t in ts]
     valid = [[t for t in ts if t.reasoning is not None] for ts in turns]
     valid = [v for v in valid if v]
-    pairs = CrossPairs(num_turns=len(all_turns), num_excluded=sum(t.reasoning is None for t in all_turns))
+    pairs = CrossPairs(
+        num_turns=len(all_turns), num_excluded=sum(t.reasoning is None for t in all_turns)
+    )
     if not valid or num_samples < 1:
         return pairs
     traj = torch.randint(len(valid), (num_samples,), generator=generator).tolist()
@@ -201,19 +227,25 @@ def trajectory_pairs(turns: list[list[TurnText]], num_samples: int,
 
 
 @torch.no_grad()
-def score_pairs(actor: nn.Module, pairs: CrossPairs, micro_batch_size: int, *, pad_token_id: int = 0,
-                temperature: float = 1.0, device: torch.device | str | None = None,
-                prefix_cache: bool = True) -> CrossScores:
+def score_pairs(
+    actor: nn.Module,
+    pairs: CrossPairs,
+    micro_batch_size: int,
+    *,
+    pad_token_id: int = 0,
+    temperature: float = 1.0,
+    device: torch.device | str | None = None,
+    prefix_cache: bool = True,
+) -> CrossScores:
     """Teacher-force ``[x_j | z_m]`` for every row m and column j; see the module docstring.
 
     Args:
         actor: a causal LM (``actor(input_ids=..., attention_mask=...).logits``); run in eval mode, restored after.
-        pairs: rows and columns.
-        micro_batch_size: sequences per forward pass.
-        pad_token_id: id of the right padding (masked out, so its value does not matter).
-        temperature: log-probs of ``logits / temperature``.
-        device: where to run (default: the actor's parameters' device).
-        prefix_cache: run each prompt once and score the reasonings from its KV cache (prompts are usually far
+        pairs: rows and columns. micro_batch_size: sequences per forward pass. pad_token_id: id of
+        the right padding (masked out, so its value does not matter). temperature: log-probs of
+        ``logits / temperature``. device: where to run (default: the actor's parameters' device).
+        prefix_cache: run each prompt once and score the reasonings from its KV cache (prompts are
+        usually far
             longer than reasonings, so this is several times faster); ``False`` runs every ``[x_j | z_m]`` whole.
             Both give the same matrix up to float rounding (a test checks it).
     """
@@ -249,12 +281,15 @@ def _right_padded(seqs: list[list[int]], pad_token_id: int) -> tuple[torch.Tenso
 def _score_whole(actor, pairs, micro, pad_token_id, temperature, device, seq_sum) -> None:
     jobs = [(i, j) for j in range(len(pairs.prompts)) for i in range(len(pairs.reasonings))]
     for start in range(0, len(jobs), micro):
-        chunk = jobs[start:start + micro]
-        ids, att = _right_padded([pairs.prompts[j] + pairs.reasonings[i] for i, j in chunk], pad_token_id)
-        target = torch.zeros((len(chunk), ids.shape[1] - 1), dtype=torch.bool)  # target axis: token t+1 from t
+        chunk = jobs[start : start + micro]
+        ids, att = _right_padded(
+            [pairs.prompts[j] + pairs.reasonings[i] for i, j in chunk], pad_token_id
+        )
+        # target axis: token t+1 from t
+        target = torch.zeros((len(chunk), ids.shape[1] - 1), dtype=torch.bool)
         for r, (i, j) in enumerate(chunk):
             x = len(pairs.prompts[j])
-            target[r, x - 1: x - 1 + len(pairs.reasonings[i])] = True
+            target[r, x - 1 : x - 1 + len(pairs.reasonings[i])] = True
         ids, att = ids.to(device), att.to(device)
         logits = actor(input_ids=ids, attention_mask=att).logits[:, :-1].float() / temperature
         lp = logprobs_from_logits(logits, ids[:, 1:]).cpu()  # [b, width - 1]
@@ -268,42 +303,67 @@ def _score_cached(actor, pairs, micro, pad_token_id, temperature, device, seq_su
 
     for j, x in enumerate(pairs.prompts):
         out = actor(input_ids=torch.tensor([x], device=device), use_cache=True)
-        first = torch.log_softmax(out.logits[0, -1].float() / temperature, dim=-1).cpu()  # [V]: p(z_0 | x)
+        # [V]: p(z_0 | x)
+        first = torch.log_softmax(out.logits[0, -1].float() / temperature, dim=-1).cpu()
         for start in range(0, len(pairs.reasonings), micro):
             rows = list(range(start, min(start + micro, len(pairs.reasonings))))
             z_ids, z_att = _right_padded([pairs.reasonings[i] for i in rows], pad_token_id)
             cache = copy.deepcopy(out.past_key_values)
             cache.batch_repeat_interleave(len(rows))
             att = torch.cat([torch.ones((len(rows), len(x)), dtype=torch.long), z_att], dim=1)
-            logits = actor(input_ids=z_ids.to(device), attention_mask=att.to(device), past_key_values=cache,
-                           use_cache=True).logits[:, :-1].float() / temperature
-            rest = logprobs_from_logits(logits, z_ids[:, 1:].to(device)).cpu()  # p(z_t | x, z_<t), t >= 1
+            logits = (
+                actor(
+                    input_ids=z_ids.to(device),
+                    attention_mask=att.to(device),
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                .logits[:, :-1]
+                .float()
+                / temperature
+            )
+            # p(z_t | x, z_<t), t >= 1
+            rest = logprobs_from_logits(logits, z_ids[:, 1:].to(device)).cpu()
             sums = first[z_ids[:, 0]] + (rest * z_att[:, 1:]).sum(-1)
             for r, i in enumerate(rows):
                 seq_sum[i, j] = sums[r]
 
 
-def mi_diagnostics(pairs: CrossPairs, scores: CrossScores, prefix: str,
-                   ema_state: dict[str, torch.Tensor] | None = None, ema_decay: float = 0.9,
-                   std_eps: float = 1e-3) -> dict[str, float]:
-    """The logged MI family of one matrix (both variants) as floats under ``prefix`` (e.g. ``collapse/first_turn``).
+def mi_diagnostics(
+    pairs: CrossPairs,
+    scores: CrossScores,
+    prefix: str,
+    ema_state: dict[str, torch.Tensor] | None = None,
+    ema_decay: float = 0.9,
+    std_eps: float = 1e-3,
+) -> dict[str, float]:
+    """The logged MI family of one matrix (both variants) as floats under ``prefix`` (e.g.
+    ``collapse/first_turn``).
 
-    Keys: every key of ``functional.mutual_information`` for the token-mean variant, the sum variant's with a
-    ``_seq`` suffix (``mi_seq``, ``conditional_entropy_seq``...), plus ``num_turns``, ``num_valid``, ``valid_rate``,
-    ``num_excluded`` and ``time_s``. ``ema_state`` (a dict the caller keeps per prefix) carries the EMA of the
-    marginal std from call to call and is updated in place.
+    Keys: every key of ``functional.mutual_information`` for the token-mean variant, the sum
+    variant's with a ``_seq`` suffix (``mi_seq``, ``conditional_entropy_seq``...), plus
+    ``num_turns``, ``num_valid``, ``valid_rate``, ``num_excluded`` and ``time_s``. ``ema_state`` (a
+    dict the caller keeps per prefix) carries the EMA of the marginal std from call to call and is
+    updated in place.
     """
     ema_state = {} if ema_state is None else ema_state
     out: dict[str, float] = {}
     if len(pairs.reasonings) and len(pairs.prompts):
         for variant, matrix in (("", scores.token_mean), ("_seq", scores.seq_sum)):
-            values = mutual_information(matrix, pairs.prompt_index, prompt_signature=pairs.prompt_signature,
-                                        std_eps=std_eps, marginal_std_ema=ema_state.get(variant),
-                                        ema_decay=ema_decay)
+            values = mutual_information(
+                matrix,
+                pairs.prompt_index,
+                prompt_signature=pairs.prompt_signature,
+                std_eps=std_eps,
+                marginal_std_ema=ema_state.get(variant),
+                ema_decay=ema_decay,
+            )
             ema_state[variant] = values["marginal_std_ema"]
             for k, v in values.items():
                 if variant and k.startswith("retrieval"):
-                    continue  # retrieval by the sum ranks long reasonings differently; RAGEN logs the mean's only
+                    # retrieval by the sum ranks long reasonings differently; RAGEN logs the mean's
+                    # only
+                    continue
                 out[f"{prefix}/{k}{variant}"] = float(v)
     valid = pairs.num_turns - pairs.num_excluded
     out[f"{prefix}/num_turns"] = float(pairs.num_turns)

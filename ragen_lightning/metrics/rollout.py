@@ -1,11 +1,12 @@
-"""TorchMetrics for rollout statistics (RAGEN's es_manager; RAGEN's rollout_filter; RAGEN's collapse_metrics): rewards (mean, in-group std, success, pass@k),
-lengths and the valid-thinking rate; fed by the ``callbacks.RolloutStatistics`` callback.
+"""TorchMetrics for rollout statistics (RAGEN's es_manager; RAGEN's rollout_filter; RAGEN's
+collapse_metrics): rewards (mean, in-group std, success, pass@k), lengths and the valid-thinking
+rate; fed by the ``callbacks.RolloutStatistics`` callback.
 
 The classes only accumulate: the math is ``functional`` (``within_group_reward_std``, ``pass_at_k``,
-``valid_thinking_rate``). Every metric keeps float64 sums and counts with ``dist_reduce_fx="sum"``: the all-reduced
-state of W ranks equals the state of one process that saw all their updates, so ``compute`` is exact across ranks
-(never a mean of per-rank means), and ``merge_state`` works. Nothing seen gives 0, not NaN. ``SumStateMetric`` and
-``RatioMetric`` are the shared plumbing.
+``valid_thinking_rate``). Every metric keeps float64 sums and counts with ``dist_reduce_fx="sum"``:
+the all-reduced state of W ranks equals the state of one process that saw all their updates, so
+``compute`` is exact across ranks (never a mean of per-rank means), and ``merge_state`` works.
+Nothing seen gives 0, not NaN. ``SumStateMetric`` and ``RatioMetric`` are the shared plumbing.
 """
 
 from __future__ import annotations
@@ -23,14 +24,13 @@ __all__ = ["LengthMetrics", "RatioMetric", "RewardMetrics", "SumStateMetric", "V
 class SumStateMetric(Metric):
     """A ``Metric`` whose states are float64 zeros of a given shape, summed across ranks."""
 
-    full_state_update = False  # update() never reads the accumulated state: forward() may use the fast path
+    # update() never reads the accumulated state: forward() may use the fast path
+    full_state_update = False
     is_differentiable = False
     higher_is_better: bool | None = None
 
     def _add_sum_state(self, name: str, shape: tuple[int, ...] = ()) -> None:
-        self.add_state(
-            name, default=torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum"
-        )
+        self.add_state(name, default=torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum")
 
     def _add(self, name: str, value: torch.Tensor | float) -> None:
         state = getattr(self, name)
@@ -82,16 +82,20 @@ class RatioMetric(SumStateMetric):
 class RewardMetrics(SumStateMetric):
     """Reward mean, within-group reward std, success rate and pass@k of grouped rollouts.
 
-    ``update(rewards [G, N], success [G, N] | None)`` (group-major, N = group size, fixed per update).
+    ``update(rewards [G, N], success [G, N] | None)`` (group-major, N = group size, fixed per
+    update).
 
     - ``reward_mean = Σ r / #trajectories``; ``success_rate = Σ success / #trajectories``.
-    - ``in_group_reward_std = Σ_g std_g / #groups`` with ``std_g`` the unbiased in-group std (0 for N = 1, exactly 0
-      for identical rewards): RAGEN-2's signal-to-noise proxy. Healthy: clearly above 0. Falling towards 0 (with
-      falling token entropy) is the echo-trap warning: groups stop disagreeing, so the task gradient vanishes.
-    - ``pass@k`` = mean over groups of the unbiased estimator ``1 − C(N − c, k)/C(N, k)`` (c successes in the group;
-      k > N clipped to N). pass@k well above success_rate = diversity worth exploiting; pass@k ≈ pass@1 = collapse.
+    - ``in_group_reward_std = Σ_g std_g / #groups`` with ``std_g`` the unbiased in-group std (0 for
+      N = 1, exactly 0 for identical rewards): RAGEN-2's signal-to-noise proxy. Healthy: clearly
+      above 0. Falling towards 0 (with falling token entropy) is the echo-trap warning: groups stop
+      disagreeing, so the task gradient vanishes.
+    - ``pass@k`` = mean over groups of the unbiased estimator ``1 − C(N − c, k)/C(N, k)`` (c
+      successes in the group; k > N clipped to N). pass@k well above success_rate = diversity worth
+      exploiting; pass@k ≈ pass@1 = collapse.
 
-    ``higher_is_better`` refers to reward, success and pass@k (the in-group std is a diagnostic, not a target).
+    ``higher_is_better`` refers to reward, success and pass@k (the in-group std is a diagnostic, not
+    a target).
     """
 
     higher_is_better = True
@@ -113,9 +117,7 @@ class RewardMetrics(SumStateMetric):
             self._add_sum_state(name)
         self._add_sum_state("pass_sum", (len(self.ks),))
 
-    def update(
-        self, rewards: torch.Tensor, success: torch.Tensor | None = None
-    ) -> None:
+    def update(self, rewards: torch.Tensor, success: torch.Tensor | None = None) -> None:
         if rewards.dim() != 2:
             raise ValueError(
                 f"rewards must be [num_groups, group_size], got shape {tuple(rewards.shape)}"
@@ -156,9 +158,10 @@ class RewardMetrics(SumStateMetric):
 class LengthMetrics(SumStateMetric):
     """Per-trajectory means of lengths: ``Σ x / #trajectories`` for each field given to ``update``.
 
-    Fields (each ``[B]``, any subset per call): ``response_tokens`` (trained response tokens), ``think_tokens``
-    (tokens inside ``<think>…</think>``), ``turns``, ``actions``. Reading: think length shrinking to a fixed short
-    value across inputs, with MI falling, is template collapse; response length hitting the cap is truncation.
+    Fields (each ``[B]``, any subset per call): ``response_tokens`` (trained response tokens),
+    ``think_tokens`` (tokens inside ``<think>…</think>``), ``turns``, ``actions``. Reading: think
+    length shrinking to a fixed short value across inputs, with MI falling, is template collapse;
+    response length hitting the cap is truncation.
     """
 
     FIELDS = ("response_tokens", "think_tokens", "turns", "actions")
@@ -177,9 +180,7 @@ class LengthMetrics(SumStateMetric):
         turns: torch.Tensor | None = None,
         actions: torch.Tensor | None = None,
     ) -> None:
-        for name, x in zip(
-            self.FIELDS, (response_tokens, think_tokens, turns, actions)
-        ):
+        for name, x in zip(self.FIELDS, (response_tokens, think_tokens, turns, actions)):
             if x is not None:
                 self._add(f"{name}_sum", _f64(x).sum())
                 self._add(f"{name}_count", float(x.numel()))
@@ -192,12 +193,13 @@ class LengthMetrics(SumStateMetric):
 
 
 class ValidThinkingRate(RatioMetric):
-    """``Σ valid turns / Σ turns`` (RAGEN's collapse_metrics ``valid_thinking_rate``): ``functional.valid_thinking_rate`` accumulated
-    over updates and ranks.
+    """``Σ valid turns / Σ turns`` (RAGEN's collapse_metrics ``valid_thinking_rate``):
+    ``functional.valid_thinking_rate`` accumulated over updates and ranks.
 
-    A turn is valid when its ``<think>…</think>`` block is non-empty (``cross.thinking_flags``). ``update(flags)`` or
-    ``update(num_valid, num_turns)``. Healthy: near 1; falling means the model drops its reasoning (MI cannot be
-    measured on those turns, and they often precede low-entropy collapse).
+    A turn is valid when its ``<think>…</think>`` block is non-empty (``cross.thinking_flags``).
+    ``update(flags)`` or ``update(num_valid, num_turns)``. Healthy: near 1; falling means the model
+    drops its reasoning (MI cannot be measured on those turns, and they often precede low-entropy
+    collapse).
     """
 
     higher_is_better = True

@@ -1,4 +1,5 @@
-"""Where built models live (the tiny model, its Qwen2.5-tokenizer variant, warm starts): one folder for all."""
+"""Where built models live (the tiny model, its Qwen2.5-tokenizer variant, warm starts): one folder
+for all."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ def cache_root() -> Path:
 
 
 def build_folder(final: Path, write: Callable[[Path], None], marker: str) -> Path:
-    """``final``, written by ``write(folder)`` into a temporary folder beside it and renamed into place, so an
-    interrupted build never leaves a half-written folder; a concurrent builder that won the race (its folder holds
-    ``marker``) is kept: the two are identical."""
+    """``final``, written by ``write(folder)`` into a temporary folder beside it and renamed into
+    place, so an interrupted build never leaves a half-written folder; a concurrent builder that won
+    the race (its folder holds ``marker``) is kept: the two are identical."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=final.parent))
     try:

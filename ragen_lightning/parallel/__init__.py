@@ -1,5 +1,5 @@
-"""Data parallelism: which rank rolls out and trains on what (:mod:`.ranks`); strategies and sharding
-(:mod:`.strategies`)."""
+"""Data parallelism: which rank rolls out and trains on what (:mod:`.ranks`); strategies and
+sharding (:mod:`.strategies`)."""
 
 from ragen_lightning.parallel.ranks import (
     all_reduce_,
@@ -22,6 +22,21 @@ from ragen_lightning.parallel.strategies import (
     transformer_blocks,
 )
 
-__all__ = ["FSDP1Strategy", "FSDP2Strategy", "all_reduce_", "check_strategy", "check_tensor_parallel", "concat_ranks",
-           "full_tensor", "gather_objects", "group_share", "rank_rows", "rollout_rank", "shard_model", "shard_networks",
-           "tp_leaders", "transformer_blocks", "world"]
+__all__ = [
+    "FSDP1Strategy",
+    "FSDP2Strategy",
+    "all_reduce_",
+    "check_strategy",
+    "check_tensor_parallel",
+    "concat_ranks",
+    "full_tensor",
+    "gather_objects",
+    "group_share",
+    "rank_rows",
+    "rollout_rank",
+    "shard_model",
+    "shard_networks",
+    "tp_leaders",
+    "transformer_blocks",
+    "world",
+]

@@ -1,18 +1,22 @@
 """A bounded pool of daemon worker threads that runs env calls with a per-call timeout.
 
-The rollout runner hands it the env resets and steps of one turn (one call per live episode): calls run on at most
-``workers`` threads at once, each call's outcome (its value, its exception, or a timeout) comes back in the calls'
-order, so results are applied in the same order whatever finished first and a rollout stays reproducible.
+The rollout runner hands it the env resets and steps of one turn (one call per live episode): calls
+run on at most ``workers`` threads at once, each call's outcome (its value, its exception, or a
+timeout) comes back in the calls' order, so results are applied in the same order whatever finished
+first and a rollout stays reproducible.
 
-Why threads and not processes: an env is a Python object that holds its episode's state, and envs that are slow are
-slow because they wait (an HTTP round trip to a remote env, a sandboxed subprocess, a sleep), which releases the GIL.
-Why not :class:`concurrent.futures.ThreadPoolExecutor`: a thread cannot be killed, so a call that hangs past its
-timeout is abandoned, still running, and the executor's threads are joined at interpreter exit (a hung env would
-then block the end of the run). Here every worker is a daemon thread; an abandoned worker is replaced by a fresh one
-so the pool keeps its size, and the abandoned one exits (its late result discarded) if its call ever returns.
+Why threads and not processes: an env is a Python object that holds its episode's state, and envs
+that are slow are slow because they wait (an HTTP round trip to a remote env, a sandboxed
+subprocess, a sleep), which releases the GIL. Why not
+:class:`concurrent.futures.ThreadPoolExecutor`: a thread cannot be killed, so a call that hangs past
+its timeout is abandoned, still running, and the executor's threads are joined at interpreter exit
+(a hung env would then block the end of the run). Here every worker is a daemon thread; an abandoned
+worker is replaced by a fresh one so the pool keeps its size, and the abandoned one exits (its late
+result discarded) if its call ever returns.
 
-With ``workers == 1`` and no timeout the calls run in the caller's thread, one after another: the in-process envs
-step in microseconds, and a thread hand-off per step would only cost time (``benchmarks/env_pool.py``).
+With ``workers == 1`` and no timeout the calls run in the caller's thread, one after another: the
+in-process envs step in microseconds, and a thread hand-off per step would only cost time
+(``benchmarks/env_pool.py``).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ class CallTimeout(TimeoutError):
 
 @dataclass
 class Outcome:
-    """What one call gave: ``value``, or ``error`` (the exception it raised, or a :class:`CallTimeout`)."""
+    """What one call gave: ``value``, or ``error`` (the exception it raised, or a
+    :class:`CallTimeout`)."""
 
     value: Any = None
     error: BaseException | None = None
@@ -48,11 +53,13 @@ class Outcome:
 
 
 class WorkerPool:
-    """Runs batches of zero-argument calls on at most ``workers`` daemon threads, each call limited to ``timeout_s``.
+    """Runs batches of zero-argument calls on at most ``workers`` daemon threads, each call limited
+    to ``timeout_s``.
 
     Args:
         workers: calls run concurrently at most (>= 1).
-        timeout_s: seconds one call may run, counted from the moment a worker starts it (a call waiting for a free
+        timeout_s: seconds one call may run, counted from the moment a worker starts it (a call
+        waiting for a free
             worker is not charged); None = no limit.
         name: prefix of the worker threads' names (shown in stack dumps of a hung run).
     """
@@ -66,7 +73,8 @@ class WorkerPool:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._abandoned: set[threading.Thread] = set()
-        self._running: dict[tuple[int, int], tuple[threading.Thread, float]] = {}  # (batch, index) -> worker, start
+        # (batch, index) -> worker, start
+        self._running: dict[tuple[int, int], tuple[threading.Thread, float]] = {}
         self._lock = threading.Lock()
         self._batches = itertools.count()
         self._names = itertools.count()
@@ -78,7 +86,8 @@ class WorkerPool:
         return self.workers == 1 and self.timeout_s is None
 
     def map(self, calls: Sequence[Callable[[], Any]]) -> list[Outcome]:
-        """Run every call; their outcomes in the calls' order. Never raises for a call's exception or timeout."""
+        """Run every call; their outcomes in the calls' order. Never raises for a call's exception
+        or timeout."""
         if self.inline:
             return [_run(call) for call in calls]
         if not calls:
@@ -90,7 +99,8 @@ class WorkerPool:
             self._jobs.put((batch, i, call, results))
         outcomes: list[Outcome | None] = [None] * len(calls)
         pending = set(range(len(calls)))
-        check_at = 0.0  # when to look for timed-out calls next: no running call can expire before it
+        # when to look for timed-out calls next: no running call can expire before it
+        check_at = 0.0
         while pending:
             wait = None
             if self.timeout_s is not None:
@@ -109,9 +119,12 @@ class WorkerPool:
                 outcomes[i] = outcome
         return outcomes  # type: ignore[return-value]
 
-    def _expire(self, batch: int, pending: set[int], outcomes: list[Outcome | None]) -> float | None:
-        """Give up on this batch's calls that ran past the timeout (their workers are replaced); returns how long to
-        wait for the next result before checking again (None: no timeout to watch)."""
+    def _expire(
+        self, batch: int, pending: set[int], outcomes: list[Outcome | None]
+    ) -> float | None:
+        """Give up on this batch's calls that ran past the timeout (their workers are replaced);
+        returns how long to wait for the next result before checking again (None: no timeout to
+        watch)."""
         if self.timeout_s is None:
             return None
         now = time.monotonic()
@@ -127,9 +140,13 @@ class WorkerPool:
                     wait = min(wait, left)
                     continue
                 pending.discard(i)
-                outcomes[i] = Outcome(error=CallTimeout(f"no result after {self.timeout_s:g} s (the worker thread "
-                                                        "was abandoned, still running the call)"),
-                                      seconds=now - t0)
+                outcomes[i] = Outcome(
+                    error=CallTimeout(
+                        f"no result after {self.timeout_s:g} s (the worker thread "
+                        "was abandoned, still running the call)"
+                    ),
+                    seconds=now - t0,
+                )
                 del self._running[(batch, i)]
                 self._abandoned.add(thread)
                 self._threads.remove(thread)
@@ -143,7 +160,9 @@ class WorkerPool:
     def _grow(self, n: int) -> None:
         with self._lock:
             while len(self._threads) < min(n, self.workers):
-                thread = threading.Thread(target=self._work, name=f"{self.name}-{next(self._names)}", daemon=True)
+                thread = threading.Thread(
+                    target=self._work, name=f"{self.name}-{next(self._names)}", daemon=True
+                )
                 self._threads.append(thread)
                 thread.start()
 
@@ -156,17 +175,20 @@ class WorkerPool:
             batch, i, call, results = job
             with self._lock:
                 self._running[(batch, i)] = (me, time.monotonic())
-            outcome = _run(call, BaseException)  # whatever a call raises, its worker lives and reports it
+            # whatever a call raises, its worker lives and reports it
+            outcome = _run(call, BaseException)
             with self._lock:
                 self._running.pop((batch, i), None)
                 abandoned = me in self._abandoned
                 self._abandoned.discard(me)
-            results.put((i, outcome))  # an abandoned call's result lands in a queue nobody reads any more
+            # an abandoned call's result lands in a queue nobody reads any more
+            results.put((i, outcome))
             if abandoned:
                 return
 
     def close(self) -> None:
-        """Let the idle workers exit (a worker still inside a hung call exits when the call returns)."""
+        """Let the idle workers exit (a worker still inside a hung call exits when the call
+        returns)."""
         with self._lock:
             threads, self._threads = self._threads, []
         for _ in threads:

@@ -1,5 +1,6 @@
-"""The state of the episodes a :class:`~ragen_lightning.rollout.runner.RolloutRunner` runs: per turn and per
-episode records, the checked env step, and marks to cut a conversation back to (an env error drops its turn)."""
+"""The state of the episodes a :class:`~ragen_lightning.rollout.runner.RolloutRunner` runs: per turn
+and per episode records, the checked env step, and marks to cut a conversation back to (an env error
+drops its turn)."""
 
 from __future__ import annotations
 
@@ -14,23 +15,28 @@ from ragen_lightning.types import Conversation, Trajectory
 
 @dataclass
 class Turn:
-    # the message that opens this turn: the full user message (reward feedback of the previous turn + turn block) or,
-    # in the tool-call format after a turn whose calls ran, the tool results (a tuple, one per executed call)
+    # the message that opens this turn: the full user message (reward feedback of the previous turn
+    # + turn block) or, in the tool-call format after a turn whose calls ran, the tool results (a
+    # tuple, one per executed call)
     user: str | tuple[str, ...]
     state: str
-    mark: tuple | None = None  # full mode: the conversation's extent before this turn (to drop it on an env error)
+    # full mode: the conversation's extent before this turn (to drop it on an env error)
+    mark: tuple | None = None
     sampled: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     response: str = ""
     reward: float = 0.0
     penalty: float = 0.0
-    # filled while the turn's actions run; added to the trajectory when the turn closes without an env error
+    # filled while the turn's actions run; added to the trajectory when the turn closes without an
+    # env error
     plan: list[Any] = field(default_factory=list)  # the valid actions to execute, in order
     names: tuple[str, ...] = ()
     format_ok: bool = False
     executed: list[str] = field(default_factory=list)
-    observations: list[str] = field(default_factory=list)  # the env's observation after each executed action
-    step_info: dict[str, float] = field(default_factory=dict)  # the turn's last step's info: the turn's info (RAGEN)
+    # the env's observation after each executed action
+    observations: list[str] = field(default_factory=list)
+    # the turn's last step's info: the turn's info (RAGEN)
+    step_info: dict[str, float] = field(default_factory=dict)
     success: bool | None = None  # the last step's info["success"] (None: no step ran)
     terminated: bool = False
     truncated: bool = False
@@ -52,11 +58,14 @@ class Episode:
 
 
 def checked_step(env: gym.Env, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
-    """``env.step(action)`` checked and converted on the worker, so a malformed result is that episode's error."""
+    """``env.step(action)`` checked and converted on the worker, so a malformed result is that
+    episode's error."""
     result = env.step(action)
     if not isinstance(result, tuple) or len(result) != 5:
-        raise TypeError(f"step must return (obs, reward, terminated, truncated, info), got {type(result).__name__} "
-                        f"of length {len(result) if isinstance(result, tuple) else '?'}")
+        raise TypeError(
+            f"step must return (obs, reward, terminated, truncated, info), got {type(result).__name__} "
+            f"of length {len(result) if isinstance(result, tuple) else '?'}"
+        )
     obs, reward, terminated, truncated, info = result
     if not isinstance(info, dict):
         raise TypeError(f"step's info must be a dict, got {type(info).__name__}")

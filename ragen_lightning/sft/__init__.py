@@ -1,9 +1,11 @@
 """Supervised warm start from the environments' own solvers (RAGEN v1's SFT step, token-exact).
 
-* :mod:`~ragen_lightning.sft.experts`: per-env experts, the :class:`ExpertEngine` and demonstration collection
-  through the real rollout runner;
-* :mod:`~ragen_lightning.sft.module`: the shared SFT loss, :class:`SFTModule` and :class:`DemonstrationDataModule`;
-* :mod:`~ragen_lightning.sft.warm_start`: the cached :func:`warm_start` used before RL, and its evaluation.
+* :mod:`~ragen_lightning.sft.experts`: per-env experts, the :class:`ExpertEngine` and demonstration
+  collection through the real rollout runner;
+* :mod:`~ragen_lightning.sft.module`: the shared SFT loss, :class:`SFTModule` and
+  :class:`DemonstrationDataModule`;
+* :mod:`~ragen_lightning.sft.warm_start`: the cached :func:`warm_start` used before RL, and its
+  evaluation.
 
 Submodules are imported lazily so ``import ragen_lightning.sft.experts`` does not pull in Lightning.
 """

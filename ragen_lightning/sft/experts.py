@@ -1,15 +1,18 @@
-"""Expert demonstrations: the environments' own experts answer in the exact text and token format of RL rollouts.
+"""Expert demonstrations: the environments' own experts answer in the exact text and token format of
+RL rollouts.
 
-An :class:`ExpertEngine` is a :class:`~ragen_lightning.rollout.engine.GenerationEngine` that ignores the prompt and
-answers from the env state (the runner hands it ``env.unwrapped`` of every request because it sets
-``needs_envs = True``). Demonstrations are therefore produced by the real
+An :class:`ExpertEngine` is a :class:`~ragen_lightning.rollout.engine.GenerationEngine` that ignores
+the prompt and answers from the env state (the runner hands it ``env.unwrapped`` of every request
+because it sets ``needs_envs = True``). Demonstrations are therefore produced by the real
 :class:`~ragen_lightning.rollout.runner.RolloutRunner`: same system prompt, turn blocks, reward feedback, context
-window and token ids as an RL rollout, with loss mask 1 exactly on the expert's response tokens (RAGEN v1 shipped a
-supervised step on solver trajectories; it rendered them through its own text pipeline, here they are token-exact).
+window and token ids as an RL rollout, with loss mask 1 exactly on the expert's response tokens
+(RAGEN v1 shipped a supervised step on solver trajectories; it rendered them through its own text
+pipeline, here they are token-exact).
 
-The expert policy belongs to the env: its optional method ``expert_turn(max_actions) -> (reasoning, actions)``
-(documented on ``envs.base.TextEnv``), reached duck-typed through ``env.unwrapped``; this library keeps no table of
-env names. An env without one fails at configuration time (:func:`require_expert`) with a :class:`ConfigError`.
+The expert policy belongs to the env: its optional method ``expert_turn(max_actions) -> (reasoning,
+actions)`` (documented on ``envs.base.TextEnv``), reached duck-typed through ``env.unwrapped``; this
+library keeps no table of env names. An env without one fails at configuration time
+(:func:`require_expert`) with a :class:`ConfigError`.
 """
 
 from __future__ import annotations
@@ -38,8 +41,9 @@ __all__ = [
 ]
 
 EXPERT_METHOD = "expert_turn"
-# The grid envs' experts reason "<what the observation shows>; <what I do>" ("goal is below and right of me; I go
-# Down, Right"): the clause up to this character is the reading of the observation.
+# The grid envs' experts reason "<what the observation shows>; <what I do>" ("goal is below and
+# right of me; I go Down, Right"): the clause up to this character is the reading of the
+# observation.
 READING_END = ";"
 
 
@@ -49,7 +53,8 @@ class ExpertTurn:
 
     Attributes:
         reasoning: the text placed between ``<think>`` and ``</think>`` (dropped when thinking is off).
-        actions: action words (discrete envs, ``env.action_names`` spelling) or answer strings (free-text envs).
+        actions: action words (discrete envs, ``env.action_names`` spelling) or answer strings
+        (free-text envs).
     """
 
     reasoning: str
@@ -57,12 +62,15 @@ class ExpertTurn:
 
 
 def missing_expert_message(env_class: type) -> str:
-    return (f"--model.warm_start needs an expert: {env_class.__name__} has no {EXPERT_METHOD}(max_actions) method; "
-            'see README "Add your own environment"')
+    return (
+        f"--model.warm_start needs an expert: {env_class.__name__} has no {EXPERT_METHOD}(max_actions) method; "
+        'see README "Add your own environment"'
+    )
 
 
 def require_expert(env_id: str, env_kwargs: dict[str, Any] | None = None) -> None:
-    """Raise :class:`ConfigError` (one line, naming the env class) when the env of ``env_id`` has no expert."""
+    """Raise :class:`ConfigError` (one line, naming the env class) when the env of ``env_id`` has no
+    expert."""
     from ragen_lightning.rollout.runner import make_env
 
     env = make_env(env_id, env_kwargs)
@@ -93,7 +101,9 @@ def expert_actions(env: Any, max_actions: int = 2) -> list[str]:
     return list(expert_turn(env, max_actions).actions)
 
 
-def render_response(turn: ExpertTurn, enable_think: bool = True, tools: Sequence[Any] | None = None) -> str:
+def render_response(
+    turn: ExpertTurn, enable_think: bool = True, tools: Sequence[Any] | None = None
+) -> str:
     """The assistant text AFTER the generation prefix: ``"reasoning</think><answer>A || B</answer>"`` (thinking on)
     or ``"A || B</answer>"`` (off); with ``tools`` (the tool-call format) one call block per action instead,
     ``"reasoning</think>\n<tool_call>\n{...}\n</tool_call>"``."""
@@ -112,7 +122,8 @@ class ExpertEngine:
     Args:
         tokenizer: the tokenizer of the model to be trained (the response is encoded without special tokens and
             closed with its eos id, like a sampled turn that stopped).
-        episode: the runner's episode settings: ``enable_think`` True answers ``reasoning</think><answer>...`` (the
+        episode: the runner's episode settings: ``enable_think`` True answers
+        ``reasoning</think><answer>...`` (the
             runner's prefix is ``<think>``), False ``...</answer>`` after an ``<answer>`` prefix; the expert proposes
             ``max_actions_per_turn`` actions at most.
     """
@@ -133,24 +144,32 @@ class ExpertEngine:
         return None
 
     def _encode_after_prefix(self, text: str) -> list[int]:
-        """The ids of ``text`` as the turn's response, so that prefix + response re-renders to the same ids.
+        """The ids of ``text`` as the turn's response, so that prefix + response re-renders to the
+        same ids.
 
-        The prompt ends with the generation prefix's own ids (``<think>``), and the response is appended to them.
-        Where the tokenizer merges the prefix's last character with the text's first (Qwen2.5's BPE, in which
-        ``<think>`` is plain text, reads ``<think>I`` as ``<th`` ``ink`` ``>I``), the demonstration would teach a
-        split that re-rendering the conversation never produces; the text then starts with a space (``<think> I``,
-        the spacing the prompt's format line shows), which every byte-level BPE splits from ``>``. Tokenizers that
-        hold the tags as single tokens (the embedded model's) never merge: their demonstrations are unchanged.
+        The prompt ends with the generation prefix's own ids (``<think>``), and the response is
+        appended to them. Where the tokenizer merges the prefix's last character with the text's
+        first (Qwen2.5's BPE, in which ``<think>`` is plain text, reads ``<think>I`` as ``<th``
+        ``ink`` ``>I``), the demonstration would teach a split that re-rendering the conversation
+        never produces; the text then starts with a space (``<think> I``, the spacing the prompt's
+        format line shows), which every byte-level BPE splits from ``>``. Tokenizers that hold the
+        tags as single tokens (the embedded model's) never merge: their demonstrations are
+        unchanged.
         """
         encode = partial(self.tokenizer.encode, add_special_tokens=False)
         prefix = prompting.generation_prefix(self.enable_think, self.tool_calls)
         head = list(encode(prefix))
-        if prefix and text and list(encode(prefix + text))[:len(head)] != head:
+        if prefix and text and list(encode(prefix + text))[: len(head)] != head:
             text = " " + text
         return list(encode(text))
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int] | None = None,
-                 envs: Sequence[Any] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        seeds: Sequence[int] | None = None,
+        envs: Sequence[Any] | None = None,
+    ) -> list[Generation]:
         if envs is None or len(envs) != len(prompts):
             raise ValueError(
                 "ExpertEngine answers from the env state: call it through RolloutRunner (which passes envs=...) or "
@@ -159,7 +178,9 @@ class ExpertEngine:
         out = []
         for env in envs:
             tools = env.prompt_spec().tools if self.tool_calls else None
-            text = render_response(expert_turn(env, self.max_actions_per_turn), self.enable_think, tools)
+            text = render_response(
+                expert_turn(env, self.max_actions_per_turn), self.enable_think, tools
+            )
             ids = self._encode_after_prefix(text) + [self.tokenizer.eos_token_id]
             finish = "stop"
             if len(ids) > params.max_new_tokens:
@@ -177,20 +198,28 @@ def collect_demonstrations(
     env_kwargs: dict[str, Any] | None = None,
     episode: EpisodeSettings | None = None,
 ):
-    """Run one expert episode per seed through the real :class:`RolloutRunner`; returns its trajectories.
+    """Run one expert episode per seed through the real :class:`RolloutRunner`; returns its
+    trajectories.
 
-    Each ``Trajectory.samples[i].conversation`` holds the exact prompt/turn token ids an RL rollout with the same
-    ``episode`` settings would have and loss mask 1 on the expert's tokens.
+    Each ``Trajectory.samples[i].conversation`` holds the exact prompt/turn token ids an RL rollout
+    with the same ``episode`` settings would have and loss mask 1 on the expert's tokens.
     """
     from ragen_lightning.rollout.runner import RolloutRunner
     from ragen_lightning.rollout.tokens import ChatTokens
 
     episode = episode if episode is not None else EpisodeSettings()
     require_expert(env_id, env_kwargs)
-    runner = RolloutRunner(env_id, env_kwargs, ChatTokens(tokenizer, enable_think=episode.enable_think),
-                           ExpertEngine(tokenizer, episode), episode)
+    runner = RolloutRunner(
+        env_id,
+        env_kwargs,
+        ChatTokens(tokenizer, enable_think=episode.enable_think),
+        ExpertEngine(tokenizer, episode),
+        episode,
+    )
     try:
-        return runner.run(list(seeds), 1, SamplingParams(temperature=0.0, max_new_tokens=episode.max_new_tokens))
+        return runner.run(
+            list(seeds), 1, SamplingParams(temperature=0.0, max_new_tokens=episode.max_new_tokens)
+        )
     finally:
         runner.close()
 
@@ -211,8 +240,9 @@ def turn_spans(mask: Sequence[int]) -> list[tuple[int, int]]:
 
 
 def reading_clause_end(ids: Sequence[int], start: int, end: int, tokenizer: Any) -> int:
-    """End (exclusive) of the reading clause of the expert response ``ids[start:end]``: just after the first token
-    holding :data:`READING_END`; ``end`` when there is none (the whole response is then the clause)."""
+    """End (exclusive) of the reading clause of the expert response ``ids[start:end]``: just after
+    the first token holding :data:`READING_END`; ``end`` when there is none (the whole response is
+    then the clause)."""
     for j in range(start, end):
         if READING_END in tokenizer.decode([ids[j]]):
             return j + 1
@@ -220,13 +250,15 @@ def reading_clause_end(ids: Sequence[int], start: int, end: int, tokenizer: Any)
 
 
 def reading_clauses(demos: Sequence[Any], tokenizer: Any) -> list[Any]:
-    """``demos`` with the loss mask of every expert turn cut to its reading clause (:func:`reading_clause_end`)
-    and each sequence ending after its last trained token: the targets of a warm start's reading phase.
+    """``demos`` with the loss mask of every expert turn cut to its reading clause
+    (:func:`reading_clause_end`) and each sequence ending after its last trained token: the targets
+    of a warm start's reading phase.
 
-    Why: behind a chat prompt of a few hundred tokens the embedded 4-layer model learns to name where the goal lies
-    (FrozenLake) when trained on that clause alone (0.78 exact on held-out maps after 500 steps of 32) but not
-    when the same steps train the whole response (0.18, the prior), whose moves and answer follow from the clause
-    under teacher forcing (docs/learning.md, "Reading first").
+    Why: behind a chat prompt of a few hundred tokens the embedded 4-layer model learns to name
+    where the goal lies (FrozenLake) when trained on that clause alone (0.78 exact on held-out maps
+    after 500 steps of 32) but not when the same steps train the whole response (0.18, the prior),
+    whose moves and answer follow from the clause under teacher forcing (docs/learning.md, "Reading
+    first").
     """
     out = []
     for d in demos:

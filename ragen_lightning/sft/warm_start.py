@@ -1,18 +1,22 @@
-"""Cached supervised warm start of a model on expert demonstrations, and a rollout evaluation of the result.
+"""Cached supervised warm start of a model on expert demonstrations, and a rollout evaluation of the
+result.
 
-A random network cannot find the ``<think>...</think><answer>...</answer>`` format by chance, so before RL the tiny
-preset is fine-tuned for a few hundred optimizer steps on the environments' own solver demonstrations (RAGEN v1
-shipped the same SFT step, on BFS trajectories). :func:`warm_start` returns the folder of the warm-started copy:
+A random network cannot find the ``<think>...</think><answer>...</answer>`` format by chance, so
+before RL the tiny preset is fine-tuned for a few hundred optimizer steps on the environments' own
+solver demonstrations (RAGEN v1 shipped the same SFT step, on BFS trajectories). :func:`warm_start`
+returns the folder of the warm-started copy:
 
-* cached under ``tiny.cache_root()/warm-<key>``, the key hashing every argument, the base model folder's name (the
-  tiny model's folder name hashes its own spec and corpus, so a rebuilt tiny model gets a new warm start) and the
-  source of the experts and of the env's module (a changed expert or level generator gets a new warm start);
-* written to a temporary folder and renamed into place, so a crash never leaves a half-written model behind and two
-  processes racing on the same key end with the same folder;
+* cached under ``tiny.cache_root()/warm-<key>``, the key hashing every argument, the base model
+  folder's name (the tiny model's folder name hashes its own spec and corpus, so a rebuilt tiny
+  model gets a new warm start) and the source of the experts and of the env's module (a changed
+  expert or level generator gets a new warm start);
+* written to a temporary folder and renamed into place, so a crash never leaves a half-written model
+  behind and two processes racing on the same key end with the same folder;
 * deterministic for a seed: fixed demonstration seeds, seeded initialisation order and batch order.
 
-The loop is plain PyTorch (no Trainer start-up cost) but its loss is :func:`~ragen_lightning.sft.module.
-causal_lm_sft_loss`, the function :class:`~ragen_lightning.sft.module.SFTModule` trains with.
+The loop is plain PyTorch (no Trainer start-up cost) but its loss is
+:func:`~ragen_lightning.sft.module. causal_lm_sft_loss`, the function
+:class:`~ragen_lightning.sft.module.SFTModule` trains with.
 
 Run ``python main.py warm_start --config configs/<task>.yaml`` (the fit's env, episode and
 ``--model.warm_start`` recipe) or ``python main.py warm_start --data.env.id ragen/SimpleSokoban-v0``
@@ -75,14 +79,15 @@ def _env_class(env_id: str, env_kwargs: dict[str, Any] | None) -> type:
 
 
 def default_steps(env_id: str, env_kwargs: dict[str, Any] | None = None) -> int:
-    """Optimizer steps of a warm start when none are given: the env's own ``warm_start_steps`` hint, else 150."""
+    """Optimizer steps of a warm start when none are given: the env's own ``warm_start_steps`` hint,
+    else 150."""
     return int(getattr(_env_class(env_id, env_kwargs), "warm_start_steps", DEFAULT_STEPS))
 
 
 def demonstration_kwargs(env_id: str, env_kwargs: dict[str, Any] | None) -> dict[str, Any]:
-    """``env_kwargs`` less the env's ``reward_only_kwargs`` (reward settings such as Sokoban's ``distance_reward``:
-    they change no observation and no expert action, so the same demonstrations and the same cached warm start
-    serve every value)."""
+    """``env_kwargs`` less the env's ``reward_only_kwargs`` (reward settings such as Sokoban's
+    ``distance_reward``: they change no observation and no expert action, so the same demonstrations
+    and the same cached warm start serve every value)."""
     kwargs = dict(env_kwargs or {})
     if not kwargs:
         return kwargs
@@ -91,12 +96,14 @@ def demonstration_kwargs(env_id: str, env_kwargs: dict[str, Any] | None) -> dict
 
 
 def code_fingerprint(env_id: str, env_kwargs: dict[str, Any] | None = None) -> str:
-    """Hash of the source files that decide the demonstrations: the expert engine, the modules of the env class and
-    its own base classes (the expert policy is an env method) and the modules of their package those use. Editing any of them (a better expert, a changed
-    level generator) must not reuse a warm start built from the old demonstrations.
+    """Hash of the source files that decide the demonstrations: the expert engine, the modules of
+    the env class and its own base classes (the expert policy is an env method) and the modules of
+    their package those use. Editing any of them (a better expert, a changed level generator) must
+    not reuse a warm start built from the old demonstrations.
 
-    Read once per env class and process: the code this process runs is the code it imported, so a source file
-    edited during a run (its validation, then its fit, each look the warm start up) does not send it to rebuild."""
+    Read once per env class and process: the code this process runs is the code it imported, so a
+    source file edited during a run (its validation, then its fit, each look the warm start up) does
+    not send it to rebuild."""
     return _class_fingerprint(_env_class(env_id, env_kwargs))
 
 
@@ -106,20 +113,26 @@ def _class_fingerprint(env_class: type) -> str:
 
     from ragen_lightning.sft import experts
 
-    owners = [c for c in env_class.__mro__ if c.__module__.split(".")[0] not in ("builtins", "gymnasium", "typing")]
+    owners = [
+        c
+        for c in env_class.__mro__
+        if c.__module__.split(".")[0] not in ("builtins", "gymnasium", "typing")
+    ]
     modules = dict.fromkeys(inspect.getmodule(c) or c for c in owners)
     h = hashlib.sha256()
     for obj in (experts, *modules, *_package_helpers([m for m in modules if inspect.ismodule(m)])):
         try:
             h.update(Path(inspect.getfile(obj)).read_bytes())
-        except (TypeError, OSError):  # built-in or source not on disk: the class name is the best we have
+        # built-in or source not on disk: the class name is the best we have
+        except (TypeError, OSError):
             h.update(getattr(obj, "__qualname__", repr(obj)).encode())
     return h.hexdigest()[:16]
 
 
 def _package_helpers(roots: list[Any]) -> list[Any]:
-    """The modules of the env's own package that ``roots`` use, transitively (the level generator, the board
-    renderer or the reward an env module imports from a sibling), sorted by name; ``roots`` themselves left out."""
+    """The modules of the env's own package that ``roots`` use, transitively (the level generator,
+    the board renderer or the reward an env module imports from a sibling), sorted by name;
+    ``roots`` themselves left out."""
     import inspect
 
     seen = {m.__name__: m for m in roots}
@@ -138,33 +151,43 @@ def _package_helpers(roots: list[Any]) -> list[Any]:
 
 
 def warm_start_key(model: str, base_path: str | Path, args: dict[str, Any], code: str = "") -> str:
-    """The cache key: every argument, the base model folder's name, the demonstration code's fingerprint and the
-    recipe version."""
-    payload = {"model": model, "base": Path(base_path).name, "args": args, "code": code, "version": _WARM_VERSION}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """The cache key: every argument, the base model folder's name, the demonstration code's
+    fingerprint and the recipe version."""
+    payload = {
+        "model": model,
+        "base": Path(base_path).name,
+        "args": args,
+        "code": code,
+        "version": _WARM_VERSION,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[
+        :16
+    ]
 
 
 def shuffled_batches(count: int, batch_size: int, generator: torch.Generator) -> list[list[int]]:
     """One epoch of batches of a seeded random permutation of ``range(count)``.
 
-    Not grouped by length: a demonstration's length follows its target (a FrozenLake reading clause ``goal is
-    above of me;`` is shorter than ``goal is below and right of me;``, a bandit answer's length is its arm's name), so
-    length-grouped batches each hold one target, and the model learned that batch's answer instead of the map (a
-    reading clause stayed at the prior, 0.12 exact, after 500 grouped steps; docs/learning.md, "Reading first").
+    Not grouped by length: a demonstration's length follows its target (a FrozenLake reading clause
+    ``goal is above of me;`` is shorter than ``goal is below and right of me;``, a bandit answer's
+    length is its arm's name), so length-grouped batches each hold one target, and the model learned
+    that batch's answer instead of the map (a reading clause stayed at the prior, 0.12 exact, after
+    500 grouped steps; docs/learning.md, "Reading first").
     """
     order = torch.randperm(count, generator=generator).tolist()
-    return [order[k:k + batch_size] for k in range(0, count, batch_size)]
+    return [order[k : k + batch_size] for k in range(0, count, batch_size)]
 
 
-def sft_backward(model: torch.nn.Module, examples: Sequence[Demonstration], pad_token_id: int,
-                 threads: int = 1) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def sft_backward(
+    model: torch.nn.Module, examples: Sequence[Demonstration], pad_token_id: int, threads: int = 1
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Backward of the batch's token-mean SFT loss; returns ``(loss, metrics)`` detached.
 
-    With ``threads`` > 1 the examples (longest first, dealt in turn so the parts are about equally long) form that
-    many parts, each collated, run and backpropagated on its own thread with its loss weighted by its share of the
-    trained tokens, the parts' gradients added in order
-    (:func:`~ragen_lightning.parallel.threads.backward_in_order`): the summed gradient is the whole batch's to float
-    rounding, and the same bit for bit on every run."""
+    With ``threads`` > 1 the examples (longest first, dealt in turn so the parts are about equally
+    long) form that many parts, each collated, run and backpropagated on its own thread with its
+    loss weighted by its share of the trained tokens, the parts' gradients added in order
+    (:func:`~ragen_lightning.parallel.threads.backward_in_order`): the summed gradient is the whole
+    batch's to float rounding, and the same bit for bit on every run."""
     if threads <= 1 or len(examples) < 2:
         loss, metrics = causal_lm_sft_loss(model, collate(examples, pad_token_id))
         loss.backward()
@@ -177,8 +200,10 @@ def sft_backward(model: torch.nn.Module, examples: Sequence[Demonstration], pad_
     def run(k: int) -> tuple[torch.Tensor, tuple[torch.Tensor, dict[str, torch.Tensor]]]:
         loss, metrics = causal_lm_sft_loss(model, collate(parts[k], pad_token_id))
         share = counts[k] / total
-        return loss * share, (loss.detach() * share,
-                              {name: v * share for name, v in metrics.items() if name != "sft/num_tokens"})
+        return loss * share, (
+            loss.detach() * share,
+            {name: v * share for name, v in metrics.items() if name != "sft/num_tokens"},
+        )
 
     done = backward_in_order(run, range(len(parts)), threads, model.parameters())
     metrics = {name: sum(m[name] for _, m in done) for name in done[0][1]}
@@ -186,15 +211,30 @@ def sft_backward(model: torch.nn.Module, examples: Sequence[Demonstration], pad_
     return sum(loss for loss, _ in done), metrics
 
 
-def train_sft(model: torch.nn.Module, demos: Sequence[Demonstration], pad_token_id: int, *, steps: int, lr: float,
-              batch_size: int, weight_decay: float = 0.0, warmup_steps: int = 10, lr_schedule: LRSchedule = "cosine",
-              max_grad_norm: float = 1.0, seed: int = 0, log_every: int = 0,
-              reading_demos: Sequence[Demonstration] = (), reading_steps: int = 0, threads: int = 1,
-              progress: Progress | None = None) -> list[float]:
-    """``steps`` AdamW steps of the SFT loss (:func:`shuffled_batches`, seeded order): the first ``reading_steps`` on
-    ``reading_demos``, the rest on ``demos``, under one learning-rate schedule; returns the loss of every step.
-    ``threads`` > 1 splits each batch into that many parts computed at once on CPU threads (:func:`sft_backward`).
-    ``progress`` is told every step and its loss (the caller closes it)."""
+def train_sft(
+    model: torch.nn.Module,
+    demos: Sequence[Demonstration],
+    pad_token_id: int,
+    *,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    weight_decay: float = 0.0,
+    warmup_steps: int = 10,
+    lr_schedule: LRSchedule = "cosine",
+    max_grad_norm: float = 1.0,
+    seed: int = 0,
+    log_every: int = 0,
+    reading_demos: Sequence[Demonstration] = (),
+    reading_steps: int = 0,
+    threads: int = 1,
+    progress: Progress | None = None,
+) -> list[float]:
+    """``steps`` AdamW steps of the SFT loss (:func:`shuffled_batches`, seeded order): the first
+    ``reading_steps`` on ``reading_demos``, the rest on ``demos``, under one learning-rate schedule;
+    returns the loss of every step. ``threads`` > 1 splits each batch into that many parts computed
+    at once on CPU threads (:func:`sft_backward`). ``progress`` is told every step and its loss (the
+    caller closes it)."""
     if not demos or (reading_steps and not reading_demos):
         raise ValueError("no demonstrations to train on")
     generator = torch.Generator().manual_seed(seed)
@@ -210,7 +250,8 @@ def train_sft(model: torch.nn.Module, demos: Sequence[Demonstration], pad_token_
     for step in range(steps):
         source = reading_demos if step < reading_steps else demos
         if not queue or step == reading_steps:
-            queue = shuffled_batches(len(source), batch_size, generator)[::-1]  # pop() takes them in order
+            # pop() takes them in order
+            queue = shuffled_batches(len(source), batch_size, generator)[::-1]
         loss, metrics = sft_backward(model, [source[i] for i in queue.pop()], pad_token_id, threads)
         if max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
@@ -221,8 +262,11 @@ def train_sft(model: torch.nn.Module, demos: Sequence[Demonstration], pad_token_
         if progress is not None:
             progress.update(step + 1, loss=losses[-1])
         if log_every and (step + 1) % log_every == 0:
-            print(f"step {step + 1}/{steps} loss {losses[-1]:.4f} acc {float(metrics['sft/token_accuracy']):.3f} "
-                  f"({time.perf_counter() - start:.1f}s)", flush=True)
+            print(
+                f"step {step + 1}/{steps} loss {losses[-1]:.4f} acc {float(metrics['sft/token_accuracy']):.3f} "
+                f"({time.perf_counter() - start:.1f}s)",
+                flush=True,
+            )
     model.eval()
     return losses
 
@@ -238,7 +282,8 @@ class WarmStartSettings:
             of a mixture's).
         num_episodes: expert episodes per env (training seeds ``episode_seeds(seed, num_episodes,
             "train")``).
-        lr: AdamW learning rate (peak; linear warm-up, then ``lr_schedule``). 3e-3 suits the ~1M-parameter tiny
+        lr: AdamW learning rate (peak; linear warm-up, then ``lr_schedule``). 3e-3 suits the
+        ~1M-parameter tiny
             model; use ~1e-5..1e-4 for real LLMs.
         batch_size: sequences per step.
         weight_decay: AdamW weight decay.
@@ -281,36 +326,49 @@ class WarmStartSettings:
     def __post_init__(self) -> None:
         check_domains(FLAG, self, _DOMAINS)
         if self.lr_schedule not in ("constant", "cosine"):
-            raise ConfigError(f"{FLAG}lr_schedule must be 'constant' or 'cosine', "
-                              f"got {self.lr_schedule!r}")
+            raise ConfigError(
+                f"{FLAG}lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}"
+            )
         if self.steps is not None and self.reading_steps >= self.steps:
-            raise ConfigError(f"{FLAG}reading_steps must be below steps ({self.steps}), "
-                              f"got {self.reading_steps}")
+            raise ConfigError(
+                f"{FLAG}reading_steps must be below steps ({self.steps}), got {self.reading_steps}"
+            )
         if self.episode is not None:
             if not isinstance(self.episode, dict):
-                raise ConfigError(f"{FLAG}episode must be a mapping of episode settings, "
-                                  f"got {self.episode!r}")
+                raise ConfigError(
+                    f"{FLAG}episode must be a mapping of episode settings, got {self.episode!r}"
+                )
             as_episode(self.episode)
 
     def recipe(self, steps: int) -> dict[str, Any]:
         """What the cache key hashes of the recipe (the names and order of before the group: same
         keys)."""
-        return {"steps": steps, "num_episodes": self.num_episodes, "lr": self.lr,
-                "batch_size": self.batch_size,
-                "weight_decay": self.weight_decay, "warmup_steps": self.warmup_steps,
-                "lr_schedule": self.lr_schedule, "seed": self.seed,
-                "only_successful": self.only_successful,
-                "dtype": self.dtype}
+        return {
+            "steps": steps,
+            "num_episodes": self.num_episodes,
+            "lr": self.lr,
+            "batch_size": self.batch_size,
+            "weight_decay": self.weight_decay,
+            "warmup_steps": self.warmup_steps,
+            "lr_schedule": self.lr_schedule,
+            "seed": self.seed,
+            "only_successful": self.only_successful,
+            "dtype": self.dtype,
+        }
 
 
 FLAG = "--model.warm_start."
 _DOMAINS = {
-    "steps": Domain(low=1, integer=True, none=True), "num_episodes": Domain(low=1, integer=True),
-    "lr": Domain(low=0, low_open=True), "batch_size": Domain(low=1, integer=True),
+    "steps": Domain(low=1, integer=True, none=True),
+    "num_episodes": Domain(low=1, integer=True),
+    "lr": Domain(low=0, low_open=True),
+    "batch_size": Domain(low=1, integer=True),
     "weight_decay": Domain(low=0),
-    "warmup_steps": Domain(low=0, integer=True), "seed": Domain(low=0, integer=True),
+    "warmup_steps": Domain(low=0, integer=True),
+    "seed": Domain(low=0, integer=True),
     "reading_steps": Domain(low=0, integer=True),
-    "torch_threads": Domain(low=1, integer=True, none=True), "threads": Domain(low=1, integer=True),
+    "torch_threads": Domain(low=1, integer=True, none=True),
+    "threads": Domain(low=1, integer=True),
 }
 
 
@@ -330,21 +388,29 @@ def as_warm_start(value: WarmStartValue) -> WarmStartSettings | None:
 
 def warm_start_hparams(value: WarmStartValue) -> dict[str, Any] | bool:
     """``--model.warm_start`` as saved with a checkpoint: plain values (a weights-only load takes no
-    objects), the fields off their defaults only, so checkpoints of before the group compare equal."""
+    objects), the fields off their defaults only, so checkpoints of before the group compare
+    equal."""
     settings = as_warm_start(value)
     if settings is None:
         return False
     default = WarmStartSettings()
-    changed = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)
-               if getattr(settings, f.name) != getattr(default, f.name)}
+    changed = {
+        f.name: getattr(settings, f.name)
+        for f in dataclasses.fields(settings)
+        if getattr(settings, f.name) != getattr(default, f.name)
+    }
     return changed or True
 
 
-def warm_start(model: str = "tiny", env_id: str = "ragen/SimpleSokoban-v0",
-               env_kwargs: dict[str, Any] | None = None, settings: WarmStartSettings | None = None,
-               *, episode: EpisodeSettings | dict[str, Any] | None = None,
-               more_envs: Sequence[tuple[str, dict[str, Any] | None, EpisodeSettings | None]] = (),
-               ) -> Path:
+def warm_start(
+    model: str = "tiny",
+    env_id: str = "ragen/SimpleSokoban-v0",
+    env_kwargs: dict[str, Any] | None = None,
+    settings: WarmStartSettings | None = None,
+    *,
+    episode: EpisodeSettings | dict[str, Any] | None = None,
+    more_envs: Sequence[tuple[str, dict[str, Any] | None, EpisodeSettings | None]] = (),
+) -> Path:
     """The folder of ``model`` fine-tuned on expert demonstrations of ``env_id`` (built once, then
     cached).
 
@@ -357,7 +423,8 @@ def warm_start(model: str = "tiny", env_id: str = "ragen/SimpleSokoban-v0",
         episode: episode settings of the demonstrations (use the RL run's ``--data.episode`` so the
             formats match), then ``settings.episode`` over them. Every field but ``format_penalty``
             is part of the cache key.
-        more_envs: further ``(env_id, env_kwargs, episode)`` whose demonstrations join ``env_id``'s (an environment
+        more_envs: further ``(env_id, env_kwargs, episode)`` whose demonstrations join ``env_id``'s
+        (an environment
             mixture, ``--data.env.mixture``): ``num_episodes`` expert episodes of each env, in its
             own episode settings (None: ``episode``), trained on as one shuffled set. Empty: the key
             is the single env's.
@@ -381,41 +448,65 @@ def warm_start(model: str = "tiny", env_id: str = "ragen/SimpleSokoban-v0",
         return _build(final, root, base, args, episode, s.verbose, s.threads, more)
 
 
-Sources = Sequence[tuple[str, dict[str, Any] | None, EpisodeSettings]]  # (env_id, env_kwargs, episode) of a mixture
+# (env_id, env_kwargs, episode) of a mixture
+Sources = Sequence[tuple[str, dict[str, Any] | None, EpisodeSettings]]
 
 
-def _checked_steps(env_id: str, env_kwargs: dict[str, Any] | None, more: Sources, steps: int | None,
-                   reading_steps: int) -> int:
+def _checked_steps(
+    env_id: str,
+    env_kwargs: dict[str, Any] | None,
+    more: Sources,
+    steps: int | None,
+    reading_steps: int,
+) -> int:
     """``steps`` (None: the largest of the envs' hints), once every env has an expert and the
     reading steps fit."""
     for more_id, more_kwargs, _ in more:
         require_expert(more_id, more_kwargs)
     if steps is None:
-        steps = max(default_steps(i, k) for i, k in [(env_id, env_kwargs)] + [(i, k) for i, k, _ in more])
+        steps = max(
+            default_steps(i, k) for i, k in [(env_id, env_kwargs)] + [(i, k) for i, k, _ in more]
+        )
     if not 0 <= reading_steps < steps:
-        raise ConfigError(f"{FLAG}reading_steps must be >= 0 and below steps ({steps}), "
-                          f"got {reading_steps}")
+        raise ConfigError(
+            f"{FLAG}reading_steps must be >= 0 and below steps ({steps}), got {reading_steps}"
+        )
     return steps
 
 
-def _key_args(env_id: str, env_kwargs: dict[str, Any] | None, episode: EpisodeSettings, more: Sources,
-              recipe: dict[str, Any], reading_steps: int) -> tuple[dict[str, Any], str]:
-    """``(args, code)``: what the cache key hashes (also recorded in ``warm_start.json``) and the demonstration code's
-    fingerprint. ``recipe``: steps to dtype, in the signature's order."""
-    # the key hashes the same flat names as before EpisodeSettings existed, so existing caches keep their keys
-    args = dict(env_id=env_id, **recipe, env_kwargs=demonstration_kwargs(env_id, env_kwargs),
-                **episode.demonstration_fields())
+def _key_args(
+    env_id: str,
+    env_kwargs: dict[str, Any] | None,
+    episode: EpisodeSettings,
+    more: Sources,
+    recipe: dict[str, Any],
+    reading_steps: int,
+) -> tuple[dict[str, Any], str]:
+    """``(args, code)``: what the cache key hashes (also recorded in ``warm_start.json``) and the
+    demonstration code's fingerprint. ``recipe``: steps to dtype, in the signature's order."""
+    # the key hashes the same flat names as before EpisodeSettings existed, so existing caches keep
+    # their keys
+    args = dict(
+        env_id=env_id,
+        **recipe,
+        env_kwargs=demonstration_kwargs(env_id, env_kwargs),
+        **episode.demonstration_fields(),
+    )
     if reading_steps:  # only when on: warm starts built before the option keep their keys
         args["reading_steps"] = reading_steps
     code = code_fingerprint(env_id, env_kwargs)
     if more:  # only for a mixture: single-env warm starts keep their keys
-        args["more_envs"] = [dict(env_id=i, env_kwargs=demonstration_kwargs(i, k), **e.demonstration_fields())
-                             for i, k, e in more]
+        args["more_envs"] = [
+            dict(env_id=i, env_kwargs=demonstration_kwargs(i, k), **e.demonstration_fields())
+            for i, k, e in more
+        ]
         code += "".join(code_fingerprint(i, k) for i, k, _ in more)
     return args, code
 
 
-def _cache_folder(model: str, cache_dir: str | Path | None, args: dict[str, Any], code: str) -> tuple[Path, Path, str]:
+def _cache_folder(
+    model: str, cache_dir: str | Path | None, args: dict[str, Any], code: str
+) -> tuple[Path, Path, str]:
     """``(folder, cache root, base model folder)`` of a warm start."""
     from ragen_lightning.models.tiny import cache_root
 
@@ -432,22 +523,40 @@ def _cached(folder: Path) -> bool:
     return found
 
 
-def _build(final: Path, root: Path, base: str, args: dict[str, Any], episode: EpisodeSettings,
-           verbose: bool, threads: int = 1, more: Sequence[tuple[str, dict | None, EpisodeSettings]] = ()) -> Path:
+def _build(
+    final: Path,
+    root: Path,
+    base: str,
+    args: dict[str, Any],
+    episode: EpisodeSettings,
+    verbose: bool,
+    threads: int = 1,
+    more: Sequence[tuple[str, dict | None, EpisodeSettings]] = (),
+) -> Path:
     started = time.perf_counter()
     env_id, seed, only_successful = args["env_id"], args["seed"], args["only_successful"]
     num_episodes, dtype = args["num_episodes"], args["dtype"]
     tokenizer = models.load_tokenizer(base)
     demos: list[Demonstration] = []
     stats: dict[str, Any] = {}  # one env: its statistics; a mixture: those of each env, by position
-    sources = [(env_id, args["env_kwargs"], episode)] + [(i, demonstration_kwargs(i, k), e) for i, k, e in more]
-    note(f"warm start: {final.name} is not in the cache; building it (solver demonstrations, then {args['steps']} "
-         "SFT steps)")
+    sources = [(env_id, args["env_kwargs"], episode)] + [
+        (i, demonstration_kwargs(i, k), e) for i, k, e in more
+    ]
+    note(
+        f"warm start: {final.name} is not in the cache; building it (solver demonstrations, then {args['steps']} "
+        "SFT steps)"
+    )
     shown = Progress("warm start: demonstrations", num_episodes * len(sources), unit="episode")
     for n, (source_id, source_kwargs, source_episode) in enumerate(sources):
-        env_demos, env_stats = build_demonstrations(source_id, tokenizer, episode_seeds(seed, num_episodes, "train"),
-                                                    env_kwargs=source_kwargs, episode=source_episode,
-                                                    only_successful=only_successful, progress=shown)
+        env_demos, env_stats = build_demonstrations(
+            source_id,
+            tokenizer,
+            episode_seeds(seed, num_episodes, "train"),
+            env_kwargs=source_kwargs,
+            episode=source_episode,
+            only_successful=only_successful,
+            progress=shown,
+        )
         if not env_demos:
             raise ValueError(f"no demonstrations for {source_id}: {env_stats}")
         demos += env_demos
@@ -460,18 +569,36 @@ def _build(final: Path, root: Path, base: str, args: dict[str, Any], episode: Ep
         torch.manual_seed(seed)
         net = models.load_causal_lm(base, dtype)
         reading_steps = args.get("reading_steps", 0)
-        losses = train_sft(net, demos, tokenizer.pad_token_id, steps=args["steps"], lr=args["lr"],
-                           batch_size=args["batch_size"], weight_decay=args["weight_decay"],
-                           warmup_steps=args["warmup_steps"], lr_schedule=args["lr_schedule"], seed=seed,
-                           log_every=25 if verbose else 0, reading_steps=reading_steps, threads=threads,
-                           reading_demos=reading_clauses(demos, tokenizer) if reading_steps else (), progress=shown)
+        losses = train_sft(
+            net,
+            demos,
+            tokenizer.pad_token_id,
+            steps=args["steps"],
+            lr=args["lr"],
+            batch_size=args["batch_size"],
+            weight_decay=args["weight_decay"],
+            warmup_steps=args["warmup_steps"],
+            lr_schedule=args["lr_schedule"],
+            seed=seed,
+            log_every=25 if verbose else 0,
+            reading_steps=reading_steps,
+            threads=threads,
+            reading_demos=reading_clauses(demos, tokenizer) if reading_steps else (),
+            progress=shown,
+        )
 
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".warm-", dir=root))
     try:
         save_model(net, tokenizer, tmp)
-        meta = {"base_model": str(base), "args": args, "demo_stats": stats, "losses": losses,
-                "wall_s": time.perf_counter() - started, "version": _WARM_VERSION}
+        meta = {
+            "base_model": str(base),
+            "args": args,
+            "demo_stats": stats,
+            "losses": losses,
+            "wall_s": time.perf_counter() - started,
+            "version": _WARM_VERSION,
+        }
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1, default=str))
         try:
             os.replace(tmp, final)
@@ -486,14 +613,17 @@ def _build(final: Path, root: Path, base: str, args: dict[str, Any], episode: Ep
 
 
 def warm_started_path(model: str, setting: WarmStartValue, datamodule) -> str:
-    """The actor's folder for a fit: ``model`` resolved, or (``--model.warm_start`` on) the cached warm start on the
-    data module's training envs, with demonstrations in exactly the rollouts' format: the data
-    module's episode settings (each mixture entry's own), ``warm_start.episode`` over them."""
+    """The actor's folder for a fit: ``model`` resolved, or (``--model.warm_start`` on) the cached
+    warm start on the data module's training envs, with demonstrations in exactly the rollouts'
+    format: the data module's episode settings (each mixture entry's own), ``warm_start.episode``
+    over them."""
     settings = as_warm_start(setting)
     if settings is None:
         return models.resolve_model_path(model)
     if datamodule is None:
-        raise ConfigError("--model.warm_start needs the RolloutDataModule (it names the env to learn from)")
+        raise ConfigError(
+            "--model.warm_start needs the RolloutDataModule (it names the env to learn from)"
+        )
     base = datamodule.episode
     if settings.episode:
         base = dataclasses.replace(base, **settings.episode)
@@ -501,19 +631,36 @@ def warm_started_path(model: str, setting: WarmStartValue, datamodule) -> str:
     settings = dataclasses.replace(settings, episode=None)
     first, *rest = datamodule.train_entries
     more = [(e.env_id, e.env_kwargs, e.episode_settings(base)) for e in rest]
-    return str(warm_start(model, first.env_id, first.env_kwargs, settings,
-                          episode=first.episode_settings(base), more_envs=more))
+    return str(
+        warm_start(
+            model,
+            first.env_id,
+            first.env_kwargs,
+            settings,
+            episode=first.episode_settings(base),
+            more_envs=more,
+        )
+    )
 
 
 # the flags of the argparse command line of before -> their spelling now
-RENAMED = {"--env": "--data.env.id", "--env-kwargs": "--data.env.kwargs",
-           "--model": "--model.model",
-           "--steps": f"{FLAG}steps", "--num-episodes": f"{FLAG}num_episodes", "--lr": f"{FLAG}lr",
-           "--batch-size": f"{FLAG}batch_size", "--seed": f"{FLAG}seed",
-           "--cache-dir": f"{FLAG}cache_dir",
-           "--torch-threads": f"{FLAG}torch_threads", "--threads": f"{FLAG}threads",
-           "--eval-episodes": "--eval_episodes", "--temperature": "--eval_temperature",
-           "--no-base": "--skip_base true", "--import": "--imports"}
+RENAMED = {
+    "--env": "--data.env.id",
+    "--env-kwargs": "--data.env.kwargs",
+    "--model": "--model.model",
+    "--steps": f"{FLAG}steps",
+    "--num-episodes": f"{FLAG}num_episodes",
+    "--lr": f"{FLAG}lr",
+    "--batch-size": f"{FLAG}batch_size",
+    "--seed": f"{FLAG}seed",
+    "--cache-dir": f"{FLAG}cache_dir",
+    "--torch-threads": f"{FLAG}torch_threads",
+    "--threads": f"{FLAG}threads",
+    "--eval-episodes": "--eval_episodes",
+    "--temperature": "--eval_temperature",
+    "--no-base": "--skip_base true",
+    "--import": "--imports",
+}
 
 
 def parser() -> Any:
@@ -521,14 +668,26 @@ def parser() -> Any:
     the recipe ``--model.warm_start.*`` and the evaluation's own flags."""
     from ragen_lightning.data.shared_flags import side_parser
 
-    p = side_parser("python main.py warm_start", "Warm-start a model on expert demonstrations of "
-                    "the env and evaluate the base and the warm-started model on held-out seeds.")
-    p.add_argument("--model.warm_start", type=WarmStartSettings | bool, default=True,
-                   help="the recipe (WarmStartSettings); a fit's config gives its own")
-    p.add_argument("--eval_episodes", type=int, default=64,
-                   help="held-out episodes of each evaluation")
-    p.add_argument("--eval_temperature", type=float, default=1.0,
-                   help="sampling temperature of the evaluations")
+    p = side_parser(
+        "python main.py warm_start",
+        "Warm-start a model on expert demonstrations of "
+        "the env and evaluate the base and the warm-started model on held-out seeds.",
+    )
+    p.add_argument(
+        "--model.warm_start",
+        type=WarmStartSettings | bool,
+        default=True,
+        help="the recipe (WarmStartSettings); a fit's config gives its own",
+    )
+    p.add_argument(
+        "--eval_episodes", type=int, default=64, help="held-out episodes of each evaluation"
+    )
+    p.add_argument(
+        "--eval_temperature",
+        type=float,
+        default=1.0,
+        help="sampling temperature of the evaluations",
+    )
     p.add_argument("--skip_base", type=bool, default=False, help="skip evaluating the base model")
     return p
 
@@ -547,8 +706,9 @@ def run(argv: Sequence[str]) -> int:
     except ImportError as e:
         raise ConfigError(f"--imports: {e}") from None
     if c.data.env.mixture is not None:
-        raise ConfigError("python main.py warm_start takes one env (--data.env.id): a fit "
-                          "warm-starts a mixture")
+        raise ConfigError(
+            "python main.py warm_start takes one env (--data.env.id): a fit warm-starts a mixture"
+        )
     env_id, env_kwargs = c.data.env.id or "ragen/SimpleSokoban-v0", c.data.env.kwargs
     episode = c.data.episode
     if settings.episode:
@@ -557,20 +717,33 @@ def run(argv: Sequence[str]) -> int:
         torch.set_num_threads(threads)
     # held-out levels: the evaluation seeds never include a demonstration's seed
     demo_seeds = episode_seeds(settings.seed, settings.num_episodes, "train")
-    evaluate = dict(num_episodes=c.eval_episodes, temperature=c.eval_temperature,
-                    seed=settings.seed, exclude_seeds=demo_seeds, episode=episode,
-                    max_batch_size=c.data.engine.max_batch_size)
+    evaluate = dict(
+        num_episodes=c.eval_episodes,
+        temperature=c.eval_temperature,
+        seed=settings.seed,
+        exclude_seeds=demo_seeds,
+        episode=episode,
+        max_batch_size=c.data.engine.max_batch_size,
+    )
     model = c.model.model
     if not c.skip_base:
         t = time.perf_counter()
-        print("base", model, evaluate_policy(model, env_id, env_kwargs, **evaluate),
-              f"({time.perf_counter() - t:.1f}s)", flush=True)
+        print(
+            "base",
+            model,
+            evaluate_policy(model, env_id, env_kwargs, **evaluate),
+            f"({time.perf_counter() - t:.1f}s)",
+            flush=True,
+        )
     t = time.perf_counter()
     recipe = dataclasses.replace(settings, verbose=True, episode=None)
     path = warm_start(model, env_id, env_kwargs, recipe, episode=episode)
     meta = json.loads((path / META_FILE).read_text())
-    print(f"warm start: {path} ({time.perf_counter() - t:.1f}s; trained in {meta['wall_s']:.1f}s, "
-          f"loss {meta['losses'][0]:.3f} -> {meta['losses'][-1]:.3f}; demos {meta['demo_stats']})", flush=True)
+    print(
+        f"warm start: {path} ({time.perf_counter() - t:.1f}s; trained in {meta['wall_s']:.1f}s, "
+        f"loss {meta['losses'][0]:.3f} -> {meta['losses'][-1]:.3f}; demos {meta['demo_stats']})",
+        flush=True,
+    )
     t = time.perf_counter()
     warm = evaluate_policy(path, env_id, env_kwargs, **evaluate)
     print("warm", warm, f"({time.perf_counter() - t:.1f}s)")

@@ -1,5 +1,5 @@
-"""StarPO: the LightningModule (:mod:`.module`), its settings groups (:mod:`.settings`), the advantage estimators'
-table (:mod:`.estimators`) and the update (:mod:`.ppo`, :mod:`.optim`).
+"""StarPO: the LightningModule (:mod:`.module`), its settings groups (:mod:`.settings`), the
+advantage estimators' table (:mod:`.estimators`) and the update (:mod:`.ppo`, :mod:`.optim`).
 
 Only the estimator table is imported here (torch only); its home, with the filters', is
 :mod:`ragen_lightning.registry`.

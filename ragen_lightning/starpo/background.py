@@ -1,14 +1,15 @@
 """The critic's optimizer steps on a worker thread, overlapping the next iteration's rollout
 (``--model.critic.in_background``).
 
-The rollout of iteration k + 1 needs the actor's new weights, not the critic's, and on CPU it keeps one core busy
-(vLLM and the HF engine run one torch thread) while the other idles. Here the critic's steps of iteration k (every
-epoch and mini-batch) run on a worker thread, and iteration k + 1 joins them before anything reads the critic.
+The rollout of iteration k + 1 needs the actor's new weights, not the critic's, and on CPU it keeps
+one core busy (vLLM and the HF engine run one torch thread) while the other idles. Here the critic's
+steps of iteration k (every epoch and mini-batch) run on a worker thread, and iteration k + 1 joins
+them before anything reads the critic.
 
-The math is the sequential update's. The actor's steps never read the critic's weights: its advantages come from
-values computed before either network steps (a separate no-grad value pass, which here replaces taking them from
-the critic step's own forward). The critic takes the same steps on the same data in the same order, only later in
-wall-clock time.
+The math is the sequential update's. The actor's steps never read the critic's weights: its
+advantages come from values computed before either network steps (a separate no-grad value pass,
+which here replaces taking them from the critic step's own forward). The critic takes the same steps
+on the same data in the same order, only later in wall-clock time.
 
 The worker calls none of Lightning's machinery, whose hooks keep per-module state that concurrent
 calls would corrupt: it backpropagates with autograd directly and steps the raw optimizer
@@ -23,8 +24,9 @@ validating; the module waits for the job first (``on_validation_model_zero_grad`
 not depend on how far the critic got by then.
 
 :meth:`BackgroundSteps.active` falls back to the sequential update with several processes (a worker's collectives
-would interleave with the rollout's) and under LoRA with one shared base (``lora.shared_base``: the critic's forward
-switches the base's active adapter, which the actor's rollout and weight push read).
+would interleave with the rollout's) and under LoRA with one shared base (``lora.shared_base``: the
+critic's forward switches the base's active adapter, which the actor's rollout and weight push
+read).
 """
 
 from __future__ import annotations
@@ -40,15 +42,17 @@ def count_steps(optimizer: Any, steps: int) -> None:
     step set them to None) and torch optimizers skip parameters without one, so nothing changes."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if any(p.grad is not None for p in params):
-        raise RuntimeError("counting optimizer steps needs a network without gradients: "
-                           "they would be applied")
+        raise RuntimeError(
+            "counting optimizer steps needs a network without gradients: they would be applied"
+        )
     for _ in range(steps):
         optimizer.step()
 
 
 class BackgroundSteps:
-    """One job at a time on one worker thread: :meth:`submit` a function returning logs, :meth:`join` them.
-    ``module``: the StarPO module whose settings say whether the critic steps here."""
+    """One job at a time on one worker thread: :meth:`submit` a function returning logs,
+    :meth:`join` them. ``module``: the StarPO module whose settings say whether the critic steps
+    here."""
 
     def __init__(self, module: Any = None) -> None:
         self._module = module
@@ -57,8 +61,8 @@ class BackgroundSteps:
         self._logs: dict[str, float] = {}  # of a job waited for but not joined yet
 
     def active(self) -> BackgroundSteps | None:
-        """This object when the module's critic steps may run here (``--model.critic.in_background`` on, a critic, one
-        process, no shared LoRA base), else None: the sequential update."""
+        """This object when the module's critic steps may run here (``--model.critic.in_background``
+        on, a critic, one process, no shared LoRA base), else None: the sequential update."""
         from ragen_lightning.parallel import world
 
         m = self._module
@@ -70,8 +74,9 @@ class BackgroundSteps:
     def pending(self) -> bool:
         return self._future is not None
 
-    def submit(self, job: Callable[[], dict[str, float]], steps: int = 0,
-               optimizer: Any = None) -> None:
+    def submit(
+        self, job: Callable[[], dict[str, float]], steps: int = 0, optimizer: Any = None
+    ) -> None:
         """Run ``job`` (returning logs) on the worker; the ``steps`` optimizer steps it takes are
         counted now with ``optimizer`` (Lightning's wrapper, :func:`count_steps`; None: not)."""
         if self._future is not None:
@@ -89,17 +94,18 @@ class BackgroundSteps:
         return logs
 
     def wait(self) -> None:
-        """Wait for the pending job (if any); its exception (e.g. :class:`~ragen_lightning.errors.TrainingStopped`
-        after too many skipped steps) is raised here."""
+        """Wait for the pending job (if any); its exception (e.g.
+        :class:`~ragen_lightning.errors.TrainingStopped` after too many skipped steps) is raised
+        here."""
         if self._future is None:
             return
         future, self._future = self._future, None
         self._logs.update(future.result())
 
     def state_dict(self) -> dict[str, float]:
-        """The logs of the finished jobs not joined yet (waits for the pending job): a checkpoint carries them, so
-        a resumed run logs the critic's metrics of the checkpoint's iteration with the next one, as the
-        uninterrupted run does."""
+        """The logs of the finished jobs not joined yet (waits for the pending job): a checkpoint
+        carries them, so a resumed run logs the critic's metrics of the checkpoint's iteration with
+        the next one, as the uninterrupted run does."""
         self.wait()
         return dict(self._logs)
 

@@ -50,13 +50,15 @@ MIN_LR_RATIO = 0.1  # where the cosine decay ends (as the supervised warm start'
 
 @dataclass
 class LRSchedule:
-    """The learning-rate multiplier of a network at its optimizer step ``step``: a linear warm-up over its first
-    ``warmup_steps`` steps (``(step + 1) / warmup_steps``), times a cosine decay over the run's first
-    ``decay_iterations`` StarPO iterations from 1 to :data:`MIN_LR_RATIO`, held there after (0: no decay).
+    """The learning-rate multiplier of a network at its optimizer step ``step``: a linear warm-up
+    over its first ``warmup_steps`` steps (``(step + 1) / warmup_steps``), times a cosine decay over
+    the run's first ``decay_iterations`` StarPO iterations from 1 to :data:`MIN_LR_RATIO`, held
+    there after (0: no decay).
 
-    The decay follows iterations, not steps: with rejection sampling or a filter the number of optimizer steps per
-    iteration varies, while the iteration count is the run's length (``--data.training.num_iterations``). ``iteration``
-    (0-based) is set by :func:`start_iteration` before each iteration's first step."""
+    The decay follows iterations, not steps: with rejection sampling or a filter the number of
+    optimizer steps per iteration varies, while the iteration count is the run's length
+    (``--data.training.num_iterations``). ``iteration`` (0-based) is set by :func:`start_iteration`
+    before each iteration's first step."""
 
     warmup_steps: int = 0
     decay_iterations: int = 0
@@ -71,17 +73,32 @@ class LRSchedule:
         if self.decay_iterations <= 0:
             return warm
         progress = min(1.0, self.iteration / self.decay_iterations)
-        return warm * (MIN_LR_RATIO + (1.0 - MIN_LR_RATIO) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+        return warm * (
+            MIN_LR_RATIO + (1.0 - MIN_LR_RATIO) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        )
 
 
-def build_optimizers(actor_params, critic_params, *, actor_factory: OptimizerFactory | None,
-                     critic_factory: OptimizerFactory | None, actor_lr: float, critic_lr: float, weight_decay: float,
-                     with_critic: bool, schedule: LRSchedule):
-    """``[actor_opt, critic_opt?]`` (AdamW unless a factory is given), plus one ``LambdaLR`` each following
-    ``schedule`` when it warms up or decays."""
+def build_optimizers(
+    actor_params,
+    critic_params,
+    *,
+    actor_factory: OptimizerFactory | None,
+    critic_factory: OptimizerFactory | None,
+    actor_lr: float,
+    critic_lr: float,
+    weight_decay: float,
+    with_critic: bool,
+    schedule: LRSchedule,
+):
+    """``[actor_opt, critic_opt?]`` (AdamW unless a factory is given), plus one ``LambdaLR`` each
+    following ``schedule`` when it warms up or decays."""
 
     def build(factory, params, lr):
-        return factory(params) if factory is not None else torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        return (
+            factory(params)
+            if factory is not None
+            else torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        )
 
     opts = [build(actor_factory, actor_params, actor_lr)]
     if with_critic:
@@ -92,7 +109,9 @@ def build_optimizers(actor_params, critic_params, *, actor_factory: OptimizerFac
 
 
 def _schedulers(schedulers) -> list:
-    return schedulers if isinstance(schedulers, list) else [] if schedulers is None else [schedulers]
+    return (
+        schedulers if isinstance(schedulers, list) else [] if schedulers is None else [schedulers]
+    )
 
 
 def scheduler_of(schedulers, opt):
@@ -104,10 +123,13 @@ def scheduler_of(schedulers, opt):
 
 
 def start_iteration(schedulers, iteration: int) -> None:
-    """Set every :class:`LRSchedule` to the 0-based ``iteration`` and apply the rate it gives now, so the iteration's
-    first step already runs at it (a scheduler recomputes the rate only when it steps)."""
+    """Set every :class:`LRSchedule` to the 0-based ``iteration`` and apply the rate it gives now,
+    so the iteration's first step already runs at it (a scheduler recomputes the rate only when it
+    steps)."""
     for sched in _schedulers(schedulers):
-        for group, base, schedule in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True):
+        for group, base, schedule in zip(
+            sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True
+        ):
             if isinstance(schedule, LRSchedule):
                 schedule.iteration = int(iteration)
                 group["lr"] = base * schedule(sched.last_epoch)
@@ -124,7 +146,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def learning_rate_problem(opt) -> str | None:
-    """``"non-finite learning rate (inf)"`` when a parameter group's ``lr`` is not a finite number, else None."""
+    """``"non-finite learning rate (inf)"`` when a parameter group's ``lr`` is not a finite number,
+    else None."""
     for group in _inner(opt).param_groups:
         lr = float(group["lr"])
         if not math.isfinite(lr):
@@ -133,16 +156,23 @@ def learning_rate_problem(opt) -> str | None:
 
 
 class WeightSnapshot:
-    """Host-memory copies of everything ``opt.step()`` may change: each parameter's data and its optimizer state
-    (a parameter without state yet gets none back, so the optimizer initialises it again on its next step)."""
+    """Host-memory copies of everything ``opt.step()`` may change: each parameter's data and its
+    optimizer state (a parameter without state yet gets none back, so the optimizer initialises it
+    again on its next step)."""
 
     def __init__(self, opt):
         self.opt = _inner(opt)
         self.params = [p for g in self.opt.param_groups for p in g["params"]]
         self.data = [_local(p.detach()).to("cpu", copy=True) for p in self.params]
-        self.state = [None if p not in self.opt.state else
-                      {k: _local(v.detach()).to("cpu", copy=True) if torch.is_tensor(v) else v
-                       for k, v in self.opt.state[p].items()} for p in self.params]
+        self.state = [
+            None
+            if p not in self.opt.state
+            else {
+                k: _local(v.detach()).to("cpu", copy=True) if torch.is_tensor(v) else v
+                for k, v in self.opt.state[p].items()
+            }
+            for p in self.params
+        ]
 
     @torch.no_grad()
     def restore(self) -> None:
@@ -160,7 +190,8 @@ class WeightSnapshot:
 
 
 def weights_finite(params) -> bool:
-    """Every element of every parameter is finite, agreed by all ranks (shards differ under FSDP)."""
+    """Every element of every parameter is finite, agreed by all ranks (shards differ under
+    FSDP)."""
     local = [_local(p.detach()) for p in params]
     finite = all(bool(torch.isfinite(t).all()) for t in local)
     if world()[1] > 1:
@@ -169,7 +200,8 @@ def weights_finite(params) -> bool:
     return finite
 
 
-SNAPSHOT_LIMIT = 64 * 2**20  # trainable elements per rank up to which a step is undoable (~0.77 GiB of host copy)
+# trainable elements per rank up to which a step is undoable (~0.77 GiB of host copy)
+SNAPSHOT_LIMIT = 64 * 2**20
 
 
 def local_numel(opt) -> int:
@@ -177,32 +209,37 @@ def local_numel(opt) -> int:
     return sum(_local(p.detach()).numel() for g in _inner(opt).param_groups for p in g["params"])
 
 
-def guarded_step(opt, params, snapshot_limit: int = SNAPSHOT_LIMIT,
-                 after: Callable[[], str | None] | None = None) -> str | None:
-    """``opt.step()`` unless it would put a non-finite value into the weights: None when applied, else the reason
-    (nothing changed). Every rank calls it (the finite check is a collective).
+def guarded_step(
+    opt, params, snapshot_limit: int = SNAPSHOT_LIMIT, after: Callable[[], str | None] | None = None
+) -> str | None:
+    """``opt.step()`` unless it would put a non-finite value into the weights: None when applied,
+    else the reason (nothing changed). Every rank calls it (the finite check is a collective).
 
-    Up to ``snapshot_limit`` trainable elements per rank (the tiny model, LoRA adapters, a sharded small model) the
-    step is undoable: weights and optimizer state are copied to host memory first and put back when the step
-    produced a non-finite weight. Above it (a full fine-tune of a large model, where that copy would cost three
-    times the shard in host memory and time every step) only the finite checks before the step run (learning
-    rate here, loss and gradient norm in :func:`accumulate`); a step that still
-    produces a non-finite weight (a finite but absurd learning rate) stops the run before anything is saved.
+    Up to ``snapshot_limit`` trainable elements per rank (the tiny model, LoRA adapters, a sharded
+    small model) the step is undoable: weights and optimizer state are copied to host memory first
+    and put back when the step produced a non-finite weight. Above it (a full fine-tune of a large
+    model, where that copy would cost three times the shard in host memory and time every step) only
+    the finite checks before the step run (learning rate here, loss and gradient norm in
+    :func:`accumulate`); a step that still produces a non-finite weight (a finite but absurd
+    learning rate) stops the run before anything is saved.
 
-    ``after()`` (the step-KL trust region, ``--model.optim.max_step_kl``) runs once the step produced finite weights; a
-    reason it returns undoes the step like a non-finite weight. Above the snapshot limit the step cannot be undone:
-    it is kept, with a warning."""
+    ``after()`` (the step-KL trust region, ``--model.optim.max_step_kl``) runs once the step
+    produced finite weights; a reason it returns undoes the step like a non-finite weight. Above the
+    snapshot limit the step cannot be undone: it is kept, with a warning."""
     if reason := learning_rate_problem(opt):
         return reason
     snapshot = WeightSnapshot(opt) if local_numel(opt) <= snapshot_limit else None
     try:
         opt.step()
-    except RuntimeError as exc:  # torch refuses an lr * grad that overflows a float ("... without overflow")
+    # torch refuses an lr * grad that overflows a float ("... without overflow")
+    except RuntimeError as exc:
         if "overflow" not in str(exc):
             raise
         if snapshot is None:
-            raise TrainingStopped(f"an optimizer step overflowed ({exc}); stopped before anything was saved. Lower "
-                                  "the learning rate or --model.optim.grad_clip") from exc
+            raise TrainingStopped(
+                f"an optimizer step overflowed ({exc}); stopped before anything was saved. Lower "
+                "the learning rate or --model.optim.grad_clip"
+            ) from exc
         snapshot.restore()  # a multi-tensor step may have updated some parameters already
         return f"optimizer step overflowed ({exc})"
     if weights_finite(params):
@@ -210,24 +247,29 @@ def guarded_step(opt, params, snapshot_limit: int = SNAPSHOT_LIMIT,
         if why is None:
             return None
         if snapshot is None:
-            warnings.warn(f"{why}; the step is kept: {local_numel(opt):,} trainable elements are above the "
-                          f"snapshot limit ({snapshot_limit:,}) that makes a step undoable", stacklevel=2)
+            warnings.warn(
+                f"{why}; the step is kept: {local_numel(opt):,} trainable elements are above the "
+                f"snapshot limit ({snapshot_limit:,}) that makes a step undoable",
+                stacklevel=2,
+            )
             return None
         snapshot.restore()
         return f"{why} (restored)"
     if snapshot is None:
-        raise TrainingStopped("an optimizer step produced non-finite weights (the learning rate is finite but too "
-                              "large for these gradients); stopped before anything was saved. Lower the learning "
-                              "rate or --model.optim.grad_clip")
+        raise TrainingStopped(
+            "an optimizer step produced non-finite weights (the learning rate is finite but too "
+            "large for these gradients); stopped before anything was saved. Lower the learning "
+            "rate or --model.optim.grad_clip"
+        )
     snapshot.restore()
     return "non-finite weights after the step (restored)"
 
 
 @dataclass
 class SkipGuard:
-    """Counts skipped optimizer steps (``total``, logged as ``train/skipped_steps``) and each network's skips in a
-    row; raises :class:`~ragen_lightning.errors.TrainingStopped` once one network's reach ``max_consecutive``
-    (0: never)."""
+    """Counts skipped optimizer steps (``total``, logged as ``train/skipped_steps``) and each
+    network's skips in a row; raises :class:`~ragen_lightning.errors.TrainingStopped` once one
+    network's reach ``max_consecutive`` (0: never)."""
 
     max_consecutive: int = 5
     total: int = 0
@@ -241,16 +283,20 @@ class SkipGuard:
         self.in_a_row = dict(state.get("skips_in_a_row", {}))
 
     def record(self, network: str, stepped: bool, reason: str = "") -> None:
-        """Count one step of ``network``; raises when it has now skipped ``max_consecutive`` in a row."""
+        """Count one step of ``network``; raises when it has now skipped ``max_consecutive`` in a
+        row."""
         if stepped:
             self.in_a_row[network] = 0
             return
         self.total += 1
         self.in_a_row[network] = self.in_a_row.get(network, 0) + 1
         if self.max_consecutive and self.in_a_row[network] >= self.max_consecutive:
-            kept = ("every step was undone: a smaller --model.optim.actor_lr takes smaller steps, a larger "
-                    "--model.optim.max_step_kl allows larger ones" if "max_step_kl" in reason else
-                    "nothing non-finite reached the weights")
+            kept = (
+                "every step was undone: a smaller --model.optim.actor_lr takes smaller steps, a larger "
+                "--model.optim.max_step_kl allows larger ones"
+                if "max_step_kl" in reason
+                else "nothing non-finite reached the weights"
+            )
             raise TrainingStopped(
                 f"{self.in_a_row[network]} {network} optimizer steps in a row were skipped ({reason}); {kept}. Check "
                 f"--model.optim.{network}_lr (or --model.optim.{network}_optimizer), --model.optim.grad_clip and --data.sampling.temperature; "
@@ -345,8 +391,12 @@ class StepContext:
         optimizer (Lightning's wrapper and hooks keep state that concurrent calls would corrupt),
         one thread."""
         raw = getattr(self.optimizer, "optimizer", self.optimizer)  # LightningOptimizer's torch one
-        return dataclasses.replace(self, optimizer=raw, backward=autograd_backward,
-                                   micro=dataclasses.replace(self.micro, threads=1))
+        return dataclasses.replace(
+            self,
+            optimizer=raw,
+            backward=autograd_backward,
+            micro=dataclasses.replace(self.micro, threads=1),
+        )
 
 
 def fsdp1_root(strategy: Any) -> torch.nn.Module | None:
@@ -356,8 +406,9 @@ def fsdp1_root(strategy: Any) -> torch.nn.Module | None:
     return strategy.model if isinstance(strategy, FSDPStrategy) else None
 
 
-def clip_grad_norm(params, max_norm: float, every_param: bool = False,
-                   fsdp_root: torch.nn.Module | None = None) -> float:
+def clip_grad_norm(
+    params, max_norm: float, every_param: bool = False, fsdp_root: torch.nn.Module | None = None
+) -> float:
     """Clip ``params`` by their global norm (``max_norm <= 0``: measure only); under FSDP1 the root
     module's own clip, which is exact (Lightning refuses clip-by-norm there). ``every_param``
     includes parameters without a gradient (a collective under FSDP2 must run on every rank)."""
@@ -370,8 +421,14 @@ def clip_grad_norm(params, max_norm: float, every_param: bool = False,
     return float(full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm)))
 
 
-def accumulate(ctx: StepContext, rows: torch.Tensor, loss_fn: LossFn, *,
-               lengths: torch.Tensor | None = None, check: StepCheck | None = None) -> StepResult:
+def accumulate(
+    ctx: StepContext,
+    rows: torch.Tensor,
+    loss_fn: LossFn,
+    *,
+    lengths: torch.Tensor | None = None,
+    check: StepCheck | None = None,
+) -> StepResult:
     """zero_grad -> backward over micro-batches of ``rows`` -> clip -> step, of ``ctx``'s network.
 
     The step is skipped when a loss, the gradient norm, the learning rate or the updated weights are
@@ -397,8 +454,9 @@ def accumulate(ctx: StepContext, rows: torch.Tensor, loss_fn: LossFn, *,
     params = [p for g in opt.param_groups for p in g["params"]]  # a shared LoRA base: both adapters
     if micro.tokens is not None and lengths is None:
         raise ValueError("a token budget for the micro-batches needs the rows' lengths")
-    micros = plan_micro_batches(rows, lengths, micro.size, micro.tokens, packed=micro.packed,
-                                pad_row=ctx.pad_row)
+    micros = plan_micro_batches(
+        rows, lengths, micro.size, micro.tokens, packed=micro.packed, pad_row=ctx.pad_row
+    )
     seen = _backward_micro_batches(ctx, micros, loss_fn, params)
     finite = seen.finite
     if size > 1:
@@ -409,8 +467,13 @@ def accumulate(ctx: StepContext, rows: torch.Tensor, loss_fn: LossFn, *,
         norm = float("nan")
         if finite:
             norm = clip_grad_norm(params, ctx.grad_clip, fsdp_root=ctx.fsdp_root)
-    reason = ("non-finite loss" if not finite else
-              "" if math.isfinite(norm) else "non-finite gradient norm")
+    reason = (
+        "non-finite loss"
+        if not finite
+        else ""
+        if math.isfinite(norm)
+        else "non-finite gradient norm"
+    )
     measured: dict[str, float] = {}
 
     def after() -> str | None:
@@ -444,8 +507,9 @@ class _Backward:
     finite: bool = True
 
 
-def _backward_micro_batches(ctx: StepContext, micros: list[torch.Tensor], loss_fn: LossFn,
-                            params: list[torch.Tensor]) -> _Backward:
+def _backward_micro_batches(
+    ctx: StepContext, micros: list[torch.Tensor], loss_fn: LossFn, params: list[torch.Tensor]
+) -> _Backward:
     """Forward and backward every micro-batch (its rows) of ``micros``, in order (on
     ``ctx.micro.threads`` CPU threads in one process, the gradients of ``params`` added in
     order)."""

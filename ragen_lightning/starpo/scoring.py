@@ -1,19 +1,21 @@
 """Teacher-forced forward passes in micro-batches: token log-probs, entropies and critic values.
 
-Everything here works on the *target* axis of a right-padded batch: position ``j`` of an output describes token
-``input_ids[:, j + 1]`` (so outputs are ``[B, T - 1]``). Micro-batches are trimmed to their longest row, so a short
-micro-batch never pays for the batch's longest conversation.
+Everything here works on the *target* axis of a right-padded batch: position ``j`` of an output
+describes token ``input_ids[:, j + 1]`` (so outputs are ``[B, T - 1]``). Micro-batches are trimmed
+to their longest row, so a short micro-batch never pays for the batch's longest conversation.
 
-Rollout batches are right-padded, and the actor and critic are causal decoders: a real token attends only to
-earlier positions, which are all real, so the padding mask changes nothing on real tokens (positions count from 0
-either way). :func:`causal_only` then drops the mask, which lets attention take its causal fast path (SDPA
-``is_causal``, no ``[B, 1, T, T]`` mask built per layer); outputs on padding differ and are never used.
+Rollout batches are right-padded, and the actor and critic are causal decoders: a real token attends
+only to earlier positions, which are all real, so the padding mask changes nothing on real tokens
+(positions count from 0 either way). :func:`causal_only` then drops the mask, which lets attention
+take its causal fast path (SDPA ``is_causal``, no ``[B, 1, T, T]`` mask built per layer); outputs on
+padding differ and are never used.
 
-Rows of one micro-batch usually start with the same tokens: every conversation of an env opens with the same system
-prompt, and a group's members share their first observation too (a third to a half of a multi-turn row). With
-``share_prefix`` that common prefix runs once (batch 1) and its key/value cache is repeated across the rows, whose
-remaining tokens then run on top of it (:func:`shared_prefix`). This is the same function of the weights (values
-agree to float rounding; the prefix's gradient is the sum of every row's), at a fraction of the prefix's cost.
+Rows of one micro-batch usually start with the same tokens: every conversation of an env opens with
+the same system prompt, and a group's members share their first observation too (a third to a half
+of a multi-turn row). With ``share_prefix`` that common prefix runs once (batch 1) and its key/value
+cache is repeated across the rows, whose remaining tokens then run on top of it
+(:func:`shared_prefix`). This is the same function of the weights (values agree to float rounding;
+the prefix's gradient is the sum of every row's), at a fraction of the prefix's cost.
 """
 
 from __future__ import annotations
@@ -82,13 +84,16 @@ class MicroBatching:
 def micro_slices(rows: torch.Tensor, micro_batch_size: int) -> Iterator[torch.Tensor]:
     """Consecutive chunks of the row indices ``rows``."""
     for start in range(0, rows.numel(), micro_batch_size):
-        yield rows[start:start + micro_batch_size]
+        yield rows[start : start + micro_batch_size]
 
 
-def token_slices(rows: torch.Tensor, lengths: torch.Tensor, budget: int, *, packed: bool) -> list[torch.Tensor]:
-    """Consecutive chunks of ``rows`` (in order; longest first, :func:`by_length`, makes them fullest) holding as
-    many rows as fit ``budget`` tokens: padded, a chunk costs its rows times its longest row; ``packed``, the sum
-    of its rows' lengths. A row longer than the budget forms a chunk of its own. Exact like any other split."""
+def token_slices(
+    rows: torch.Tensor, lengths: torch.Tensor, budget: int, *, packed: bool
+) -> list[torch.Tensor]:
+    """Consecutive chunks of ``rows`` (in order; longest first, :func:`by_length`, makes them
+    fullest) holding as many rows as fit ``budget`` tokens: padded, a chunk costs its rows times its
+    longest row; ``packed``, the sum of its rows' lengths. A row longer than the budget forms a
+    chunk of its own. Exact like any other split."""
     chunks, current, cost, longest = [], [], 0, 0
     for row, n in zip(rows.tolist(), lengths[rows].tolist()):
         grown = cost + n if packed else (len(current) + 1) * max(longest, n)
@@ -102,33 +107,46 @@ def token_slices(rows: torch.Tensor, lengths: torch.Tensor, budget: int, *, pack
     return [torch.tensor(c, dtype=rows.dtype, device=rows.device) for c in chunks]
 
 
-def plan_micro_batches(rows: torch.Tensor, lengths: torch.Tensor, micro_batch_size: int,
-                       micro_batch_tokens: int | None = None, *, packed: bool = False,
-                       pad_row: int | None = None) -> list[torch.Tensor]:
+def plan_micro_batches(
+    rows: torch.Tensor,
+    lengths: torch.Tensor,
+    micro_batch_size: int,
+    micro_batch_tokens: int | None = None,
+    *,
+    packed: bool = False,
+    pad_row: int | None = None,
+) -> list[torch.Tensor]:
     """The micro-batches of ``rows``: ``micro_batch_size`` rows each, or by a token budget
-    (:func:`token_slices`). With several ranks and a token budget every rank must run as many as the busiest one
-    (each forward and backward is collective): the others get extra micro-batches of ``pad_row`` alone (a
-    collective: every rank calls it)."""
+    (:func:`token_slices`). With several ranks and a token budget every rank must run as many as the
+    busiest one (each forward and backward is collective): the others get extra micro-batches of
+    ``pad_row`` alone (a collective: every rank calls it)."""
     if micro_batch_tokens is None:
         return list(micro_slices(rows, micro_batch_size))
     micros = token_slices(rows, lengths, micro_batch_tokens, packed=packed)
     if world()[1] > 1:
         most = int(all_reduce_(torch.tensor(float(len(micros)), device=rows.device), "max"))
-        fill = rows[:1] if pad_row is None else torch.tensor([pad_row], dtype=rows.dtype, device=rows.device)
+        fill = (
+            rows[:1]
+            if pad_row is None
+            else torch.tensor([pad_row], dtype=rows.dtype, device=rows.device)
+        )
         micros += [fill] * (most - len(micros))
     return micros
 
 
 def by_length(rows: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """``rows`` longest first (ties in order), so consecutive micro-batches hold rows of similar length and each is
-    trimmed to little padding. Exact: a mini-batch's loss and gradient do not depend on how it is split."""
+    """``rows`` longest first (ties in order), so consecutive micro-batches hold rows of similar
+    length and each is trimmed to little padding. Exact: a mini-batch's loss and gradient do not
+    depend on how it is split."""
     return rows[torch.argsort(lengths[rows], descending=True, stable=True)]
 
 
-def update_order(rows: torch.Tensor, input_ids: torch.Tensor, lengths: torch.Tensor, packed: bool) -> torch.Tensor:
-    """The order micro-batches take ``rows`` in: longest first when padded (:func:`by_length`: least padding);
-    packed, where padding costs nothing, rows that start alike together (:func:`~ragen_lightning.models.packing.by_tokens`:
-    each common prefix packs once)."""
+def update_order(
+    rows: torch.Tensor, input_ids: torch.Tensor, lengths: torch.Tensor, packed: bool
+) -> torch.Tensor:
+    """The order micro-batches take ``rows`` in: longest first when padded (:func:`by_length`: least
+    padding); packed, where padding costs nothing, rows that start alike together
+    (:func:`~ragen_lightning.models.packing.by_tokens`: each common prefix packs once)."""
     return by_tokens(rows, input_ids, lengths) if packed else by_length(rows, lengths)
 
 
@@ -138,23 +156,29 @@ def trimmed(attention_mask: torch.Tensor, rows: torch.Tensor) -> int:
 
 
 def first_target(loss_mask: torch.Tensor | None) -> int:
-    """The first target column any row of ``loss_mask`` [b, t - 1] trains (0 without a mask; the last column when
-    no row trains anything)."""
+    """The first target column any row of ``loss_mask`` [b, t - 1] trains (0 without a mask; the
+    last column when no row trains anything)."""
     if loss_mask is None:
         return 0
     trained = loss_mask.any(0).nonzero()
     return int(trained[0]) if len(trained) else max(loss_mask.shape[1] - 1, 0)
 
 
-def actor_outputs(actor: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                  forward: ForwardSettings = ForwardSettings(),  # noqa: B008 (frozen)
-                  *, with_entropy: bool, skip: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+def actor_outputs(
+    actor: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    forward: ForwardSettings = ForwardSettings(),  # noqa: B008 (frozen)
+    *,
+    with_entropy: bool,
+    skip: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of ``input_ids[:, 1:]`` under ``actor``: ``[b, t - 1]`` each.
 
-    The first ``skip`` target columns (a prompt no row trains, :func:`first_target`) read 0: the LM head, the
-    log-softmax and the entropy run only on the other positions (``logits_to_keep``), which is exact and saves the
-    vocabulary-sized work on the prompt (half of a multi-turn row's tokens). With
-    ``forward.share_prefix`` the rows' common leading tokens (up to ``skip``) run once
+    The first ``skip`` target columns (a prompt no row trains, :func:`first_target`) read 0: the LM
+    head, the log-softmax and the entropy run only on the other positions (``logits_to_keep``),
+    which is exact and saves the vocabulary-sized work on the prompt (half of a multi-turn row's
+    tokens). With ``forward.share_prefix`` the rows' common leading tokens (up to ``skip``) run once
     (:func:`run_on_shared_prefix`). With ``forward.pack`` the rows run as one packed sequence
     without padding; columns past a row's end read 0.
     """
@@ -164,18 +188,34 @@ def actor_outputs(actor: nn.Module, input_ids: torch.Tensor, attention_mask: tor
     skip = min(max(skip, 0), length - 1)
     keep = length - skip if skip else 0
     prefix = shared_prefix(input_ids, attention_mask, skip, actor) if share_prefix else 0
-    packing = cheaper_packing(input_ids, attention_mask, skip if share_prefix else 0, prefix) if pack else None
+    packing = (
+        cheaper_packing(input_ids, attention_mask, skip if share_prefix else 0, prefix)
+        if pack
+        else None
+    )
     if packing is not None:
-        return _packed_actor_outputs(actor, input_ids, attention_mask, skip, packing, with_entropy=with_entropy,
-                                     temperature=temperature, chunk_size=chunk_size)
+        return _packed_actor_outputs(
+            actor,
+            input_ids,
+            attention_mask,
+            skip,
+            packing,
+            with_entropy=with_entropy,
+            temperature=temperature,
+            chunk_size=chunk_size,
+        )
     if prefix:
-        logits = run_on_shared_prefix(actor, input_ids, prefix, attention_mask=None, logits_to_keep=keep).logits
+        logits = run_on_shared_prefix(
+            actor, input_ids, prefix, attention_mask=None, logits_to_keep=keep
+        ).logits
     else:
-        logits = actor(input_ids=input_ids, attention_mask=causal_only(attention_mask), logits_to_keep=keep).logits
+        logits = actor(
+            input_ids=input_ids, attention_mask=causal_only(attention_mask), logits_to_keep=keep
+        ).logits
     logits = logits[:, :-1]
     if temperature != 1.0:
         logits = logits / temperature
-    logprobs = logprobs_from_logits(logits, input_ids[:, skip + 1:], chunk_size=chunk_size)
+    logprobs = logprobs_from_logits(logits, input_ids[:, skip + 1 :], chunk_size=chunk_size)
     entropy = entropy_from_logits(logits, chunk_size=chunk_size) if with_entropy else None
     if skip:
         logprobs = torch.nn.functional.pad(logprobs, (skip, 0))
@@ -187,10 +227,11 @@ PACK_SAVING = 0.95  # pack only when it runs at most this fraction of the padded
 
 
 def cheaper_packing(input_ids: torch.Tensor, attention_mask: torch.Tensor, limit: int, prefix: int):
-    """The rows' :class:`~ragen_lightning.models.packing.Packing` (prefixes shared up to ``limit``) when it runs at
-    most :data:`PACK_SAVING` of the tokens the padded pass would (``prefix``: its own shared prefix, run once), else
-    None: with rows of one length and one common prefix packing saves nothing and its per-row attention calls cost
-    a little (measured: 0.92x on 32 equal-length distinct rows). Either pass is exact."""
+    """The rows' :class:`~ragen_lightning.models.packing.Packing` (prefixes shared up to ``limit``)
+    when it runs at most :data:`PACK_SAVING` of the tokens the padded pass would (``prefix``: its
+    own shared prefix, run once), else None: with rows of one length and one common prefix packing
+    saves nothing and its per-row attention calls cost a little (measured: 0.92x on 32 equal-length
+    distinct rows). Either pass is exact."""
     b = input_ids.shape[0]
     if b < 2 or causal_only(attention_mask) is not None:
         return None
@@ -199,10 +240,19 @@ def cheaper_packing(input_ids: torch.Tensor, attention_mask: torch.Tensor, limit
     return packing if packing.input_ids.shape[1] <= PACK_SAVING * padded else None
 
 
-def _packed_actor_outputs(actor: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, skip: int,
-                          packing, *, with_entropy: bool, temperature: float, chunk_size: int | None):
-    """:func:`actor_outputs` on the rows packed as ``packing``: the LM head runs on the trained columns' positions
-    only (from ``skip`` to each row's last-but-one token)."""
+def _packed_actor_outputs(
+    actor: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    skip: int,
+    packing,
+    *,
+    with_entropy: bool,
+    temperature: float,
+    chunk_size: int | None,
+):
+    """:func:`actor_outputs` on the rows packed as ``packing``: the LM head runs on the trained
+    columns' positions only (from ``skip`` to each row's last-but-one token)."""
     use_packed_attention(actor)
     b, length = input_ids.shape
     lengths = attention_mask.sum(-1)
@@ -213,22 +263,36 @@ def _packed_actor_outputs(actor: nn.Module, input_ids: torch.Tensor, attention_m
     if temperature != 1.0:
         logits = logits / temperature
     targets = input_ids[packing.rows[keep], packing.cols[keep] + 1]
-    logprobs = unpack(logprobs_from_logits(logits, targets, chunk_size=chunk_size), packing, (b, length - 1), keep)
-    entropy = (unpack(entropy_from_logits(logits, chunk_size=chunk_size), packing, (b, length - 1), keep)
-               if with_entropy else None)
+    logprobs = unpack(
+        logprobs_from_logits(logits, targets, chunk_size=chunk_size), packing, (b, length - 1), keep
+    )
+    entropy = (
+        unpack(entropy_from_logits(logits, chunk_size=chunk_size), packing, (b, length - 1), keep)
+        if with_entropy
+        else None
+    )
     return logprobs, entropy
 
 
-def critic_values(critic: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                  forward: ForwardSettings = ForwardSettings(),  # noqa: B008 (frozen)
-                  *, skip: int = 0) -> torch.Tensor:
+def critic_values(
+    critic: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    forward: ForwardSettings = ForwardSettings(),  # noqa: B008 (frozen)
+    *,
+    skip: int = 0,
+) -> torch.Tensor:
     """``V`` after each prefix, on the target axis: ``[b, t - 1]`` (``forward``'s temperature and
     logits chunks do not apply). With ``forward.share_prefix`` the rows' common leading tokens (up
     to ``skip``, the first column a value is read from) run once and their columns read 0. With
     ``forward.pack`` the rows run packed without padding; columns past a row's end read 0."""
     share_prefix, pack = forward.share_prefix, forward.pack
     prefix = shared_prefix(input_ids, attention_mask, skip, critic) if share_prefix else 0
-    packing = cheaper_packing(input_ids, attention_mask, skip if share_prefix else 0, prefix) if pack else None
+    packing = (
+        cheaper_packing(input_ids, attention_mask, skip if share_prefix else 0, prefix)
+        if pack
+        else None
+    )
     if packing is not None:
         use_packed_attention(critic)
         owned = packing.owned
@@ -241,17 +305,27 @@ def critic_values(critic: nn.Module, input_ids: torch.Tensor, attention_mask: to
 
 
 @torch.no_grad()
-def score_batch(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro_batch_size: int, *,
-                kind: str, forward: ForwardSettings = ForwardSettings(),  # noqa: B008 (frozen)
-                with_entropy: bool = False, loss_mask: torch.Tensor | None = None, threads: int = 1,
-                micro_batch_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Run ``actor`` (``kind="actor"``: log-probs [+ entropy]) or ``critic`` (``kind="critic"``: values) over a
-    whole batch in micro-batches, returning ``[B, T - 1]`` tensors padded with zeros. With ``loss_mask``
-    [B, T - 1] outputs are computed on trained columns onward only (:func:`actor_outputs` ``skip``)
-    and read 0 before. No backward runs here, so the rows' common prefix always runs once
-    (``forward.share_prefix`` is ignored). ``threads`` > 1 scores that many micro-batches at a time
-    on CPU threads (:func:`~ragen_lightning.parallel.threads.map_threads`). ``micro_batch_tokens``
-    forms the micro-batches by a token budget instead (:func:`plan_micro_batches`)."""
+def score_batch(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    micro_batch_size: int,
+    *,
+    kind: str,
+    forward: ForwardSettings = ForwardSettings(),  # noqa: B008 (frozen)
+    with_entropy: bool = False,
+    loss_mask: torch.Tensor | None = None,
+    threads: int = 1,
+    micro_batch_tokens: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run ``actor`` (``kind="actor"``: log-probs [+ entropy]) or ``critic`` (``kind="critic"``:
+    values) over a whole batch in micro-batches, returning ``[B, T - 1]`` tensors padded with zeros.
+    With ``loss_mask`` [B, T - 1] outputs are computed on trained columns onward only
+    (:func:`actor_outputs` ``skip``) and read 0 before. No backward runs here, so the rows' common
+    prefix always runs once (``forward.share_prefix`` is ignored). ``threads`` > 1 scores that many
+    micro-batches at a time on CPU threads (:func:`~ragen_lightning.parallel.threads.map_threads`).
+    ``micro_batch_tokens`` forms the micro-batches by a token budget instead
+    (:func:`plan_micro_batches`)."""
     B, T = input_ids.shape
     forward, pack = dataclasses.replace(forward, share_prefix=True), forward.pack
     first = torch.zeros((B, T - 1), device=input_ids.device)
@@ -266,8 +340,13 @@ def score_batch(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
         return critic_values(model, ids, att, forward, skip=skip), None
 
     lengths = attention_mask.sum(-1)
-    micros = plan_micro_batches(update_order(torch.arange(B, device=input_ids.device), input_ids, lengths, pack),
-                                lengths, micro_batch_size, micro_batch_tokens, packed=pack)
+    micros = plan_micro_batches(
+        update_order(torch.arange(B, device=input_ids.device), input_ids, lengths, pack),
+        lengths,
+        micro_batch_size,
+        micro_batch_tokens,
+        packed=pack,
+    )
     for rows, (a, b) in zip(micros, map_threads(score, micros, threads)):
         first[rows, : a.shape[1]] = a.float()
         if second is not None and b is not None:
@@ -275,8 +354,14 @@ def score_batch(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
     return first, second
 
 
-def score_sharded(model: nn.Module, ids: torch.Tensor, att: torch.Tensor, micro: int,
-                  loss_mask: torch.Tensor | None = None, **kwargs):
+def score_sharded(
+    model: nn.Module,
+    ids: torch.Tensor,
+    att: torch.Tensor,
+    micro: int,
+    loss_mask: torch.Tensor | None = None,
+    **kwargs,
+):
     """:func:`score_batch` over the whole batch; with several ranks each scores its share and the
     zero-filled full tensors are summed across ranks."""
     rank, size = world()
@@ -286,8 +371,14 @@ def score_sharded(model: nn.Module, ids: torch.Tensor, att: torch.Tensor, micro:
     B = ids.shape[0]
     rows = rank_rows(torch.arange(B, device=ids.device), size, rank, pad_index=0)
     real = torch.tensor_split(torch.arange(B, device=ids.device), size)[rank].numel()
-    outs = score_batch(model, ids[rows], att[rows], micro, **kwargs,
-                       loss_mask=loss_mask[rows] if loss_mask is not None else None)
+    outs = score_batch(
+        model,
+        ids[rows],
+        att[rows],
+        micro,
+        **kwargs,
+        loss_mask=loss_mask[rows] if loss_mask is not None else None,
+    )
     full = []
     for out in outs:
         if out is None:

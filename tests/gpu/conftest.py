@@ -7,9 +7,9 @@ import pytest
 
 
 class TrainingDevices(L.Callback):
-    """The device types of the actor's and critic's parameters while the update runs. After ``fit`` Lightning's
-    single-device teardown moves the module back to the CPU, so a check of the parameters afterwards says nothing
-    about where training ran."""
+    """The device types of the actor's and critic's parameters while the update runs. After ``fit``
+    Lightning's single-device teardown moves the module back to the CPU, so a check of the
+    parameters afterwards says nothing about where training ran."""
 
     def __init__(self) -> None:
         self.seen: set[str] = set()

@@ -1,10 +1,10 @@
-"""Seeded short Bandit fits run several times in one process; prints one ``RESULT_JSON`` line with, per variant,
-each fit's fingerprint (tests/integration/test_determinism.py compares them).
+"""Seeded short Bandit fits run several times in one process; prints one ``RESULT_JSON`` line with,
+per variant, each fit's fingerprint (tests/integration/test_determinism.py compares them).
 
-A fingerprint is the SHA-256 of everything a checkpoint holds that a run computes (weights, optimizer and scheduler
-states, loop progress, the data module's and callbacks' states, the module's counters) plus every logged value that
-is not a clock reading. vLLM pins torch to one thread and patches ``torch.set_num_threads`` in the process that builds
-an engine, so its variant runs last.
+A fingerprint is the SHA-256 of everything a checkpoint holds that a run computes (weights,
+optimizer and scheduler states, loop progress, the data module's and callbacks' states, the module's
+counters) plus every logged value that is not a clock reading. vLLM pins torch to one thread and
+patches ``torch.set_num_threads`` in the process that builds an engine, so its variant runs last.
 
     python tests/integration/determinism_script.py OUT_DIR REPEATS VARIANT [VARIANT ...]
 """
@@ -24,27 +24,62 @@ import envs  # noqa: F401
 from ragen_lightning.cli import main
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-# configs/bandit.yaml's own settings (engine auto, two micro-batch threads, the critic in the background), shortened:
-# four micro-batches per step (so the order gradients are added in matters) and a validation after every iteration
-# (it starts while the background critic is stepping).
-SHORT = ["--config", str(CONFIGS / "bandit.yaml"), "--model.warm_start", "false",
-         "--data.training.num_groups", "2", "--data.training.group_size", "4", "--data.episode.max_new_tokens", "12",
-         "--data.validation.num_groups", "2", "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "2",
-         "--trainer.val_check_interval", "1", "--data.training.num_iterations", "3",
-         "--trainer.logger", '{class_path: lightning.pytorch.loggers.CSVLogger, init_args: {save_dir: logs, name: csv}}']
+# configs/bandit.yaml's own settings (engine auto, two micro-batch threads, the critic in the
+# background), shortened: four micro-batches per step (so the order gradients are added in matters)
+# and a validation after every iteration (it starts while the background critic is stepping).
+SHORT = [
+    "--config",
+    str(CONFIGS / "bandit.yaml"),
+    "--model.warm_start",
+    "false",
+    "--data.training.num_groups",
+    "2",
+    "--data.training.group_size",
+    "4",
+    "--data.episode.max_new_tokens",
+    "12",
+    "--data.validation.num_groups",
+    "2",
+    "--model.update.mini_batch_size",
+    "8",
+    "--model.update.micro_batch_size",
+    "2",
+    "--trainer.val_check_interval",
+    "1",
+    "--data.training.num_iterations",
+    "3",
+    "--trainer.logger",
+    "{class_path: lightning.pytorch.loggers.CSVLogger, init_args: {save_dir: logs, name: csv}}",
+]
 VARIANTS = {
     "config": [],
     "hf": ["--data.engine.name", "hf"],
-    # the warm start rebuilt from scratch (a fresh cache per fit) with its two SFT threads, then the fit
-    "warm_start": ["--data.engine.name", "hf", "--model.warm_start", "{steps: 24, num_episodes: 64, threads: 2}"],
+    # the warm start rebuilt from scratch (a fresh cache per fit) with its two SFT threads, then the
+    # fit
+    "warm_start": [
+        "--data.engine.name",
+        "hf",
+        "--model.warm_start",
+        "{steps: 24, num_episodes: 64, threads: 2}",
+    ],
 }
-CHECKPOINT_KEYS = ("state_dict", "optimizer_states", "lr_schedulers", "loops", "global_step", "epoch", "starpo",
-                   "datamodule_state", "RolloutDataModule")
+CHECKPOINT_KEYS = (
+    "state_dict",
+    "optimizer_states",
+    "lr_schedulers",
+    "loops",
+    "global_step",
+    "epoch",
+    "starpo",
+    "datamodule_state",
+    "RolloutDataModule",
+)
 SKIPPED = ("model_path",)  # the warm start's folder: under each fit's own cache
 
 
 def is_clock(name: str) -> bool:
-    """A wall-clock reading (a logged value or a callback's state): ``timing_s/*``, ``throughput/*``, ``*_s``."""
+    """A wall-clock reading (a logged value or a callback's state): ``timing_s/*``,
+    ``throughput/*``, ``*_s``."""
     return name.startswith(("timing", "throughput")) or name.split("/")[-1].endswith("_s")
 
 
@@ -67,7 +102,11 @@ def _feed(h, value) -> None:
 
 
 def fingerprint(root: Path) -> dict[str, str | int]:
-    ckpt = torch.load(root / "outputs" / "bandit" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    ckpt = torch.load(
+        root / "outputs" / "bandit" / "checkpoints" / "last.ckpt",
+        map_location="cpu",
+        weights_only=False,
+    )
     parts = {}
     for key in ckpt:
         if key in CHECKPOINT_KEYS or key.endswith("DataModule"):
@@ -106,7 +145,10 @@ def run(out: Path, variant: str, index: int) -> dict[str, str | int]:
 
 if __name__ == "__main__":
     out, repeats, variants = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
-    result = {v: [run(out, v, i) for i in range(repeats)] for v in sorted(variants, key=lambda v: v == "config")}
+    result = {
+        v: [run(out, v, i) for i in range(repeats)]
+        for v in sorted(variants, key=lambda v: v == "config")
+    }
     sys.stdout.write("RESULT_JSON " + json.dumps(result) + "\n")
     sys.stdout.flush()
     os._exit(0)  # vLLM's in-process engine leaves threads behind

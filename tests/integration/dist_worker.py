@@ -1,18 +1,21 @@
-"""One fit of the tiny model on 1 process or under torchrun with 2 (gloo), for tests/integration/test_distributed.py.
+"""One fit of the tiny model on 1 process or under torchrun with 2 (gloo), for
+tests/integration/test_distributed.py.
 
-``python tests/integration/dist_worker.py '<json>'`` (or under ``python -m torch.distributed.run --nproc_per_node 2``,
-or two ``--nnodes 2 --nproc_per_node 1`` launchers: two node ranks on loopback)
-with keys: ``out`` (folder), ``model`` (tiny folder), ``strategy`` (``single`` | ``ddp`` | ``fsdp``), ``iterations``,
-``estimator`` (``gae`` | ``grpo``), ``engine`` (``scripted``: seeded bandit answers, exact; ``hf``: real sampling;
-``vllm``: real sampling with a colocated vLLM engine per rank, each sync's probe recorded under ``probes``),
-``ckpt_in`` (resume from), ``ckpt_dir`` (a checkpoint after every optimizer step, ``step=N.ckpt``), ``max_steps``
-(stop early), ``kl`` (KL loss with a reference), ``top_k_abs`` (filter), ``mini`` (mini-batch size), ``export``
-(export the actor to ``<out>/export`` at the end of the fit), ``lora`` (``--model.lora`` settings as a dict), ``tp``
-(``--data.engine.vllm.tensor_parallel_size``: one vLLM engine over that many ranks; each rank's own generations, before the
-gather, are recorded under ``generations``), ``mixture`` (a ``--data.env.mixture`` list instead of the single Bandit env).
-Every rank writes ``rank{r}.json`` (logged metrics per iteration, kept group ids, data-module state) and
-``rank{r}.pt`` (the full actor/critic parameters, gathered from FSDP2 shards; under LoRA the trainable ones only, and
-the trained actor's ``logits`` on fixed ids).
+``python tests/integration/dist_worker.py '<json>'`` (or under ``python -m torch.distributed.run
+--nproc_per_node 2``, or two ``--nnodes 2 --nproc_per_node 1`` launchers: two node ranks on
+loopback) with keys: ``out`` (folder), ``model`` (tiny folder), ``strategy`` (``single`` | ``ddp`` |
+``fsdp``), ``iterations``, ``estimator`` (``gae`` | ``grpo``), ``engine`` (``scripted``: seeded
+bandit answers, exact; ``hf``: real sampling; ``vllm``: real sampling with a colocated vLLM engine
+per rank, each sync's probe recorded under ``probes``), ``ckpt_in`` (resume from), ``ckpt_dir`` (a
+checkpoint after every optimizer step, ``step=N.ckpt``), ``max_steps`` (stop early), ``kl`` (KL loss
+with a reference), ``top_k_abs`` (filter), ``mini`` (mini-batch size), ``export`` (export the actor
+to ``<out>/export`` at the end of the fit), ``lora`` (``--model.lora`` settings as a dict), ``tp``
+(``--data.engine.vllm.tensor_parallel_size``: one vLLM engine over that many ranks; each rank's own
+generations, before the gather, are recorded under ``generations``), ``mixture`` (a
+``--data.env.mixture`` list instead of the single Bandit env). Every rank writes ``rank{r}.json``
+(logged metrics per iteration, kept group ids, data-module state) and ``rank{r}.pt`` (the full
+actor/critic parameters, gathered from FSDP2 shards; under LoRA the trainable ones only, and the
+trained actor's ``logits`` on fixed ids).
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ class Recording(RolloutDataModule):
         super().__init__(**kwargs)
         self.kept: list[list[int]] = []
 
-    def _finish(self, iteration, sync, generated):  # every batch, taken from the async worker or not
+    # every batch, taken from the async worker or not
+    def _finish(self, iteration, sync, generated):
         batch = super()._finish(iteration, sync, generated)
         self.kept.append(sorted({t.group_id for t in batch.trajectories}))
         return batch
@@ -64,19 +68,29 @@ class Metrics(Callback):
         self.rows = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.rows.append({k: float(v) for k, v in trainer.callback_metrics.items() if not k.startswith("timing")})
+        self.rows.append(
+            {k: float(v) for k, v in trainer.callback_metrics.items() if not k.startswith("timing")}
+        )
 
 
 def record_probes(module) -> list[dict]:
-    """Every sync's probe on this rank: its own max/mean |vLLM - trainer| log-prob before the cross-rank max, the
-    probe batch size and the optimizer steps taken before the sync (> 0: the push follows a real update)."""
+    """Every sync's probe on this rank: its own max/mean |vLLM - trainer| log-prob before the
+    cross-rank max, the probe batch size and the optimizer steps taken before the sync (> 0: the
+    push follows a real update)."""
     rows: list[dict] = []
     probe_diff = VLLMEngine.probe_diff
 
     def recording(engine):
         max_diff, mean_diff = probe_diff(engine)
-        rows.append({"max": max_diff, "mean": mean_diff, "sequences": len(engine.probe_batch()),
-                     "step": module.global_step, "sharded": engine.sharded})
+        rows.append(
+            {
+                "max": max_diff,
+                "mean": mean_diff,
+                "sequences": len(engine.probe_batch()),
+                "step": module.global_step,
+                "sharded": engine.sharded,
+            }
+        )
         return max_diff, mean_diff
 
     VLLMEngine.probe_diff = recording
@@ -100,58 +114,130 @@ def record_generations() -> list[list[list[int]]]:
 def main(cfg: dict) -> None:
     out = Path(cfg["out"])
     out.mkdir(parents=True, exist_ok=True)
-    strategy = {"single": "auto", "ddp": DDPStrategy(find_unused_parameters=True),
-                "fsdp": FSDP2Strategy()}[cfg["strategy"]]
+    strategy = {
+        "single": "auto",
+        "ddp": DDPStrategy(find_unused_parameters=True),
+        "fsdp": FSDP2Strategy(),
+    }[cfg["strategy"]]
     world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun: every process of every node
     devices = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # this node's processes
     num_nodes = world // devices
     cls = Scripted if cfg.get("engine", "scripted") == "scripted" else StarPOModule
-    module = cls(model=cfg["model"], advantage={"estimator": cfg.get("estimator", "gae")},
-                 update={"mini_batch_size": cfg.get("mini", 2), "micro_batch_size": cfg.get("micro", 1)},
-                 loss={"entropy_coeff": 0.01, "kl_coef": 0.1 if cfg.get("kl") else 0.0,  # a KL loss: coef > 0
-                       "tis_cap": 2.0 if cfg.get("async") else None},
-                 optim={"grad_clip": 1.0, "actor_optimizer": partial(torch.optim.SGD, lr=0.5, momentum=0.9),
-                        "critic_optimizer": partial(torch.optim.SGD, lr=0.5, momentum=0.9)},
-                 export_dir=str(out / "export") if cfg.get("export") else None, lora=cfg.get("lora"))
+    module = cls(
+        model=cfg["model"],
+        advantage={"estimator": cfg.get("estimator", "gae")},
+        update={"mini_batch_size": cfg.get("mini", 2), "micro_batch_size": cfg.get("micro", 1)},
+        # a KL loss: coef > 0
+        loss={
+            "entropy_coeff": 0.01,
+            "kl_coef": 0.1 if cfg.get("kl") else 0.0,
+            "tis_cap": 2.0 if cfg.get("async") else None,
+        },
+        optim={
+            "grad_clip": 1.0,
+            "actor_optimizer": partial(torch.optim.SGD, lr=0.5, momentum=0.9),
+            "critic_optimizer": partial(torch.optim.SGD, lr=0.5, momentum=0.9),
+        },
+        export_dir=str(out / "export") if cfg.get("export") else None,
+        lora=cfg.get("lora"),
+    )
     probes = record_probes(module) if cfg.get("engine") == "vllm" else []
     generations = record_generations() if cfg.get("engine") == "vllm" else []
-    engine = {"name": "vllm", "vllm": VLLMSettings(probe_size=2, tensor_parallel_size=cfg.get("tp", 1))} \
-        if cfg.get("engine") == "vllm" else {}
-    flt = FilterSettings(strategy="top_k_abs", value=cfg["top_k_abs"]) if cfg.get("top_k_abs") else None
+    engine = (
+        {"name": "vllm", "vllm": VLLMSettings(probe_size=2, tensor_parallel_size=cfg.get("tp", 1))}
+        if cfg.get("engine") == "vllm"
+        else {}
+    )
+    flt = (
+        FilterSettings(strategy="top_k_abs", value=cfg["top_k_abs"])
+        if cfg.get("top_k_abs")
+        else None
+    )
     env = {"mixture": cfg["mixture"]} if cfg.get("mixture") else {"id": "ragen/Bandit-v0"}
-    training = {"num_groups": 4, "group_size": 3, "num_iterations": cfg["iterations"],
-                "async_level": int(bool(cfg.get("async")))}
-    dm = Recording(env=env, training=training, sampling={"temperature": 1.0}, validation={"num_groups": 2},
-                   episode=EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1,
-                                           max_new_tokens=8, max_model_len=1024),
-                   filter=flt, engine=engine)
+    training = {
+        "num_groups": 4,
+        "group_size": 3,
+        "num_iterations": cfg["iterations"],
+        "async_level": int(bool(cfg.get("async"))),
+    }
+    dm = Recording(
+        env=env,
+        training=training,
+        sampling={"temperature": 1.0},
+        validation={"num_groups": 2},
+        episode=EpisodeSettings(
+            max_turns=1,
+            max_actions_per_turn=1,
+            max_actions_per_episode=1,
+            max_new_tokens=8,
+            max_model_len=1024,
+        ),
+        filter=flt,
+        engine=engine,
+    )
     callbacks = [Metrics()]
     if cfg.get("ckpt_dir"):
-        callbacks.append(ModelCheckpoint(dirpath=cfg["ckpt_dir"], every_n_train_steps=1, save_top_k=-1,
-                                         filename="{step}"))
-    trainer = L.Trainer(accelerator="cpu", devices=devices, num_nodes=num_nodes, strategy=strategy, max_epochs=1,
-                        logger=False,
-                        max_steps=cfg.get("max_steps", -1), enable_checkpointing=len(callbacks) > 1,
-                        callbacks=callbacks, enable_progress_bar=False,
-                        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-                        default_root_dir=out)
-    if cfg.get("lora"):  # every rank draws other random adapters on purpose: each strategy must start from rank 0's
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=cfg["ckpt_dir"], every_n_train_steps=1, save_top_k=-1, filename="{step}"
+            )
+        )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        num_nodes=num_nodes,
+        strategy=strategy,
+        max_epochs=1,
+        logger=False,
+        max_steps=cfg.get("max_steps", -1),
+        enable_checkpointing=len(callbacks) > 1,
+        callbacks=callbacks,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        default_root_dir=out,
+    )
+    # every rank draws other random adapters on purpose: each strategy must start from rank 0's
+    if cfg.get("lora"):
         torch.manual_seed(int(os.environ.get("RANK", "0")))
     trainer.fit(module, dm, ckpt_path=cfg.get("ckpt_in"))
     rank = trainer.global_rank
     params = {}
     for prefix, net in (("actor", module.actor), ("critic", module.critic)):
-        named = net.state_dict().items() if net is not None and not cfg.get("lora") else \
-            [(k, v) for k, v in (net.named_parameters() if net is not None else []) if v.requires_grad]
+        named = (
+            net.state_dict().items()
+            if net is not None and not cfg.get("lora")
+            else [
+                (k, v)
+                for k, v in (net.named_parameters() if net is not None else [])
+                if v.requires_grad
+            ]
+        )
         params.update({f"{prefix}.{k}": full_tensor(v.detach()).clone() for k, v in named})
-    if cfg.get("lora"):  # the trained actor's logits on fixed ids (a collective forward under FSDP2)
+    # the trained actor's logits on fixed ids (a collective forward under FSDP2)
+    if cfg.get("lora"):
         with torch.no_grad():
-            params["logits"] = module.actor.eval()(input_ids=torch.arange(3, 19)[None]).logits.detach().clone()
+            params["logits"] = (
+                module.actor.eval()(input_ids=torch.arange(3, 19)[None]).logits.detach().clone()
+            )
     torch.save(params, out / f"rank{rank}.pt")
-    (out / f"rank{rank}.json").write_text(json.dumps({
-        "metrics": callbacks[0].rows, "kept": dm.kept, "state": dm.state_dict(), "global_step": trainer.global_step,
-        "world_size": trainer.world_size, "node_rank": trainer.node_rank, "probes": probes, "generations": generations,
-        "rollout_copy": len(module._rollout_actor)}))  # FSDP2: an unsharded actor copy for the HF engine only
+    (out / f"rank{rank}.json").write_text(
+        json.dumps(
+            {
+                "metrics": callbacks[0].rows,
+                "kept": dm.kept,
+                "state": dm.state_dict(),
+                "global_step": trainer.global_step,
+                "world_size": trainer.world_size,
+                "node_rank": trainer.node_rank,
+                "probes": probes,
+                "generations": generations,
+                # FSDP2: an unsharded actor copy for the HF engine only
+                "rollout_copy": len(module._rollout_actor),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -23,19 +23,29 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from ragen_lightning.rollout.engine import HFEngine, SamplingParams
 from ragen_lightning.rollout.vllm_engine import VLLMEngine, VLLMSettings
 
-TEXTS = ("hi", "Push the box left.", "你好，世界", "#_OX__#\n#__P__#", "Answer with <answer>Up</answer>.", "1 2 3",
-         "Left || Right", "emoji 😀")
+TEXTS = (
+    "hi",
+    "Push the box left.",
+    "你好，世界",
+    "#_OX__#\n#__P__#",
+    "Answer with <answer>Up</answer>.",
+    "1 2 3",
+    "Left || Right",
+    "emoji 😀",
+)
 
 
 STOP = "</answer>"
-# Qwen2.5 spells "</answer>" "</" "answer" ">"; with ">\n" in place of ">" the string ends inside a token
+# Qwen2.5 spells "</answer>" "</" "answer" ">"; with ">\n" in place of ">" the string ends inside a
+# token
 ALPHABETS = {"split": [522, 9217, 29], "inside": [522, 9217, 397]}
 
 
 @contextlib.contextmanager
 def allowed_tokens(ids: list[int]):
-    """vLLM samples only ``ids`` (its ``allowed_token_ids``) in requests built by VLLMEngine.generate meanwhile,
-    with a frequency penalty against the random tied-embedding model's habit of repeating its last token."""
+    """vLLM samples only ``ids`` (its ``allowed_token_ids``) in requests built by
+    VLLMEngine.generate meanwhile, with a frequency penalty against the random tied-embedding
+    model's habit of repeating its last token."""
     import vllm
 
     original = vllm.SamplingParams
@@ -47,7 +57,8 @@ def allowed_tokens(ids: list[int]):
 
 
 class Forced:
-    """Makes the HF engine sample ``script`` after a prompt of ``prompt_len`` ids (one request at a time)."""
+    """Makes the HF engine sample ``script`` after a prompt of ``prompt_len`` ids (one request at a
+    time)."""
 
     def __init__(self, model, script: list[int], prompt_len: int):
         self.script, self.prompt_len = script, prompt_len
@@ -61,13 +72,16 @@ class Forced:
 
 
 def stop_case(tok, vllm, hf, prompts, alphabet: list[int]) -> dict:
-    """vLLM samples from ``alphabet`` (seeded) with and without the stop string; the HF engine is forced to the
-    same free ids and stops on its own."""
+    """vLLM samples from ``alphabet`` (seeded) with and without the stop string; the HF engine is
+    forced to the same free ids and stops on its own."""
     free_params = SamplingParams(temperature=1.0, max_new_tokens=16)
     stop_params = SamplingParams(temperature=1.0, max_new_tokens=16, stop=(STOP,))
     seeds = list(range(len(prompts)))
     with allowed_tokens(alphabet):
-        free, cut = vllm.generate(prompts, free_params, seeds), vllm.generate(prompts, stop_params, seeds)
+        free, cut = (
+            vllm.generate(prompts, free_params, seeds),
+            vllm.generate(prompts, stop_params, seeds),
+        )
     hf_cut = []
     for prompt, f in zip(prompts, free):
         forced = Forced(hf.model, f.token_ids, len(prompt))
@@ -75,23 +89,46 @@ def stop_case(tok, vllm, hf, prompts, alphabet: list[int]) -> dict:
             hf_cut.append(hf.generate([prompt], stop_params)[0])
         finally:
             forced.handle.remove()
-    reference = [next((k for k in range(1, len(f.token_ids) + 1) if STOP in tok.decode(f.token_ids[:k])), None)
-                 for f in free]
-    return {"free": [g.token_ids for g in free], "reference_lengths": reference,
-            "vllm": [g.token_ids for g in cut], "vllm_finish": [g.finish_reason for g in cut],
-            "vllm_logprobs": [g.logprobs for g in cut], "free_logprobs": [g.logprobs for g in free],
-            "hf": [g.token_ids for g in hf_cut], "hf_finish": [g.finish_reason for g in hf_cut]}
+    reference = [
+        next(
+            (k for k in range(1, len(f.token_ids) + 1) if STOP in tok.decode(f.token_ids[:k])), None
+        )
+        for f in free
+    ]
+    return {
+        "free": [g.token_ids for g in free],
+        "reference_lengths": reference,
+        "vllm": [g.token_ids for g in cut],
+        "vllm_finish": [g.finish_reason for g in cut],
+        "vllm_logprobs": [g.logprobs for g in cut],
+        "free_logprobs": [g.logprobs for g in free],
+        "hf": [g.token_ids for g in hf_cut],
+        "hf_finish": [g.finish_reason for g in hf_cut],
+    }
 
 
 def main(model_dir: str) -> dict:
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(model_dir)
     actor = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    vllm = VLLMEngine(actor, model_dir, [tok.eos_token_id], tok.pad_token_id, VLLMSettings(probe_size=0),
-                      max_model_len=1024, max_batch_size=8)
+    vllm = VLLMEngine(
+        actor,
+        model_dir,
+        [tok.eos_token_id],
+        tok.pad_token_id,
+        VLLMSettings(probe_size=0),
+        max_model_len=1024,
+        max_batch_size=8,
+    )
     hf = HFEngine(actor, [tok.eos_token_id], tok.pad_token_id, tokenizer=tok)
-    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
-                                                  add_generation_prompt=True)) for t in TEXTS]
+    prompts = [
+        tok.encode(
+            tok.apply_chat_template(
+                [{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True
+            )
+        )
+        for t in TEXTS
+    ]
     stop = {name: stop_case(tok, vllm, hf, prompts, ids) for name, ids in ALPHABETS.items()}
 
     with torch.no_grad():  # sharpened: greedy choices far from ties
@@ -100,8 +137,10 @@ def main(model_dir: str) -> dict:
     greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
     hf_g, vl_g = hf.generate(prompts, greedy), vllm.generate(prompts, greedy)
 
-    follow = [tok.encode(f"<|im_end|>\n<|im_start|>user\nturn {t}<|im_end|>\n<|im_start|>assistant\n")
-              for t in range(3)]
+    follow = [
+        tok.encode(f"<|im_end|>\n<|im_start|>user\nturn {t}<|im_end|>\n<|im_start|>assistant\n")
+        for t in range(3)
+    ]
     sampled = SamplingParams(temperature=1.0, max_new_tokens=8)
     turns = {}
     for mode in ("cached", "reset"):
@@ -115,9 +154,15 @@ def main(model_dir: str) -> dict:
         turns[mode] = history
     cache_config = vllm.llm.llm_engine.vllm_config.cache_config
     return {
-        "sync": sync, "vocab_size": vllm.vocab_size, "prefix_caching": bool(cache_config.enable_prefix_caching),
-        "greedy": {"hf": [g.token_ids for g in hf_g], "vllm": [g.token_ids for g in vl_g],
-                   "hf_logprobs": [g.logprobs for g in hf_g], "vllm_logprobs": [g.logprobs for g in vl_g]},
+        "sync": sync,
+        "vocab_size": vllm.vocab_size,
+        "prefix_caching": bool(cache_config.enable_prefix_caching),
+        "greedy": {
+            "hf": [g.token_ids for g in hf_g],
+            "vllm": [g.token_ids for g in vl_g],
+            "hf_logprobs": [g.logprobs for g in hf_g],
+            "vllm_logprobs": [g.logprobs for g in vl_g],
+        },
         "stop": stop,
         "turns": turns,
     }

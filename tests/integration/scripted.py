@@ -1,4 +1,5 @@
-"""A scripted engine shared by the integration tests and the 2-process worker (no model sampling)."""
+"""A scripted engine shared by the integration tests and the 2-process worker (no model
+sampling)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from ragen_lightning.rollout.engine import Generation
 
 
 class SeededBanditEngine:
-    """Answers each Bandit request with one of the two arm names, chosen by the request seed (reward variance)."""
+    """Answers each Bandit request with one of the two arm names, chosen by the request seed (reward
+    variance)."""
 
     needs_envs = True
 

@@ -1,4 +1,5 @@
-"""The command line end to end: fit writes metrics and a checkpoint, validate reloads it, the actor exports."""
+"""The command line end to end: fit writes metrics and a checkpoint, validate reloads it, the actor
+exports."""
 
 from __future__ import annotations
 
@@ -16,28 +17,74 @@ from ragen_lightning.cli import main
 
 pytestmark = pytest.mark.slow
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-SMALL_RUN = ["--data.training.num_groups", "2", "--data.training.group_size", "4", "--data.episode.max_new_tokens", "12",
-             "--data.validation.num_groups", "2", "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "4",
-             "--data.training.num_iterations", "1"]
+SMALL_RUN = [
+    "--data.training.num_groups",
+    "2",
+    "--data.training.group_size",
+    "4",
+    "--data.episode.max_new_tokens",
+    "12",
+    "--data.validation.num_groups",
+    "2",
+    "--model.update.mini_batch_size",
+    "8",
+    "--model.update.micro_batch_size",
+    "4",
+    "--data.training.num_iterations",
+    "1",
+]
 
 
 def test_fit_validate_and_export(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    common = ["--config", str(CONFIGS / "bandit.yaml"), "--model.warm_start", "false",
-              "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", "logs",
-              "--data.training.num_groups", "2", "--data.training.group_size", "4", "--data.episode.max_new_tokens", "12",
-              "--data.validation.num_groups", "4", "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "4"]
-    best_export = ["--trainer.callbacks+",
-                   '{"class_path": "callbacks.BestActorExport", "init_args": {"dirpath": "best"}}']
-    main(["fit", *common, "--data.training.num_iterations", "2", "--trainer.val_check_interval", "2",
-          "--model.export_dir", "exported", "--validate_first", "true", *best_export])
+    common = [
+        "--config",
+        str(CONFIGS / "bandit.yaml"),
+        "--model.warm_start",
+        "false",
+        "--trainer.logger",
+        "lightning.pytorch.loggers.CSVLogger",
+        "--trainer.logger.save_dir",
+        "logs",
+        "--data.training.num_groups",
+        "2",
+        "--data.training.group_size",
+        "4",
+        "--data.episode.max_new_tokens",
+        "12",
+        "--data.validation.num_groups",
+        "4",
+        "--model.update.mini_batch_size",
+        "8",
+        "--model.update.micro_batch_size",
+        "4",
+    ]
+    best_export = [
+        "--trainer.callbacks+",
+        '{"class_path": "callbacks.BestActorExport", "init_args": {"dirpath": "best"}}',
+    ]
+    main(
+        [
+            "fit",
+            *common,
+            "--data.training.num_iterations",
+            "2",
+            "--trainer.val_check_interval",
+            "2",
+            "--model.export_dir",
+            "exported",
+            "--validate_first",
+            "true",
+            *best_export,
+        ]
+    )
     ckpt = tmp_path / "outputs" / "bandit" / "checkpoints" / "last.ckpt"
     assert ckpt.is_file()
     rows = list(csv.DictReader(open(next((tmp_path / "logs").rglob("metrics.csv")))))
     trained = [r for r in rows if r.get("train/batch_size")]
     assert len(trained) == 2 and all(float(r["train/batch_size"]) == 8.0 for r in trained)
-    # --validate_first: the starting model at step 0, then the interval's validation after the updates (the rollout
-    # engine built by the first validation still takes the fit's weight syncs)
+    # --validate_first: the starting model at step 0, then the interval's validation after the
+    # updates (the rollout engine built by the first validation still takes the fit's weight syncs)
     validated = [int(r["step"]) for r in rows if r.get("val/success")]
     assert validated[0] == 0 and len(validated) == 2 and validated[1] > 0
 
@@ -49,64 +96,128 @@ def test_fit_validate_and_export(tmp_path, monkeypatch):
     for name, p in exported.named_parameters():
         torch.testing.assert_close(p, state[f"actor.{name}"])
 
-    # callbacks.BestActorExport: the folder holds the actor of the best validation (ties: the earlier, here the
-    # starting model at iteration 0), with its record
+    # callbacks.BestActorExport: the folder holds the actor of the best validation (ties: the
+    # earlier, here the starting model at iteration 0), with its record
     successes = [float(r["val/success"]) for r in rows if r.get("val/success")]
     record = json.loads((tmp_path / "best" / "best.json").read_text())
     best_at = 0 if successes[0] >= successes[1] else 1
-    assert record["value"] == pytest.approx(successes[best_at]) and record["iteration"] == [0, 2][best_at]
+    assert (
+        record["value"] == pytest.approx(successes[best_at])
+        and record["iteration"] == [0, 2][best_at]
+    )
     best = AutoModelForCausalLM.from_pretrained(tmp_path / "best")
-    start = AutoModelForCausalLM.from_pretrained(models.resolve_model_path("tiny")) if best_at == 0 else exported
+    start = (
+        AutoModelForCausalLM.from_pretrained(models.resolve_model_path("tiny"))
+        if best_at == 0
+        else exported
+    )
     for (name, p), q in zip(best.named_parameters(), start.parameters(), strict=True):
         torch.testing.assert_close(p, q, msg=name)
     stamp = (tmp_path / "best" / "best.json").stat().st_mtime_ns
 
     cli = main(["validate", *common, *best_export, "--ckpt_path", str(ckpt)])
-    assert (tmp_path / "best" / "best.json").stat().st_mtime_ns == stamp  # validate alone never exports
+    # validate alone never exports
+    assert (tmp_path / "best" / "best.json").stat().st_mtime_ns == stamp
     results = cli.trainer.callback_metrics
     assert "val/success" in results and 0.0 <= float(results["val/success"]) <= 1.0
     assert float(results["val/num_turns"]) == 1.0  # bandit is single-turn
 
 
 BAD_END_TO_END = [
-    (["--model.advantage.estimator", "grpo", "--data.training.group_size", "1"], "error: --data.training.group_size must be >= 2"),
-    (["--data.episode.max_model_len", "64"], "error: --data.episode.max_model_len=64 is too small for the first prompt"),
+    (
+        ["--model.advantage.estimator", "grpo", "--data.training.group_size", "1"],
+        "error: --data.training.group_size must be >= 2",
+    ),
+    (
+        ["--data.episode.max_model_len", "64"],
+        "error: --data.episode.max_model_len=64 is too small for the first prompt",
+    ),
     (["--data.env.id", "ragen/Nope-v0"], "error: --data.env.id: unknown env id 'ragen/Nope-v0'"),
-    (["--model.update.micro_batch_size", "64"], "error: --model.update.micro_batch_size (64) must be <="),
-    (["--trainer.devices", "3", "--data.training.num_groups", "4"],  # checked before any process is launched
-     "error: --data.training.num_groups (4) must be divisible by the number of processes (3)"),
+    (
+        ["--model.update.micro_batch_size", "64"],
+        "error: --model.update.micro_batch_size (64) must be <=",
+    ),
+    # checked before any process is launched
+    (
+        ["--trainer.devices", "3", "--data.training.num_groups", "4"],
+        "error: --data.training.num_groups (4) must be divisible by the number of processes (3)",
+    ),
     # each of these was a traceback, a crash after training started or a usage dump (issue 15)
-    (["--data.episode.max_turns", "0"], "error: --data.episode.max_turns must be an integer >= 1, got 0"),
-    (["--data.engine.max_batch_size", "0"], "error: --data.engine.max_batch_size must be an integer >= 1, got 0"),
+    (
+        ["--data.episode.max_turns", "0"],
+        "error: --data.episode.max_turns must be an integer >= 1, got 0",
+    ),
+    (
+        ["--data.engine.max_batch_size", "0"],
+        "error: --data.engine.max_batch_size must be an integer >= 1, got 0",
+    ),
     (["--model.model", "/nonexistent"], "error: --model.model '/nonexistent': no such folder"),
-    (["--data.training.num_groups", "many"], "error: --data.training.num_groups: expected int, got many"),
+    (
+        ["--data.training.num_groups", "many"],
+        "error: --data.training.num_groups: expected int, got many",
+    ),
     (["--model.bogus_flag", "1"], "error: unrecognized arguments: --model.bogus_flag 1"),
-    (["--config", str(CONFIGS / "fsdp.yaml"), "--trainer.devices", "2", "--model.lora", "{rank: 8, shared_base: true}"],
-     "error: --model.lora.shared_base is not supported with FSDP2"),
-    (["--trainer.default_root_dir", "/proc/nope"], "error: --trainer.default_root_dir '/proc/nope': cannot write in /proc"),
-    # the settings groups: a flat flag of earlier versions names its new spelling; a group's own value check
-    (["--model.adv_estimator", "grpo"], "error: --model.adv_estimator was renamed: use --model.advantage.estimator"),
-    (["--model.use_kl_loss", "true"],
-     "error: --model.use_kl_loss was renamed: use --model.loss.kl_coef (a KL loss is on when its coefficient is > 0)"),
-    (["--model.loss", "{clip_low: 1.0}"], "error: --model.loss.clip_low must be a finite number in [0, 1), got 1.0"),
-    # accepted silently, or a traceback after the run's folders were written (issue "Runs you can trust")
-    (["--optimizer", "torch.optim.SGD"],
-     "error: --optimizer is not a flag of this command line: use --model.optim.actor_optimizer"),
-    (["--model.optim.actor_optimizer", "{class_path: torch.optim.SGD, init_args: {lr: -1.0}}"],
-     "error: --model.optim.actor_optimizer torch.optim.SGD: Invalid learning rate: -1.0"),
-    (["--seed_everything", "-1"], "error: --seed_everything must be null or an integer in [0, 4294967295], got -1"),
-    (["--data.episode.max_model_len", "10000000000"],
-     "error: --data.episode.max_model_len must be an integer in [1, 1048576], got 10000000000"),
-    (["--data.episode.max_model_len", "8192"], "error: --data.episode.max_model_len 8192 exceeds the 4096 positions"),
+    (
+        [
+            "--config",
+            str(CONFIGS / "fsdp.yaml"),
+            "--trainer.devices",
+            "2",
+            "--model.lora",
+            "{rank: 8, shared_base: true}",
+        ],
+        "error: --model.lora.shared_base is not supported with FSDP2",
+    ),
+    (
+        ["--trainer.default_root_dir", "/proc/nope"],
+        "error: --trainer.default_root_dir '/proc/nope': cannot write in /proc",
+    ),
+    # the settings groups: a flat flag of earlier versions names its new spelling; a group's own
+    # value check
+    (
+        ["--model.adv_estimator", "grpo"],
+        "error: --model.adv_estimator was renamed: use --model.advantage.estimator",
+    ),
+    (
+        ["--model.use_kl_loss", "true"],
+        "error: --model.use_kl_loss was renamed: use --model.loss.kl_coef (a KL loss is on when its coefficient is > 0)",
+    ),
+    (
+        ["--model.loss", "{clip_low: 1.0}"],
+        "error: --model.loss.clip_low must be a finite number in [0, 1), got 1.0",
+    ),
+    # accepted silently, or a traceback after the run's folders were written (issue "Runs you can
+    # trust")
+    (
+        ["--optimizer", "torch.optim.SGD"],
+        "error: --optimizer is not a flag of this command line: use --model.optim.actor_optimizer",
+    ),
+    (
+        ["--model.optim.actor_optimizer", "{class_path: torch.optim.SGD, init_args: {lr: -1.0}}"],
+        "error: --model.optim.actor_optimizer torch.optim.SGD: Invalid learning rate: -1.0",
+    ),
+    (
+        ["--seed_everything", "-1"],
+        "error: --seed_everything must be null or an integer in [0, 4294967295], got -1",
+    ),
+    (
+        ["--data.episode.max_model_len", "10000000000"],
+        "error: --data.episode.max_model_len must be an integer in [1, 1048576], got 10000000000",
+    ),
+    (
+        ["--data.episode.max_model_len", "8192"],
+        "error: --data.episode.max_model_len 8192 exceeds the 4096 positions",
+    ),
 ]
 
 
 @pytest.fixture(scope="module")
 def bad_config_runs(tmp_path_factory):
-    """Every ``BAD_END_TO_END`` command line as a ``main.py fit`` subprocess, each in its own empty folder, started
-    together on first use on a few worker threads: each run is ~6 s of imports before its one-line refusal, so
-    running them side by side instead of one after another saves most of a minute of suite time. Yields each
-    case's future of ``(folder, CompletedProcess)``, in ``BAD_END_TO_END``'s order."""
+    """Every ``BAD_END_TO_END`` command line as a ``main.py fit`` subprocess, each in its own empty
+    folder, started together on first use on a few worker threads: each run is ~6 s of imports
+    before its one-line refusal, so running them side by side instead of one after another saves
+    most of a minute of suite time. Yields each case's future of ``(folder, CompletedProcess)``, in
+    ``BAD_END_TO_END``'s order."""
     import subprocess
     import sys
     from concurrent.futures import ThreadPoolExecutor
@@ -114,13 +225,30 @@ def bad_config_runs(tmp_path_factory):
     main_py = Path(__file__).resolve().parents[2] / "main.py"
 
     def refuse(flags: list[str], folder: Path) -> tuple[Path, subprocess.CompletedProcess]:
-        proc = subprocess.run([sys.executable, str(main_py), "fit", "--config", str(CONFIGS / "bandit.yaml"),
-                               "--model.warm_start", "false", *flags], check=False, cwd=folder, capture_output=True,
-                              text=True, timeout=300)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(main_py),
+                "fit",
+                "--config",
+                str(CONFIGS / "bandit.yaml"),
+                "--model.warm_start",
+                "false",
+                *flags,
+            ],
+            check=False,
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         return folder, proc
 
     with ThreadPoolExecutor(max_workers=min(4, max(2, os.cpu_count() or 1))) as pool:
-        futures = [pool.submit(refuse, flags, tmp_path_factory.mktemp("bad_config")) for flags, _ in BAD_END_TO_END]
+        futures = [
+            pool.submit(refuse, flags, tmp_path_factory.mktemp("bad_config"))
+            for flags, _ in BAD_END_TO_END
+        ]
         yield futures
 
 
@@ -129,32 +257,54 @@ def test_bad_config_is_one_line_and_writes_nothing(bad_config_runs, case):
     message = BAD_END_TO_END[case][1]
     folder, proc = bad_config_runs[case].result()
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr[-2000:]  # exactly one line
+    # exactly one line
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr[-2000:]
     assert proc.stderr.startswith(message)
     assert list(folder.iterdir()) == []  # no config, logs or checkpoints written
 
 
 def test_unreachable_wandb_server_logs_offline_within_seconds(tmp_path):
-    """An online WandbLogger with no server to reach: one warning line, the run goes on offline (wandb itself blocked
-    for ~100 s and then failed the run)."""
+    """An online WandbLogger with no server to reach: one warning line, the run goes on offline
+    (wandb itself blocked for ~100 s and then failed the run)."""
     import socket
     import subprocess
     import sys
 
-    with socket.socket() as s:  # a loopback port that was free a moment ago: connections are refused
+    # a loopback port that was free a moment ago: connections are refused
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "WANDB_BASE_URL": f"http://127.0.0.1:{port}", "WANDB_API_KEY": "x" * 40}
     env.pop("WANDB_MODE", None)
     online = tmp_path / "online.yaml"
-    online.write_text("trainer:\n  logger:\n    - class_path: lightning.pytorch.loggers.WandbLogger\n"
-                      "      init_args: {project: ragen_lightning, save_dir: outputs/bandit, offline: false}\n")
+    online.write_text(
+        "trainer:\n  logger:\n    - class_path: lightning.pytorch.loggers.WandbLogger\n"
+        "      init_args: {project: ragen_lightning, save_dir: outputs/bandit, offline: false}\n"
+    )
     main_py = Path(__file__).resolve().parents[2] / "main.py"
     # no wall-clock bound here (a loaded machine fails it): the probe's deadline is unit-tested
     # (tests/unit/test_preflight.py); the subprocess timeout is the hang guard
-    proc = subprocess.run([sys.executable, str(main_py), "fit", "--config", str(CONFIGS / "bandit.yaml"),
-                           "--config", str(online), "--model.warm_start", "false", "--data.engine.name", "hf", *SMALL_RUN],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(main_py),
+            "fit",
+            "--config",
+            str(CONFIGS / "bandit.yaml"),
+            "--config",
+            str(online),
+            "--model.warm_start",
+            "false",
+            "--data.engine.name",
+            "hf",
+            *SMALL_RUN,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     warning = f"warning: wandb server http://127.0.0.1:{port} unreachable (Connection refused): logging offline"
     assert proc.stderr.startswith(warning), proc.stderr[:2000]
@@ -162,4 +312,6 @@ def test_unreachable_wandb_server_logs_offline_within_seconds(tmp_path):
     # stderr is a pipe, not a terminal: one plain line per iteration (ragen_lightning.cli.progress)
     lines = [line for line in proc.stderr.splitlines() if line.startswith("iteration ")]
     total = int(SMALL_RUN[SMALL_RUN.index("--data.training.num_iterations") + 1])
-    assert [line.split(" | ")[0] for line in lines] == [f"iteration {i}/{total}" for i in range(1, total + 1)]
+    assert [line.split(" | ")[0] for line in lines] == [
+        f"iteration {i}/{total}" for i in range(1, total + 1)
+    ]

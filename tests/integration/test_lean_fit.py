@@ -1,7 +1,8 @@
-"""Lean from its config: a short warm start on the env's expert (its demonstrations step the env, whose every tactic
-goes over HTTP to the loopback fake Kimina server replaying recorded answers), then one StarPO iteration whose
-rollouts' tactics are judged through the same client. ``tests/integration/test_configs.py`` runs the config without
-a warm start; this test checks that tactics, Lean feedback and RAGEN's rewards flow through a fit."""
+"""Lean from its config: a short warm start on the env's expert (its demonstrations step the env,
+whose every tactic goes over HTTP to the loopback fake Kimina server replaying recorded answers),
+then one StarPO iteration whose rollouts' tactics are judged through the same client.
+``tests/integration/test_configs.py`` runs the config without a warm start; this test checks that
+tactics, Lean feedback and RAGEN's rewards flow through a fit."""
 
 from __future__ import annotations
 
@@ -15,11 +16,34 @@ from ragen_lightning.cli import main
 from tests.fixtures.lean.fake_kimina import THEOREMS, FakeKimina
 from tests.integration.test_configs import CONFIGS
 
-SMALL = ["--trainer.logger", "false", "--trainer.callbacks", "[]", "--trainer.enable_checkpointing", "false",
-         "--trainer.max_steps", "2", "--data.training.num_iterations", "1", "--data.training.num_groups", "2",
-         "--data.training.group_size", "4", "--data.validation.num_groups", "2", "--trainer.val_check_interval", "1",
-         "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "4", "--data.episode.max_turns", "3",
-         "--model.warm_start", "{steps: 40, num_episodes: 32, batch_size: 2, threads: 2}"]
+SMALL = [
+    "--trainer.logger",
+    "false",
+    "--trainer.callbacks",
+    "[]",
+    "--trainer.enable_checkpointing",
+    "false",
+    "--trainer.max_steps",
+    "2",
+    "--data.training.num_iterations",
+    "1",
+    "--data.training.num_groups",
+    "2",
+    "--data.training.group_size",
+    "4",
+    "--data.validation.num_groups",
+    "2",
+    "--trainer.val_check_interval",
+    "1",
+    "--model.update.mini_batch_size",
+    "8",
+    "--model.update.micro_batch_size",
+    "4",
+    "--data.episode.max_turns",
+    "3",
+    "--model.warm_start",
+    "{steps: 40, num_episodes: 32, batch_size: 2, threads: 2}",
+]
 
 
 @pytest.mark.slow
@@ -27,12 +51,20 @@ def test_one_iteration_after_a_short_warm_start(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with FakeKimina() as fake:
         kwargs = json.dumps({"server_url": fake.url, "data_path": str(THEOREMS)})
-        cli = main(["fit", "--config", str(CONFIGS / "lean.yaml"), "--data.env.kwargs", kwargs, *SMALL])
+        cli = main(
+            ["fit", "--config", str(CONFIGS / "lean.yaml"), "--data.env.kwargs", kwargs, *SMALL]
+        )
         requests = len(fake.requests)
     m = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
-    print("lean", requests, "requests;", {k: round(v, 3) for k, v in sorted(m.items()) if k.startswith("train/")})
-    # the warm-started model answers in the format, so tactics reached the server, which judged them (info keys
-    # become metrics only for executed actions), and no step failed (an unreachable server would be an env error)
+    print(
+        "lean",
+        requests,
+        "requests;",
+        {k: round(v, 3) for k, v in sorted(m.items()) if k.startswith("train/")},
+    )
+    # the warm-started model answers in the format, so tactics reached the server, which judged them
+    # (info keys become metrics only for executed actions), and no step failed (an unreachable
+    # server would be an env error)
     assert requests > 0 and m["train/format_error_rate"] < 1.0 and "train/action_is_valid" in m, m
     assert m["train/env_errors"] == 0.0
     assert cli.trainer.global_step >= 1 and m["iteration"] == 0.0

@@ -1,5 +1,5 @@
-"""Metric states synced across 2 real gloo ranks equal the values computed by hand on the concatenated data
-(two processes: lives in the integration tier)."""
+"""Metric states synced across 2 real gloo ranks equal the values computed by hand on the
+concatenated data (two processes: lives in the integration tier)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import pytest
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-CACHE_PREFIXES = ("RAGEN_LIGHTNING_", "HF_", "WANDB_", "MPLCONFIGDIR")  # the hermetic caches of tests/conftest.py
+# the hermetic caches of tests/conftest.py
+CACHE_PREFIXES = ("RAGEN_LIGHTNING_", "HF_", "WANDB_", "MPLCONFIGDIR")
 
 # rank 0 gets group 0 / 2 turns / 1 trajectory, rank 1 the rest
 REWARDS = [[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5]]
@@ -65,10 +66,20 @@ def test_metrics_synced_across_two_gloo_ranks(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER % {"rewards": REWARDS})
     out = tmp_path / "result"
-    proc = subprocess.run([sys.executable, str(script), str(_free_port()), str(out)], check=False, cwd=ROOT,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",
-                               **{k: v for k, v in os.environ.items() if k.startswith(CACHE_PREFIXES)}},
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(_free_port()), str(out)],
+        check=False,
+        cwd=ROOT,
+        env={
+            "PYTHONPATH": str(ROOT),
+            "PATH": "/usr/bin:/bin",
+            "OMP_NUM_THREADS": "1",
+            **{k: v for k, v in os.environ.items() if k.startswith(CACHE_PREFIXES)},
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r0, r1 = (json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1))
     # each rank holds only its own turns (2 and 3), yet both compute the same synced values

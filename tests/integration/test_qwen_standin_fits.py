@@ -1,7 +1,8 @@
-"""Task configs train one RL iteration on the Qwen2.5 stand-in (``--model.model tiny:qwen``): Qwen2.5's tokenizer,
-chat template and 151,936-row vocabulary through rollout, update and validation: SearchQA and WebShop acting through
-tool calls; bandit with the LoRA overlay, exported and reloaded. ``tests/integration/standin_every_config.py`` runs
-every task config the same way (~25 s each; its table is in docs/hub-models.md)."""
+"""Task configs train one RL iteration on the Qwen2.5 stand-in (``--model.model tiny:qwen``):
+Qwen2.5's tokenizer, chat template and 151,936-row vocabulary through rollout, update and
+validation: SearchQA and WebShop acting through tool calls; bandit with the LoRA overlay, exported
+and reloaded. ``tests/integration/standin_every_config.py`` runs every task config the same way (~25
+s each; its table is in docs/hub-models.md)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ pytestmark = pytest.mark.slow
 TOOL_CALLS = ("--data.episode.action_format", "tool_call")
 
 
-@pytest.mark.parametrize("task,more", [("searchqa", TOOL_CALLS), ("webshop", TOOL_CALLS)],
-                         ids=["searchqa-tool_call", "webshop-tool_call"])
+@pytest.mark.parametrize(
+    "task,more",
+    [("searchqa", TOOL_CALLS), ("webshop", TOOL_CALLS)],
+    ids=["searchqa-tool_call", "webshop-tool_call"],
+)
 def test_task_config_fit_on_the_qwen_standin(task, more):
     m = run(task, *more)
     assert m["vocab"] == 151936 and m["global_step"] >= 1, m
@@ -27,7 +31,9 @@ def test_task_config_fit_on_the_qwen_standin(task, more):
     assert m["tools"] == 2.0
 
 
-def test_the_lora_overlay_fits_and_exports_the_standin(qwen_standin_path, qwen_standin_tokenizer, tmp_path):
+def test_the_lora_overlay_fits_and_exports_the_standin(
+    qwen_standin_path, qwen_standin_tokenizer, tmp_path
+):
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -35,17 +41,29 @@ def test_the_lora_overlay_fits_and_exports_the_standin(qwen_standin_path, qwen_s
     from tests.integration.standin_every_config import ROOT
 
     exported = tmp_path / "exported"
-    m = run("bandit", "--config", str(ROOT / "configs" / "lora.yaml"), "--model.export_dir", str(exported),
-            "--model.lora.export_merged", "true")
+    m = run(
+        "bandit",
+        "--config",
+        str(ROOT / "configs" / "lora.yaml"),
+        "--model.export_dir",
+        str(exported),
+        "--model.lora.export_merged",
+        "true",
+    )
     assert m["global_step"] >= 1 and math.isfinite(m["actor/pg_loss"])
-    ids = torch.tensor([qwen_standin_tokenizer.encode("<|im_start|>user\n你好 Left</answer><|im_end|>")])
+    ids = torch.tensor(
+        [qwen_standin_tokenizer.encode("<|im_start|>user\n你好 Left</answer><|im_end|>")]
+    )
     with torch.no_grad():
-        adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(qwen_standin_path), exported)
+        adapter = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(qwen_standin_path), exported
+        )
         merged = AutoModelForCausalLM.from_pretrained(exported / "merged")
         base = AutoModelForCausalLM.from_pretrained(qwen_standin_path)
         a, merged_logits, b = (model(input_ids=ids).logits for model in (adapter, merged, base))
     assert a.shape == (1, ids.shape[1], 151936)
-    torch.testing.assert_close(merged_logits, a, rtol=1e-4, atol=1e-4)  # merged = base + the exported adapter
+    # merged = base + the exported adapter
+    torch.testing.assert_close(merged_logits, a, rtol=1e-4, atol=1e-4)
     assert not torch.allclose(a, b)  # the iteration moved the adapter (peft starts it at zero)
     for folder in (exported, exported / "merged"):
         tok = AutoTokenizer.from_pretrained(folder)

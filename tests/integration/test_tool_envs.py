@@ -1,7 +1,8 @@
-"""SearchQA and DeepCoder from their configs: a short warm start on the envs' own experts (its demonstrations run real
-searches and sandboxed reference solutions through the rollout runner), then one StarPO iteration whose rollouts act
-in the envs. ``tests/integration/test_configs.py`` runs the configs without a warm start (untrained text); this test
-checks that the envs' actions, observations and rewards flow through a fit."""
+"""SearchQA and DeepCoder from their configs: a short warm start on the envs' own experts (its
+demonstrations run real searches and sandboxed reference solutions through the rollout runner), then
+one StarPO iteration whose rollouts act in the envs. ``tests/integration/test_configs.py`` runs the
+configs without a warm start (untrained text); this test checks that the envs' actions, observations
+and rewards flow through a fit."""
 
 from __future__ import annotations
 
@@ -13,11 +14,32 @@ import envs  # noqa: F401  (registers the ids)
 from ragen_lightning.cli import main
 from tests.integration.test_configs import CONFIGS
 
-SMALL = ["--trainer.logger", "false", "--trainer.callbacks", "[]", "--trainer.enable_checkpointing", "false",
-         "--trainer.max_steps", "2", "--data.training.num_iterations", "1", "--data.training.num_groups", "2",
-         "--data.training.group_size", "4", "--data.validation.num_groups", "2", "--trainer.val_check_interval", "1",
-         "--model.update.mini_batch_size", "8", "--model.update.micro_batch_size", "4",
-         "--model.warm_start", "{steps: 40, num_episodes: 32, batch_size: 2, threads: 2}"]
+SMALL = [
+    "--trainer.logger",
+    "false",
+    "--trainer.callbacks",
+    "[]",
+    "--trainer.enable_checkpointing",
+    "false",
+    "--trainer.max_steps",
+    "2",
+    "--data.training.num_iterations",
+    "1",
+    "--data.training.num_groups",
+    "2",
+    "--data.training.group_size",
+    "4",
+    "--data.validation.num_groups",
+    "2",
+    "--trainer.val_check_interval",
+    "1",
+    "--model.update.mini_batch_size",
+    "8",
+    "--model.update.micro_batch_size",
+    "4",
+    "--model.warm_start",
+    "{steps: 40, num_episodes: 32, batch_size: 2, threads: 2}",
+]
 EPISODE = {"searchqa": ["--data.episode.max_turns", "3"], "deepcoder": []}
 
 
@@ -28,8 +50,9 @@ def test_one_iteration_after_a_short_warm_start(task, tmp_path, monkeypatch):
     cli = main(["fit", "--config", str(CONFIGS / f"{task}.yaml"), *SMALL, *EPISODE[task]])
     m = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
     print(task, {k: round(v, 3) for k, v in sorted(m.items()) if k.startswith("train/")})
-    # the warm-started model answers in the format, so actions reached the env, which judged them (its info keys
-    # become metrics only for executed actions), and no env step failed (a missing sandbox would be an env error)
+    # the warm-started model answers in the format, so actions reached the env, which judged them
+    # (its info keys become metrics only for executed actions), and no env step failed (a missing
+    # sandbox would be an env error)
     assert m["train/format_error_rate"] < 1.0 and "train/action_is_valid" in m, (task, m)
     assert m["train/env_errors"] == 0.0
     assert cli.trainer.global_step >= 1 and m["iteration"] == 0.0

@@ -1,5 +1,6 @@
-"""A new environment needs only an env class and a registration: warm start + one StarPO iteration on a toy env
-defined here, with no edit to the library (docs/extending.md, "Add your own environment", walks through the same steps)."""
+"""A new environment needs only an env class and a registration: warm start + one StarPO iteration
+on a toy env defined here, with no edit to the library (docs/extending.md, "Add your own
+environment", walks through the same steps)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,9 @@ class ArrowEnv(TextEnv):
     def prompt_spec(self) -> PromptSpec:
         return PromptSpec("Walk towards the exit.", self.action_names)
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict]:
         super().reset(seed=seed)
         self.side = int(self.np_random.integers(2))
         return self._render_text(), {}
@@ -70,16 +73,59 @@ gym.register("toy/NoExpert-v0", entry_point=NoExpertEnv)
 
 
 def _args(tmp_path, env_id: str) -> list[str]:
-    return ["fit", "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.max_epochs", "1",
-            "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(tmp_path / "logs"),
-            "--trainer.enable_checkpointing", "false", "--trainer.limit_val_batches", "0", "--trainer.log_every_n_steps", "1",
-            "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
-            "--model.model", "tiny", "--model.warm_start", "{num_episodes: 16}", "--model.advantage.estimator", "grpo",
-            "--model.update.mini_batch_size", "4", "--model.update.micro_batch_size", "4",
-            "--data.env.id", env_id, "--data.training.num_groups", "2", "--data.training.group_size", "2", "--data.training.num_iterations", "1",
-            "--data.episode.max_turns", "2", "--data.episode.max_actions_per_turn", "1",
-            "--data.episode.max_actions_per_episode", "2", "--data.episode.max_new_tokens", "24",
-            "--data.episode.max_model_len", "1024", "--data.validation.num_groups", "2"]
+    return [
+        "fit",
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.devices",
+        "1",
+        "--trainer.max_epochs",
+        "1",
+        "--trainer.logger",
+        "lightning.pytorch.loggers.CSVLogger",
+        "--trainer.logger.save_dir",
+        str(tmp_path / "logs"),
+        "--trainer.enable_checkpointing",
+        "false",
+        "--trainer.limit_val_batches",
+        "0",
+        "--trainer.log_every_n_steps",
+        "1",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--model.model",
+        "tiny",
+        "--model.warm_start",
+        "{num_episodes: 16}",
+        "--model.advantage.estimator",
+        "grpo",
+        "--model.update.mini_batch_size",
+        "4",
+        "--model.update.micro_batch_size",
+        "4",
+        "--data.env.id",
+        env_id,
+        "--data.training.num_groups",
+        "2",
+        "--data.training.group_size",
+        "2",
+        "--data.training.num_iterations",
+        "1",
+        "--data.episode.max_turns",
+        "2",
+        "--data.episode.max_actions_per_turn",
+        "1",
+        "--data.episode.max_actions_per_episode",
+        "2",
+        "--data.episode.max_new_tokens",
+        "24",
+        "--data.episode.max_model_len",
+        "1024",
+        "--data.validation.num_groups",
+        "2",
+    ]
 
 
 def test_warm_start_and_one_iteration_on_a_new_env(tmp_path, monkeypatch):
@@ -87,11 +133,16 @@ def test_warm_start_and_one_iteration_on_a_new_env(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     main(_args(tmp_path, "toy/Arrow-v0"))
 
-    (warm,) = (tmp_path / "cache").glob("warm-*")  # the warm start built a model folder, with the env's hint
+    # the warm start built a model folder, with the env's hint
+    (warm,) = (tmp_path / "cache").glob("warm-*")
     meta = json.loads((warm / "warm_start.json").read_text())
-    assert meta["args"]["steps"] == ArrowEnv.warm_start_steps and meta["demo_stats"]["demo/expert_success_rate"] == 1
+    assert (
+        meta["args"]["steps"] == ArrowEnv.warm_start_steps
+        and meta["demo_stats"]["demo/expert_success_rate"] == 1
+    )
     rows = list(csv.DictReader(open(next((tmp_path / "logs").rglob("metrics.csv")))))
-    assert [r["train/success"] for r in rows if r.get("train/success")]  # the iteration ran and logged success
+    # the iteration ran and logged success
+    assert [r["train/success"] for r in rows if r.get("train/success")]
 
     # the demonstrations are the expert's answers, in the rollout format
     from ragen_lightning import models
@@ -99,19 +150,26 @@ def test_warm_start_and_one_iteration_on_a_new_env(tmp_path, monkeypatch):
     from ragen_lightning.sft.experts import collect_demonstrations
 
     tok = models.load_tokenizer(str(warm))
-    (traj,) = collect_demonstrations("toy/Arrow-v0", tok, [3], episode=EpisodeSettings(max_actions_per_turn=1))
+    (traj,) = collect_demonstrations(
+        "toy/Arrow-v0", tok, [3], episode=EpisodeSettings(max_actions_per_turn=1)
+    )
     env = gym.make("toy/Arrow-v0")
     env.reset(seed=3)
     side = env.unwrapped.action_names[env.unwrapped.side]
     conv = traj.samples[0].conversation
     s, e = conv.turn_spans[0]
-    assert tok.decode(conv.input_ids[s:e]).startswith(f"the exit is {side.lower()}</think><answer>{side}</answer>")
+    assert tok.decode(conv.input_ids[s:e]).startswith(
+        f"the exit is {side.lower()}</think><answer>{side}</answer>"
+    )
     assert traj.success and traj.num_turns == 1
 
 
 def test_warm_start_on_an_env_without_expert_is_one_config_error(tmp_path, monkeypatch):
     monkeypatch.setenv("RAGEN_LIGHTNING_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigError, match=r"^--model.warm_start needs an expert: NoExpertEnv has no expert_turn\("):
+    with pytest.raises(
+        ConfigError, match=r"^--model.warm_start needs an expert: NoExpertEnv has no expert_turn\("
+    ):
         main(_args(tmp_path, "toy/NoExpert-v0"))
-    assert not (tmp_path / "cache").exists()  # refused before the tiny model or a warm start was built
+    # refused before the tiny model or a warm start was built
+    assert not (tmp_path / "cache").exists()

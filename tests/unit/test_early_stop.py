@@ -32,7 +32,13 @@ def test_reward_variance_collapse_state_round_trip_and_disable():
 
 def test_low_validation_success_streak():
     rule = LowValidationSuccess(patience=3, threshold=0.01)
-    assert [rule.update(v) for v in (0.0, 0.005, 0.5, 0.0, 0.0)] == [False, False, False, False, False]
+    assert [rule.update(v) for v in (0.0, 0.005, 0.5, 0.0, 0.0)] == [
+        False,
+        False,
+        False,
+        False,
+        False,
+    ]
     assert rule.update(0.009) is True
     resumed = LowValidationSuccess(patience=3)
     resumed.load_state_dict({"streak": 2})

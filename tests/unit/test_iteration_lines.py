@@ -1,4 +1,5 @@
-"""The plain progress lines of a run whose stderr is not a terminal (ragen_lightning.cli.progress)."""
+"""The plain progress lines of a run whose stderr is not a terminal
+(ragen_lightning.cli.progress)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,16 @@ class _Clock:
 
 
 def _trainer(metrics: dict[str, float], fn: str = "fit", total: int = 80):
-    return SimpleNamespace(callback_metrics=metrics, sanity_checking=False, state=SimpleNamespace(fn=fn),
-                           num_training_batches=total, max_epochs=1, max_steps=-1, global_step=0,
-                           is_global_zero=True)
+    return SimpleNamespace(
+        callback_metrics=metrics,
+        sanity_checking=False,
+        state=SimpleNamespace(fn=fn),
+        num_training_batches=total,
+        max_epochs=1,
+        max_steps=-1,
+        global_step=0,
+        is_global_zero=True,
+    )
 
 
 def test_one_line_per_iteration_with_rate_eta_reward_success():
@@ -35,7 +43,8 @@ def test_one_line_per_iteration_with_rate_eta_reward_success():
     clock.now += 18.0  # 30 s for 2 iterations: 15 s each, 78 left -> 1170 s = 19:30
     bar.on_train_batch_end(trainer, None, None, None, 1)
     assert out.getvalue().splitlines() == [
-        "iteration 1/80 | 12.0 s/it | ETA 15:48 | reward 0.5123 | success 0.25",  # 12 s x 79 = 948 s
+        # 12 s x 79 = 948 s
+        "iteration 1/80 | 12.0 s/it | ETA 15:48 | reward 0.5123 | success 0.25",
         "iteration 2/80 | 15.0 s/it | ETA 19:30 | reward 0.5123 | success 0.25",
     ]
 
@@ -46,7 +55,8 @@ def test_a_resumed_run_times_only_the_iterations_it_trains():
     trainer = _trainer({}, total=10)
     bar.setup(trainer, None, "fit")
     bar.on_train_epoch_start(trainer, None)
-    bar.on_train_batch_start(trainer, None, None, 6)  # iterations 0-5 were trained before the resume
+    # iterations 0-5 were trained before the resume
+    bar.on_train_batch_start(trainer, None, None, 6)
     clock.now += 5.0
     bar.on_train_batch_end(trainer, None, None, None, 6)
     assert out.getvalue() == "iteration 7/10 | 5.0 s/it | ETA 0:15\n"  # 3 left x 5 s
@@ -68,8 +78,10 @@ def test_validation_lines_name_the_iteration_in_a_fit_and_skip_sanity_checks():
     standalone = _trainer({"val/success": 0.3}, fn="validate")
     bar.setup(standalone, None, "validate")
     bar.on_validation_end(standalone, None)
-    assert out.getvalue().splitlines() == ["validation at iteration 20: success 0.4141 | reward 0.8",
-                                           "validation: success 0.3"]
+    assert out.getvalue().splitlines() == [
+        "validation at iteration 20: success 0.4141 | reward 0.8",
+        "validation: success 0.3",
+    ]
 
 
 def test_disabled_and_non_zero_ranks_write_nothing():

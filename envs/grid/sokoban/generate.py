@@ -1,35 +1,40 @@
-"""Sokoban level generation and shortest-path solving on bitmask boards (pure Python, no dependency).
+"""Sokoban level generation and shortest-path solving on bitmask boards (pure Python, no
+dependency).
 
 Board encoding
 --------------
-A ``rows x cols`` board is embedded in a grid padded with one cell of wall on every side, stored row-major with
-``stride = cols + 2``. Cell ``(r, c)`` is bit ``(r + 1) * stride + c + 1`` of a Python ``int``. A board is three
-masks and one index:
+A ``rows x cols`` board is embedded in a grid padded with one cell of wall on every side, stored
+row-major with ``stride = cols + 2``. Cell ``(r, c)`` is bit ``(r + 1) * stride + c + 1`` of a
+Python ``int``. A board is three masks and one index:
 
-* ``floor``: every non-wall cell (targets included); padding cells are never floor, so moving off the board is the
-  same as moving into a wall and shifting a mask by one row/column never wraps into a real cell;
+* ``floor``: every non-wall cell (targets included); padding cells are never floor, so moving off
+  the board is the same as moving into a wall and shifting a mask by one row/column never wraps into
+  a real cell;
 * ``targets``: target cells; ``boxes``: cells holding a box; ``player``: the player's bit index.
 
-A move in direction ``o`` (one of :attr:`Geometry.offsets`: Up, Down, Left, Right) is a shift by ``o`` bits.
+A move in direction ``o`` (one of :attr:`Geometry.offsets`: Up, Down, Left, Right) is a shift by
+``o`` bits.
 
 Exact distances by bit-parallel breadth-first search
 ----------------------------------------------------
-Searches run over the full state (box set, player cell), so distances count player steps (walks and pushes), not
-just pushes. States are grouped by box set: for each box set a search keeps one ``int`` mask of player cells, so a
-whole layer of walking moves is one dilation (four shifts, one ``&``) and the pushes/pulls out of a layer are found
-with a few masks per direction. This keeps a 6x6 single-box state space (a few hundred states) to a fraction of a
-millisecond in CPython.
+Searches run over the full state (box set, player cell), so distances count player steps (walks and
+pushes), not just pushes. States are grouped by box set: for each box set a search keeps one ``int``
+mask of player cells, so a whole layer of walking moves is one dilation (four shifts, one ``&``) and
+the pushes/pulls out of a layer are found with a few masks per direction. This keeps a 6x6
+single-box state space (a few hundred states) to a fraction of a millisecond in CPython.
 
-* :func:`reverse_layers` searches backwards (walks and *pulls*) from every solved state at once. A state found in
-  layer ``d`` needs exactly ``d`` steps to be solved, so a level drawn from layer ``d`` has a known optimal length
-  and is solvable by construction.
-* :func:`solve` searches forwards from one state and reconstructs a shortest action sequence from the layers.
+* :func:`reverse_layers` searches backwards (walks and *pulls*) from every solved state at once. A
+  state found in layer ``d`` needs exactly ``d`` steps to be solved, so a level drawn from layer
+  ``d`` has a known optimal length and is solvable by construction.
+* :func:`solve` searches forwards from one state and reconstructs a shortest action sequence from
+  the layers.
 
 Level generation (:func:`generate_level`)
 -----------------------------------------
 1. carve a room: a random walk over the interior stamps small floor shapes (:func:`carve_room`);
 2. put the targets on distinct random floor cells;
-3. :func:`reverse_layers` from the solved room, up to ``max_steps`` deep (and ``max_states`` states);
+3. :func:`reverse_layers` from the solved room, up to ``max_steps`` deep (and ``max_states``
+   states);
 4. draw the start uniformly among the states found at depth ``>= min_steps`` with no box on a target
    (:func:`pick_state`); if there is none, start over with a new room.
 
@@ -48,8 +53,9 @@ from functools import lru_cache
 # Action indices 0..3 = Up, Down, Left, Right; (row, col) deltas.
 DELTAS = ((-1, 0), (1, 0), (0, -1), (0, 1))
 
-# Room carving: a random walk over the interior that stamps one of these shapes (cells relative to the walker) at
-# every step. Turn probability and walk length follow RAGEN's generator (0.35, 1.7 x (rows + cols) steps).
+# Room carving: a random walk over the interior that stamps one of these shapes (cells relative to
+# the walker) at every step. Turn probability and walk length follow RAGEN's generator (0.35, 1.7 x
+# (rows + cols) steps).
 _STAMPS = (
     ((0, -1), (0, 0), (0, 1)),  # horizontal bar
     ((-1, 0), (0, 0), (1, 0)),  # vertical bar
@@ -70,7 +76,8 @@ def iter_bits(mask: int) -> Iterator[int]:
 
 
 class Geometry:
-    """Index arithmetic of a padded ``rows x cols`` board (see the module docstring); get one via :func:`geometry`."""
+    """Index arithmetic of a padded ``rows x cols`` board (see the module docstring); get one via
+    :func:`geometry`."""
 
     __slots__ = ("rows", "cols", "stride", "offsets", "layout")
 
@@ -78,9 +85,12 @@ class Geometry:
         self.rows, self.cols = rows, cols
         self.stride = s = cols + 2
         self.offsets = (-s, s, -1, 1)  # Up, Down, Left, Right
-        # text layout of a grid render: the bit index of each character, -1 for the newline between rows
+        # text layout of a grid render: the bit index of each character, -1 for the newline between
+        # rows
         self.layout = tuple(
-            i for r in range(rows) for i in ([-1] if r else []) + [self.index(r, c) for c in range(cols)]
+            i
+            for r in range(rows)
+            for i in ([-1] if r else []) + [self.index(r, c) for c in range(cols)]
         )
 
     def __repr__(self) -> str:
@@ -110,9 +120,12 @@ def geometry(rows: int, cols: int) -> Geometry:
 
 
 @lru_cache(maxsize=64)
-def _carve_tables(rows: int, cols: int) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
-    """Tables over cells ``r * cols + c``: ``stamps[k][cell]`` is the floor mask of stamp k centred on an interior
-    cell (border cells left out); ``steps[d][cell]`` is the interior cell one step in direction d (clamped)."""
+def _carve_tables(
+    rows: int, cols: int
+) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
+    """Tables over cells ``r * cols + c``: ``stamps[k][cell]`` is the floor mask of stamp k centred
+    on an interior cell (border cells left out); ``steps[d][cell]`` is the interior cell one step in
+    direction d (clamped)."""
     geo = geometry(rows, cols)
     stamps = []
     for stamp in _STAMPS:
@@ -120,7 +133,9 @@ def _carve_tables(rows: int, cols: int) -> tuple[tuple[tuple[int, ...], ...], tu
         for r in range(1, rows - 1):
             for c in range(1, cols - 1):
                 row[r * cols + c] = geo.mask(
-                    (r + dr, c + dc) for dr, dc in stamp if 1 <= r + dr <= rows - 2 and 1 <= c + dc <= cols - 2
+                    (r + dr, c + dc)
+                    for dr, dc in stamp
+                    if 1 <= r + dr <= rows - 2 and 1 <= c + dc <= cols - 2
                 )
         stamps.append(tuple(row))
     steps = []
@@ -128,15 +143,19 @@ def _carve_tables(rows: int, cols: int) -> tuple[tuple[tuple[int, ...], ...], tu
         row = [0] * (rows * cols)
         for r in range(1, rows - 1):
             for c in range(1, cols - 1):
-                row[r * cols + c] = min(max(r + dr, 1), rows - 2) * cols + min(max(c + dc, 1), cols - 2)
+                row[r * cols + c] = min(max(r + dr, 1), rows - 2) * cols + min(
+                    max(c + dc, 1), cols - 2
+                )
         steps.append(tuple(row))
     return tuple(stamps), tuple(steps)
 
 
 def carve_room(rows: int, cols: int, u: Sequence[float]) -> int:
-    """Floor mask of a random room: a walk over the interior stamping small shapes; the border stays wall.
+    """Floor mask of a random room: a walk over the interior stamping small shapes; the border stays
+    wall.
 
-    ``u`` supplies the uniforms in [0, 1): 3 for the start, then 2 per walk step (:func:`room_uniforms_needed`).
+    ``u`` supplies the uniforms in [0, 1): 3 for the start, then 2 per walk step
+    (:func:`room_uniforms_needed`).
     """
     stamps, steps = _carve_tables(rows, cols)
     n_stamps = len(stamps)
@@ -161,12 +180,14 @@ def room_uniforms_needed(rows: int, cols: int) -> int:
 def reverse_layers(
     geo: Geometry, floor: int, targets: int, max_depth: int, max_states: int
 ) -> list[dict[int, int]]:
-    """Backward search from every solved state (boxes on ``targets``, player on any other floor cell).
+    """Backward search from every solved state (boxes on ``targets``, player on any other floor
+    cell).
 
-    Returns ``layers`` where ``layers[d]`` maps a box set to the mask of player cells whose state first appears at
-    depth ``d``, i.e. states whose shortest solution has exactly ``d`` steps. The search stops after layer
-    ``max_depth``, when no new state is found, or once ``max_states`` states were found (the last layer may then be
-    partial; every state it holds still has exactly that distance).
+    Returns ``layers`` where ``layers[d]`` maps a box set to the mask of player cells whose state
+    first appears at depth ``d``, i.e. states whose shortest solution has exactly ``d`` steps. The
+    search stops after layer ``max_depth``, when no new state is found, or once ``max_states``
+    states were found (the last layer may then be partial; every state it holds still has exactly
+    that distance).
     """
     s = geo.stride
     start = floor & ~targets
@@ -191,7 +212,8 @@ def reverse_layers(
                 nxt[boxes] = nget(boxes, 0) | walk
             if not fr & c[2]:
                 continue
-            # reverse of a push is a pull: player at q, box at q+o, cell q-o free -> box to q, player to q-o
+            # reverse of a push is a pull: player at q, box at q+o, cell q-o free -> box to q,
+            # player to q-o
             for k in (1, s):
                 for cand, up in (
                     (fr & (boxes >> k) & (free << k), True),  # o = +k
@@ -221,10 +243,11 @@ def reverse_layers(
 def solve(
     geo: Geometry, floor: int, targets: int, boxes: int, player: int, max_states: int | None = None
 ) -> list[int] | None:
-    """A shortest action sequence (indices 0..3 = Up, Down, Left, Right) that puts every box on a target.
+    """A shortest action sequence (indices 0..3 = Up, Down, Left, Right) that puts every box on a
+    target.
 
-    ``[]`` when the state is already solved; ``None`` when no solution exists (or none was found within
-    ``max_states`` searched states). Requires as many targets as boxes.
+    ``[]`` when the state is already solved; ``None`` when no solution exists (or none was found
+    within ``max_states`` searched states). Requires as many targets as boxes.
     """
     if boxes == targets:
         return []
@@ -253,7 +276,10 @@ def solve(
             # push: player at p, box at p+o, cell p+2o free -> box to p+2o, player to p+o
             for k in (1, s):
                 k2 = 2 * k
-                for cand, up in ((fr & (bx >> k) & (free >> k2), True), (fr & (bx << k) & (free << k2), False)):
+                for cand, up in (
+                    (fr & (bx >> k) & (free >> k2), True),
+                    (fr & (bx << k) & (free << k2), False),
+                ):
                     while cand:
                         p = cand & -cand
                         cand ^= p
@@ -278,18 +304,23 @@ def solve(
 
 
 def _pull_entry(cfg: dict[int, list[int]], floor: int, s: int, b: int) -> list[int]:
-    """:func:`reverse_layers`' new table entry for box set ``b`` (``s`` the stride): ``[player cells seen, free
-    cells, player cells from which some pull is possible]``, stored in ``cfg``."""
+    """:func:`reverse_layers`' new table entry for box set ``b`` (``s`` the stride): ``[player cells
+    seen, free cells, player cells from which some pull is possible]``, stored in ``cfg``."""
     free = floor & ~b
     # pull possible from q when a box is at q+o and q-o is free, for some direction o
-    pull = ((b >> 1) & (free << 1)) | ((b << 1) & (free >> 1)) | ((b >> s) & (free << s)) | ((b << s) & (free >> s))
+    pull = (
+        ((b >> 1) & (free << 1))
+        | ((b << 1) & (free >> 1))
+        | ((b >> s) & (free << s))
+        | ((b << s) & (free >> s))
+    )
     c = cfg[b] = [0, free, pull]
     return c
 
 
 def _push_entry(cfg: dict[int, list[int]], floor: int, s: int, b: int) -> list[int]:
-    """:func:`solve`'s new table entry for box set ``b`` (``s`` the stride): ``[player cells seen, free cells,
-    player cells from which some push is possible]``, stored in ``cfg``."""
+    """:func:`solve`'s new table entry for box set ``b`` (``s`` the stride): ``[player cells seen,
+    free cells, player cells from which some push is possible]``, stored in ``cfg``."""
     free = floor & ~b
     # push possible from p when a box is at p+o and p+2o is free, for some direction o
     push = (
@@ -329,7 +360,8 @@ def _reconstruct(geo: Geometry, layers: list[dict[int, int]], boxes: int, player
 
 @dataclass(frozen=True)
 class Level:
-    """A generated level: masks on :func:`geometry` ``(rows, cols)`` and its exact shortest solution length."""
+    """A generated level: masks on :func:`geometry` ``(rows, cols)`` and its exact shortest solution
+    length."""
 
     rows: int
     cols: int
@@ -343,8 +375,8 @@ class Level:
 def pick_state(
     layers: list[dict[int, int]], targets: int, min_steps: int, x: float
 ) -> tuple[int, int, int] | None:
-    """Draw (boxes, player index, distance) uniformly among states at distance >= ``min_steps`` with no box on a
-    target, using the uniform ``x``; None when there is none."""
+    """Draw (boxes, player index, distance) uniformly among states at distance >= ``min_steps`` with
+    no box on a target, using the uniform ``x``; None when there is none."""
     pool: list[tuple[int, int, int]] = []  # (box set, player mask, distance)
     total = 0
     for d in range(min_steps, len(layers)):
@@ -378,9 +410,10 @@ def generate_level(
 ) -> Level:
     """Carve a room, place targets, search backwards from the solved room and draw a start state.
 
-    ``uniforms(n)`` must return ``n`` floats in [0, 1) (e.g. ``lambda n: np_random.random(n).tolist()``): every
-    random choice comes from it, so a seeded source gives the same level on every run and platform.
-    Raises RuntimeError after ``max_tries`` rooms without a state at distance ``>= min_steps``.
+    ``uniforms(n)`` must return ``n`` floats in [0, 1) (e.g. ``lambda n:
+    np_random.random(n).tolist()``): every random choice comes from it, so a seeded source gives the
+    same level on every run and platform. Raises RuntimeError after ``max_tries`` rooms without a
+    state at distance ``>= min_steps``.
     """
     geo = geometry(rows, cols)
     n_room = room_uniforms_needed(rows, cols)

@@ -1,12 +1,12 @@
-"""RAGEN's Sokoban level generator (``ragen/env/sokoban/utils.py``, adapted from gym-sokoban) on the bitmask boards
-of :mod:`envs.grid.sokoban.generate`: the same choices in the same order, so a seed gives RAGEN's
-level distribution (``generator="ragen"`` of :class:`envs.grid.sokoban.env.SokobanEnv`, the presets
-named after RAGEN's tags).
+"""RAGEN's Sokoban level generator (``ragen/env/sokoban/utils.py``, adapted from gym-sokoban) on the
+bitmask boards of :mod:`envs.grid.sokoban.generate`: the same choices in the same order, so a seed
+gives RAGEN's level distribution (``generator="ragen"`` of
+:class:`envs.grid.sokoban.env.SokobanEnv`, the presets named after RAGEN's tags).
 
-It is its own module because it shares only the board encoding, the room walk's constants and the solver with the
-default generator (:func:`envs.grid.sokoban.generate.generate_level`): RAGEN's room walk, its
-depth-first reverse play and its player walk are a second, independent procedure. All randomness
-comes from one caller-supplied source of uniforms, read one at a time in RAGEN's order.
+It is its own module because it shares only the board encoding, the room walk's constants and the
+solver with the default generator (:func:`envs.grid.sokoban.generate.generate_level`): RAGEN's room
+walk, its depth-first reverse play and its player walk are a second, independent procedure. All
+randomness comes from one caller-supplied source of uniforms, read one at a time in RAGEN's order.
 """
 
 from __future__ import annotations
@@ -49,9 +49,10 @@ def _stream(uniforms: Callable[[int], Sequence[float]]) -> Callable[[], float]:
 
 
 def carve_room_ragen(rows: int, cols: int, u: Callable[[], float]) -> int:
-    """RAGEN's ``room_topology_generation``: a walk of ``int(1.7 (rows + cols))`` steps from a random cell (row in
-    ``[1, rows - 1]``, as ``random.randint`` draws it), turning to a random direction with probability 0.35 before
-    each step, clamped to the interior, stamping one of :data:`RAGEN_STAMPS`; the border stays wall."""
+    """RAGEN's ``room_topology_generation``: a walk of ``int(1.7 (rows + cols))`` steps from a
+    random cell (row in ``[1, rows - 1]``, as ``random.randint`` draws it), turning to a random
+    direction with probability 0.35 before each step, clamped to the interior, stamping one of
+    :data:`RAGEN_STAMPS`; the border stays wall."""
     geo = geometry(rows, cols)
     r, c = 1 + int(u() * (rows - 1)), 1 + int(u() * (cols - 1))
     dr, dc = RAGEN_DIRECTIONS[int(u() * 4)]
@@ -67,16 +68,23 @@ def carve_room_ragen(rows: int, cols: int, u: Callable[[], float]) -> int:
 
 
 def ragen_reverse_play(
-    geo: Geometry, floor: int, targets: Sequence[int], player: int, search_depth: int, max_states: int
+    geo: Geometry,
+    floor: int,
+    targets: Sequence[int],
+    player: int,
+    search_depth: int,
+    max_states: int,
 ) -> tuple[tuple[int, ...], int, int]:
-    """RAGEN's ``reverse_playing``: a depth-first search from the solved room (box ``i`` on ``targets[i]``) where
-    every move pulls the box behind the player, if any (RAGEN explores its pull actions 0..3 only).
+    """RAGEN's ``reverse_playing``: a depth-first search from the solved room (box ``i`` on
+    ``targets[i]``) where every move pulls the box behind the player, if any (RAGEN explores its
+    pull actions 0..3 only).
 
-    A state is scored ``box_swaps x sum of Manhattan distances (box, its own target)``, 0 unless every target is
-    empty (no box, no player); ``box_swaps`` counts the pulls of a box other than the last one pulled. Each state
-    (box cells, player) is expanded once, the first time the search reaches it; ``ttl`` starts at ``search_depth``
-    and drops by one per call (states deeper than ``search_depth - 2`` moves are never scored); at most
-    ``max_states`` states. Returns the first best state: (box cells by box, player, its displacement score).
+    A state is scored ``box_swaps x sum of Manhattan distances (box, its own target)``, 0 unless
+    every target is empty (no box, no player); ``box_swaps`` counts the pulls of a box other than
+    the last one pulled. Each state (box cells, player) is expanded once, the first time the search
+    reaches it; ``ttl`` starts at ``search_depth`` and drops by one per call (states deeper than
+    ``search_depth - 2`` moves are never scored); at most ``max_states`` states. Returns the first
+    best state: (box cells by box, player, its displacement score).
     """
     offsets = geo.offsets
     stride = geo.stride
@@ -112,8 +120,14 @@ def ragen_reverse_play(
             behind = player - o
             if boxes >> behind & 1:  # pull it onto the player's old cell
                 i = pos.index(behind)
-                dfs(pos[:i] + (player,) + pos[i + 1:], boxes ^ (1 << behind) ^ (1 << player), nxt,
-                    swaps + (i != last), i, ttl)
+                dfs(
+                    pos[:i] + (player,) + pos[i + 1 :],
+                    boxes ^ (1 << behind) ^ (1 << player),
+                    nxt,
+                    swaps + (i != last),
+                    i,
+                    ttl,
+                )
             else:
                 dfs(pos, boxes, nxt, swaps, last, ttl)
 
@@ -131,13 +145,15 @@ def generate_level_ragen(
     max_states: int,
     max_tries: int,
 ) -> Level:
-    """RAGEN's ``generate_room`` on masks: carve a room (:func:`carve_room_ragen`); put the player, then the
-    targets, on uniform distinct floor cells (a room with ``<= num_boxes + 1`` floor cells is redrawn); reverse play
-    (:func:`ragen_reverse_play`; a room whose best state displaces no box is redrawn, where RAGEN retries 4 rooms
-    then reseeds); then, with probability 0.8 if the displacement is 1 else 0.5, walk the player 1-3 random steps
-    to free cells not visited in this walk (another step with probability 0.5 after each).
+    """RAGEN's ``generate_room`` on masks: carve a room (:func:`carve_room_ragen`); put the player,
+    then the targets, on uniform distinct floor cells (a room with ``<= num_boxes + 1`` floor cells
+    is redrawn); reverse play (:func:`ragen_reverse_play`; a room whose best state displaces no box
+    is redrawn, where RAGEN retries 4 rooms then reseeds); then, with probability 0.8 if the
+    displacement is 1 else 0.5, walk the player 1-3 random steps to free cells not visited in this
+    walk (another step with probability 0.5 after each).
 
-    Every level is solvable (reverse play and walks undo to the solved room); ``optimal_steps`` is measured with
+    Every level is solvable (reverse play and walks undo to the solved room); ``optimal_steps`` is
+    measured with
     :func:`solve`. Raises RuntimeError after ``max_tries`` rooms without a level.
     """
     geo = geometry(rows, cols)
@@ -150,7 +166,9 @@ def generate_level_ragen(
             continue
         player = free.pop(int(u() * len(free)))
         targets = [free.pop(int(u() * len(free))) for _b in range(num_boxes)]
-        pos, player, disp = ragen_reverse_play(geo, floor, targets, player, search_depth, max_states)
+        pos, player, disp = ragen_reverse_play(
+            geo, floor, targets, player, search_depth, max_states
+        )
         if disp == 0:
             continue
         boxes = 0
@@ -159,8 +177,13 @@ def generate_level_ragen(
         if u() <= (0.8 if disp == 1 else 0.5):
             visited = [player]
             for step in range(1, RAGEN_MAX_WALK + 1):
-                moves = [player + o for o in offsets
-                         if floor >> (player + o) & 1 and not boxes >> (player + o) & 1 and player + o not in visited]
+                moves = [
+                    player + o
+                    for o in offsets
+                    if floor >> (player + o) & 1
+                    and not boxes >> (player + o) & 1
+                    and player + o not in visited
+                ]
                 if not moves:
                     break
                 player = moves[int(u() * len(moves))]

@@ -32,8 +32,8 @@ CODE_MEANINGS = {
 
 
 def parse_board(board: str | Sequence[str] | np.ndarray, grid_lookup: dict[int, str] | None = None):
-    """Read a hand-built board: rows of symbols (a newline-separated string or a list of strings, in the symbols of
-    ``grid_lookup``, default ``#_O√XPS``) or a 2-D array of cell codes 0..6.
+    """Read a hand-built board: rows of symbols (a newline-separated string or a list of strings, in
+    the symbols of ``grid_lookup``, default ``#_O√XPS``) or a 2-D array of cell codes 0..6.
 
     Returns ``(rows, cols, floor, targets, boxes, player)`` in :mod:`envs.grid.sokoban.generate`'s
     bitmask encoding. Raises ValueError for ragged rows, unknown symbols, not exactly one player, no
@@ -45,7 +45,12 @@ def parse_board(board: str | Sequence[str] | np.ndarray, grid_lookup: dict[int, 
         board = board.strip("\n").split("\n")
     if isinstance(board, np.ndarray) or (len(board) and not isinstance(board[0], str)):
         codes = np.asarray(board)
-        if codes.ndim != 2 or not np.issubdtype(codes.dtype, np.integer) or codes.min() < 0 or codes.max() > 6:
+        if (
+            codes.ndim != 2
+            or not np.issubdtype(codes.dtype, np.integer)
+            or codes.min() < 0
+            or codes.max() > 6
+        ):
             raise ValueError("board: a code array must be 2-D with integer cell codes 0..6")
         grid = codes.tolist()
     else:
@@ -54,7 +59,9 @@ def parse_board(board: str | Sequence[str] | np.ndarray, grid_lookup: dict[int, 
             row = []
             for c, ch in enumerate(line):
                 if ch not in inverse:
-                    raise ValueError(f"board: unknown symbol {ch!r} at ({r}, {c}); symbols are {sorted(inverse)}")
+                    raise ValueError(
+                        f"board: unknown symbol {ch!r} at ({r}, {c}); symbols are {sorted(inverse)}"
+                    )
                 row.append(inverse[ch])
             grid.append(row)
     if not grid or not grid[0] or any(len(row) != len(grid[0]) for row in grid):
@@ -87,30 +94,44 @@ def parse_board(board: str | Sequence[str] | np.ndarray, grid_lookup: dict[int, 
 def check_symbols(
     grid_lookup: dict[Any, str] | None, grid_vocab: dict[str, str] | None
 ) -> tuple[dict[int, str], dict[str, str], list[str]]:
-    """The validated ``(grid_lookup, grid_vocab, symbols)`` of the env's keywords: the lookup keyed by cell code
-    0..6 in order (``None``: :data:`DEFAULT_GRID_LOOKUP`; digit-string keys, as read from JSON, become ints), the
-    legend with every symbol (a missing meaning is the code's, :data:`CODE_MEANINGS`), and the symbols in the order
-    the caller gave them (the order of the observation space's extra characters)."""
+    """The validated ``(grid_lookup, grid_vocab, symbols)`` of the env's keywords: the lookup keyed
+    by cell code 0..6 in order (``None``: :data:`DEFAULT_GRID_LOOKUP`; digit-string keys, as read
+    from JSON, become ints), the legend with every symbol (a missing meaning is the code's,
+    :data:`CODE_MEANINGS`), and the symbols in the order the caller gave them (the order of the
+    observation space's extra characters)."""
     lookup = dict(grid_lookup or DEFAULT_GRID_LOOKUP)
     if all(isinstance(k, str) and k.isdigit() for k in lookup):  # e.g. keys read from JSON
         lookup = {int(k): v for k, v in lookup.items()}
     if set(lookup) != set(range(7)):
-        raise ValueError(f"grid_lookup must map each cell code 0..6 to a symbol, got keys {sorted(lookup)}")
+        raise ValueError(
+            f"grid_lookup must map each cell code 0..6 to a symbol, got keys {sorted(lookup)}"
+        )
     symbols = list(lookup.values())
-    if not all(isinstance(s, str) and len(s) == 1 and s not in "\n\r" for s in symbols) or len(set(symbols)) != 7:
-        raise ValueError(f"grid_lookup symbols must be 7 different single characters, got {symbols!r}")
+    if (
+        not all(isinstance(s, str) and len(s) == 1 and s not in "\n\r" for s in symbols)
+        or len(set(symbols)) != 7
+    ):
+        raise ValueError(
+            f"grid_lookup symbols must be 7 different single characters, got {symbols!r}"
+        )
     vocab = dict(grid_vocab or {})
     unknown = set(vocab) - set(symbols)
     if unknown:
-        raise ValueError(f"grid_vocab has symbols {sorted(unknown)} that grid_lookup does not render")
-    return ({k: lookup[k] for k in range(7)}, {lookup[k]: vocab.get(lookup[k], CODE_MEANINGS[k]) for k in range(7)},
-            symbols)
+        raise ValueError(
+            f"grid_vocab has symbols {sorted(unknown)} that grid_lookup does not render"
+        )
+    return (
+        {k: lookup[k] for k in range(7)},
+        {lookup[k]: vocab.get(lookup[k], CODE_MEANINGS[k]) for k in range(7)},
+        symbols,
+    )
 
 
 class BoardText:
-    """The text of one board (its size, floor and targets fixed; boxes and player given per call) in the symbols of
-    ``lookup``: :meth:`grid` (one symbol per cell) and :meth:`coord` (cell lists). Built once per board, it caches
-    what every render shares: the static symbol per character of the grid text and the coordinate header."""
+    """The text of one board (its size, floor and targets fixed; boxes and player given per call) in
+    the symbols of ``lookup``: :meth:`grid` (one symbol per cell) and :meth:`coord` (cell lists).
+    Built once per board, it caches what every render shares: the static symbol per character of the
+    grid text and the coordinate header."""
 
     def __init__(self, geo: gen.Geometry, floor: int, targets: int, lookup: dict[int, str]):
         self._geo, self._targets, self._lookup = geo, targets, lookup
@@ -118,7 +139,8 @@ class BoardText:
         layout = geo.layout
         # the static symbol per character of the grid text; bit index -> position in that list
         self._base = [
-            "\n" if i < 0 else target if targets >> i & 1 else empty if floor >> i & 1 else wall for i in layout
+            "\n" if i < 0 else target if targets >> i & 1 else empty if floor >> i & 1 else wall
+            for i in layout
         ]
         self._pos = _positions(layout)
         self._coord_head = f"Board size: {geo.rows} rows x {geo.cols} cols (zero-indexed)."

@@ -1,33 +1,38 @@
 """Run untrusted Python (a model's candidate code) in a fresh interpreter, isolated and bounded.
 
-Every :meth:`Sandbox.run` starts a new interpreter in a new temporary directory and removes the directory afterwards.
-The isolation comes from bubblewrap (``bwrap``, Debian package ``bubblewrap``): new mount, PID, network, IPC and UTS
-namespaces, a root file system that holds only the system's ``/usr`` (and ``/lib*``, ``/bin``), the interpreter's own
-prefix, read-only, and ``/sandbox`` as the run's directory: a private tmpfs of at most ``disk_bytes`` holding the
-run's input files (read-only) and its requested output files (each bound to a host file, so at most
-``file_size_bytes`` each reach the host's disk); ``/tmp`` is another tmpfs of at most ``disk_bytes``.
-So the code sees none of the host's files, has no network interface but loopback, and cannot signal or even see a
-host process. ``--die-with-parent`` and the PID namespace make the kernel kill every process of the run when the run
-ends: when the run's first process exits, is killed by a limit or by the wall-clock timeout. bubblewrap itself exits
-as soon as the first process does, while the namespace's init may still be taking the others down, so a run returns
-only once its namespace is empty (its init, named by ``--json-status-fd``, is dead). Nested user namespaces
-are refused (``--disable-userns`` when bubblewrap makes one) and, on x86_64, a seccomp filter
+Every :meth:`Sandbox.run` starts a new interpreter in a new temporary directory and removes the
+directory afterwards. The isolation comes from bubblewrap (``bwrap``, Debian package
+``bubblewrap``): new mount, PID, network, IPC and UTS namespaces, a root file system that holds only
+the system's ``/usr`` (and ``/lib*``, ``/bin``), the interpreter's own prefix, read-only, and
+``/sandbox`` as the run's directory: a private tmpfs of at most ``disk_bytes`` holding the run's
+input files (read-only) and its requested output files (each bound to a host file, so at most
+``file_size_bytes`` each reach the host's disk); ``/tmp`` is another tmpfs of at most
+``disk_bytes``. So the code sees none of the host's files, has no network interface but loopback,
+and cannot signal or even see a host process. ``--die-with-parent`` and the PID namespace make the
+kernel kill every process of the run when the run ends: when the run's first process exits, is
+killed by a limit or by the wall-clock timeout. bubblewrap itself exits as soon as the first process
+does, while the namespace's init may still be taking the others down, so a run returns only once its
+namespace is empty (its init, named by ``--json-status-fd``, is dead). Nested user namespaces are
+refused (``--disable-userns`` when bubblewrap makes one) and, on x86_64, a seccomp filter
 (:mod:`envs.tools.code._seccomp`) answers EPERM to namespace, mount, ptrace, keyring, bpf and perf
 system calls.
 
-Resource limits (``setrlimit``, per process, inherited by children): CPU seconds (``RLIMIT_CPU``: SIGXCPU then
-SIGKILL), address space (``RLIMIT_AS``: an allocation without bound gets ``MemoryError``), file size
-(``RLIMIT_FSIZE``: SIGXFSZ; this also bounds stdout and stderr, which go to files), open files and processes
-(``RLIMIT_NPROC``). ``RLIMIT_NPROC`` counts every process of the calling user and the kernel does not apply it to
-root at all, so when the host runs as root (CI does) each run gets a user id of its own (an unused id above
-1,500,000,000): the candidate runs as that unprivileged user with no capabilities, and the limit counts exactly the
-run's processes (a fork bomb stops at ``max_processes``). As another user, bubblewrap also unshares the user
-namespace and the limit is that user's current process count plus ``max_processes`` (approximate: other processes of
-the user come and go). A wall-clock limit kills whatever is left (a loop blocked in ``sleep`` uses no CPU).
+Resource limits (``setrlimit``, per process, inherited by children): CPU seconds (``RLIMIT_CPU``:
+SIGXCPU then SIGKILL), address space (``RLIMIT_AS``: an allocation without bound gets
+``MemoryError``), file size (``RLIMIT_FSIZE``: SIGXFSZ; this also bounds stdout and stderr, which go
+to files), open files and processes (``RLIMIT_NPROC``). ``RLIMIT_NPROC`` counts every process of the
+calling user and the kernel does not apply it to root at all, so when the host runs as root (CI
+does) each run gets a user id of its own (an unused id above 1,500,000,000): the candidate runs as
+that unprivileged user with no capabilities, and the limit counts exactly the run's processes (a
+fork bomb stops at ``max_processes``). As another user, bubblewrap also unshares the user namespace
+and the limit is that user's current process count plus ``max_processes`` (approximate: other
+processes of the user come and go). A wall-clock limit kills whatever is left (a loop blocked in
+``sleep`` uses no CPU).
 
-Without ``bwrap`` on the PATH, :class:`Sandbox` refuses to run unless it was built with ``allow_unsandboxed=True``;
-the candidate then runs in a plain subprocess with the same resource limits in its own temporary directory, but it
-can read the host's files and use the network (for trusted code and machines without bubblewrap only).
+Without ``bwrap`` on the PATH, :class:`Sandbox` refuses to run unless it was built with
+``allow_unsandboxed=True``; the candidate then runs in a plain subprocess with the same resource
+limits in its own temporary directory, but it can read the host's files and use the network (for
+trusted code and machines without bubblewrap only).
 
 This module imports only the standard library and :mod:`envs.base`.
 """
@@ -56,8 +61,10 @@ from envs.tools.code import _seccomp
 BWRAP = "bwrap"
 SANDBOX_DIR = "/sandbox"
 UNSANDBOXED_FLAG = "allow_unsandboxed"
-MISSING_BWRAP = (f"refusing to run candidate code unsandboxed: bubblewrap ('{BWRAP}') is not on the PATH; install "
-                 f"it (apt-get install bubblewrap) or set {UNSANDBOXED_FLAG}: true to run without isolation")
+MISSING_BWRAP = (
+    f"refusing to run candidate code unsandboxed: bubblewrap ('{BWRAP}') is not on the PATH; install "
+    f"it (apt-get install bubblewrap) or set {UNSANDBOXED_FLAG}: true to run without isolation"
+)
 # Per-run user ids when the host is root: far above any real account, one per run of this process.
 _UID_BASE = 1_500_000_000
 _uid_counter = itertools.count()
@@ -78,9 +85,10 @@ class Limits:
         memory_bytes: address space of each process (``RLIMIT_AS``).
         max_processes: processes (and threads) the run may have at once, its main program included
             (``RLIMIT_NPROC``, see the module docstring).
-        file_size_bytes: largest file a process may write, stdout and stderr included (``RLIMIT_FSIZE``).
-        open_files: file descriptors per process (``RLIMIT_NOFILE``).
-        disk_bytes: size of each of the run's tmpfs file systems (``/sandbox`` and ``/tmp``), which bounds what
+        file_size_bytes: largest file a process may write, stdout and stderr included
+        (``RLIMIT_FSIZE``). open_files: file descriptors per process (``RLIMIT_NOFILE``).
+        disk_bytes: size of each of the run's tmpfs file systems (``/sandbox`` and ``/tmp``), which
+        bounds what
             the run may write in total (they live in memory); sandboxed runs only.
     """
 
@@ -93,12 +101,25 @@ class Limits:
     disk_bytes: int = 64 * 2**20
 
     def __post_init__(self) -> None:
-        for name in ("cpu_seconds", "max_processes", "open_files", "memory_bytes", "file_size_bytes", "disk_bytes"):
+        for name in (
+            "cpu_seconds",
+            "max_processes",
+            "open_files",
+            "memory_bytes",
+            "file_size_bytes",
+            "disk_bytes",
+        ):
             object.__setattr__(self, name, bounded_int("Limits", name, getattr(self, name), 1))
-        if not (isinstance(self.wall_seconds, (int, float)) and 0 < self.wall_seconds < float("inf")):
-            raise ValueError(f"Limits.wall_seconds must be a finite number > 0, got {self.wall_seconds!r}")
+        if not (
+            isinstance(self.wall_seconds, (int, float)) and 0 < self.wall_seconds < float("inf")
+        ):
+            raise ValueError(
+                f"Limits.wall_seconds must be a finite number > 0, got {self.wall_seconds!r}"
+            )
         if self.memory_bytes < 64 * 2**20:
-            raise ValueError(f"Limits.memory_bytes must be >= 64 MiB (an interpreter needs it), got {self.memory_bytes}")
+            raise ValueError(
+                f"Limits.memory_bytes must be >= 64 MiB (an interpreter needs it), got {self.memory_bytes}"
+            )
 
 
 @dataclass(frozen=True)
@@ -108,10 +129,10 @@ class RunResult:
     Attributes:
         returncode: the interpreter's exit status (negative: killed by that signal; bubblewrap reports a signal
             death as ``128 + signal``), None when the wall-clock limit killed the run.
-        stdout, stderr: what the program wrote (at most ``file_size_bytes`` each), decoded as UTF-8 with replacement.
-        timed_out: the wall-clock limit was reached.
-        files: the text of the requested output files the run left in its directory (missing ones are absent).
-        seconds: wall-clock duration.
+        stdout, stderr: what the program wrote (at most ``file_size_bytes`` each), decoded as UTF-8
+        with replacement. timed_out: the wall-clock limit was reached. files: the text of the
+        requested output files the run left in its directory (missing ones are absent). seconds:
+        wall-clock duration.
     """
 
     returncode: int | None
@@ -128,16 +149,17 @@ def bwrap_path() -> str | None:
 
 
 def _interpreter() -> tuple[str, str]:
-    """``(python executable, its installation prefix)`` with symbolic links resolved (a venv's ``bin/python`` is a
-    link to the base interpreter; the sandbox gets the base installation, not the venv)."""
+    """``(python executable, its installation prefix)`` with symbolic links resolved (a venv's
+    ``bin/python`` is a link to the base interpreter; the sandbox gets the base installation, not
+    the venv)."""
     exe = os.path.realpath(sys.executable)
     prefix = os.path.realpath(sys.base_prefix)
     return exe, prefix
 
 
 def _system_mounts(prefix: str) -> list[str]:
-    """bwrap arguments giving the sandbox the system's programs and libraries, read-only (merged-/usr layouts keep
-    ``/bin`` and ``/lib*`` as links into ``/usr``)."""
+    """bwrap arguments giving the sandbox the system's programs and libraries, read-only
+    (merged-/usr layouts keep ``/bin`` and ``/lib*`` as links into ``/usr``)."""
     args = ["--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
@@ -145,7 +167,8 @@ def _system_mounts(prefix: str) -> list[str]:
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
     if not (prefix == "/usr" or prefix.startswith("/usr/")):
-        # bwrap would create the prefix's parents with the host's modes (/root is 0700): make them traversable
+        # bwrap would create the prefix's parents with the host's modes (/root is 0700): make them
+        # traversable
         parents = [p for p in Path(prefix).parents if str(p) != "/"]
         for parent in reversed(parents):
             args += ["--perms", "0755", "--dir", str(parent)]
@@ -167,8 +190,8 @@ def _user_process_count(uid: int) -> int:
 
 
 def _kill_uid(uid: int) -> None:
-    """SIGKILL every process of ``uid`` (a per-run id: only the run's own processes). A safety net: the PID namespace
-    normally takes them down with the run."""
+    """SIGKILL every process of ``uid`` (a per-run id: only the run's own processes). A safety net:
+    the PID namespace normally takes them down with the run."""
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
@@ -179,11 +202,12 @@ def _kill_uid(uid: int) -> None:
 
 
 def _await_namespace_end(status: Path, seconds: float = 10.0) -> None:
-    """Return once the run's PID namespace is empty. ``status`` holds bubblewrap's ``--json-status-fd`` documents; the
-    first names the namespace's init (its host pid) and the namespace. bubblewrap has exited by now; its init is
-    killed (``--die-with-parent`` already sends it SIGKILL, which may still be on its way) and awaited: the kernel
-    empties a PID namespace before its init becomes a zombie. Nothing to wait for when bubblewrap failed before
-    starting the run."""
+    """Return once the run's PID namespace is empty. ``status`` holds bubblewrap's
+    ``--json-status-fd`` documents; the first names the namespace's init (its host pid) and the
+    namespace. bubblewrap has exited by now; its init is killed (``--die-with-parent`` already sends
+    it SIGKILL, which may still be on its way) and awaited: the kernel empties a PID namespace
+    before its init becomes a zombie. Nothing to wait for when bubblewrap failed before starting the
+    run."""
     try:
         first = json.loads(status.read_text().split("\n", 1)[0])
         pid, link = int(first["child-pid"]), f"pid:[{int(first['pid-namespace'])}]"
@@ -200,27 +224,33 @@ def _await_namespace_end(status: Path, seconds: float = 10.0) -> None:
             os.kill(pid, signal.SIGKILL)
         except (OSError, IndexError):
             return  # gone (or reaped) already
-        if time.monotonic() > deadline:  # the kernel has not run the kill yet (an uninterruptible wait)
-            warnings.warn(f"the sandbox's PID namespace (init pid {pid}) did not end within {seconds:g} s of its "
-                          "run; returning with it still ending", RuntimeWarning, stacklevel=3)
+        # the kernel has not run the kill yet (an uninterruptible wait)
+        if time.monotonic() > deadline:
+            warnings.warn(
+                f"the sandbox's PID namespace (init pid {pid}) did not end within {seconds:g} s of its "
+                "run; returning with it still ending",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             return
         time.sleep(0.002)
 
 
 def _reap_if_ours(pid: int) -> None:
-    """Reap the dead init when it was reparented to this process: it is when this process is PID 1 (``python main.py
-    fit`` as a container's command) or a child subreaper; otherwise nobody here would, and each run would leave a
-    zombie holding a pid."""
+    """Reap the dead init when it was reparented to this process: it is when this process is PID 1
+    (``python main.py fit`` as a container's command) or a child subreaper; otherwise nobody here
+    would, and each run would leave a zombie holding a pid."""
     try:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
 
 
-# The first program of a run (trusted, ours): it sets the resource limits, drops to the run's user id when the host is
-# root (the process limit already set, so the candidate can never exceed it), and replaces itself with the
-# interpreter running the candidate. Limits are set here rather than in a ``preexec_fn``, which is unsafe in a
-# process with threads (the rollout may step envs from a thread pool).
+# The first program of a run (trusted, ours): it sets the resource limits, drops to the run's user
+# id when the host is root (the process limit already set, so the candidate can never exceed it),
+# and replaces itself with the interpreter running the candidate. Limits are set here rather than in
+# a ``preexec_fn``, which is unsafe in a process with threads (the rollout may step envs from a
+# thread pool).
 _LAUNCHER = (
     "import json,os,resource as r,sys\n"
     "c=json.loads(sys.argv[1])\n"
@@ -234,11 +264,13 @@ _LAUNCHER = (
 
 
 class Sandbox:
-    """Runs Python programs under :class:`Limits`, isolated by bubblewrap (see the module docstring).
+    """Runs Python programs under :class:`Limits`, isolated by bubblewrap (see the module
+    docstring).
 
     Args:
         limits: the resource limits of each run.
-        allow_unsandboxed: run without bubblewrap when it is missing (resource limits only; no isolation from the
+        allow_unsandboxed: run without bubblewrap when it is missing (resource limits only; no
+        isolation from the
             host's files or network). False (default): such a run raises :class:`SandboxUnavailable`.
     """
 
@@ -252,8 +284,14 @@ class Sandbox:
         """True when runs are isolated by bubblewrap."""
         return bwrap_path() is not None
 
-    def run(self, program: str, *, stdin: str = "", files: Mapping[str, str] | None = None,
-            outputs: tuple[str, ...] = ()) -> RunResult:
+    def run(
+        self,
+        program: str,
+        *,
+        stdin: str = "",
+        files: Mapping[str, str] | None = None,
+        outputs: tuple[str, ...] = (),
+    ) -> RunResult:
         """Run ``program`` (Python source) as ``__main__`` in a fresh interpreter.
 
         Args:
@@ -263,7 +301,8 @@ class Sandbox:
             outputs: names of files to read back from its directory after the run (each at most
                 ``file_size_bytes``).
 
-        Raises :class:`SandboxUnavailable` when bubblewrap is missing and unsandboxed runs are not allowed.
+        Raises :class:`SandboxUnavailable` when bubblewrap is missing and unsandboxed runs are not
+        allowed.
         """
         bwrap = bwrap_path()
         if bwrap is None and not self.allow_unsandboxed:
@@ -271,12 +310,15 @@ class Sandbox:
         files = dict(files or {})
         for name in [*files, *outputs]:
             if not name or "/" in name or name.startswith(".") or name == "main.py":
-                raise ValueError(f"sandbox file names are plain names other than main.py, got {name!r}")
+                raise ValueError(
+                    f"sandbox file names are plain names other than main.py, got {name!r}"
+                )
         host = tempfile.mkdtemp(prefix="ragen-sandbox-")
         seccomp = None
         try:
             if bwrap is not None and (program_bytes := _seccomp.program()) is not None:
-                seccomp = os.pipe()  # bubblewrap reads the filter from this pipe (it fits the pipe's buffer)
+                # bubblewrap reads the filter from this pipe (it fits the pipe's buffer)
+                seccomp = os.pipe()
                 os.write(seccomp[1], program_bytes)
                 os.close(seccomp[1])
             return self._run_in(host, bwrap, program, stdin, files, outputs, seccomp and seccomp[0])
@@ -285,10 +327,20 @@ class Sandbox:
                 os.close(seccomp[0])
             shutil.rmtree(host, ignore_errors=True)
 
-    def _run_in(self, host: str, bwrap: str | None, program: str, stdin: str, files: dict[str, str],
-                outputs: tuple[str, ...], seccomp_fd: int | None) -> RunResult:
-        work = os.path.join(host, "work")  # the candidate's directory; stdin/stdout/stderr live beside it
-        out = os.path.join(host, "out") if bwrap is not None else work  # sandboxed: the output files bound in
+    def _run_in(
+        self,
+        host: str,
+        bwrap: str | None,
+        program: str,
+        stdin: str,
+        files: dict[str, str],
+        outputs: tuple[str, ...],
+        seccomp_fd: int | None,
+    ) -> RunResult:
+        # the candidate's directory; stdin/stdout/stderr live beside it
+        work = os.path.join(host, "work")
+        # sandboxed: the output files bound in
+        out = os.path.join(host, "out") if bwrap is not None else work
         os.mkdir(work)
         os.makedirs(out, exist_ok=True)
         for name, text in {"main.py": program, **files}.items():
@@ -305,39 +357,96 @@ class Sandbox:
             if uid is not None:
                 os.chown(Path(out, name), uid, uid)
         limits = self.limits
-        interpreter = [self.python, "-I", "-B"]  # isolated mode: no user site, no PYTHON* variables; no .pyc
-        nproc = limits.max_processes  # the launcher becomes the main program; bwrap's init runs as root
+        # isolated mode: no user site, no PYTHON* variables; no .pyc
+        interpreter = [self.python, "-I", "-B"]
+        # the launcher becomes the main program; bwrap's init runs as root
+        nproc = limits.max_processes
         if uid is None:  # the limit counts every process of the user (see the module docstring)
             nproc += _user_process_count(os.getuid())
-        config = json.dumps({"cpu": limits.cpu_seconds, "mem": limits.memory_bytes, "fsize": limits.file_size_bytes,
-                             "nofile": limits.open_files, "nproc": nproc, "uid": uid})
+        config = json.dumps(
+            {
+                "cpu": limits.cpu_seconds,
+                "mem": limits.memory_bytes,
+                "fsize": limits.file_size_bytes,
+                "nofile": limits.open_files,
+                "nproc": nproc,
+                "uid": uid,
+            }
+        )
         command = [*interpreter, "-S", "-c", _LAUNCHER, config, *interpreter, "main.py"]
-        # unsandboxed: the host's view of the files (so no drop to an id that could read none of them)
-        argv = command if bwrap is None else self._bwrap_argv(bwrap, as_root, work, command, [
-            *(a for name in ["main.py", *files] for a in ("--ro-bind", f"{work}/{name}", f"{SANDBOX_DIR}/{name}")),
-            *(a for name in outputs for a in ("--bind", f"{out}/{name}", f"{SANDBOX_DIR}/{name}")),
-            *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else [])])
-        return self._execute(argv, host, work, out, uid, outputs, seccomp_fd, isolated=bwrap is not None)
+        # unsandboxed: the host's view of the files (so no drop to an id that could read none of
+        # them)
+        argv = (
+            command
+            if bwrap is None
+            else self._bwrap_argv(
+                bwrap,
+                as_root,
+                work,
+                command,
+                [
+                    *(
+                        a
+                        for name in ["main.py", *files]
+                        for a in ("--ro-bind", f"{work}/{name}", f"{SANDBOX_DIR}/{name}")
+                    ),
+                    *(
+                        a
+                        for name in outputs
+                        for a in ("--bind", f"{out}/{name}", f"{SANDBOX_DIR}/{name}")
+                    ),
+                    *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
+                ],
+            )
+        )
+        return self._execute(
+            argv, host, work, out, uid, outputs, seccomp_fd, isolated=bwrap is not None
+        )
 
-    def _execute(self, argv: list[str], host: str, work: str, out: str, uid: int | None, outputs: tuple[str, ...],
-                 seccomp_fd: int | None, *, isolated: bool) -> RunResult:
-        """Start ``argv``, wait at most the wall-clock limit, kill what is left (:meth:`_terminate`, then the
-        namespace: :func:`_await_namespace_end`) and read the run's outputs back."""
+    def _execute(
+        self,
+        argv: list[str],
+        host: str,
+        work: str,
+        out: str,
+        uid: int | None,
+        outputs: tuple[str, ...],
+        seccomp_fd: int | None,
+        *,
+        isolated: bool,
+    ) -> RunResult:
+        """Start ``argv``, wait at most the wall-clock limit, kill what is left (:meth:`_terminate`,
+        then the namespace: :func:`_await_namespace_end`) and read the run's outputs back."""
         limits = self.limits
         start = time.monotonic()
         timed_out = False
-        with open(Path(host, "stdin"), "rb") as fin, open(Path(host, "stdout"), "wb") as fout, \
-                open(Path(host, "stderr"), "wb") as ferr:
-            # bubblewrap names the namespace's init in this file (see _await_namespace_end); only the child keeps it
-            status_fd = os.open(Path(host, "status.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600) \
-                if isolated else None
+        with (
+            open(Path(host, "stdin"), "rb") as fin,
+            open(Path(host, "stdout"), "wb") as fout,
+            open(Path(host, "stderr"), "wb") as ferr,
+        ):
+            # bubblewrap names the namespace's init in this file (see _await_namespace_end); only
+            # the child keeps it
+            status_fd = (
+                os.open(Path(host, "status.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                if isolated
+                else None
+            )
             try:
                 if status_fd is not None:
                     argv = [argv[0], "--json-status-fd", str(status_fd), *argv[1:]]
                 passed = tuple(fd for fd in (seccomp_fd, status_fd) if fd is not None)
-                proc = subprocess.Popen(argv, stdin=fin, stdout=fout, stderr=ferr, cwd=work, start_new_session=True,
-                                        close_fds=True, pass_fds=passed,
-                                        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=fin,
+                    stdout=fout,
+                    stderr=ferr,
+                    cwd=work,
+                    start_new_session=True,
+                    close_fds=True,
+                    pass_fds=passed,
+                    env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                )
             finally:
                 if status_fd is not None:
                     os.close(status_fd)
@@ -362,27 +471,74 @@ class Sandbox:
             seconds=seconds,
         )
 
-    def _bwrap_argv(self, bwrap: str, as_root: bool, work: str, command: list[str], binds: list[str]) -> list[str]:
-        """The bubblewrap command line that runs ``command`` in :data:`SANDBOX_DIR` (module docstring: the
-        namespaces, the read-only system mounts, size-bounded tmpfs ``/sandbox`` and ``/tmp``, ``binds`` (the run's
-        files, the seccomp filter), a clean environment)."""
+    def _bwrap_argv(
+        self, bwrap: str, as_root: bool, work: str, command: list[str], binds: list[str]
+    ) -> list[str]:
+        """The bubblewrap command line that runs ``command`` in :data:`SANDBOX_DIR` (module
+        docstring: the namespaces, the read-only system mounts, size-bounded tmpfs ``/sandbox`` and
+        ``/tmp``, ``binds`` (the run's files, the seccomp filter), a clean environment)."""
         if as_root:
-            # no user namespace: the launcher must really setuid (kernel-counted processes of a real uid)
-            ns = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-                  "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+            # no user namespace: the launcher must really setuid (kernel-counted processes of a real
+            # uid)
+            ns = [
+                "--unshare-ipc",
+                "--unshare-pid",
+                "--unshare-net",
+                "--unshare-uts",
+                "--unshare-cgroup-try",
+                "--cap-add",
+                "CAP_SETUID",
+                "--cap-add",
+                "CAP_SETGID",
+            ]
         else:
             ns = ["--unshare-all", "--unshare-user", "--disable-userns"]
         size = str(self.limits.disk_bytes)
-        return [bwrap, *ns, "--die-with-parent", "--new-session", *_system_mounts(self.prefix),
-                "--proc", "/proc", "--dev", "/dev", "--size", size, "--perms", "01777", "--tmpfs", "/tmp",
-                "--size", size, "--perms", "01777", "--tmpfs", SANDBOX_DIR, *binds,
-                "--chdir", SANDBOX_DIR, "--hostname", "sandbox", "--clearenv",
-                "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", SANDBOX_DIR,
-                "--setenv", "LANG", "C.UTF-8", "--", *command]
+        return [
+            bwrap,
+            *ns,
+            "--die-with-parent",
+            "--new-session",
+            *_system_mounts(self.prefix),
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--size",
+            size,
+            "--perms",
+            "01777",
+            "--tmpfs",
+            "/tmp",
+            "--size",
+            size,
+            "--perms",
+            "01777",
+            "--tmpfs",
+            SANDBOX_DIR,
+            *binds,
+            "--chdir",
+            SANDBOX_DIR,
+            "--hostname",
+            "sandbox",
+            "--clearenv",
+            "--setenv",
+            "PATH",
+            "/usr/bin:/bin",
+            "--setenv",
+            "HOME",
+            SANDBOX_DIR,
+            "--setenv",
+            "LANG",
+            "C.UTF-8",
+            "--",
+            *command,
+        ]
 
     @staticmethod
     def _terminate(proc: subprocess.Popen, uid: int | None) -> None:
-        """Kill what is left of a run: bwrap's process group (its sandbox dies with it), then the run's user id."""
+        """Kill what is left of a run: bwrap's process group (its sandbox dies with it), then the
+        run's user id."""
         if proc.poll() is None:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -399,8 +555,8 @@ class Sandbox:
 
 
 def _read_capped(path: Path, cap: int) -> str | None:
-    """The text of ``path`` (at most ``cap`` bytes, UTF-8 with replacement), None when it is missing or not a
-    regular file (a candidate may leave a link or a directory under an output's name)."""
+    """The text of ``path`` (at most ``cap`` bytes, UTF-8 with replacement), None when it is missing
+    or not a regular file (a candidate may leave a link or a directory under an output's name)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -412,4 +568,3 @@ def _read_capped(path: Path, cap: int) -> str | None:
             return f.read(cap).decode("utf-8", errors="replace")
     finally:
         os.close(fd)
-

@@ -4,39 +4,43 @@ A :class:`ProofChecker` takes a whole Lean 4 file (imports, statement, tactic pr
 :class:`CheckResult`: the Lean messages, the number of ``sorry`` s, and a status. The env decides acceptance and
 success from it (:attr:`CheckResult.accepted`, :attr:`CheckResult.complete`: RAGEN's rules).
 
-* :class:`KiminaChecker`: an HTTP client for a Kimina Lean server (``project-numina/kimina-lean-server``), the
-  backend RAGEN uses. Contract relied on (the server's ``CheckRequest`` / ``CheckResponse`` models):
+* :class:`KiminaChecker`: an HTTP client for a Kimina Lean server
+  (``project-numina/kimina-lean-server``), the backend RAGEN uses. Contract relied on (the server's
+  ``CheckRequest`` / ``CheckResponse`` models):
 
-  - ``POST {url}/api/check`` with the JSON body ``{"snippets": [{"id": str, "code": str}], "timeout": int,
-    "debug": bool, "reuse": bool, "infotree": null}`` (``timeout``: seconds the server gives Lean for the snippet);
-    an API key, when the server has one, travels as ``Authorization: Bearer <key>`` (the server answers 401
-    "Missing API key" without it).
-  - Answer ``{"results": [{"id": str, "time": float, "error": str?, "response": {...}?, "diagnostics": {...}?}]}``
-    with exactly one of ``error`` (a server-level failure; a Lean timeout reads ``"Lean REPL command timed out in
-    30.0 seconds"``) and ``response``. ``response`` is the Lean REPL's answer: either ``{"message": str}`` (the
-    REPL itself failed) or a command response ``{"env"?: int, "messages"?: [{"severity": "trace" | "info" |
-    "warning" | "error", "pos": {"line": int, "column": int}, "endPos"?: {...} | null, "data": str}],
-    "sorries"?: [{"pos", "endPos", "goal"}], ...}``. Fields the server leaves out when null may be absent.
+  - ``POST {url}/api/check`` with the JSON body ``{"snippets": [{"id": str, "code": str}],
+    "timeout": int, "debug": bool, "reuse": bool, "infotree": null}`` (``timeout``: seconds the
+    server gives Lean for the snippet); an API key, when the server has one, travels as
+    ``Authorization: Bearer <key>`` (the server answers 401 "Missing API key" without it).
+  - Answer ``{"results": [{"id": str, "time": float, "error": str?, "response": {...}?,
+    "diagnostics": {...}?}]}`` with exactly one of ``error`` (a server-level failure; a Lean timeout
+    reads ``"Lean REPL command timed out in 30.0 seconds"``) and ``response``. ``response`` is the
+    Lean REPL's answer: either ``{"message": str}`` (the REPL itself failed) or a command response
+    ``{"env"?: int, "messages"?: [{"severity": "trace" | "info" | "warning" | "error", "pos":
+    {"line": int, "column": int}, "endPos"?: {...} | null, "data": str}], "sorries"?: [{"pos",
+    "endPos", "goal"}], ...}``. Fields the server leaves out when null may be absent.
 
-  Connection errors, HTTP timeouts, 429 and 5xx answers are retried ``max_retries`` times with exponential backoff
-  (``backoff_s * 2**attempt``, capped at ``max_backoff_s``), like RAGEN's client (tenacity, 3 attempts); other 4xx
-  answers and malformed bodies raise at once. A timed-out request's connections are closed at once (the client's
-  pool is replaced), not left to the garbage collector. When the retries run out, :class:`LeanBackendError` is raised: an
-  unreachable server says nothing about the tactic (RAGEN scored it as a rejected tactic, -1.1, and logged once),
-  so the episode fails as an env error instead of teaching the policy a penalty it did not earn.
+  Connection errors, HTTP timeouts, 429 and 5xx answers are retried ``max_retries`` times with
+  exponential backoff (``backoff_s * 2**attempt``, capped at ``max_backoff_s``), like RAGEN's client
+  (tenacity, 3 attempts); other 4xx answers and malformed bodies raise at once. A timed-out
+  request's connections are closed at once (the client's pool is replaced), not left to the garbage
+  collector. When the retries run out, :class:`LeanBackendError` is raised: an unreachable server
+  says nothing about the tactic (RAGEN scored it as a rejected tactic, -1.1, and logged once), so
+  the episode fails as an env error instead of teaching the policy a penalty it did not earn.
 
-* :class:`ReplChecker`: the Lean REPL (``leanprover-community/repl``) as a local subprocess, driven over stdin with
-  its JSON protocol: one command per request (``{"cmd": str, "env"?: int}``, ended by a blank line), one JSON
-  answer per command (ended by a blank line). Like the Kimina server, the import header of a file is run once and
-  its environment reused for every proof with the same header (importing Mathlib takes seconds to minutes). The
-  command is ``lake env repl`` run inside a Lake project that depends on the REPL (and on Mathlib, for miniF2F),
-  or any command given as ``repl_command``. A command that does not answer within ``timeout_s`` is a Lean timeout
-  (the process is killed, its pipes and stderr file closed, and a new one started at the next check), as with the
-  server.
+* :class:`ReplChecker`: the Lean REPL (``leanprover-community/repl``) as a local subprocess, driven
+  over stdin with its JSON protocol: one command per request (``{"cmd": str, "env"?: int}``, ended
+  by a blank line), one JSON answer per command (ended by a blank line). Like the Kimina server, the
+  import header of a file is run once and its environment reused for every proof with the same
+  header (importing Mathlib takes seconds to minutes). The command is ``lake env repl`` run inside a
+  Lake project that depends on the REPL (and on Mathlib, for miniF2F), or any command given as
+  ``repl_command``. A command that does not answer within ``timeout_s`` is a Lean timeout (the
+  process is killed, its pipes and stderr file closed, and a new one started at the next check), as
+  with the server.
 
-Both bound what they read (``max_response_bytes``) and check every field they use, naming the culprit. httpx is
-imported only when a server client is built (like :mod:`envs.tools.search.retrieval`), so the env
-package stays light.
+Both bound what they read (``max_response_bytes``) and check every field they use, naming the
+culprit. httpx is imported only when a server client is built (like
+:mod:`envs.tools.search.retrieval`), so the env package stays light.
 """
 
 from __future__ import annotations
@@ -59,12 +63,13 @@ from envs.base import bounded_int
 
 SEVERITIES = ("trace", "info", "warning", "error")
 STATUSES = ("valid", "sorry", "lean_error", "repl_error", "timeout", "server_error")
-DEFAULT_MAX_RESPONSE_BYTES = 16 << 20  # 16 MiB: a long list of messages (info trees are not requested)
+# 16 MiB: a long list of messages (info trees are not requested)
+DEFAULT_MAX_RESPONSE_BYTES = 16 << 20
 
 
 class LeanBackendError(RuntimeError):
-    """A proof checker failed for reasons that say nothing about the proof: server unreachable after the retries,
-    a refused request, a malformed answer, a REPL process that died."""
+    """A proof checker failed for reasons that say nothing about the proof: server unreachable after
+    the retries, a refused request, a malformed answer, a REPL process that died."""
 
 
 class SchemaError(ValueError):
@@ -77,7 +82,8 @@ class LeanBackendUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class LeanMessage:
-    """One Lean message: severity, text and (1-based line, 0-based column) positions when Lean gave them."""
+    """One Lean message: severity, text and (1-based line, 0-based column) positions when Lean gave
+    them."""
 
     severity: str
     data: str
@@ -86,8 +92,8 @@ class LeanMessage:
 
     @property
     def unsolved_goals(self) -> bool:
-        """An "unsolved goals" error: the proof so far is fine but not finished (RAGEN does not count it against a
-        tactic)."""
+        """An "unsolved goals" error: the proof so far is fine but not finished (RAGEN does not
+        count it against a tactic)."""
         return self.severity == "error" and "unsolved goals" in self.data.lower()
 
 
@@ -97,11 +103,12 @@ class CheckResult:
 
     Attributes:
         status: ``"valid"`` (no error, no sorry), ``"sorry"``, ``"lean_error"`` (some message of severity error),
-            ``"repl_error"`` (the REPL rejected the command), ``"timeout"`` (Lean ran out of time), or
-            ``"server_error"`` (the server answered with an error that is not a timeout): Kimina's statuses.
-        messages: Lean's messages (for a REPL error, timeout or server error: one error message with its text).
-        sorries: how many ``sorry`` s Lean reported.
-        time: seconds Lean took, as reported (0.0 when unknown).
+            ``"repl_error"`` (the REPL rejected the command), ``"timeout"`` (Lean ran out of time),
+            or ``"server_error"`` (the server answered with an error that is not a timeout):
+            Kimina's statuses.
+        messages: Lean's messages (for a REPL error, timeout or server error: one error message with
+        its text). sorries: how many ``sorry`` s Lean reported. time: seconds Lean took, as reported
+        (0.0 when unknown).
     """
 
     status: str
@@ -111,8 +118,8 @@ class CheckResult:
 
     @property
     def accepted(self) -> bool:
-        """RAGEN's acceptance of the last tactic: Lean answered, with no error other than "unsolved goals" and no
-        sorry."""
+        """RAGEN's acceptance of the last tactic: Lean answered, with no error other than "unsolved
+        goals" and no sorry."""
         if self.status in ("repl_error", "timeout", "server_error"):
             return False
         blocking = any(m.severity == "error" and not m.unsolved_goals for m in self.messages)
@@ -120,7 +127,8 @@ class CheckResult:
 
     @property
     def complete(self) -> bool:
-        """RAGEN's success: no error at all (unsolved goals included) and no sorry: the theorem is proved."""
+        """RAGEN's success: no error at all (unsolved goals included) and no sorry: the theorem is
+        proved."""
         return self.accepted and not any(m.severity == "error" for m in self.messages)
 
 
@@ -132,9 +140,9 @@ class ProofChecker(Protocol):
     def close(self) -> None: ...
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Parsing the REPL's JSON (shared by both backends: the server forwards the REPL's answer)
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def _pos(value: Any, where: str) -> tuple[int, int] | None:
@@ -150,7 +158,8 @@ def _pos(value: Any, where: str) -> tuple[int, int] | None:
 
 
 def parse_command_response(response: Any, where: str, time_s: float = 0.0) -> CheckResult:
-    """A :class:`CheckResult` from the REPL's answer to one command (``{"message"}`` or a command response).
+    """A :class:`CheckResult` from the REPL's answer to one command (``{"message"}`` or a command
+    response).
 
     Raises ``ValueError`` naming ``where`` and the field for anything outside the REPL's schema.
     """
@@ -160,8 +169,11 @@ def parse_command_response(response: Any, where: str, time_s: float = 0.0) -> Ch
         message = response["message"]
         if not isinstance(message, str):
             raise SchemaError(f"{where}.message must be a string, got {type(message).__name__}")
-        return CheckResult("repl_error", (LeanMessage("error", message, _pos(response.get("pos"), f"{where}.pos")),),
-                           time=time_s)
+        return CheckResult(
+            "repl_error",
+            (LeanMessage("error", message, _pos(response.get("pos"), f"{where}.pos")),),
+            time=time_s,
+        )
     raw_messages = response.get("messages") or []
     if not isinstance(raw_messages, list):
         raise SchemaError(f"{where}.messages must be a list, got {type(raw_messages).__name__}")
@@ -172,11 +184,19 @@ def parse_command_response(response: Any, where: str, time_s: float = 0.0) -> Ch
             raise SchemaError(f"{at} must be an object, got {type(m).__name__}")
         severity, data = m.get("severity"), m.get("data")
         if severity not in SEVERITIES:
-            raise SchemaError(f"{at}.severity must be one of {', '.join(SEVERITIES)}; got {severity!r}")
+            raise SchemaError(
+                f"{at}.severity must be one of {', '.join(SEVERITIES)}; got {severity!r}"
+            )
         if not isinstance(data, str):
             raise SchemaError(f"{at}.data must be a string, got {type(data).__name__}")
-        messages.append(LeanMessage(severity, data, _pos(m.get("pos"), f"{at}.pos"),
-                                    _pos(m.get("endPos"), f"{at}.endPos")))
+        messages.append(
+            LeanMessage(
+                severity,
+                data,
+                _pos(m.get("pos"), f"{at}.pos"),
+                _pos(m.get("endPos"), f"{at}.endPos"),
+            )
+        )
     sorries = response.get("sorries") or []
     if not isinstance(sorries, list):
         raise SchemaError(f"{where}.sorries must be a list, got {type(sorries).__name__}")
@@ -188,7 +208,8 @@ def parse_command_response(response: Any, where: str, time_s: float = 0.0) -> Ch
 
 
 def error_result(error: str, time_s: float = 0.0) -> CheckResult:
-    """The result of a server-level ``error`` string: a timeout when it says "timed out" (Kimina's rule)."""
+    """The result of a server-level ``error`` string: a timeout when it says "timed out" (Kimina's
+    rule)."""
     status = "timeout" if "timed out" in error.lower() else "server_error"
     return CheckResult(status, (LeanMessage("error", error),), time=time_s)
 
@@ -198,7 +219,9 @@ def parse_repl_result(result: Any, snippet_id: str, where: str) -> CheckResult:
     if not isinstance(result, dict):
         raise SchemaError(f"{where} must be an object, got {type(result).__name__}")
     if result.get("id") != snippet_id:
-        raise SchemaError(f"{where}.id is {result.get('id')!r}, expected the snippet sent ({snippet_id!r})")
+        raise SchemaError(
+            f"{where}.id is {result.get('id')!r}, expected the snippet sent ({snippet_id!r})"
+        )
     time_s = result.get("time", 0.0)
     if isinstance(time_s, bool) or not isinstance(time_s, (int, float)):
         raise SchemaError(f"{where}.time must be a number, got {time_s!r}")
@@ -212,9 +235,9 @@ def parse_repl_result(result: Any, snippet_id: str, where: str) -> CheckResult:
     return parse_command_response(response, f"{where}.response", float(time_s))
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Kimina Lean server over HTTP
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 class KiminaChecker:
@@ -224,26 +247,40 @@ class KiminaChecker:
         url: the server's base URL, e.g. ``http://127.0.0.1:8000``.
         timeout_s: seconds the server gives Lean for one proof (the request's ``timeout``; RAGEN's
             ``request_timeout`` 30).
-        http_timeout_s: seconds to connect and between bytes of the answer before a request counts as timed out
+        http_timeout_s: seconds to connect and between bytes of the answer before a request counts
+        as timed out
             (RAGEN's ``http_timeout`` 60; must exceed ``timeout_s``).
         max_retries: retries of one request after a connection error, HTTP timeout, 429 or 5xx.
-        backoff_s, max_backoff_s: first wait before a retry (doubles each retry, jittered by up to +25 %) and its cap.
-        api_key_env: the name of an environment variable holding the server's API key (never the key itself in a
+        backoff_s, max_backoff_s: first wait before a retry (doubles each retry, jittered by up to
+        +25 %) and its cap. api_key_env: the name of an environment variable holding the server's
+        API key (never the key itself in a
             config), sent as ``Authorization: Bearer <key>``; None sends none.
         max_response_bytes: answers larger than this are refused.
         sleep: how to wait between retries (tests pass a recorder).
     """
 
-    def __init__(self, url: str, *, timeout_s: float = 30.0, http_timeout_s: float = 60.0, max_retries: int = 3,
-                 backoff_s: float = 1.0, max_backoff_s: float = 10.0, api_key_env: str | None = None,
-                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES, sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 30.0,
+        http_timeout_s: float = 60.0,
+        max_retries: int = 3,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 10.0,
+        api_key_env: str | None = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"server_url must be an http(s) URL, got {url!r}")
         max_retries = bounded_int("KiminaChecker", "max_retries", max_retries, 0)
         if timeout_s <= 0 or http_timeout_s <= 0 or backoff_s < 0 or max_backoff_s < backoff_s:
-            raise ValueError(f"KiminaChecker needs timeout_s > 0, http_timeout_s > 0 and "
-                             f"0 <= backoff_s <= max_backoff_s; got {timeout_s}, {http_timeout_s}, "
-                             f"{backoff_s}, {max_backoff_s}")
+            raise ValueError(
+                f"KiminaChecker needs timeout_s > 0, http_timeout_s > 0 and "
+                f"0 <= backoff_s <= max_backoff_s; got {timeout_s}, {http_timeout_s}, "
+                f"{backoff_s}, {max_backoff_s}"
+            )
 
         headers = {}
         if api_key_env:
@@ -252,8 +289,16 @@ class KiminaChecker:
                 raise ValueError(f"api_key_env names ${api_key_env}, which is not set")
             headers["Authorization"] = f"Bearer {key}"
         self.url = url.rstrip("/")
-        self.timeout_s, self.http_timeout_s, self.max_retries = timeout_s, http_timeout_s, max_retries
-        self.backoff_s, self.max_backoff_s, self.max_response_bytes = backoff_s, max_backoff_s, max_response_bytes
+        self.timeout_s, self.http_timeout_s, self.max_retries = (
+            timeout_s,
+            http_timeout_s,
+            max_retries,
+        )
+        self.backoff_s, self.max_backoff_s, self.max_response_bytes = (
+            backoff_s,
+            max_backoff_s,
+            max_response_bytes,
+        )
         self._sleep = sleep
         self._headers = headers
         self._client = self._new_client()
@@ -262,19 +307,28 @@ class KiminaChecker:
     def _new_client(self) -> Any:
         import httpx
 
-        return httpx.Client(headers=self._headers, timeout=httpx.Timeout(self.http_timeout_s), trust_env=False)
+        return httpx.Client(
+            headers=self._headers, timeout=httpx.Timeout(self.http_timeout_s), trust_env=False
+        )
 
     def check(self, code: str) -> CheckResult:
         snippet_id = f"ragen-{uuid.uuid4().hex}"
-        body = {"snippets": [{"id": snippet_id, "code": code}], "timeout": max(1, round(self.timeout_s)),
-                "debug": False, "reuse": True, "infotree": None}
+        body = {
+            "snippets": [{"id": snippet_id, "code": code}],
+            "timeout": max(1, round(self.timeout_s)),
+            "debug": False,
+            "reuse": True,
+            "infotree": None,
+        }
         answer = self._post(f"{self.url}/api/check", body)
         where = f"Kimina server {self.url}: answer"
         try:
             if not isinstance(answer, dict) or not isinstance(answer.get("results"), list):
                 raise SchemaError(f"{where} must be an object with a 'results' list")
             if len(answer["results"]) != 1:
-                raise SchemaError(f"{where}.results holds {len(answer['results'])} entries for 1 snippet")
+                raise SchemaError(
+                    f"{where}.results holds {len(answer['results'])} entries for 1 snippet"
+                )
             return parse_repl_result(answer["results"][0], snippet_id, f"{where}.results[0]")
         except ValueError as e:
             raise LeanBackendError(str(e)) from None
@@ -291,43 +345,54 @@ class KiminaChecker:
                 response = self._client.post(url, json=body)
             except httpx.TimeoutException:
                 reason = f"timed out (http_timeout_s={self.http_timeout_s})"
-                self._client.close()  # its connections now, not when the garbage collector gets to them
+                # its connections now, not when the garbage collector gets to them
+                self._client.close()
                 self._client = self._new_client()
             except httpx.TransportError as e:
                 reason = f"{type(e).__name__}: {e}"
             else:
                 if len(response.content) > self.max_response_bytes:
-                    raise LeanBackendError(f"Kimina server {self.url}: answer of {len(response.content)} bytes "
-                                           f"exceeds max_response_bytes={self.max_response_bytes}")
+                    raise LeanBackendError(
+                        f"Kimina server {self.url}: answer of {len(response.content)} bytes "
+                        f"exceeds max_response_bytes={self.max_response_bytes}"
+                    )
                 status = response.status_code
                 if status == 200:
                     try:
                         return response.json()
                     except ValueError:
-                        raise LeanBackendError(f"Kimina server {self.url}: answer is not JSON: "
-                                               f"{response.text[:200]!r}") from None
+                        raise LeanBackendError(
+                            f"Kimina server {self.url}: answer is not JSON: {response.text[:200]!r}"
+                        ) from None
                 if status != 429 and status < 500:
-                    raise LeanBackendError(f"Kimina server {self.url}: HTTP {status} for POST /api/check: "
-                                           f"{response.text[:200]}")
+                    raise LeanBackendError(
+                        f"Kimina server {self.url}: HTTP {status} for POST /api/check: "
+                        f"{response.text[:200]}"
+                    )
                 reason = f"HTTP {status}"
             if attempt < self.max_retries:
-                wait = min(self.backoff_s * 2**attempt, self.max_backoff_s) * (1 + 0.25 * random.random())
+                wait = min(self.backoff_s * 2**attempt, self.max_backoff_s) * (
+                    1 + 0.25 * random.random()
+                )
                 self._sleep(wait)
-        raise LeanBackendError(f"Kimina server {self.url}: POST /api/check failed: {reason} "
-                               f"(max_retries={self.max_retries})")
+        raise LeanBackendError(
+            f"Kimina server {self.url}: POST /api/check failed: {reason} "
+            f"(max_retries={self.max_retries})"
+        )
 
     def close(self) -> None:
         self._client.close()
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Local Lean REPL over stdin
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def split_header(code: str) -> tuple[str, str]:
-    """``(header, body)``: the leading ``import`` lines (blank lines and comments between them included) and the rest.
-    The REPL runs the header once per distinct header (imports must come first in a Lean file)."""
+    """``(header, body)``: the leading ``import`` lines (blank lines and comments between them
+    included) and the rest. The REPL runs the header once per distinct header (imports must come
+    first in a Lean file)."""
     lines = code.splitlines(keepends=True)
     cut = 0
     for i, line in enumerate(lines):
@@ -350,17 +415,32 @@ class ReplChecker:
         max_response_bytes: an answer longer than this is refused.
     """
 
-    def __init__(self, command: Sequence[str], cwd: str | os.PathLike | None = None, *, timeout_s: float = 30.0,
-                 header_timeout_s: float = 600.0, max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES):
+    def __init__(
+        self,
+        command: Sequence[str],
+        cwd: str | os.PathLike | None = None,
+        *,
+        timeout_s: float = 30.0,
+        header_timeout_s: float = 600.0,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    ):
         command = list(command)
         if not command or not all(isinstance(c, str) and c for c in command):
             raise ValueError(f"repl_command must be a non-empty list of strings, got {command!r}")
-        if shutil.which(command[0], path=os.environ.get("PATH")) is None and not os.path.isfile(command[0]):
-            raise LeanBackendUnavailable(f"repl_command {command[0]!r} is not an executable on PATH")
+        if shutil.which(command[0], path=os.environ.get("PATH")) is None and not os.path.isfile(
+            command[0]
+        ):
+            raise LeanBackendUnavailable(
+                f"repl_command {command[0]!r} is not an executable on PATH"
+            )
         if cwd is not None and not os.path.isdir(cwd):
             raise ValueError(f"lean_project {str(cwd)!r} is not a directory")
         self.command, self.cwd = command, cwd
-        self.timeout_s, self.header_timeout_s, self.max_response_bytes = timeout_s, header_timeout_s, max_response_bytes
+        self.timeout_s, self.header_timeout_s, self.max_response_bytes = (
+            timeout_s,
+            header_timeout_s,
+            max_response_bytes,
+        )
         self._proc: subprocess.Popen | None = None
         self._stderr: Any = None
         self._pump_thread: threading.Thread | None = None
@@ -370,14 +450,25 @@ class ReplChecker:
 
     def _start(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
-            self._kill()  # a REPL that exited since the last check: its pipes and stderr file closed
+            # a REPL that exited since the last check: its pipes and stderr file closed
+            self._kill()
             # stderr into a file: a pipe nobody reads could fill up and stall the REPL
             self._stderr = tempfile.TemporaryFile(mode="w+", encoding="utf-8")  # noqa: SIM115 - lives with the process
-            self._proc = subprocess.Popen(self.command, cwd=self.cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          stderr=self._stderr, text=True, encoding="utf-8", bufsize=1)
+            self._proc = subprocess.Popen(
+                self.command,
+                cwd=self.cwd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                text=True,
+                encoding="utf-8",
+                bufsize=1,
+            )
             self._lines = queue.Queue()
             self._envs = {}
-            self._pump_thread = threading.Thread(target=self._pump, args=(self._proc, self._lines), daemon=True)
+            self._pump_thread = threading.Thread(
+                target=self._pump, args=(self._proc, self._lines), daemon=True
+            )
             self._pump_thread.start()
         return self._proc
 
@@ -389,8 +480,9 @@ class ReplChecker:
         proc.stdout.close()  # the reader owns the pipe: closed here, where no read can be in flight
 
     def _stop(self) -> subprocess.Popen | None:
-        """Kill the REPL and close its pipes (stdin here, stdout by its reader at the end of output); returns the
-        process (None when none ran). A timed-out or crashed REPL leaves nothing open for the garbage collector."""
+        """Kill the REPL and close its pipes (stdin here, stdout by its reader at the end of
+        output); returns the process (None when none ran). A timed-out or crashed REPL leaves
+        nothing open for the garbage collector."""
         proc, self._proc = self._proc, None
         self._envs = {}
         if proc is None:
@@ -415,13 +507,16 @@ class ReplChecker:
         self._close_stderr()
 
     def _send(self, command: dict, timeout_s: float) -> dict | None:
-        """The REPL's answer to ``command``, or None when it did not answer in time (the process is then killed)."""
+        """The REPL's answer to ``command``, or None when it did not answer in time (the process is
+        then killed)."""
         proc = self._start()
         try:
             proc.stdin.write(json.dumps(command, ensure_ascii=False) + "\n\n")
             proc.stdin.flush()
         except (BrokenPipeError, OSError):
-            raise LeanBackendError(f"Lean REPL {self.command} exited: {self._stderr_tail()}") from None
+            raise LeanBackendError(
+                f"Lean REPL {self.command} exited: {self._stderr_tail()}"
+            ) from None
         deadline = time.monotonic() + timeout_s
         text, size = [], 0
         while True:
@@ -440,14 +535,20 @@ class ReplChecker:
             size += len(line)
             if size > self.max_response_bytes:
                 self._kill()
-                raise LeanBackendError(f"Lean REPL answer exceeds max_response_bytes={self.max_response_bytes}")
+                raise LeanBackendError(
+                    f"Lean REPL answer exceeds max_response_bytes={self.max_response_bytes}"
+                )
         try:
             answer = json.loads("".join(text))
         except json.JSONDecodeError:
             self._kill()
-            raise LeanBackendError(f"Lean REPL answered with text that is not JSON: {''.join(text)[:200]!r}") from None
+            raise LeanBackendError(
+                f"Lean REPL answered with text that is not JSON: {''.join(text)[:200]!r}"
+            ) from None
         if not isinstance(answer, dict):
-            raise LeanBackendError(f"Lean REPL answered with {type(answer).__name__}, expected an object")
+            raise LeanBackendError(
+                f"Lean REPL answered with {type(answer).__name__}, expected an object"
+            )
         return answer
 
     def _stderr_tail(self) -> str:
@@ -467,13 +568,17 @@ class ReplChecker:
                 start = time.monotonic()
                 answer = self._send({"cmd": header}, self.header_timeout_s)
                 if answer is None:
-                    return error_result(f"Lean REPL header command timed out in {self.header_timeout_s} seconds")
+                    return error_result(
+                        f"Lean REPL header command timed out in {self.header_timeout_s} seconds"
+                    )
                 result = self._parse(answer, time.monotonic() - start)
                 if result.status in ("lean_error", "repl_error"):
                     return result  # a broken header: nothing to check the proof in
                 env = answer.get("env")
                 if isinstance(env, bool) or not isinstance(env, int):
-                    raise LeanBackendError(f"Lean REPL answered the header without an int 'env': {env!r}")
+                    raise LeanBackendError(
+                        f"Lean REPL answered the header without an int 'env': {env!r}"
+                    )
                 self._envs[header] = env
             command: dict[str, Any] = {"cmd": body}
             if header:
@@ -481,7 +586,9 @@ class ReplChecker:
             start = time.monotonic()
             answer = self._send(command, self.timeout_s)
             if answer is None:
-                return error_result(f"Lean REPL command timed out in {self.timeout_s} seconds", self.timeout_s)
+                return error_result(
+                    f"Lean REPL command timed out in {self.timeout_s} seconds", self.timeout_s
+                )
             return self._parse(answer, time.monotonic() - start)
 
     @staticmethod
@@ -496,6 +603,17 @@ class ReplChecker:
             self._kill()
 
 
-__all__ = ["CheckResult", "KiminaChecker", "LeanBackendError", "LeanBackendUnavailable", "LeanMessage",
-           "ProofChecker", "ReplChecker", "SchemaError", "error_result", "parse_command_response", "parse_repl_result",
-           "split_header"]
+__all__ = [
+    "CheckResult",
+    "KiminaChecker",
+    "LeanBackendError",
+    "LeanBackendUnavailable",
+    "LeanMessage",
+    "ProofChecker",
+    "ReplChecker",
+    "SchemaError",
+    "error_result",
+    "parse_command_response",
+    "parse_repl_result",
+    "split_header",
+]

@@ -64,10 +64,20 @@ TOOL_INSTRUCTION = (
     "search to retrieve evidence, finish only when you are ready to submit the final answer."
 )
 TOOLS = (
-    ToolSpec("search", "Search the knowledge source and return the top passages.", "query",
-             "the search query", "search[{}]"),
-    ToolSpec("finish", "Submit the final answer; ends the episode.", "answer", "the final answer, as short as possible",
-             "finish[{}]"),
+    ToolSpec(
+        "search",
+        "Search the knowledge source and return the top passages.",
+        "query",
+        "the search query",
+        "search[{}]",
+    ),
+    ToolSpec(
+        "finish",
+        "Submit the final answer; ends the episode.",
+        "answer",
+        "the final answer, as short as possible",
+        "finish[{}]",
+    ),
 )
 MAX_ACTION_LENGTH = 4096
 _ACTION = re.compile(r"(search|finish|answer)\[(.*)\]", re.DOTALL | re.IGNORECASE)
@@ -79,9 +89,9 @@ _ANSWER_IS = re.compile(r"(?:the\s+)?(?:correct\s+)?answer\s+is\s*:?\s*([^.!?]+)
 _THEREFORE = re.compile(r"\b(?:therefore|thus|so|hence)\s*,?\s*([^.!?]+)", re.IGNORECASE)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Scoring (SQuAD / HotpotQA normalisation, RAGEN's thresholds)
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def normalize_answer(text: str) -> str:
@@ -102,10 +112,16 @@ def f1_score(prediction: str, truth: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def score_answer(answer: str, truths: tuple[str, ...], f1_threshold: float = 0.3, correct_reward: float = 1.0,
-                 incorrect_reward: float = 0.0) -> tuple[float, bool, float]:
-    """``(reward, exact_match, best_f1)`` of ``answer`` against the ground truths (RAGEN's rule: exact match ->
-    ``correct_reward``; else best F1 >= ``f1_threshold`` -> ``correct_reward * F1``; else ``incorrect_reward``)."""
+def score_answer(
+    answer: str,
+    truths: tuple[str, ...],
+    f1_threshold: float = 0.3,
+    correct_reward: float = 1.0,
+    incorrect_reward: float = 0.0,
+) -> tuple[float, bool, float]:
+    """``(reward, exact_match, best_f1)`` of ``answer`` against the ground truths (RAGEN's rule:
+    exact match -> ``correct_reward``; else best F1 >= ``f1_threshold`` -> ``correct_reward * F1``;
+    else ``incorrect_reward``)."""
     norm = normalize_answer(answer)
     if any(norm == normalize_answer(t) for t in truths):
         return correct_reward, True, 1.0
@@ -136,9 +152,9 @@ def extract_answer(text: str) -> str:
     return sentences[0] if sentences else text[:100].strip()
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Data
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=8)
@@ -147,7 +163,9 @@ def _world(world_seed: int, num_people: int) -> World:
 
 
 @functools.lru_cache(maxsize=4)
-def _load_questions_cached(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, tuple[str, ...]], ...]:
+def _load_questions_cached(
+    path: str, mtime_ns: int, size: int
+) -> tuple[tuple[str, tuple[str, ...]], ...]:
     items = []
     for row, where in read_rows(path):
         if not isinstance(row, dict):
@@ -156,10 +174,20 @@ def _load_questions_cached(path: str, mtime_ns: int, size: int) -> tuple[tuple[s
         truth = next((row[k] for k in ("ground_truth", "answer", "answers") if k in row), None)
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"{where}: needs a non-empty string field 'question'")
-        truths = (truth,) if isinstance(truth, str) else tuple(truth) if isinstance(truth, (list, tuple)) else ()
-        truths = tuple(str(t) for t in truths if isinstance(t, (str, int, float)) and str(t).strip())
+        truths = (
+            (truth,)
+            if isinstance(truth, str)
+            else tuple(truth)
+            if isinstance(truth, (list, tuple))
+            else ()
+        )
+        truths = tuple(
+            str(t) for t in truths if isinstance(t, (str, int, float)) and str(t).strip()
+        )
         if not truths:
-            raise ValueError(f"{where}: needs 'ground_truth' (a string or a non-empty list of strings)")
+            raise ValueError(
+                f"{where}: needs 'ground_truth' (a string or a non-empty list of strings)"
+            )
         items.append((question.strip(), truths))
     if not items:
         raise ValueError(f"{path}: no questions found")
@@ -174,9 +202,10 @@ def load_questions(path: str | os.PathLike) -> tuple[tuple[str, tuple[str, ...]]
 
 
 class _SearchActions(spaces.Text):
-    """The action space: text. ``sample()`` draws well-formed actions (``search[<an article title>]`` three times in
-    four, else ``finish[<an article title>]``), so a random agent, ``check_env`` and the env benchmark meet real
-    search results instead of strings that never parse."""
+    """The action space: text. ``sample()`` draws well-formed actions (``search[<an article
+    title>]`` three times in four, else ``finish[<an article title>]``), so a random agent,
+    ``check_env`` and the env benchmark meet real search results instead of strings that never
+    parse."""
 
     def __init__(self, titles: tuple[str, ...], **kwargs: Any):
         super().__init__(**kwargs)
@@ -190,9 +219,9 @@ class _SearchActions(spaces.Text):
         return f"{verb}[{title}]"
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The env
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 class SearchQAEnv(TextEnv):
@@ -269,17 +298,27 @@ class SearchQAEnv(TextEnv):
             raise ValueError(f"hops must be a non-empty list of 1 and/or 2, got {list(hops)}")
         max_steps = bounded_int("SearchQAEnv", "max_steps", max_steps, 1)
         max_search_results = bounded_int(
-            "SearchQAEnv", "max_search_results", max_search_results, 1, 50)
+            "SearchQAEnv", "max_search_results", max_search_results, 1, 50
+        )
         max_total_chars = bounded_int("SearchQAEnv", "max_total_chars", max_total_chars, 1)
         num_people = bounded_int("SearchQAEnv", "num_people", num_people, 1)
         if not 0.0 <= f1_threshold <= 1.0:
             raise ValueError(f"f1_threshold must be in [0, 1], got {f1_threshold}")
         if data_path is not None and corpus_path is None and retrieval_url is None:
-            raise ValueError("data_path needs corpus_path (BM25 over a passage file) or retrieval_url (a server)")
+            raise ValueError(
+                "data_path needs corpus_path (BM25 over a passage file) or retrieval_url (a server)"
+            )
         self.hops = hops
-        self.max_steps, self.max_search_results, self.max_total_chars = max_steps, max_search_results, max_total_chars
-        self.f1_threshold, self.correct_reward, self.incorrect_reward = (float(f1_threshold), float(correct_reward),
-                                                                         float(incorrect_reward))
+        self.max_steps, self.max_search_results, self.max_total_chars = (
+            max_steps,
+            max_search_results,
+            max_total_chars,
+        )
+        self.f1_threshold, self.correct_reward, self.incorrect_reward = (
+            float(f1_threshold),
+            float(correct_reward),
+            float(incorrect_reward),
+        )
         self.world: World | None = None
         self.questions = load_questions(data_path) if data_path is not None else None
         if self.questions is None:
@@ -289,7 +328,9 @@ class SearchQAEnv(TextEnv):
             documents = self.world.documents()
         self.retriever: Retriever
         if retrieval_url is not None:
-            self.retriever = HTTPRetriever(retrieval_url, timeout=retrieval_timeout, secret_env=retrieval_secret_env)
+            self.retriever = HTTPRetriever(
+                retrieval_url, timeout=retrieval_timeout, secret_env=retrieval_secret_env
+            )
         else:
             assert documents is not None
             self.retriever = bm25_for(documents)
@@ -303,8 +344,9 @@ class SearchQAEnv(TextEnv):
     def _make_spaces(
         self, corpus_path: str | os.PathLike | None, documents: tuple[tuple[str, str], ...] | None
     ) -> None:
-        """The observation space (printable ASCII plus the questions' characters and, for a corpus file, the
-        passages') and the action space (sampling searches for the article titles, or the first questions)."""
+        """The observation space (printable ASCII plus the questions' characters and, for a corpus
+        file, the passages') and the action space (sampling searches for the article titles, or the
+        first questions)."""
         if self.world is not None:
             titles = tuple(a.title for a in self.world.articles)
         else:
@@ -312,14 +354,19 @@ class SearchQAEnv(TextEnv):
         extra = {c for q, truths in self.questions or () for c in q + "".join(truths)}
         if corpus_path is not None and documents is not None:
             extra |= {c for _, text in documents for c in text}
-        self.observation_space = text_space("".join(sorted(extra)), max_length=8192 + self.max_total_chars)
-        self.action_space = _SearchActions(titles, min_length=0, max_length=MAX_ACTION_LENGTH,
-                                           charset=text_space().character_set)
+        self.observation_space = text_space(
+            "".join(sorted(extra)), max_length=8192 + self.max_total_chars
+        )
+        self.action_space = _SearchActions(
+            titles, min_length=0, max_length=MAX_ACTION_LENGTH, charset=text_space().character_set
+        )
 
     def prompt_spec(self) -> PromptSpec:
         return PromptSpec(instruction=INSTRUCTION, tools=TOOLS, tool_instruction=TOOL_INSTRUCTION)
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict]:
         super().reset(seed=seed)
         options = self._reset_options(options, ("index",))
         if self.questions is None:
@@ -334,7 +381,8 @@ class SearchQAEnv(TextEnv):
                 index = int(self.np_random.integers(len(self.questions)))
             else:
                 index = bounded_int(
-                    "SearchQAEnv", "options['index']", index, 0, len(self.questions) - 1)
+                    "SearchQAEnv", "options['index']", index, 0, len(self.questions) - 1
+                )
             text, self.truths = self.questions[index]
             self.question = Question(text, self.truths[0], (text,), ("",))
         self.step_count = 0
@@ -346,10 +394,18 @@ class SearchQAEnv(TextEnv):
         if self.question is None:
             raise RuntimeError("SearchQAEnv: call reset() before step()")
         if self._terminated or self._truncated:
-            return self._obs, 0.0, self._terminated, self._truncated, self._info(False, False, False, "invalid")
+            return (
+                self._obs,
+                0.0,
+                self._terminated,
+                self._truncated,
+                self._info(False, False, False, "invalid"),
+            )
         self.step_count += 1
         text = action.strip() if isinstance(action, str) else ""
-        match = _ACTION.fullmatch(text[:MAX_ACTION_LENGTH]) if len(text) <= MAX_ACTION_LENGTH else None
+        match = (
+            _ACTION.fullmatch(text[:MAX_ACTION_LENGTH]) if len(text) <= MAX_ACTION_LENGTH else None
+        )
         if match and match.group(1).lower() == "search" and match.group(2).strip():
             return self._search(match.group(2).strip())
         if match and match.group(1).lower() != "search" and match.group(2).strip():
@@ -361,15 +417,24 @@ class SearchQAEnv(TextEnv):
         return self._obs, 0.0, False, self._truncated, self._info(False, False, False, "invalid")
 
     def _search(self, query: str) -> tuple[str, float, bool, bool, dict]:
-        results = format_results(self.retriever.search(query, self.max_search_results), self.max_total_chars)
+        results = format_results(
+            self.retriever.search(query, self.max_search_results), self.max_total_chars
+        )
         self._truncated = self.step_count >= self.max_steps
-        tail = "Maximum search steps reached. Episode ended without an answer." if self._truncated else AVAILABLE
+        tail = (
+            "Maximum search steps reached. Episode ended without an answer."
+            if self._truncated
+            else AVAILABLE
+        )
         self._obs = f"Search results for '{query}':\n{results}\n\n{tail}"
         return self._obs, 0.0, False, self._truncated, self._info(False, True, True, "search")
 
-    def _answer(self, answer: str, *, valid: bool, kind: str) -> tuple[str, float, bool, bool, dict]:
-        reward, exact, f1 = score_answer(answer, self.truths, self.f1_threshold, self.correct_reward,
-                                         self.incorrect_reward)
+    def _answer(
+        self, answer: str, *, valid: bool, kind: str
+    ) -> tuple[str, float, bool, bool, dict]:
+        reward, exact, f1 = score_answer(
+            answer, self.truths, self.f1_threshold, self.correct_reward, self.incorrect_reward
+        )
         self._terminated = True
         self._obs = f"Your answer: {answer[:200]}. Reward: {reward:.2f}"
         info = self._info(exact or reward > 0, valid, reward > 0, kind)
@@ -377,12 +442,17 @@ class SearchQAEnv(TextEnv):
         return self._obs, reward, True, False, info
 
     def _info(self, success: bool, valid: bool, effective: bool, kind: str) -> dict[str, Any]:
-        return {"success": bool(success), "action_is_valid": bool(valid), "action_is_effective": bool(effective),
-                "action_type": kind}
+        return {
+            "success": bool(success),
+            "action_is_valid": bool(valid),
+            "action_is_effective": bool(effective),
+            "action_type": kind,
+        }
 
     def expert_turn(self, max_actions: int) -> tuple[str, tuple[str, ...]]:
-        """The warm start's expert: search the chain's entities in order (one per turn), then answer. For a data
-        file question: search the question, then answer the first ground truth."""
+        """The warm start's expert: search the chain's entities in order (one per turn), then
+        answer. For a data file question: search the question, then answer the first ground
+        truth."""
         q = self.question
         if q is None:
             raise RuntimeError("SearchQAEnv: call reset() before expert_turn()")
@@ -397,5 +467,12 @@ class SearchQAEnv(TextEnv):
         return self._obs
 
 
-__all__ = ["BM25Retriever", "SearchQAEnv", "extract_answer", "f1_score", "load_questions", "normalize_answer",
-           "score_answer"]
+__all__ = [
+    "BM25Retriever",
+    "SearchQAEnv",
+    "extract_answer",
+    "f1_score",
+    "load_questions",
+    "normalize_answer",
+    "score_answer",
+]

@@ -1,5 +1,6 @@
-"""A retrieval server speaking RAGEN's HTTP contract (``GET /health``, ``POST /retrieve {query, top_k}``), standard
-library only, over the BM25 index of a corpus file or of the SearchQA env's generated encyclopaedia.
+"""A retrieval server speaking RAGEN's HTTP contract (``GET /health``, ``POST /retrieve {query,
+top_k}``), standard library only, over the BM25 index of a corpus file or of the SearchQA env's
+generated encyclopaedia.
 
     python -m envs.tools.search.server              # the world_seed 0 encyclopaedia on 127.0.0.1:8000
     python -m envs.tools.search.server --corpus passages.jsonl --port 8001
@@ -59,10 +60,15 @@ class _Handler(BaseHTTPRequestHandler):
     def _authorised(self) -> bool:
         if self.secret is None:
             return True
-        if hmac.compare_digest(self.headers.get("Authorization", "").encode(), f"Bearer {self.secret}".encode()):
+        if hmac.compare_digest(
+            self.headers.get("Authorization", "").encode(), f"Bearer {self.secret}".encode()
+        ):
             return True
         self.close_connection = True
-        self._send(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong shared secret (Authorization: Bearer ...)"})
+        self._send(
+            HTTPStatus.UNAUTHORIZED,
+            {"error": "missing or wrong shared secret (Authorization: Bearer ...)"},
+        )
         return False
 
     def do_GET(self) -> None:
@@ -86,7 +92,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if not 0 <= length <= MAX_BODY_BYTES:
             self.close_connection = True  # the body is not read
-            self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": f"body over {MAX_BODY_BYTES} bytes"})
+            self._send(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": f"body over {MAX_BODY_BYTES} bytes"}
+            )
             return
         try:
             body = json.loads(self.rfile.read(length))
@@ -98,7 +106,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.BAD_REQUEST, {"error": error})
             return
         docs = self.retriever.search(body["query"], body.get("top_k", 5))
-        self._send(HTTPStatus.OK, {"results": [{"id": d.id, "content": d.content, "score": d.score} for d in docs]})
+        self._send(
+            HTTPStatus.OK,
+            {"results": [{"id": d.id, "content": d.content, "score": d.score} for d in docs]},
+        )
 
 
 def _check_request(body: object) -> str:
@@ -116,17 +127,29 @@ def _check_request(body: object) -> str:
     return ""
 
 
-def make_server(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, *, secret: str | None = None,
-                connection_timeout_s: float = DEFAULT_CONNECTION_TIMEOUT_S,
-                max_connections: int = DEFAULT_MAX_CONNECTIONS) -> ThreadingHTTPServer:
+def make_server(
+    retriever: Retriever,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    secret: str | None = None,
+    connection_timeout_s: float = DEFAULT_CONNECTION_TIMEOUT_S,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+) -> ThreadingHTTPServer:
     """A server (not yet serving) answering from ``retriever``; ``port=0`` picks a free port
     (``server.server_address[1]``); ``secret``: the Bearer secret clients must send (None: none)."""
     handler = type("RetrievalHandler", (_Handler,), {"retriever": retriever, "secret": secret})
-    return BoundedConnections((host, port), handler, connection_timeout_s=connection_timeout_s,
-                              max_connections=max_connections)
+    return BoundedConnections(
+        (host, port),
+        handler,
+        connection_timeout_s=connection_timeout_s,
+        max_connections=max_connections,
+    )
 
 
-def serve_in_thread(retriever: Retriever, host: str = "127.0.0.1", port: int = 0) -> tuple[ThreadingHTTPServer, str]:
+def serve_in_thread(
+    retriever: Retriever, host: str = "127.0.0.1", port: int = 0
+) -> tuple[ThreadingHTTPServer, str]:
     """Start a server on a daemon thread; returns it (``shutdown()`` stops it) and its base URL."""
     server = make_server(retriever, host, port)
     threading.Thread(target=server.serve_forever, daemon=True, name="retrieval-server").start()
@@ -134,16 +157,27 @@ def serve_in_thread(retriever: Retriever, host: str = "127.0.0.1", port: int = 0
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m envs.tools.search.server",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--corpus", default=None, help="a .jsonl/.parquet passage file (default: the generated "
-                                                       "encyclopaedia of --world-seed)")
+    parser = argparse.ArgumentParser(
+        prog="python -m envs.tools.search.server", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--corpus",
+        default=None,
+        help="a .jsonl/.parquet passage file (default: the generated "
+        "encyclopaedia of --world-seed)",
+    )
     parser.add_argument("--world-seed", type=int, default=0, help="the SearchQA env's world_seed")
     parser.add_argument("--num-people", type=int, default=48, help="the SearchQA env's num_people")
-    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback only)")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="interface to listen on (default: loopback only)"
+    )
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--secret-env", default=None, help="environment variable holding the shared secret")
-    parser.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without a secret")
+    parser.add_argument(
+        "--secret-env", default=None, help="environment variable holding the shared secret"
+    )
+    parser.add_argument(
+        "--insecure", action="store_true", help="allow a non-loopback --host without a secret"
+    )
     from envs.serving.serve import (
         add_connection_flags,
         secret_and_host,
@@ -159,10 +193,18 @@ def main(argv: list[str] | None = None) -> None:
         from envs.tools.search.encyclopedia import build_world
 
         documents = build_world(args.world_seed, num_people=args.num_people).documents()
-    server = make_server(BM25Retriever(list(documents)), args.host, args.port, secret=secret,
-                         connection_timeout_s=args.connection_timeout_s, max_connections=args.max_connections)
-    print(f"retrieval server: {len(documents)} passages on http://{args.host}:{server.server_address[1]}",
-          flush=True)
+    server = make_server(
+        BM25Retriever(list(documents)),
+        args.host,
+        args.port,
+        secret=secret,
+        connection_timeout_s=args.connection_timeout_s,
+        max_connections=args.max_connections,
+    )
+    print(
+        f"retrieval server: {len(documents)} passages on http://{args.host}:{server.server_address[1]}",
+        flush=True,
+    )
     serve_until_interrupted(server)
 
 

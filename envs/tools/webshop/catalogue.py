@@ -1,37 +1,42 @@
-"""The WebShop env's products and goals: a seeded generated catalogue, and a loader for WebShop's own JSON files.
+"""The WebShop env's products and goals: a seeded generated catalogue, and a loader for WebShop's
+own JSON files.
 
-WebShop (Yao et al., 2022) scraped 1.18M Amazon products and wrote instructions for them; RAGEN reads that data
-(``items_shuffle*.json``, ``items_ins_v2*.json``, ``items_human_ins.json``) downloaded from Google Drive. Nothing can
-be downloaded here, so :func:`generate_catalogue` builds a seeded stand-in with the same structure: products in five
-WebShop-like categories (beauty, electronics, fashion, grocery, furniture), each of a product type (the noun phrase
-the type reward compares), with attributes (the phrases the attribute reward compares), option groups (colour,
-size, flavour, ...: what the option reward compares) and a price; one goal per product, whose instruction names the
-type, one or two of its attributes, one value of each of its option groups and a price bound, in the form of
-WebShop's synthetic instructions (``"i need a shampoo that is sulfate free with size: 12 fl oz, and price lower
-than 30.00 dollars"``). Many products share a type, attributes and option values, so other products than the goal's
-can earn the full reward, as in WebShop.
+WebShop (Yao et al., 2022) scraped 1.18M Amazon products and wrote instructions for them; RAGEN
+reads that data (``items_shuffle*.json``, ``items_ins_v2*.json``, ``items_human_ins.json``)
+downloaded from Google Drive. Nothing can be downloaded here, so :func:`generate_catalogue` builds a
+seeded stand-in with the same structure: products in five WebShop-like categories (beauty,
+electronics, fashion, grocery, furniture), each of a product type (the noun phrase the type reward
+compares), with attributes (the phrases the attribute reward compares), option groups (colour, size,
+flavour, ...: what the option reward compares) and a price; one goal per product, whose instruction
+names the type, one or two of its attributes, one value of each of its option groups and a price
+bound, in the form of WebShop's synthetic instructions (``"i need a shampoo that is sulfate free
+with size: 12 fl oz, and price lower than 30.00 dollars"``). Many products share a type, attributes
+and option values, so other products than the goal's can earn the full reward, as in WebShop.
 
 :func:`load_catalogue` reads a directory holding WebShop's files (the files RAGEN's ``setup_webshop.sh`` puts in
 ``data/``):
 
-* ``items_shuffle*.json`` (required): a JSON list of products, each with ``asin``, ``name`` (the title),
-  ``product_category`` (levels joined by ``›``), ``query`` (the search query the product was scraped for),
-  ``pricing`` (``"$12.99"``, a range ``"$10.00 - $20.00"`` or a list of numbers), ``full_description``,
-  ``small_description`` (the bullet points: a list of strings or one string), ``customization_options``
-  (``{"color": [{"value": "Black", "image": ...}, ...], ...}``), optional ``average_rating`` and ``category``.
+* ``items_shuffle*.json`` (required): a JSON list of products, each with ``asin``, ``name`` (the
+  title), ``product_category`` (levels joined by ``›``), ``query`` (the search query the product was
+  scraped for), ``pricing`` (``"$12.99"``, a range ``"$10.00 - $20.00"`` or a list of numbers),
+  ``full_description``, ``small_description`` (the bullet points: a list of strings or one string),
+  ``customization_options`` (``{"color": [{"value": "Black", "image": ...}, ...], ...}``), optional
+  ``average_rating`` and ``category``.
 * ``items_ins_v2*.json`` (optional): ``{asin: {"attributes": [...], "instruction": str,
   "instruction_attributes": [...]}}``: the products' attributes and synthetic instructions.
-* ``items_human_ins*.json`` (optional): ``{asin: [{"instruction": str, "instruction_attributes": [...],
-  "instruction_options": [...]}, ...]}``: human-written goals.
+* ``items_human_ins*.json`` (optional): ``{asin: [{"instruction": str, "instruction_attributes":
+  [...], "instruction_options": [...]}, ...]}``: human-written goals.
 
-Goals are the human goals when that file exists (those without attributes skipped, as WebShop does), else synthetic
-goals built like WebShop's from the products' ``instruction`` text and WebShop's option clause (``" with color:
-black, and size: large"``). A goal whose instruction does not state ``price lower than X dollars`` gets a bound drawn
-as WebShop does (the larger of two of the first four multiples of 10 above the product's price; no limit when fewer
-than two are left) and the clause appended. Departures: WebShop makes one synthetic goal per combination of option
-values (weighted when sampled); here each product gets one goal, with one value drawn per option group; a price
-range is read as its lower bound (WebShop draws a price uniformly in the range at load). As in WebShop, a product
-without a readable price costs 100.0 and option values are lower-cased with ``/`` read as `` | ``.
+Goals are the human goals when that file exists (those without attributes skipped, as WebShop does),
+else synthetic goals built like WebShop's from the products' ``instruction`` text and WebShop's
+option clause (``" with color: black, and size: large"``). A goal whose instruction does not state
+``price lower than X dollars`` gets a bound drawn as WebShop does (the larger of two of the first
+four multiples of 10 above the product's price; no limit when fewer than two are left) and the
+clause appended. Departures: WebShop makes one synthetic goal per combination of option values
+(weighted when sampled); here each product gets one goal, with one value drawn per option group; a
+price range is read as its lower bound (WebShop draws a price uniformly in the range at load). As in
+WebShop, a product without a readable price costs 100.0 and option values are lower-cased with ``/``
+read as `` | ``.
 """
 
 from __future__ import annotations
@@ -58,9 +63,9 @@ PRICE_CLAUSE = re.compile(r",?\s*and price lower than\s+(\d+(?:\.\d+)?)\s+dollar
 class Product:
     """One product, in the fields WebShop's pages and reward read.
 
-    ``options`` maps an option group (``"color"``) to its values in display order (lower case); ``attributes`` are
-    the attribute phrases of WebShop's ``items_ins_v2`` file; ``query`` and ``product_category`` feed the type
-    reward's match flags."""
+    ``options`` maps an option group (``"color"``) to its values in display order (lower case);
+    ``attributes`` are the attribute phrases of WebShop's ``items_ins_v2`` file; ``query`` and
+    ``product_category`` feed the type reward's match flags."""
 
     asin: str
     title: str
@@ -75,15 +80,17 @@ class Product:
     rating: str = "N.A."
 
     def option_group(self, value: str) -> str | None:
-        """The option group that offers ``value`` (the first one when several do), None when none does."""
+        """The option group that offers ``value`` (the first one when several do), None when none
+        does."""
         for name, values in self.options:
             if value in values:
                 return name
         return None
 
     def search_text(self) -> str:
-        """The text BM25 indexes: title, bullet points, description and the scrape query (not the option values:
-        a colour or size in a search matches nothing, which the rendered tips tell the agent)."""
+        """The text BM25 indexes: title, bullet points, description and the scrape query (not the
+        option values: a colour or size in a search matches nothing, which the rendered tips tell
+        the agent)."""
         return " ".join((self.title, " ".join(self.bullet_points), self.description, self.query))
 
 
@@ -91,9 +98,9 @@ class Product:
 class Goal:
     """One instruction and what the reward compares the bought product with (WebShop's goal dict).
 
-    ``options`` are the wanted option values (WebShop's ``goal_options``); ``option_groups`` names the group of each
-    on the goal's own product (the expert uses it; the reward does not); ``price_upper`` None means no price
-    constraint."""
+    ``options`` are the wanted option values (WebShop's ``goal_options``); ``option_groups`` names
+    the group of each on the goal's own product (the expert uses it; the reward does not);
+    ``price_upper`` None means no price constraint."""
 
     asin: str
     instruction: str
@@ -131,104 +138,409 @@ class Catalogue:
         return "".join(sorted(chars))
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The generated catalogue
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
-COLORS = ("black", "white", "grey", "blue", "red", "green", "pink", "brown", "beige", "navy", "silver", "purple")
+COLORS = (
+    "black",
+    "white",
+    "grey",
+    "blue",
+    "red",
+    "green",
+    "pink",
+    "brown",
+    "beige",
+    "navy",
+    "silver",
+    "purple",
+)
 _S, _L = ("small", "medium", "large", "x-large"), ("3 ft", "6 ft", "10 ft")
-# category -> (WebShop-like top level, attribute pool, [(type, subcategory, option groups, price range)])
-CATEGORIES: dict[str, tuple[str, tuple[str, ...], tuple[tuple[str, str, dict[str, tuple[str, ...]],
-                                                           tuple[float, float]], ...]]] = {
-    "beauty": ("Beauty & Personal Care", (
-        "long lasting", "natural looking", "paraben free", "sulfate free", "cruelty free", "travel size",
-        "easy to use", "hypoallergenic", "vegan", "fragrance free", "dermatologist tested", "waterproof"), (
-        ("hair extension", "Hair Care", {"color": ("black", "brown", "blonde", "red"),
-                                         "size": ("14 inch", "18 inch", "22 inch")}, (15, 60)),
-        ("shampoo", "Hair Care", {"size": ("8 fl oz", "12 fl oz", "16 fl oz")}, (6, 30)),
-        ("face serum", "Skin Care", {"size": ("1 fl oz", "2 fl oz")}, (10, 45)),
-        ("lipstick", "Makeup", {"color": ("red", "pink", "nude", "coral", "plum")}, (5, 25)),
-        ("nail polish", "Makeup", {"color": ("red", "pink", "nude", "black", "purple")}, (4, 18)),
-        ("body lotion", "Skin Care", {"scent": ("lavender", "coconut", "unscented", "vanilla"),
-                                      "size": ("8 fl oz", "16 fl oz")}, (6, 28)),
-        ("hair dryer", "Hair Care", {"color": ("black", "white", "pink")}, (20, 90)),
-        ("makeup brush set", "Makeup", {"color": ("black", "rose gold", "white")}, (8, 40)),
-    )),
-    "electronics": ("Electronics", (
-        "fast charging", "water resistant", "noise cancelling", "long battery life", "easy to install",
-        "high speed", "portable", "lightweight", "usb c", "wireless", "shockproof", "dustproof"), (
-        ("wireless earbuds", "Headphones", {"color": ("black", "white", "blue")}, (20, 120)),
-        ("bluetooth speaker", "Portable Audio", {"color": ("black", "blue", "red", "grey")}, (18, 110)),
-        ("phone case", "Cell Phone Accessories", {"color": COLORS[:8],
-                                                  "size": ("iphone 13", "iphone 14", "iphone 15")}, (6, 30)),
-        ("charging cable", "Cables", {"color": ("black", "white"), "length": _L}, (5, 20)),
-        ("power bank", "Cell Phone Accessories", {"capacity": ("10000mah", "20000mah", "26800mah")}, (15, 60)),
-        ("laptop stand", "Computer Accessories", {"color": ("silver", "black", "grey")}, (15, 55)),
-        ("hdmi cable", "Cables", {"length": _L}, (6, 25)),
-        ("smart watch band", "Wearable Technology", {"color": COLORS[:6], "size": ("38mm", "42mm", "45mm")},
-         (5, 25)),
-    )),
-    "fashion": ("Clothing, Shoes & Jewelry", (
-        "machine washable", "slim fit", "relaxed fit", "long sleeve", "short sleeve", "moisture wicking",
-        "quick drying", "non slip", "breathable", "cotton", "button closure", "elastic waist"), (
-        ("running shoes", "Shoes", {"color": ("black", "white", "grey", "blue"),
-                                    "size": ("7", "8", "9", "10", "11")}, (30, 110)),
-        ("t-shirt", "Tops & Tees", {"color": COLORS[:8], "size": _S}, (8, 30)),
-        ("hoodie", "Sweatshirts", {"color": ("black", "grey", "navy", "green"), "size": _S}, (20, 60)),
-        ("jeans", "Pants", {"color": ("blue", "black", "grey"), "size": ("30w x 30l", "32w x 32l", "34w x 32l")},
-         (25, 80)),
-        ("sneakers", "Shoes", {"color": ("white", "black", "red"), "size": ("7", "8", "9", "10")}, (35, 120)),
-        ("summer dress", "Dresses", {"color": ("red", "blue", "pink", "white", "green"), "size": _S}, (18, 70)),
-        ("winter jacket", "Coats & Jackets", {"color": ("black", "navy", "green", "beige"), "size": _S}, (45, 180)),
-        ("athletic socks", "Socks", {"color": ("white", "black", "grey"), "size": ("medium", "large")}, (7, 22)),
-    )),
-    "grocery": ("Grocery & Gourmet Food", (
-        "gluten free", "sugar free", "low carb", "non gmo", "organic", "keto friendly", "high protein",
-        "individually wrapped", "ready to eat", "low sodium", "dairy free", "kosher"), (
-        ("coffee beans", "Coffee", {"flavor": ("original", "vanilla", "hazelnut", "mocha"),
-                                    "size": ("12 ounce", "2 pound")}, (8, 35)),
-        ("green tea", "Tea", {"flavor": ("original", "mint", "jasmine", "lemon"),
-                              "size": ("20 count", "100 count")}, (5, 25)),
-        ("protein bar", "Snacks", {"flavor": ("chocolate", "peanut butter", "vanilla", "cookie dough"),
-                                   "size": ("12 count", "24 count")}, (15, 45)),
-        ("dark chocolate", "Candy", {"flavor": ("original", "sea salt", "mint", "orange"),
-                                     "size": ("3.5 ounce", "pack of 6")}, (4, 30)),
-        ("trail mix", "Snacks", {"flavor": ("original", "tropical", "sweet and salty"),
-                                 "size": ("10 ounce", "26 ounce")}, (6, 22)),
-        ("olive oil", "Cooking Oils", {"size": ("16.9 fl oz", "33.8 fl oz", "1 gallon")}, (9, 45)),
-        ("hot sauce", "Condiments", {"flavor": ("habanero", "chipotle", "original"),
-                                     "size": ("5 fl oz", "pack of 3")}, (4, 20)),
-        ("granola", "Breakfast Foods", {"flavor": ("honey almond", "berry", "cinnamon"),
-                                        "size": ("11 ounce", "pack of 4")}, (5, 28)),
-    )),
-    "furniture": ("Home & Kitchen", (
-        "easy to assemble", "solid wood", "mid century", "living room", "space saving", "heavy duty",
-        "height adjustable", "storage space", "metal frame", "non slip", "stain resistant", "modern"), (
-        ("office chair", "Home Office Furniture", {"color": ("black", "grey", "white", "blue")}, (60, 250)),
-        ("bookshelf", "Living Room Furniture", {"color": ("walnut", "white", "black", "natural")}, (40, 200)),
-        ("coffee table", "Living Room Furniture", {"color": ("walnut", "black", "natural")}, (50, 220)),
-        ("bed frame", "Bedroom Furniture", {"color": ("black", "grey", "walnut"),
-                                            "size": ("twin", "full", "queen", "king")}, (90, 400)),
-        ("throw pillow cover", "Decorative Pillows", {"color": COLORS[:9],
-                                                      "size": ("18x18 inch", "20x20 inch", "26x26 inch")},
-         (8, 30)),
-        ("floor lamp", "Lighting", {"color": ("black", "white", "gold", "silver")}, (30, 140)),
-        ("storage ottoman", "Living Room Furniture", {"color": ("grey", "beige", "brown", "navy")}, (30, 120)),
-        ("bar stool", "Kitchen Furniture", {"color": ("black", "white", "walnut"), "size": ("24 inch", "30 inch")},
-         (45, 180)),
-    )),
+# category -> (WebShop-like top level, attribute pool, [(type, subcategory, option groups, price
+# range)])
+CATEGORIES: dict[
+    str,
+    tuple[
+        str,
+        tuple[str, ...],
+        tuple[tuple[str, str, dict[str, tuple[str, ...]], tuple[float, float]], ...],
+    ],
+] = {
+    "beauty": (
+        "Beauty & Personal Care",
+        (
+            "long lasting",
+            "natural looking",
+            "paraben free",
+            "sulfate free",
+            "cruelty free",
+            "travel size",
+            "easy to use",
+            "hypoallergenic",
+            "vegan",
+            "fragrance free",
+            "dermatologist tested",
+            "waterproof",
+        ),
+        (
+            (
+                "hair extension",
+                "Hair Care",
+                {
+                    "color": ("black", "brown", "blonde", "red"),
+                    "size": ("14 inch", "18 inch", "22 inch"),
+                },
+                (15, 60),
+            ),
+            ("shampoo", "Hair Care", {"size": ("8 fl oz", "12 fl oz", "16 fl oz")}, (6, 30)),
+            ("face serum", "Skin Care", {"size": ("1 fl oz", "2 fl oz")}, (10, 45)),
+            ("lipstick", "Makeup", {"color": ("red", "pink", "nude", "coral", "plum")}, (5, 25)),
+            (
+                "nail polish",
+                "Makeup",
+                {"color": ("red", "pink", "nude", "black", "purple")},
+                (4, 18),
+            ),
+            (
+                "body lotion",
+                "Skin Care",
+                {
+                    "scent": ("lavender", "coconut", "unscented", "vanilla"),
+                    "size": ("8 fl oz", "16 fl oz"),
+                },
+                (6, 28),
+            ),
+            ("hair dryer", "Hair Care", {"color": ("black", "white", "pink")}, (20, 90)),
+            ("makeup brush set", "Makeup", {"color": ("black", "rose gold", "white")}, (8, 40)),
+        ),
+    ),
+    "electronics": (
+        "Electronics",
+        (
+            "fast charging",
+            "water resistant",
+            "noise cancelling",
+            "long battery life",
+            "easy to install",
+            "high speed",
+            "portable",
+            "lightweight",
+            "usb c",
+            "wireless",
+            "shockproof",
+            "dustproof",
+        ),
+        (
+            ("wireless earbuds", "Headphones", {"color": ("black", "white", "blue")}, (20, 120)),
+            (
+                "bluetooth speaker",
+                "Portable Audio",
+                {"color": ("black", "blue", "red", "grey")},
+                (18, 110),
+            ),
+            (
+                "phone case",
+                "Cell Phone Accessories",
+                {"color": COLORS[:8], "size": ("iphone 13", "iphone 14", "iphone 15")},
+                (6, 30),
+            ),
+            ("charging cable", "Cables", {"color": ("black", "white"), "length": _L}, (5, 20)),
+            (
+                "power bank",
+                "Cell Phone Accessories",
+                {"capacity": ("10000mah", "20000mah", "26800mah")},
+                (15, 60),
+            ),
+            (
+                "laptop stand",
+                "Computer Accessories",
+                {"color": ("silver", "black", "grey")},
+                (15, 55),
+            ),
+            ("hdmi cable", "Cables", {"length": _L}, (6, 25)),
+            (
+                "smart watch band",
+                "Wearable Technology",
+                {"color": COLORS[:6], "size": ("38mm", "42mm", "45mm")},
+                (5, 25),
+            ),
+        ),
+    ),
+    "fashion": (
+        "Clothing, Shoes & Jewelry",
+        (
+            "machine washable",
+            "slim fit",
+            "relaxed fit",
+            "long sleeve",
+            "short sleeve",
+            "moisture wicking",
+            "quick drying",
+            "non slip",
+            "breathable",
+            "cotton",
+            "button closure",
+            "elastic waist",
+        ),
+        (
+            (
+                "running shoes",
+                "Shoes",
+                {"color": ("black", "white", "grey", "blue"), "size": ("7", "8", "9", "10", "11")},
+                (30, 110),
+            ),
+            ("t-shirt", "Tops & Tees", {"color": COLORS[:8], "size": _S}, (8, 30)),
+            (
+                "hoodie",
+                "Sweatshirts",
+                {"color": ("black", "grey", "navy", "green"), "size": _S},
+                (20, 60),
+            ),
+            (
+                "jeans",
+                "Pants",
+                {
+                    "color": ("blue", "black", "grey"),
+                    "size": ("30w x 30l", "32w x 32l", "34w x 32l"),
+                },
+                (25, 80),
+            ),
+            (
+                "sneakers",
+                "Shoes",
+                {"color": ("white", "black", "red"), "size": ("7", "8", "9", "10")},
+                (35, 120),
+            ),
+            (
+                "summer dress",
+                "Dresses",
+                {"color": ("red", "blue", "pink", "white", "green"), "size": _S},
+                (18, 70),
+            ),
+            (
+                "winter jacket",
+                "Coats & Jackets",
+                {"color": ("black", "navy", "green", "beige"), "size": _S},
+                (45, 180),
+            ),
+            (
+                "athletic socks",
+                "Socks",
+                {"color": ("white", "black", "grey"), "size": ("medium", "large")},
+                (7, 22),
+            ),
+        ),
+    ),
+    "grocery": (
+        "Grocery & Gourmet Food",
+        (
+            "gluten free",
+            "sugar free",
+            "low carb",
+            "non gmo",
+            "organic",
+            "keto friendly",
+            "high protein",
+            "individually wrapped",
+            "ready to eat",
+            "low sodium",
+            "dairy free",
+            "kosher",
+        ),
+        (
+            (
+                "coffee beans",
+                "Coffee",
+                {
+                    "flavor": ("original", "vanilla", "hazelnut", "mocha"),
+                    "size": ("12 ounce", "2 pound"),
+                },
+                (8, 35),
+            ),
+            (
+                "green tea",
+                "Tea",
+                {
+                    "flavor": ("original", "mint", "jasmine", "lemon"),
+                    "size": ("20 count", "100 count"),
+                },
+                (5, 25),
+            ),
+            (
+                "protein bar",
+                "Snacks",
+                {
+                    "flavor": ("chocolate", "peanut butter", "vanilla", "cookie dough"),
+                    "size": ("12 count", "24 count"),
+                },
+                (15, 45),
+            ),
+            (
+                "dark chocolate",
+                "Candy",
+                {
+                    "flavor": ("original", "sea salt", "mint", "orange"),
+                    "size": ("3.5 ounce", "pack of 6"),
+                },
+                (4, 30),
+            ),
+            (
+                "trail mix",
+                "Snacks",
+                {
+                    "flavor": ("original", "tropical", "sweet and salty"),
+                    "size": ("10 ounce", "26 ounce"),
+                },
+                (6, 22),
+            ),
+            (
+                "olive oil",
+                "Cooking Oils",
+                {"size": ("16.9 fl oz", "33.8 fl oz", "1 gallon")},
+                (9, 45),
+            ),
+            (
+                "hot sauce",
+                "Condiments",
+                {"flavor": ("habanero", "chipotle", "original"), "size": ("5 fl oz", "pack of 3")},
+                (4, 20),
+            ),
+            (
+                "granola",
+                "Breakfast Foods",
+                {
+                    "flavor": ("honey almond", "berry", "cinnamon"),
+                    "size": ("11 ounce", "pack of 4"),
+                },
+                (5, 28),
+            ),
+        ),
+    ),
+    "furniture": (
+        "Home & Kitchen",
+        (
+            "easy to assemble",
+            "solid wood",
+            "mid century",
+            "living room",
+            "space saving",
+            "heavy duty",
+            "height adjustable",
+            "storage space",
+            "metal frame",
+            "non slip",
+            "stain resistant",
+            "modern",
+        ),
+        (
+            (
+                "office chair",
+                "Home Office Furniture",
+                {"color": ("black", "grey", "white", "blue")},
+                (60, 250),
+            ),
+            (
+                "bookshelf",
+                "Living Room Furniture",
+                {"color": ("walnut", "white", "black", "natural")},
+                (40, 200),
+            ),
+            (
+                "coffee table",
+                "Living Room Furniture",
+                {"color": ("walnut", "black", "natural")},
+                (50, 220),
+            ),
+            (
+                "bed frame",
+                "Bedroom Furniture",
+                {"color": ("black", "grey", "walnut"), "size": ("twin", "full", "queen", "king")},
+                (90, 400),
+            ),
+            (
+                "throw pillow cover",
+                "Decorative Pillows",
+                {"color": COLORS[:9], "size": ("18x18 inch", "20x20 inch", "26x26 inch")},
+                (8, 30),
+            ),
+            ("floor lamp", "Lighting", {"color": ("black", "white", "gold", "silver")}, (30, 140)),
+            (
+                "storage ottoman",
+                "Living Room Furniture",
+                {"color": ("grey", "beige", "brown", "navy")},
+                (30, 120),
+            ),
+            (
+                "bar stool",
+                "Kitchen Furniture",
+                {"color": ("black", "white", "walnut"), "size": ("24 inch", "30 inch")},
+                (45, 180),
+            ),
+        ),
+    ),
 }
-_SYLLABLES = ("ka", "lu", "mo", "ri", "ven", "sol", "ta", "no", "zen", "ar", "bel", "cor", "di", "el", "fa", "gri",
-              "ho", "is", "jo", "mar", "ny", "pe", "qu", "sa", "tor", "ul", "vi", "wo", "xy", "yu")
-_TAILS = ("", "", "for Women", "for Men", "2 Pack", "Set", "Premium", "Classic", "New Version", "Gift")
-_LEADS = ("i need a", "i am looking for a", "find me a", "i want a", "i would like a", "can you find me a")
+_SYLLABLES = (
+    "ka",
+    "lu",
+    "mo",
+    "ri",
+    "ven",
+    "sol",
+    "ta",
+    "no",
+    "zen",
+    "ar",
+    "bel",
+    "cor",
+    "di",
+    "el",
+    "fa",
+    "gri",
+    "ho",
+    "is",
+    "jo",
+    "mar",
+    "ny",
+    "pe",
+    "qu",
+    "sa",
+    "tor",
+    "ul",
+    "vi",
+    "wo",
+    "xy",
+    "yu",
+)
+_TAILS = (
+    "",
+    "",
+    "for Women",
+    "for Men",
+    "2 Pack",
+    "Set",
+    "Premium",
+    "Classic",
+    "New Version",
+    "Gift",
+)
+_LEADS = (
+    "i need a",
+    "i am looking for a",
+    "find me a",
+    "i want a",
+    "i would like a",
+    "can you find me a",
+)
 PRICE_RANGE = tuple(10.0 * k for k in range(1, 100))  # WebShop's price bounds: 10, 20, ..., 990
-NO_PRICE_LIMIT = 1_000_000.0  # WebShop's bound when fewer than two candidates remain (no clause in the text)
+# WebShop's bound when fewer than two candidates remain (no clause in the text)
+NO_PRICE_LIMIT = 1_000_000.0
 
 
 def price_upper_for(price: float, rng: random.Random) -> tuple[float, str]:
-    """WebShop's price bound and its clause: the larger of two of the first four bounds above ``price``
-    (``", and price lower than 40.00 dollars"``), or no limit and no clause when fewer than two are left."""
+    """WebShop's price bound and its clause: the larger of two of the first four bounds above
+    ``price`` (``", and price lower than 40.00 dollars"``), or no limit and no clause when fewer
+    than two are left."""
     candidates = [p for p in PRICE_RANGE if p > price][:4]
     if len(candidates) < 2:
         return NO_PRICE_LIMIT, ""
@@ -237,7 +549,8 @@ def price_upper_for(price: float, rng: random.Random) -> tuple[float, str]:
 
 
 def option_text(chosen: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> str:
-    """WebShop's option clause: ``" with color: black, and size: large"`` (empty without options)."""
+    """WebShop's option clause: ``" with color: black, and size: large"`` (empty without
+    options)."""
     return " with " + ", and ".join(f"{name}: {value}" for name, value in chosen) if chosen else ""
 
 
@@ -253,8 +566,12 @@ def _titled(words: str) -> str:
 def _make_product(index: int, category: str, rng: random.Random) -> Product:
     top, attr_pool, types = CATEGORIES[category]
     kind, sub, groups, (low, high) = types[rng.randrange(len(types))]
-    attributes = tuple(attr_pool[i] for i in sorted(rng.sample(range(len(attr_pool)), rng.randrange(2, 5))))
-    shown = [attributes[i] for i in sorted(rng.sample(range(len(attributes)), min(2, len(attributes))))]
+    attributes = tuple(
+        attr_pool[i] for i in sorted(rng.sample(range(len(attr_pool)), rng.randrange(2, 5)))
+    )
+    shown = [
+        attributes[i] for i in sorted(rng.sample(range(len(attributes)), min(2, len(attributes))))
+    ]
     brand = _brand(rng)
     tail = _TAILS[rng.randrange(len(_TAILS))]
     title = " ".join(x for x in (brand, _titled(" ".join(shown)), _titled(kind), tail) if x)
@@ -265,40 +582,65 @@ def _make_product(index: int, category: str, rng: random.Random) -> Product:
     price = round(rng.uniform(low, high)) - 0.01
     rating = f"{rng.randrange(30, 51) / 10:.1f}"
     bullets = tuple(f"{a.upper()}: this {kind} is {a}." for a in attributes)
-    description = (f"The {brand} {kind} is {', '.join(attributes[:-1])} and {attributes[-1]}. "
-                   f"Available in {len(options[0][1])} {options[0][0]} choices.")
-    return Product(asin=f"B{index:09d}", title=title, category=category, product_category=f"{top} › {sub} › "
-                   f"{_titled(kind)}", query=kind, price=round(price, 2), description=description,
-                   bullet_points=bullets, options=tuple(options), attributes=attributes, rating=rating)
+    description = (
+        f"The {brand} {kind} is {', '.join(attributes[:-1])} and {attributes[-1]}. "
+        f"Available in {len(options[0][1])} {options[0][0]} choices."
+    )
+    return Product(
+        asin=f"B{index:09d}",
+        title=title,
+        category=category,
+        product_category=f"{top} › {sub} › {_titled(kind)}",
+        query=kind,
+        price=round(price, 2),
+        description=description,
+        bullet_points=bullets,
+        options=tuple(options),
+        attributes=attributes,
+        rating=rating,
+    )
 
 
 def _make_goal(product: Product, rng: random.Random) -> Goal:
     k = min(len(product.attributes), rng.randrange(1, 3))
-    wanted = tuple(product.attributes[i] for i in sorted(rng.sample(range(len(product.attributes)), k)))
-    chosen = tuple((name, values[rng.randrange(len(values))]) for name, values in sorted(product.options))
+    wanted = tuple(
+        product.attributes[i] for i in sorted(rng.sample(range(len(product.attributes)), k))
+    )
+    chosen = tuple(
+        (name, values[rng.randrange(len(values))]) for name, values in sorted(product.options)
+    )
     upper, price_text = price_upper_for(product.price, rng)
     lead = _LEADS[rng.randrange(len(_LEADS))]
     text = f"{lead} {product.query} that is {' and '.join(wanted)}{option_text(chosen)}{price_text}"
-    return Goal(asin=product.asin, instruction=text, name=product.title, query=product.query,
-                product_category=product.product_category, attributes=wanted,
-                options=tuple(v for _, v in chosen), option_groups=tuple(n for n, _ in chosen), price_upper=upper)
+    return Goal(
+        asin=product.asin,
+        instruction=text,
+        name=product.title,
+        query=product.query,
+        product_category=product.product_category,
+        attributes=wanted,
+        options=tuple(v for _, v in chosen),
+        option_groups=tuple(n for n, _ in chosen),
+        price_upper=upper,
+    )
 
 
 @functools.lru_cache(maxsize=4)
 def generate_catalogue(seed: int = 0, num_products: int = 3000) -> Catalogue:
-    """``num_products`` products spread evenly over the five categories, and one goal per product; the same seed
-    always gives the same catalogue."""
+    """``num_products`` products spread evenly over the five categories, and one goal per product;
+    the same seed always gives the same catalogue."""
     num_products = bounded_int("generate_catalogue", "num_products", num_products, 10)
-    rng = random.Random(f"webshop-{int(seed)}")  # a str seed: the same stream on every platform and Python 3
+    # a str seed: the same stream on every platform and Python 3
+    rng = random.Random(f"webshop-{int(seed)}")
     names = sorted(CATEGORIES)
     products = tuple(_make_product(i, names[i % len(names)], rng) for i in range(num_products))
     goals = tuple(_make_goal(p, rng) for p in products)
     return Catalogue(products, goals)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # WebShop's files
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def _read_json(path: str) -> Any:
@@ -312,16 +654,18 @@ def _read_json(path: str) -> Any:
 def _one_file(directory: str, pattern: str, required: bool) -> str | None:
     found = sorted(glob.glob(os.path.join(directory, pattern)))
     if len(found) > 1:
-        raise ValueError(f"{directory}: several files match {pattern} ({', '.join(map(os.path.basename, found))}); "
-                         "keep one")
+        raise ValueError(
+            f"{directory}: several files match {pattern} ({', '.join(map(os.path.basename, found))}); "
+            "keep one"
+        )
     if not found and required:
         raise FileNotFoundError(f"{directory}: no {pattern} (WebShop's product file) found")
     return found[0] if found else None
 
 
 def parse_price(pricing: Any) -> float:
-    """A product's price from WebShop's ``pricing`` field: the number, or a range's lower bound; 100.0 when
-    unreadable (WebShop's default)."""
+    """A product's price from WebShop's ``pricing`` field: the number, or a range's lower bound;
+    100.0 when unreadable (WebShop's default)."""
     if isinstance(pricing, (int, float)) and not isinstance(pricing, bool):
         return float(pricing)
     if isinstance(pricing, list) and pricing and all(isinstance(x, (int, float)) for x in pricing):
@@ -367,26 +711,52 @@ def _load_product(row: Any, where: str, attributes: dict[str, Any]) -> Product:
     for name, entries in custom.items():
         if not isinstance(entries, list):
             raise ValueError(f"{where} ({asin}): customization_options[{name!r}] must be a list")  # noqa: TRY004
-        values = tuple(dict.fromkeys(_option_value(e["value"] if isinstance(e, dict) else e) for e in entries
-                                     if isinstance(e, (dict, str)) and (not isinstance(e, dict) or
-                                                                        isinstance(e.get("value"), str))))
+        values = tuple(
+            dict.fromkeys(
+                _option_value(e["value"] if isinstance(e, dict) else e)
+                for e in entries
+                if isinstance(e, (dict, str))
+                and (not isinstance(e, dict) or isinstance(e.get("value"), str))
+            )
+        )
         if values:
             options.append((str(name).strip().lower(), values))
     extra = attributes.get(asin, {})
     rating = row.get("average_rating")
     return Product(
-        asin=asin.strip(), title=_cut(title), category=str(row.get("category", "")),
-        product_category=str(row.get("product_category", "")), query=str(row.get("query", "")),
-        price=parse_price(row.get("pricing")), description=_cut(str(row.get("full_description") or "")),
-        bullet_points=tuple(_cut(b) for b in _strings(row.get("small_description"), where,
-                                                      "small_description")[:MAX_BULLETS]),
-        options=tuple(options), attributes=tuple(a.lower() for a in _strings(
-            extra.get("attributes") if isinstance(extra, dict) else None, where, "attributes")),
-        rating=f"{float(rating):.1f}" if isinstance(rating, (int, float)) and not isinstance(rating, bool) else "N.A.")
+        asin=asin.strip(),
+        title=_cut(title),
+        category=str(row.get("category", "")),
+        product_category=str(row.get("product_category", "")),
+        query=str(row.get("query", "")),
+        price=parse_price(row.get("pricing")),
+        description=_cut(str(row.get("full_description") or "")),
+        bullet_points=tuple(
+            _cut(b)
+            for b in _strings(row.get("small_description"), where, "small_description")[
+                :MAX_BULLETS
+            ]
+        ),
+        options=tuple(options),
+        attributes=tuple(
+            a.lower()
+            for a in _strings(
+                extra.get("attributes") if isinstance(extra, dict) else None, where, "attributes"
+            )
+        ),
+        rating=f"{float(rating):.1f}"
+        if isinstance(rating, (int, float)) and not isinstance(rating, bool)
+        else "N.A.",
+    )
 
 
-def _goal_for(product: Product, instruction: str, attributes: tuple[str, ...], options: tuple[str, ...],
-              prng: random.Random) -> Goal:
+def _goal_for(
+    product: Product,
+    instruction: str,
+    attributes: tuple[str, ...],
+    options: tuple[str, ...],
+    prng: random.Random,
+) -> Goal:
     instruction = " ".join(instruction.split())
     match = PRICE_CLAUSE.search(instruction)
     if match:
@@ -395,9 +765,17 @@ def _goal_for(product: Product, instruction: str, attributes: tuple[str, ...], o
         upper, price_text = price_upper_for(product.price, prng)
         instruction = instruction.rstrip(".") + price_text
     values = tuple(_option_value(o) for o in options)
-    return Goal(asin=product.asin, instruction=instruction, name=product.title, query=product.query,
-                product_category=product.product_category, attributes=tuple(a.lower() for a in attributes),
-                options=values, option_groups=tuple(product.option_group(v) for v in values), price_upper=upper)
+    return Goal(
+        asin=product.asin,
+        instruction=instruction,
+        name=product.title,
+        query=product.query,
+        product_category=product.product_category,
+        attributes=tuple(a.lower() for a in attributes),
+        options=values,
+        option_groups=tuple(product.option_group(v) for v in values),
+        price_upper=upper,
+    )
 
 
 def _human_goals(path: str, by_asin: dict[str, Product], prng: random.Random) -> list[Goal]:
@@ -416,21 +794,34 @@ def _human_goals(path: str, by_asin: dict[str, Product], prng: random.Random) ->
             wanted = _strings(row.get("instruction_attributes"), where, "instruction_attributes")
             if not wanted:  # WebShop skips human goals without attributes
                 continue
-            goals.append(_goal_for(product, row["instruction"], wanted,
-                                   _strings(row.get("instruction_options"), where, "instruction_options"), prng))
+            goals.append(
+                _goal_for(
+                    product,
+                    row["instruction"],
+                    wanted,
+                    _strings(row.get("instruction_options"), where, "instruction_options"),
+                    prng,
+                )
+            )
     return goals
 
 
-def _synthetic_goals(products: tuple[Product, ...], attributes: dict[str, Any], prng: random.Random) -> list[Goal]:
+def _synthetic_goals(
+    products: tuple[Product, ...], attributes: dict[str, Any], prng: random.Random
+) -> list[Goal]:
     goals = []
     for product in products:
         extra = attributes.get(product.asin)
         if not isinstance(extra, dict) or not isinstance(extra.get("instruction"), str):
             continue
-        wanted = _strings(extra.get("instruction_attributes"), product.asin, "instruction_attributes")
+        wanted = _strings(
+            extra.get("instruction_attributes"), product.asin, "instruction_attributes"
+        )
         if not wanted:
             continue
-        chosen = [(name, values[prng.randrange(len(values))]) for name, values in sorted(product.options)]
+        chosen = [
+            (name, values[prng.randrange(len(values))]) for name, values in sorted(product.options)
+        ]
         text = extra["instruction"].strip().rstrip(".") + option_text(chosen)
         goals.append(_goal_for(product, text, wanted, tuple(v for _, v in chosen), prng))
     return goals
@@ -444,7 +835,9 @@ def _load_cached(directory: str, stamp: tuple[tuple[str, int, int], ...], seed: 
     assert products_path is not None
     attributes = _read_json(attr_path) if attr_path else {}
     if not isinstance(attributes, dict):
-        raise ValueError(f"{attr_path}: expected an object {{asin: {{attributes, instruction, ...}}}}")  # noqa: TRY004
+        raise ValueError(
+            f"{attr_path}: expected an object {{asin: {{attributes, instruction, ...}}}}"
+        )  # noqa: TRY004
     rows = _read_json(products_path)
     if not isinstance(rows, list):
         raise ValueError(f"{products_path}: expected a JSON list of products")  # noqa: TRY004
@@ -460,24 +853,40 @@ def _load_cached(directory: str, stamp: tuple[tuple[str, int, int], ...], seed: 
         raise ValueError(f"{products_path}: no products")
     prng = random.Random(seed)
     by_asin = {p.asin.lower(): p for p in products}
-    goals = _human_goals(human_path, by_asin, prng) if human_path else _synthetic_goals(tuple(products), attributes,
-                                                                                         prng)
+    goals = (
+        _human_goals(human_path, by_asin, prng)
+        if human_path
+        else _synthetic_goals(tuple(products), attributes, prng)
+    )
     if not goals:
-        raise ValueError(f"{directory}: no goals (needs items_human_ins*.json, or items_ins_v2*.json with "
-                         "'instruction' for products of the product file)")
+        raise ValueError(
+            f"{directory}: no goals (needs items_human_ins*.json, or items_ins_v2*.json with "
+            "'instruction' for products of the product file)"
+        )
     return Catalogue(tuple(products), tuple(goals))
 
 
 def load_catalogue(path: str | os.PathLike, seed: int = 0) -> Catalogue:
-    """The products and goals of a directory of WebShop files (module docstring); ``seed`` draws the price bounds
-    and synthetic options the files do not state. Cached per directory and file times."""
+    """The products and goals of a directory of WebShop files (module docstring); ``seed`` draws the
+    price bounds and synthetic options the files do not state. Cached per directory and file
+    times."""
     directory = os.fspath(path)
     if not os.path.isdir(directory):
-        raise FileNotFoundError(f"catalogue_path must be a directory of WebShop JSON files, got {directory!r}")
+        raise FileNotFoundError(
+            f"catalogue_path must be a directory of WebShop JSON files, got {directory!r}"
+        )
     files = sorted(glob.glob(os.path.join(directory, "items_*.json")))
     stamp = tuple((f, os.stat(f).st_mtime_ns, os.stat(f).st_size) for f in files)
     return _load_cached(os.path.abspath(directory), stamp, int(seed))
 
 
-__all__ = ["CATEGORIES", "Catalogue", "Goal", "Product", "generate_catalogue", "load_catalogue", "parse_price",
-           "price_upper_for"]
+__all__ = [
+    "CATEGORIES",
+    "Catalogue",
+    "Goal",
+    "Product",
+    "generate_catalogue",
+    "load_catalogue",
+    "parse_price",
+    "price_upper_for",
+]

@@ -1,34 +1,37 @@
 """Web shopping (RAGEN's ``webshop`` env over WebShop, Yao et al. 2022), offline.
 
-RAGEN runs WebShop's simulated web store in-process: a Lucene index (a JDK) over 1.18M scraped Amazon products and
-spaCy models for the reward, all downloaded at setup. None of that is available here, so the store is rebuilt: the
-products and instructions come from a seeded generated catalogue
+RAGEN runs WebShop's simulated web store in-process: a Lucene index (a JDK) over 1.18M scraped
+Amazon products and spaCy models for the reward, all downloaded at setup. None of that is available
+here, so the store is rebuilt: the products and instructions come from a seeded generated catalogue
 (:mod:`envs.tools.webshop.catalogue`; ``catalogue_path`` reads WebShop's own JSON files instead),
 search is BM25 from the ``bm25s`` library (top 50, as WebShop's Lucene search), and the reward is
 WebShop's formula computed without spaCy (:mod:`envs.tools.webshop.reward`, which lists its
 departures).
 
-Pages and actions follow WebShop's text mode and RAGEN's wrapper: the search page (``search[<keywords>]``), results
-(10 per page; ``click[<asin>]`` opens a product, ``click[next >]`` / ``click[< prev]`` turn pages,
-``click[back to search]``), the product page (``click[<option value>]`` chooses an option, ``click[description]``,
-``click[features]``, ``click[reviews]`` open sub-pages that ``click[< prev]`` leaves, ``click[buy now]`` buys and ends
-the episode). A page is WebShop's visible text joined by ``" [SEP] "``; RAGEN's rendering appends its shopping tips
-and ``You must choose from these actions: ...`` (the available actions: ``search[<content>]`` where the page has a
-search bar, ``click[x]`` for every clickable). A click is valid when its (lower-cased) target is on the page, a
-search when the page has a search bar and the keywords are not empty.
+Pages and actions follow WebShop's text mode and RAGEN's wrapper: the search page
+(``search[<keywords>]``), results (10 per page; ``click[<asin>]`` opens a product, ``click[next >]``
+/ ``click[< prev]`` turn pages, ``click[back to search]``), the product page (``click[<option
+value>]`` chooses an option, ``click[description]``, ``click[features]``, ``click[reviews]`` open
+sub-pages that ``click[< prev]`` leaves, ``click[buy now]`` buys and ends the episode). A page is
+WebShop's visible text joined by ``" [SEP] "``; RAGEN's rendering appends its shopping tips and
+``You must choose from these actions: ...`` (the available actions: ``search[<content>]`` where the
+page has a search bar, ``click[x]`` for every clickable). A click is valid when its (lower-cased)
+target is on the page, a search when the page has a search bar and the keywords are not empty.
 
 ## Departures besides the reward's
 
-* An invalid action leaves the page as it was and says why on the first line (``Invalid action: ...``; WebShop
-  shows the same page silently); ``action_is_effective`` is False for it.
-* RAGEN joins the page and its tips with no separator (its ``render`` lacks a newline) and prints ``You must choose
-  from these actions:`` after a space; here each has its own line. RAGEN drops ``click[next >]`` from a page whose
-  only actions are back/prev/next; here the actions are exactly the page's clickables.
-* A chosen option is shown on the product page (``Selected: color: black``), which WebShop's HTML shows as a checked
-  radio button its text mode loses.
+* An invalid action leaves the page as it was and says why on the first line (``Invalid action:
+  ...``; WebShop shows the same page silently); ``action_is_effective`` is False for it.
+* RAGEN joins the page and its tips with no separator (its ``render`` lacks a newline) and prints
+  ``You must choose from these actions:`` after a space; here each has its own line. RAGEN drops
+  ``click[next >]`` from a page whose only actions are back/prev/next; here the actions are exactly
+  the page's clickables.
+* A chosen option is shown on the product page (``Selected: color: black``), which WebShop's HTML
+  shows as a checked radio button its text mode loses.
 * ``max_steps`` (15) truncates an episode (RAGEN's trainer caps turns instead).
-* Splits as RAGEN: goals are put in a fixed order (``random.Random(42).shuffle``); ``test`` takes goal
-  ``seed % 500``, ``val`` ``500 + seed % 1000``, ``train`` ``1500 + seed % (N - 1500)`` (sizes: ``split_sizes``).
+* Splits as RAGEN: goals are put in a fixed order (``random.Random(42).shuffle``); ``test`` takes
+  goal ``seed % 500``, ``val`` ``500 + seed % 1000``, ``train`` ``1500 + seed % (N - 1500)`` (sizes:
+  ``split_sizes``).
 """
 
 from __future__ import annotations
@@ -75,10 +78,20 @@ TOOL_INSTRUCTION = (
     "to start over."
 )
 TOOLS = (
-    ToolSpec("search", "Search the store for products (only where the page has a search bar).", "keywords",
-             "the search keywords, e.g. 'shampoo sulfate free'", "search[{}]"),
-    ToolSpec("click", "Click a button or link of the current page.", "target",
-             "exactly as listed among the page's actions, e.g. 'b000000042', 'buy now', 'next >'", "click[{}]"),
+    ToolSpec(
+        "search",
+        "Search the store for products (only where the page has a search bar).",
+        "keywords",
+        "the search keywords, e.g. 'shampoo sulfate free'",
+        "search[{}]",
+    ),
+    ToolSpec(
+        "click",
+        "Click a button or link of the current page.",
+        "target",
+        "exactly as listed among the page's actions, e.g. 'b000000042', 'buy now', 'next >'",
+        "click[{}]",
+    ),
 )
 TIPS = (
     "Buy within 10 actions.",
@@ -96,16 +109,21 @@ NAV = ("back to search", "< prev", "next >")
 SUB_PAGES = ("description", "features", "reviews")
 BUY = "buy now"
 MAX_ACTION_LENGTH = 4096
-MAX_PAGE_CHARS = 32768  # a page's text is cut here (with "..."); a whole observation at twice this (the space's)
+# a page's text is cut here (with "..."); a whole observation at twice this (the space's)
+MAX_PAGE_CHARS = 32768
 _ACTION = re.compile(r"(search|click)\[(.*)\]", re.DOTALL | re.IGNORECASE)
-_REQUEST = re.compile(r"^(?:(?:can|could) you )?(?:please )?(?:i am |i'm |im |i )?(?:looking for|need|want|would like|"
-                      r"find me|search for|get me|buy)(?: an?\b)? ?", re.IGNORECASE)
+_REQUEST = re.compile(
+    r"^(?:(?:can|could) you )?(?:please )?(?:i am |i'm |im |i )?(?:looking for|need|want|would like|"
+    r"find me|search for|get me|buy)(?: an?\b)? ?",
+    re.IGNORECASE,
+)
 _THAT_IS = re.compile(r"\b(?:that|which) (?:is|are)\b", re.IGNORECASE)
-_OPTION_CLAUSE = re.compile(r",?\s+with\s+[^,:]+:.*$", re.IGNORECASE | re.DOTALL)  # " with color: ..., and ..."
+# " with color: ..., and ..."
+_OPTION_CLAUSE = re.compile(r",?\s+with\s+[^,:]+:.*$", re.IGNORECASE | re.DOTALL)
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Catalogue, index and splits
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 _INDEXES: dict[int, tuple[Catalogue, BM25Retriever]] = {}
 
@@ -139,18 +157,19 @@ def split_goal_index(seed: int, split: str, num_goals: int, split_sizes: tuple[i
 
 
 def search_keywords(instruction: str) -> str:
-    """The expert's search: the instruction without its request words (``i need a``, ``find me a``, ...), ``that
-    is``, its option clause (`` with color: black, and size: large``) and its price clause. BM25 drops such words
-    anyway; a short search is easier for a small model to copy."""
+    """The expert's search: the instruction without its request words (``i need a``, ``find me a``,
+    ...), ``that is``, its option clause (`` with color: black, and size: large``) and its price
+    clause. BM25 drops such words anyway; a short search is easier for a small model to copy."""
     text = _OPTION_CLAUSE.sub("", PRICE_CLAUSE.sub("", instruction))
     text = _THAT_IS.sub(" ", _REQUEST.sub("", " ".join(text.split())))
     return " ".join(text.split()) or " ".join(instruction.split())
 
 
 class _WebShopActions(spaces.Text):
-    """The action space: text. ``sample()`` draws well-formed actions (a search for a goal's keywords one time in
-    four, else a click on a navigation button, a product or an option value), so a random agent, ``check_env`` and
-    the env benchmark move through the pages instead of sending strings that never parse."""
+    """The action space: text. ``sample()`` draws well-formed actions (a search for a goal's
+    keywords one time in four, else a click on a navigation button, a product or an option value),
+    so a random agent, ``check_env`` and the env benchmark move through the pages instead of sending
+    strings that never parse."""
 
     def __init__(self, queries: tuple[str, ...], targets: tuple[str, ...], **kwargs: Any):
         super().__init__(**kwargs)
@@ -164,43 +183,41 @@ class _WebShopActions(spaces.Text):
         return f"click[{self.targets[int(self.np_random.integers(len(self.targets)))]}]"
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The env
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 class WebShopEnv(TextEnv):
     """Find and buy the product an instruction describes, in a simulated web store.
 
-    ## Description
-    At reset the seed picks a goal of the split (module docstring): an instruction such as ``i need a shampoo that
-    is sulfate free with size: 12 fl oz, and price lower than 30.00 dollars``. The agent searches, browses result
-    pages, opens products, chooses options and buys; the bought product is scored against the goal.
+    ## Description At reset the seed picks a goal of the split (module docstring): an instruction
+    such as ``i need a shampoo that is sulfate free with size: 12 fl oz, and price lower than 30.00
+    dollars``. The agent searches, browses result pages, opens products, chooses options and buys;
+    the bought product is scored against the goal.
 
-    ## Action Space
-    ``Text`` (printable ASCII, up to 4096 characters): ``search[<keywords>]`` or ``click[<clickable>]``.
-    ``action_names`` is empty.
+    ## Action Space ``Text`` (printable ASCII, up to 4096 characters): ``search[<keywords>]`` or
+    ``click[<clickable>]``. ``action_names`` is empty.
 
-    ## Observation Space
-    ``Text`` over printable ASCII plus the catalogue's characters: the page in WebShop's text mode (``WebShop [SEP]
-    Instruction: [SEP] <instruction> [SEP] Search``; results ``Instruction: [SEP] ... [SEP] Back to Search [SEP] Page
-    1 (Total results: 50) [SEP] Next > [SEP] B000000042 [SEP] <title> [SEP] $12.99 [SEP] ...``; product pages with
-    option groups, title, ``Price: $..``, ``Rating: ..``, ``Description``, ``Features``, ``Reviews``, ``Buy Now``),
+    ## Observation Space ``Text`` over printable ASCII plus the catalogue's characters: the page in
+    WebShop's text mode (``WebShop [SEP] Instruction: [SEP] <instruction> [SEP] Search``; results
+    ``Instruction: [SEP] ... [SEP] Back to Search [SEP] Page 1 (Total results: 50) [SEP] Next >
+    [SEP] B000000042 [SEP] <title> [SEP] $12.99 [SEP] ...``; product pages with option groups,
+    title, ``Price: $..``, ``Rating: ..``, ``Description``, ``Features``, ``Reviews``, ``Buy Now``),
     then the tips and ``You must choose from these actions: search[<content>], click[...], ...``.
 
-    ## Rewards
-    0 until ``click[buy now]``; then 1.0 when WebShop's reward of the purchase is 1 (else 0.0), or that reward
-    itself with ``binary_reward=False`` (:mod:`envs.tools.webshop.reward`).
+    ## Rewards 0 until ``click[buy now]``; then 1.0 when WebShop's reward of the purchase is 1 (else
+    0.0), or that reward itself with ``binary_reward=False`` (:mod:`envs.tools.webshop.reward`).
 
-    ## Episode End
-    Terminated by ``click[buy now]``. Truncated after ``max_steps`` actions. Stepping after the end returns the last
-    observation, reward 0.0, the same flags and ``action_is_valid=False``.
+    ## Episode End Terminated by ``click[buy now]``. Truncated after ``max_steps`` actions. Stepping
+    after the end returns the last observation, reward 0.0, the same flags and
+    ``action_is_valid=False``.
 
-    ## Info
-    ``success`` (raw reward 1), ``action_is_valid``, ``action_is_effective`` (the state changed), ``raw_reward``
-    (WebShop's reward of the purchase, 0 before), ``success_purchase`` (bought), ``success_find`` (the goal's own
-    product was opened this episode), ``end_of_page`` (the last page of results is shown), ``page`` (``search``,
-    ``results``, ``item``, ``description``, ``features``, ``reviews``, ``done``).
+    ## Info ``success`` (raw reward 1), ``action_is_valid``, ``action_is_effective`` (the state
+    changed), ``raw_reward`` (WebShop's reward of the purchase, 0 before), ``success_purchase``
+    (bought), ``success_find`` (the goal's own product was opened this episode), ``end_of_page``
+    (the last page of results is shown), ``page`` (``search``, ``results``, ``item``,
+    ``description``, ``features``, ``reviews``, ``done``).
 
     ## Arguments
     - ``catalogue_seed`` (0), ``num_products`` (3000): the generated catalogue.
@@ -208,12 +225,12 @@ class WebShopEnv(TextEnv):
       used instead; ``catalogue_seed`` then draws what the files leave open (price bounds, synthetic
       goals' options).
     - ``split`` (``"train"``), ``split_sizes`` ((500, 1000): the test and val goal counts).
-    - ``max_steps`` (15), ``results_per_page`` (10), ``max_results`` (50), ``show_tips`` (True: RAGEN's tips under
-      every page), ``binary_reward`` (True).
+    - ``max_steps`` (15), ``results_per_page`` (10), ``max_results`` (50), ``show_tips`` (True:
+      RAGEN's tips under every page), ``binary_reward`` (True).
     - ``render_mode``: ``None`` or ``"ansi"``.
 
-    ## Options
-    ``reset(options={"goal_index": i})`` takes goal ``i`` of the catalogue (in file/generation order, any split).
+    ## Options ``reset(options={"goal_index": i})`` takes goal ``i`` of the catalogue (in
+    file/generation order, any split).
     """
 
     def __init__(
@@ -240,24 +257,43 @@ class WebShopEnv(TextEnv):
         if len(sizes) != 2:
             raise ValueError(f"split_sizes must be two ints >= 1 (test, val), got {list(sizes)}")
         sizes = tuple(bounded_int("WebShopEnv", "split_sizes entries", s, 1) for s in sizes)
-        self.catalogue = (load_catalogue(catalogue_path, seed=int(catalogue_seed)) if catalogue_path is not None
-                          else generate_catalogue(int(catalogue_seed), int(num_products)))
+        self.catalogue = (
+            load_catalogue(catalogue_path, seed=int(catalogue_seed))
+            if catalogue_path is not None
+            else generate_catalogue(int(catalogue_seed), int(num_products))
+        )
         if len(self.catalogue.goals) <= sum(sizes):
-            raise ValueError(f"the catalogue has {len(self.catalogue.goals)} goals; split_sizes {list(sizes)} (test, "
-                             "val) leave none for training: pass smaller split_sizes")
+            raise ValueError(
+                f"the catalogue has {len(self.catalogue.goals)} goals; split_sizes {list(sizes)} (test, "
+                "val) leave none for training: pass smaller split_sizes"
+            )
         self.split, self.split_sizes = split, (int(sizes[0]), int(sizes[1]))
-        self.max_steps, self.results_per_page, self.max_results = max_steps, results_per_page, max_results
+        self.max_steps, self.results_per_page, self.max_results = (
+            max_steps,
+            results_per_page,
+            max_results,
+        )
         self.show_tips, self.binary_reward = bool(show_tips), bool(binary_reward)
         self.retriever = _index(self.catalogue)
         extra = self.catalogue.characters()
         self.observation_space = text_space(extra, max_length=2 * MAX_PAGE_CHARS)
         self._charset = frozenset(self.observation_space.character_set)
         products = self.catalogue.products
-        targets = NAV + SUB_PAGES + (BUY,) + tuple(p.asin.lower() for p in products[:200]) + tuple(
-            sorted({v for p in products[:200] for _, values in p.options for v in values}))
+        targets = (
+            NAV
+            + SUB_PAGES
+            + (BUY,)
+            + tuple(p.asin.lower() for p in products[:200])
+            + tuple(sorted({v for p in products[:200] for _, values in p.options for v in values}))
+        )
         queries = tuple(search_keywords(g.instruction) for g in self.catalogue.goals[:64])
-        self.action_space = _WebShopActions(queries, targets, min_length=0, max_length=MAX_ACTION_LENGTH,
-                                            charset=text_space().character_set)
+        self.action_space = _WebShopActions(
+            queries,
+            targets,
+            min_length=0,
+            max_length=MAX_ACTION_LENGTH,
+            charset=text_space().character_set,
+        )
         self.goal: Goal | None = None
         self._new_episode()
 
@@ -281,7 +317,9 @@ class WebShopEnv(TextEnv):
     def prompt_spec(self) -> PromptSpec:
         return PromptSpec(instruction=INSTRUCTION, tools=TOOLS, tool_instruction=TOOL_INSTRUCTION)
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict]:
         super().reset(seed=seed)
         options = self._reset_options(options, ("goal_index",))
         goals = self.catalogue.goals
@@ -298,7 +336,8 @@ class WebShopEnv(TextEnv):
     # ------------------------------------------------------------------------------------------------ pages
 
     def available_actions(self) -> dict[str, Any]:
-        """WebShop's ``get_available_actions``: ``{"has_search_bar": bool, "clickables": [lower-case strings]}``."""
+        """WebShop's ``get_available_actions``: ``{"has_search_bar": bool, "clickables": [lower-case
+        strings]}``."""
         if self.page == "search":
             return {"has_search_bar": True, "clickables": ["search"]}
         if self.page == "done":
@@ -319,8 +358,8 @@ class WebShopEnv(TextEnv):
         return {"has_search_bar": False, "clickables": list(dict.fromkeys(clickables))}
 
     def action_strings(self) -> list[str]:
-        """RAGEN's list of available actions: ``search[<content>]`` where there is a search bar, and ``click[x]`` for
-        every clickable but ``search``."""
+        """RAGEN's list of available actions: ``search[<content>]`` where there is a search bar, and
+        ``click[x]`` for every clickable but ``search``."""
         available = self.available_actions()
         actions = ["search[<content>]"] if available["has_search_bar"] else []
         return actions + [f"click[{c}]" for c in available["clickables"] if c != "search"]
@@ -330,7 +369,7 @@ class WebShopEnv(TextEnv):
 
     def _page_results(self) -> list[str]:
         start = (self.page_no - 1) * self.results_per_page
-        return self.results[start:start + self.results_per_page]
+        return self.results[start : start + self.results_per_page]
 
     def _page_text(self) -> str:
         assert self.goal is not None
@@ -340,8 +379,17 @@ class WebShopEnv(TextEnv):
         if self.page == "done":
             assert self.product is not None
             chosen = ", ".join(f"{k}: {v}" for k, v in self.selected.items()) or "none"
-            return SEP.join(["Thank you for shopping with us!", "Purchased", self.product.asin, self.product.title,
-                             f"Options: {chosen}", "Your score (min 0.0, max 1.0)", f"{self.raw_reward:.2f}"])
+            return SEP.join(
+                [
+                    "Thank you for shopping with us!",
+                    "Purchased",
+                    self.product.asin,
+                    self.product.title,
+                    f"Options: {chosen}",
+                    "Your score (min 0.0, max 1.0)",
+                    f"{self.raw_reward:.2f}",
+                ]
+            )
         parts = [*head, "Back to Search"]
         if self.page == "results":
             parts.append(f"Page {self.page_no} (Total results: {len(self.results)})")
@@ -362,9 +410,18 @@ class WebShopEnv(TextEnv):
             for name, values in product.options:
                 parts += [name, *values]
             if self.selected:
-                parts.append("Selected: " + ", ".join(f"{k}: {v}" for k, v in self.selected.items()))
-            parts += [product.title, f"Price: ${product.price:.2f}", f"Rating: {product.rating}", "Description",
-                      "Features", "Reviews", "Buy Now"]
+                parts.append(
+                    "Selected: " + ", ".join(f"{k}: {v}" for k, v in self.selected.items())
+                )
+            parts += [
+                product.title,
+                f"Price: ${product.price:.2f}",
+                f"Rating: {product.rating}",
+                "Description",
+                "Features",
+                "Reviews",
+                "Buy Now",
+            ]
         elif self.page == "description":
             parts.append(product.description or "No description.")
         elif self.page == "features":
@@ -384,10 +441,13 @@ class WebShopEnv(TextEnv):
         if self.page != "done":
             if self.show_tips:
                 lines += TIPS
-            lines.append("You must choose from these actions: " + ", ".join(self.action_strings()) + ".")
+            lines.append(
+                "You must choose from these actions: " + ", ".join(self.action_strings()) + "."
+            )
         text = "\n".join(lines)
-        limit = 2 * MAX_PAGE_CHARS  # the space's max_length (thousands of option values could pass it)
-        return text if len(text) <= limit else text[:limit - 3] + "..."
+        # the space's max_length (thousands of option values could pass it)
+        limit = 2 * MAX_PAGE_CHARS
+        return text if len(text) <= limit else text[: limit - 3] + "..."
 
     # ------------------------------------------------------------------------------------------------ step
 
@@ -395,13 +455,22 @@ class WebShopEnv(TextEnv):
         if self.goal is None:
             raise RuntimeError("WebShopEnv: call reset() before step()")
         if self._terminated or self._truncated:
-            return self._observation(), 0.0, self._terminated, self._truncated, self._info(valid=False, effective=False)
+            return (
+                self._observation(),
+                0.0,
+                self._terminated,
+                self._truncated,
+                self._info(valid=False, effective=False),
+            )
         self.step_count += 1
         before = self._page_text()
         text = action.strip() if isinstance(action, str) else ""
         match = _ACTION.fullmatch(text) if len(text) <= MAX_ACTION_LENGTH else None
-        error = self._apply(match.group(1).lower(), match.group(2).strip()) if match else \
-            "use search[<keywords>] or click[<button>]"
+        error = (
+            self._apply(match.group(1).lower(), match.group(2).strip())
+            if match
+            else "use search[<keywords>] or click[<button>]"
+        )
         self._note = f"Invalid action: {error}." if error else ""
         reward = 0.0
         if self.page == "done":
@@ -424,10 +493,17 @@ class WebShopEnv(TextEnv):
             return ""
         target = arg.lower()
         if target not in self.available_actions()["clickables"] or target == "search":
-            shown = "".join(c if c in self._charset else "?" for c in repr(arg[:80]))  # model text, echoed safely
+            # model text, echoed safely
+            shown = "".join(c if c in self._charset else "?" for c in repr(arg[:80]))
             return f"{shown} is not a button on this page"
         if target == "back to search":
-            self.page, self.results, self.query, self.product, self.selected = "search", [], "", None, {}
+            self.page, self.results, self.query, self.product, self.selected = (
+                "search",
+                [],
+                "",
+                None,
+                {},
+            )
         elif target == "next >":
             self.page_no += 1
         elif target == "< prev":
@@ -445,7 +521,9 @@ class WebShopEnv(TextEnv):
             self.page = target
         elif target == BUY:
             assert self.product is not None and self.goal is not None
-            self.raw_reward, self.reward_parts = webshop_reward(self.product, self.goal, list(self.selected.values()))
+            self.raw_reward, self.reward_parts = webshop_reward(
+                self.product, self.goal, list(self.selected.values())
+            )
             self.page = "done"
         else:  # an option value
             assert self.product is not None
@@ -456,10 +534,16 @@ class WebShopEnv(TextEnv):
 
     def _info(self, *, valid: bool, effective: bool) -> dict[str, Any]:
         end = self.page == "results" and self.page_no >= self._num_pages()
-        return {"success": bool(self.page == "done" and self.raw_reward >= 1.0), "action_is_valid": bool(valid),
-                "action_is_effective": bool(effective), "raw_reward": float(self.raw_reward),
-                "success_purchase": self.page == "done", "success_find": bool(self.found), "end_of_page": bool(end),
-                "page": self.page}
+        return {
+            "success": bool(self.page == "done" and self.raw_reward >= 1.0),
+            "action_is_valid": bool(valid),
+            "action_is_effective": bool(effective),
+            "raw_reward": float(self.raw_reward),
+            "success_purchase": self.page == "done",
+            "success_find": bool(self.found),
+            "end_of_page": bool(end),
+            "page": self.page,
+        }
 
     def _render_text(self) -> str:
         return self._observation()
@@ -467,12 +551,18 @@ class WebShopEnv(TextEnv):
     # ------------------------------------------------------------------------------------------------ expert
 
     def _expert_plan(self) -> tuple[str, str]:
-        """The expert's search keywords and the result it buys: the one whose best possible purchase (the goal's
-        options chosen where offered) scores highest, earliest ranked on ties."""
+        """The expert's search keywords and the result it buys: the one whose best possible purchase
+        (the goal's options chosen where offered) scores highest, earliest ranked on ties."""
         assert self.goal is not None
-        if self._plan is None or (self.page != "search" and self.query and self.query != self._plan[0]):
+        if self._plan is None or (
+            self.page != "search" and self.query and self.query != self._plan[0]
+        ):
             query = self.query or search_keywords(self.goal.instruction)
-            results = self.results if self.query else [d.id for d in self.retriever.search(query, self.max_results)]
+            results = (
+                self.results
+                if self.query
+                else [d.id for d in self.retriever.search(query, self.max_results)]
+            )
             best, best_score = "", -1.0
             for asin in results:
                 product = self.catalogue.by_asin[asin.lower()]
@@ -483,22 +573,26 @@ class WebShopEnv(TextEnv):
         return self._plan
 
     def _expert_options(self, product: Product) -> list[str]:
-        """For each goal option, the product's value that matches it (exact first, then fuzzy), if any."""
+        """For each goal option, the product's value that matches it (exact first, then fuzzy), if
+        any."""
         assert self.goal is not None
         chosen = []
         for wanted in self.goal.options:
             values = [v for _, vs in product.options for v in vs]
             exact = [v for v in values if v == wanted]
-            fuzzy = [v for v in values if token_set_ratio(normalize_color(v), normalize_color(wanted))
-                     > OPTION_THRESHOLD]
+            fuzzy = [
+                v
+                for v in values
+                if token_set_ratio(normalize_color(v), normalize_color(wanted)) > OPTION_THRESHOLD
+            ]
             if exact or fuzzy:
                 chosen.append((exact or fuzzy)[0])
         return chosen
 
     def expert_turn(self, max_actions: int) -> tuple[str, tuple[str, ...]]:
-        """The warm start's expert: search the instruction's keywords, open the best matching result (turning pages
-        to reach it), choose the goal's options, buy. Its sentences copy nothing long from the page (the action does
-        the copying): a small model imitates short turns sooner."""
+        """The warm start's expert: search the instruction's keywords, open the best matching result
+        (turning pages to reach it), choose the goal's options, buy. Its sentences copy nothing long
+        from the page (the action does the copying): a small model imitates short turns sooner."""
         if self.goal is None:
             raise RuntimeError("WebShopEnv: call reset() before expert_turn()")
         query, target = self._expert_plan()
@@ -517,11 +611,13 @@ class WebShopEnv(TextEnv):
         if self.page != "item" or self.product is None or self.product.asin != target:
             return "I go back to the product", ("click[< prev]",)
         missing = [v for v in self._expert_options(self.product) if v not in self.selected.values()]
-        actions = [f"click[{v}]" for v in missing][:max(1, max_actions)]
+        actions = [f"click[{v}]" for v in missing][: max(1, max_actions)]
         if len(actions) < max_actions or not missing:
             actions.append(f"click[{BUY}]")
         if missing:
-            return f"I choose {', '.join(missing[:len(actions)])}", tuple(actions[:max(1, max_actions)])
+            return f"I choose {', '.join(missing[: len(actions)])}", tuple(
+                actions[: max(1, max_actions)]
+            )
         return "The options are chosen, I buy it", (f"click[{BUY}]",)
 
 

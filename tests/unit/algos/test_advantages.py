@@ -1,4 +1,5 @@
-"""Advantage estimators and modifiers against hand-computed numbers (RAGEN's core_algos.py, veRL v0.6.1)."""
+"""Advantage estimators and modifiers against hand-computed numbers (RAGEN's core_algos.py, veRL
+v0.6.1)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def test_masked_reductions_ignore_masked_nan_and_handle_empty_masks():
 def test_masked_whiten_hand_values():
     x = T([2.0, 4.0, 6.0, 0.0])
     m = T([1, 1, 1, 0])
-    # mean 4, unbiased var (4 + 0 + 4) / 2 = 4, std 2; applied to every position: (0 - 4)/2 = -2 for the masked one
+    # mean 4, unbiased var (4 + 0 + 4) / 2 = 4, std 2; applied to every position: (0 - 4)/2 = -2 for
+    # the masked one
     close(masked_whiten(x, m), [-1.0, 0.0, 1.0, -2.0], atol=1e-6)
     # scale only: whitened + mean = [3, 4, 5, 2]
     close(masked_whiten(x, m, shift_mean=False), [3.0, 4.0, 5.0, 2.0], atol=1e-6)
@@ -72,7 +74,8 @@ def test_masked_whiten_degenerate_masks_and_constant_input():
 
 
 def test_gae_terminal_reward_gamma_lambda_one():
-    # gamma = lam = 1, reward R = 1 on the last token: A_t = R - V_t, returns_t = R (veRL's masked GAE)
+    # gamma = lam = 1, reward R = 1 on the last token: A_t = R - V_t, returns_t = R (veRL's masked
+    # GAE)
     rewards = T([[0.0, 0.0, 0.0, 1.0]])
     values = T([[0.1, 0.2, 0.3, 0.4]])
     adv, ret = gae(rewards, values, torch.ones(1, 4), gamma=1.0, lam=1.0)
@@ -114,16 +117,21 @@ def test_gae_with_masked_gaps_equals_gae_on_the_trained_tokens_only():
     adv, ret = gae(rewards, values, mask, gamma=0.9, lam=0.8)
     for row in range(3):
         keep = mask[row]
-        sub_adv, sub_ret = gae(rewards[row, keep][None], values[row, keep][None], torch.ones(1, int(keep.sum())),
-                               gamma=0.9, lam=0.8)
+        sub_adv, sub_ret = gae(
+            rewards[row, keep][None],
+            values[row, keep][None],
+            torch.ones(1, int(keep.sum())),
+            gamma=0.9,
+            lam=0.8,
+        )
         close(adv[row, keep], sub_adv[0], atol=1e-5)
         close(ret[row, keep], sub_ret[0], atol=1e-5)
 
 
 def test_gae_trailing_padding_and_all_zero_mask():
-    # mask [1, 1, 0], r = [0, 1, 0], V = [.5, .5, 9], gamma = lam = 1
-    # t=2 pad: nothing carried, A2 = 0; t=1: A = 1 - .5 = .5; t=0: delta = 0 + .5 - .5 = 0, A0 = 0 + .5 = .5
-    # returns = A + V = [1, 1, 9] (the pad's return is never trained on)
+    # mask [1, 1, 0], r = [0, 1, 0], V = [.5, .5, 9], gamma = lam = 1 t=2 pad: nothing carried, A2 =
+    # 0; t=1: A = 1 - .5 = .5; t=0: delta = 0 + .5 - .5 = 0, A0 = 0 + .5 = .5 returns = A + V = [1,
+    # 1, 9] (the pad's return is never trained on)
     adv, ret = gae(T([[0.0, 1.0, 0.0]]), T([[0.5, 0.5, 9.0]]), T([[1, 1, 0]]), 1.0, 1.0)
     close(adv, [[0.5, 0.5, 0.0]])
     close(ret, [[1.0, 1.0, 9.0]])
@@ -137,7 +145,9 @@ def test_gae_trailing_padding_and_all_zero_mask():
 
 def test_gae_bf16_inputs_compute_in_float32():
     bf16 = torch.bfloat16
-    adv, _ = gae(T([[0.0, 1.0]], dtype=bf16), T([[0.5, 0.5]], dtype=bf16), torch.ones(1, 2), 1.0, 1.0)
+    adv, _ = gae(
+        T([[0.0, 1.0]], dtype=bf16), T([[0.5, 0.5]], dtype=bf16), torch.ones(1, 2), 1.0, 1.0
+    )
     assert adv.dtype == torch.float32
 
 
@@ -159,10 +169,10 @@ def test_chain_rows_packs_trained_positions_of_each_chain_in_row_order():
 
 
 def test_gae_over_chained_turn_samples_equals_gae_over_the_whole_episode():
-    # One episode of two turns as one row (full context) and as two turn samples (windowed context): chained,
-    # the samples get the advantages and returns of the full row, so turn 1's return holds turn 2's reward.
-    # gamma = lam = 1: turn 1 (V = .5, .5, reward -0.1), turn 2 (V = 2, 3, reward 10):
-    # A = R_to_go - V: [9.9 - .5, 9.9 - .5, 10 - 2, 10 - 3]
+    # One episode of two turns as one row (full context) and as two turn samples (windowed context):
+    # chained, the samples get the advantages and returns of the full row, so turn 1's return holds
+    # turn 2's reward. gamma = lam = 1: turn 1 (V = .5, .5, reward -0.1), turn 2 (V = 2, 3, reward
+    # 10): A = R_to_go - V: [9.9 - .5, 9.9 - .5, 10 - 2, 10 - 3]
     full_r, full_v = T([[0.0, -0.1, 0.0, 0.0, 10.0]]), T([[0.5, 0.5, 7.0, 2.0, 3.0]])
     full_m = T([[1, 1, 0, 1, 1]])
     adv_full, ret_full = gae(full_r, full_v, full_m, 1.0, 1.0)
@@ -185,8 +195,8 @@ def test_turn_ends_from_mask():
 
 
 def test_turn_level_gae_two_turns_with_a_zero_turn_reward():
-    # Turns [0,1] and [3,4] (env token 2), turn ends 1 and 4; turn 1 has reward 0 (RAGEN would not see that turn).
-    # gamma = lam = 1, high_level_gamma = .5; V = [.5, .4, 0, .6, .8]
+    # Turns [0,1] and [3,4] (env token 2), turn ends 1 and 4; turn 1 has reward 0 (RAGEN would not
+    # see that turn). gamma = lam = 1, high_level_gamma = .5; V = [.5, .4, 0, .6, .8]
     # high level, turn end 4: delta = 1 + 0 - .8 = .2                     Â = .2       R̃4 = 1.0
     #             turn end 1: delta = 0 + .5*V4 - .4 = 0                  Â = 0 + .5*1*.2 = .1   R̃1 = .5
     # low level:  t=4 (end, reset): A = R̃4 - .8 = .2
@@ -223,18 +233,24 @@ def test_turn_level_gae_with_one_turn_equals_plain_gae():
 
 
 def test_turn_level_gae_trained_tokens_after_the_last_turn_end_bootstrap_zero():
-    # mask [1,1,1], only position 1 is a turn end; gamma = lam = hg = 1, V = .5, r = [0, 0, 1]
-    # high: end 1: delta = 0 + 0 - .5 = -.5 -> R̃1 = 0
-    # low: t=2: A = 1 - .5 = .5; t=1 (reset): A = 0 - .5 = -.5; t=0: delta = 0 + .5 - .5 = 0, A = -.5
-    adv, _ = turn_level_gae(T([[0.0, 0.0, 1.0]]), T([[0.5, 0.5, 0.5]]), torch.ones(1, 3), [T([1])], 1.0, 1.0, 1.0)
+    # mask [1,1,1], only position 1 is a turn end; gamma = lam = hg = 1, V = .5, r = [0, 0, 1] high:
+    # end 1: delta = 0 + 0 - .5 = -.5 -> R̃1 = 0 low: t=2: A = 1 - .5 = .5; t=1 (reset): A = 0 - .5
+    # = -.5; t=0: delta = 0 + .5 - .5 = 0, A = -.5
+    adv, _ = turn_level_gae(
+        T([[0.0, 0.0, 1.0]]), T([[0.5, 0.5, 0.5]]), torch.ones(1, 3), [T([1])], 1.0, 1.0, 1.0
+    )
     close(adv, [[-0.5, -0.5, 0.5]])
 
 
 def test_turn_level_gae_rejects_turn_end_off_the_mask():
     with pytest.raises(ValueError, match="mask is 0"):
-        turn_level_gae(torch.zeros(1, 3), torch.zeros(1, 3), T([[1, 0, 1]]), [T([1])], 1.0, 1.0, 0.95)
+        turn_level_gae(
+            torch.zeros(1, 3), torch.zeros(1, 3), T([[1, 0, 1]]), [T([1])], 1.0, 1.0, 0.95
+        )
     with pytest.raises(ValueError, match="rows"):
-        turn_level_gae(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), [T([1])], 1.0, 1.0, 0.95)
+        turn_level_gae(
+            torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), [T([1])], 1.0, 1.0, 0.95
+        )
 
 
 # ------------------------------------------------------------------------------------------------ outcome estimators
@@ -263,7 +279,8 @@ def test_grpo_identical_rewards_give_exact_zeros():
 
 
 def test_grpo_non_contiguous_group_ids():
-    # group 7: [1, 3] mean 2, std sqrt(2); group 3: [10, 20] mean 15, std sqrt(50) -> all +-1/sqrt(2)
+    # group 7: [1, 3] mean 2, std sqrt(2); group 3: [10, 20] mean 15, std sqrt(50) -> all
+    # +-1/sqrt(2)
     r = 1.0 / math.sqrt(2.0)
     close(grpo(T([1.0, 10.0, 3.0, 20.0]), T([7, 3, 7, 3])), [-r, -r, r, r], atol=1e-5)
 
@@ -276,7 +293,8 @@ def test_brpo_arpo_and_the_group_outcome_signature():
     expected_brpo = [-2 / std, -1 / std, 0.0, 3 / std]
     close(brpo(scores), expected_brpo, atol=1e-5)
     close(arpo(scores), scores)
-    # the estimator registry calls each one as fn(scores, group_index): the batch-wide ones ignore the groups
+    # the estimator registry calls each one as fn(scores, group_index): the batch-wide ones ignore
+    # the groups
     close(brpo(scores, groups), expected_brpo, atol=1e-5)
     close(arpo(scores, groups), scores)
     # groups: [1,2] -> -+0.7071, [3,6] -> -+0.7071
@@ -290,8 +308,15 @@ def test_registry_names_the_group_outcome_estimators_and_refuses_an_unknown_one(
     from ragen_lightning.starpo.estimators import estimators_where, get_estimator
 
     assert set(estimators_where(outcome=True)) >= {"grpo", "drgrpo", "brpo", "arpo"}
-    assert [get_estimator(n).groups for n in ("grpo", "drgrpo", "brpo", "arpo")] == [True, True, False, False]
-    with pytest.raises(ConfigError, match="--model.advantage.estimator must be one of .*got 'reinforce'"):
+    assert [get_estimator(n).groups for n in ("grpo", "drgrpo", "brpo", "arpo")] == [
+        True,
+        True,
+        False,
+        False,
+    ]
+    with pytest.raises(
+        ConfigError, match="--model.advantage.estimator must be one of .*got 'reinforce'"
+    ):
         get_estimator("reinforce")
 
 
@@ -352,10 +377,19 @@ def test_kl_in_reward_and_adaptive_controller():
     shaped, metrics = apply_kl_in_reward(rewards, old, ref, T([[1, 1, 0]]), kl_coef=0.1, kind="k1")
     close(shaped, [[-0.05, 1.0, 0.0]])
     close(metrics["kl"], 0.25)  # row mean (.5 + 0)/2
-    # two rows: row means .25 and 1.0 (one token) -> mean over rows .625 (a token mean would give .5)
-    _, metrics = apply_kl_in_reward(torch.zeros(2, 2), T([[-1.0, -2.0], [0.0, 0.0]]), T([[-1.5, -2.0], [-1.0, 0.0]]),
-                                    T([[1, 1], [1, 0]]), kl_coef=0.1)
+    # two rows: row means .25 and 1.0 (one token) -> mean over rows .625 (a token mean would give
+    # .5)
+    _, metrics = apply_kl_in_reward(
+        torch.zeros(2, 2),
+        T([[-1.0, -2.0], [0.0, 0.0]]),
+        T([[-1.5, -2.0], [-1.0, 0.0]]),
+        T([[1, 1], [1, 0]]),
+        kl_coef=0.1,
+    )
     close(metrics["kl"], 0.625)
-    # beta .1, KL .2, target .1: error clip(2 - 1, +-.2) = .2; n/horizon = 64/10000 -> .1 * (1 + .2*.0064) = .100128
+    # beta .1, KL .2, target .1: error clip(2 - 1, +-.2) = .2; n/horizon = 64/10000 -> .1 * (1 +
+    # .2*.0064) = .100128
     assert adaptive_kl_coef(0.1, 0.2, 64, target_kl=0.1, horizon=10000) == pytest.approx(0.100128)
-    assert adaptive_kl_coef(0.1, 0.0, 64, target_kl=0.1, horizon=10000) == pytest.approx(0.1 * (1 - 0.2 * 0.0064))
+    assert adaptive_kl_coef(0.1, 0.0, 64, target_kl=0.1, horizon=10000) == pytest.approx(
+        0.1 * (1 - 0.2 * 0.0064)
+    )

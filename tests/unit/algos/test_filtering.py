@@ -25,7 +25,9 @@ LINEAR, SOFTMAX = TopPOptions(mode="linear"), TopPOptions(mode="softmax")  # top
 
 def close(actual, expected, atol: float = 1e-6) -> None:
     actual = torch.as_tensor(actual)
-    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype), atol=atol, rtol=1e-6)
+    torch.testing.assert_close(
+        actual, torch.as_tensor(expected, dtype=actual.dtype), atol=atol, rtol=1e-6
+    )
 
 
 def kept(*indices: int) -> torch.Tensor:
@@ -33,7 +35,8 @@ def kept(*indices: int) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------- RAGEN's tests/test_rollout_filter.py cases
-# RAGEN's helper batch: token scores arange(G*S*T).reshape(G*S, T), loss mask all ones, groups of contiguous rows.
+# RAGEN's helper batch: token scores arange(G*S*T).reshape(G*S, T), loss mask all ones, groups of
+# contiguous rows.
 
 
 def _helper_batch(num_groups: int, group_size: int, horizon: int) -> torch.Tensor:
@@ -42,8 +45,9 @@ def _helper_batch(num_groups: int, group_size: int, horizon: int) -> torch.Tenso
 
 
 def test_case01_reward_variance_filter_reduces_batch_size():
-    # G=4, S=2, T=3: per-sample sums 3, 12, 21, ..., 66; every group (a, a+9) has std 9/sqrt(2) = 6.3639610
-    # top_k 0.5 -> k = max(int(0.5*4), 1) = 2; all tied -> the lower indices [0, 1] -> 2*2 = 4 rows
+    # G=4, S=2, T=3: per-sample sums 3, 12, 21, ..., 66; every group (a, a+9) has std 9/sqrt(2) =
+    # 6.3639610 top_k 0.5 -> k = max(int(0.5*4), 1) = 2; all tied -> the lower indices [0, 1] -> 2*2
+    # = 4 rows
     token_scores = _helper_batch(4, 2, 3)
     per_sample = token_scores.sum(-1).reshape(4, 2)
     scores = group_scores(per_sample)
@@ -57,9 +61,10 @@ def test_case01_reward_variance_filter_reduces_batch_size():
 
 
 def test_case02_entropy_filter_keeps_higher_entropy_group():
-    # entropys = linspace(.1, 1, 24).reshape(6, 4), step d = .9/23; per-sample masked mean over 4 tokens:
-    # row i -> .1 + d*(4i + 1.5). Group means: group 0 (rows 0-2) .1 + 5.5d = .3152174, group 1 .1 + 17.5d = .7847826
-    # metric entropy (in-group mean), top_k .5 -> k = 1 -> group 1 -> 3 rows
+    # entropys = linspace(.1, 1, 24).reshape(6, 4), step d = .9/23; per-sample masked mean over 4
+    # tokens: row i -> .1 + d*(4i + 1.5). Group means: group 0 (rows 0-2) .1 + 5.5d = .3152174,
+    # group 1 .1 + 17.5d = .7847826 metric entropy (in-group mean), top_k .5 -> k = 1 -> group 1 ->
+    # 3 rows
     entropys = torch.linspace(0.1, 1.0, 24).reshape(6, 4)
     per_sample = entropys.mean(-1).reshape(2, 3)
     d = 0.9 / 23
@@ -73,7 +78,8 @@ def test_case02_entropy_filter_keeps_higher_entropy_group():
 
 
 def test_case03_reward_metric_selects_high_mean_group():
-    # samples [10, 11 | 0, 5]: group means 10.5, 2.5 -> top_k .5 keeps group 0 -> retained scores [10, 11]
+    # samples [10, 11 | 0, 5]: group means 10.5, 2.5 -> top_k .5 keeps group 0 -> retained scores
+    # [10, 11]
     token_scores = T([[10.0], [11.0], [0.0], [5.0]])
     per_sample = token_scores.sum(-1).reshape(2, 2)
     selected = select_groups(group_scores(per_sample, "reward"), "top_k", 0.5)
@@ -84,7 +90,18 @@ def test_case03_reward_metric_selects_high_mean_group():
 def test_case04_reward_sum_keeps_top_half_groups():
     # row sums 5, 5 | 3, 3 | 4, 3 | 1, 0 -> group sums 10, 6, 7, 1 -> top_k .5 -> groups [0, 2]
     # in_group_sum = mean(10, 6, 7, 1) = 6.0; chosen = mean(10, 7) = 8.5
-    token_scores = T([[3.0, 2.0], [1.0, 4.0], [2.0, 1.0], [1.0, 2.0], [2.0, 2.0], [1.0, 2.0], [0.0, 1.0], [0.0, 0.0]])
+    token_scores = T(
+        [
+            [3.0, 2.0],
+            [1.0, 4.0],
+            [2.0, 1.0],
+            [1.0, 2.0],
+            [2.0, 2.0],
+            [1.0, 2.0],
+            [0.0, 1.0],
+            [0.0, 0.0],
+        ]
+    )
     per_sample = token_scores.sum(-1).reshape(4, 2)
     scores = group_scores(per_sample, "reward_sum")
     close(scores, [10.0, 6.0, 7.0, 1.0])
@@ -98,7 +115,8 @@ def test_case04_reward_sum_keeps_top_half_groups():
 
 
 def test_case05_reward_sum_metric_is_supported():
-    # RAGEN builds a RewardRolloutFilter with metric reward_sum; here: the metric exists and sums each group.
+    # RAGEN builds a RewardRolloutFilter with metric reward_sum; here: the metric exists and sums
+    # each group.
     assert "reward_sum" in SCORE_METRICS
     close(group_scores(T([[1.0, 2.0], [3.0, 4.0]]), "reward_sum"), [3.0, 7.0])
 
@@ -109,7 +127,8 @@ def test_case06_top_p_softmax_preserves_previous_behavior():
 
 
 def test_case07_top_p_linear_matches_score_sum_rule():
-    # thr = .6*10 - .01 = 5.99; 4 < 5.99 -> add -> 4; 4 < 5.99 -> add 3 -> 7 >= 5.99 -> keep 2 -> [0, 1]
+    # thr = .6*10 - .01 = 5.99; 4 < 5.99 -> add -> 4; 4 < 5.99 -> add 3 -> 7 >= 5.99 -> keep 2 ->
+    # [0, 1]
     out = select_groups(T([4.0, 3.0, 2.0, 1.0]), "top_p", 0.6, options=LINEAR)
     assert torch.equal(out, kept(0, 1))
 
@@ -122,7 +141,11 @@ def test_case08_top_p_linear_returns_empty_when_mass_is_non_positive():
 
 @pytest.mark.parametrize(
     ("scores", "expected"),
-    [([4.0, 2.0, 0.0, 0.0], [0, 1, 2, 3]), ([0.0, 0.0, 0.0], [0, 1, 2]), ([1.0, 3.0, 2.0], [0, 1, 2])],
+    [
+        ([4.0, 2.0, 0.0, 0.0], [0, 1, 2, 3]),
+        ([0.0, 0.0, 0.0], [0, 1, 2]),
+        ([1.0, 3.0, 2.0], [0, 1, 2]),
+    ],
     ids=["case09a", "case09b", "case09c"],
 )
 def test_case09_top_p_nofilter_keeps_all_groups(scores, expected):
@@ -164,8 +187,9 @@ def test_case11_top_p_linear_excludes_zero(scores, expected):
 
 
 def test_case12_verify_lower_ratio_intended_behaviour():
-    # groups [1,2], [5,5], [10,20], [0,0]: stds .7071, 0, 7.0711, 0; include_zero False drops G1, G3.
-    # "ratio" .5 as top_p: linear thr .5*7.7782 - .01 = 3.879 -> 7.0711 first -> keep G2 only; softmax: p(G2) ~ .9982
+    # groups [1,2], [5,5], [10,20], [0,0]: stds .7071, 0, 7.0711, 0; include_zero False drops G1,
+    # G3. "ratio" .5 as top_p: linear thr .5*7.7782 - .01 = 3.879 -> 7.0711 first -> keep G2 only;
+    # softmax: p(G2) ~ .9982
     per_sample = T([[1.0, 2.0], [5.0, 5.0], [10.0, 20.0], [0.0, 0.0]])
     scores = group_scores(per_sample)
     close(scores, [math.sqrt(0.5), 0.0, math.sqrt(50.0), 0.0], atol=1e-5)
@@ -217,8 +241,9 @@ def test_top_p_value_one_with_include_zero_keeps_everything():
         for mode in ("linear", "softmax"):
             for largest in (True, False):
                 options = TopPOptions(mode=mode)
-                out = select_groups(scores, "top_p", 1.0, options=options, largest=largest,
-                                    include_zero=True)
+                out = select_groups(
+                    scores, "top_p", 1.0, options=options, largest=largest, include_zero=True
+                )
                 assert out.tolist() == list(range(9))
 
 
@@ -249,7 +274,8 @@ def test_min_p():
 
 
 def test_top_p_smallest():
-    # linear, smallest: ascending [1, 2, 3, 4]; thr .3*10 - .01 = 2.99: 1 -> 3 >= 2.99 -> scores 1, 2 -> idx [2, 3]
+    # linear, smallest: ascending [1, 2, 3, 4]; thr .3*10 - .01 = 2.99: 1 -> 3 >= 2.99 -> scores 1,
+    # 2 -> idx [2, 3]
     assert select_groups(T([4.0, 3.0, 2.0, 1.0]), "top_p", 0.3, largest=False).tolist() == [2, 3]
     # softmax, smallest: logits -[0, 10] -> p ~ [1, 4.5e-5] -> k = 1 -> [0]
     out = select_groups(T([0.0, 10.0]), "top_p", 0.5, largest=False, options=SOFTMAX)
@@ -287,13 +313,17 @@ def test_kept_sample_mask_and_filter_metrics_when_empty():
     assert metrics["in_group_max"] == pytest.approx(1.5)
     assert metrics["in_group_mean"] == pytest.approx(1.0)
     metrics = filter_metrics(per_sample, scores, kept(1))
-    assert metrics["filter_kept_ratio"] == 0.5 and metrics["chosen_in_group_max"] == pytest.approx(2.0)
+    assert metrics["filter_kept_ratio"] == 0.5 and metrics["chosen_in_group_max"] == pytest.approx(
+        2.0
+    )
 
 
 # ------------------------------------------------------------------------------------------------ properties
 
 score_lists = st.lists(
-    st.one_of(st.just(0.0), st.floats(min_value=-10, max_value=10, allow_nan=False, width=32)), min_size=0, max_size=12
+    st.one_of(st.just(0.0), st.floats(min_value=-10, max_value=10, allow_nan=False, width=32)),
+    min_size=0,
+    max_size=12,
 )
 values = st.floats(min_value=0.0, max_value=1.5, allow_nan=False)
 
@@ -307,11 +337,14 @@ values = st.floats(min_value=0.0, max_value=1.5, allow_nan=False)
     include_zero=st.booleans(),
     mode=st.sampled_from(["linear", "softmax"]),
 )
-def test_kept_indices_are_unique_sorted_and_in_range(scores, strategy, value, largest, include_zero, mode):
+def test_kept_indices_are_unique_sorted_and_in_range(
+    scores, strategy, value, largest, include_zero, mode
+):
     s = T(scores, dtype=torch.float32)
     options = TopPOptions(mode=mode) if strategy == "top_p" else None  # the others take no options
-    out = select_groups(s, strategy, value, largest=largest, include_zero=include_zero,
-                        options=options)
+    out = select_groups(
+        s, strategy, value, largest=largest, include_zero=include_zero, options=options
+    )
     assert out.dtype == torch.long
     items = out.tolist()
     assert items == sorted(set(items))

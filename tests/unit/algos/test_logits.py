@@ -1,4 +1,5 @@
-"""algos.logits: entropy and log-probs from logits on hand-computed values, chunking equivalence, dtype and -inf."""
+"""algos.logits: entropy and log-probs from logits on hand-computed values, chunking equivalence,
+dtype and -inf."""
 
 from __future__ import annotations
 
@@ -21,7 +22,10 @@ def test_entropy_hand_values():
 
 def test_entropy_extreme_and_masked_logits():
     ninf = float("-inf")
-    logits = T([[1e4, -1e4, 0.0], [1e4, 1e4, -1e4], [0.0, ninf, ninf], [0.0, 0.0, ninf]], requires_grad=True)
+    logits = T(
+        [[1e4, -1e4, 0.0], [1e4, 1e4, -1e4], [0.0, ninf, ninf], [0.0, 0.0, ninf]],
+        requires_grad=True,
+    )
     # one-hot -> 0; two equal maxima -> ln 2; -inf entries are excluded
     h = entropy_from_logits(logits)
     close(h.detach(), [0.0, math.log(2.0), 0.0, math.log(2.0)], atol=1e-6)

@@ -1,4 +1,5 @@
-"""Losses, aggregation, entropy and KL estimators against hand-computed numbers (veRL v0.6.1, as RAGEN runs it)."""
+"""Losses, aggregation, entropy and KL estimators against hand-computed numbers (veRL v0.6.1, as
+RAGEN runs it)."""
 
 from __future__ import annotations
 
@@ -86,7 +87,8 @@ def test_one_micro_batch_of_four_equals_four_of_one(mode):
     normalizer = agg_normalizer(mask, mode, horizon=horizon)
     total = torch.zeros(())
     for row in range(4):
-        # each micro-batch is also trimmed to its own padded length: the result must not depend on it
+        # each micro-batch is also trimmed to its own padded length: the result must not depend on
+        # it
         width = max(int(mask[row].nonzero().max()) + 1 if mask[row].any() else 1, 1)
         part, _ = ppo_policy_loss(
             logprobs[row : row + 1, :width], old[row : row + 1, :width], adv[row : row + 1, :width],
@@ -99,16 +101,17 @@ def test_one_micro_batch_of_four_equals_four_of_one(mode):
 
     # two micro-batches of two, too
     halves = sum(
-        ppo_policy_loss(logprobs[s], old[s], adv[s], mask[s], agg_mode=mode,
-                        normalizer=normalizer)[0]
+        ppo_policy_loss(logprobs[s], old[s], adv[s], mask[s], agg_mode=mode, normalizer=normalizer)[
+            0
+        ]
         for s in (slice(0, 2), slice(2, 4))
     )
     close(halves.detach(), whole.detach(), atol=1e-6)
 
 
 def test_per_micro_batch_normalisation_would_differ():
-    # The test above is sensitive: veRL-style token-mean (each micro-batch its own mean, then / number of
-    # micro-batches) gives a different number for rows of different lengths.
+    # The test above is sensitive: veRL-style token-mean (each micro-batch its own mean, then /
+    # number of micro-batches) gives a different number for rows of different lengths.
     logprobs, old, adv, mask = _micro_batch_rows()
     whole, _ = ppo_policy_loss(logprobs, old, adv, mask)
     rows = [slice(r, r + 1) for r in range(4)]
@@ -146,7 +149,9 @@ def test_ppo_policy_loss_hand_values():
 def test_ppo_policy_loss_public_signature():
     params = inspect.signature(ppo_policy_loss).parameters
     assert list(params)[:4] == ["logprobs", "old_logprobs", "advantages", "mask"]
-    defaults = {name: p.default for name, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    defaults = {
+        name: p.default for name, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
     assert defaults["clip_low"] == 0.2 and defaults["clip_high"] == 0.28
     assert defaults["dual_clip"] == 3.0 and defaults["agg_mode"] == "token-mean"
 
@@ -169,10 +174,11 @@ def _per_token_losses(logprobs, old, adv, **kwargs):
 
 
 def test_clip_higher_changes_only_positive_advantages_with_ratio_between_the_two_ceilings():
-    # ratio 1.25 with A=+1: the symmetric clip (0.2/0.2) caps it at 1.2 -> -1.2; clip-higher (0.2/0.28) -> -1.25.
-    # Unchanged: A=+1 r=1.1 (inside both ranges) -> -1.1; A=+1 r=0.5: max(-0.5, -0.8) = -0.5 (the floor is the same);
-    # A<0 at any ratio: max(|A| r, |A| clip(r)) = |A| r is not clipped from above: r=1.25 -> 1.25, r=4 -> dual clip 3.
-    # (A=+1 with r > 1.28 would change too, -1.2 vs -1.28: that is the point of clip-higher, not a side effect.)
+    # ratio 1.25 with A=+1: the symmetric clip (0.2/0.2) caps it at 1.2 -> -1.2; clip-higher
+    # (0.2/0.28) -> -1.25. Unchanged: A=+1 r=1.1 (inside both ranges) -> -1.1; A=+1 r=0.5: max(-0.5,
+    # -0.8) = -0.5 (the floor is the same); A<0 at any ratio: max(|A| r, |A| clip(r)) = |A| r is not
+    # clipped from above: r=1.25 -> 1.25, r=4 -> dual clip 3. (A=+1 with r > 1.28 would change too,
+    # -1.2 vs -1.28: that is the point of clip-higher, not a side effect.)
     ratio = T([[1.25, 1.1, 0.5, 1.25, 4.0]])
     adv = T([[1.0, 1.0, 1.0, -1.0, -1.0]])
     old = torch.zeros(1, 5)
@@ -180,8 +186,8 @@ def test_clip_higher_changes_only_positive_advantages_with_ratio_between_the_two
     higher = _per_token_losses(ratio.log(), old, adv, clip_low=0.2, clip_high=0.28)
     close(sym, [-1.2, -1.1, -0.5, 1.25, 3.0])
     close(higher, [-1.25, -1.1, -0.5, 1.25, 3.0])
-    # the clipped token gets no gradient under the symmetric clip, the full ratio gradient under clip-higher:
-    # d(-A r)/d logp = -A r = -1.25
+    # the clipped token gets no gradient under the symmetric clip, the full ratio gradient under
+    # clip-higher: d(-A r)/d logp = -A r = -1.25
     lp = ratio.log()[:, :1].clone().requires_grad_(True)
     for clip_high, expected_grad in [(0.2, 0.0), (0.28, -1.25)]:
         loss, _ = ppo_policy_loss(lp, old[:, :1], adv[:, :1], torch.ones(1, 1), clip_high=clip_high)
@@ -190,8 +196,8 @@ def test_clip_higher_changes_only_positive_advantages_with_ratio_between_the_two
 
 
 def test_dual_clip_changes_only_negative_advantages_with_ratio_above_c():
-    # tok0 A=-1 r=4 (> c=3): capped at 3 with dual clip, 4 without.
-    # tok1 A=-1 r=2 (< c): 2 either way. tok2 A=+1 r=4: -1.28 either way. tok3 A=-1 r=0.5: 0.8 either way.
+    # tok0 A=-1 r=4 (> c=3): capped at 3 with dual clip, 4 without. tok1 A=-1 r=2 (< c): 2 either
+    # way. tok2 A=+1 r=4: -1.28 either way. tok3 A=-1 r=0.5: 0.8 either way.
     ratio = T([[4.0, 2.0, 4.0, 0.5]])
     adv = T([[-1.0, -1.0, 1.0, -1.0]])
     old = torch.zeros(1, 4)
@@ -239,9 +245,11 @@ def test_each_kl_estimator_adds_coef_times_its_aggregate_and_nothing_else(kind):
     ref = logprobs.detach() - 0.5  # logp - ref = 0.5 on every token
     pg, _ = ppo_policy_loss(logprobs, old, adv, mask)
     no_kl, m0 = actor_loss(logprobs, old, adv, mask, _loss(kl_kind=kind), ref_logprobs=ref)
-    with_kl, m1 = actor_loss(logprobs, old, adv, mask, _loss(kl_coef=0.1, kl_kind=kind),
-                             ref_logprobs=ref)
-    # per token: k1/abs = 0.5, k2 = 0.125, k3 = exp(-0.5) + 0.5 - 1 = 0.1065307 (token-mean of a constant)
+    with_kl, m1 = actor_loss(
+        logprobs, old, adv, mask, _loss(kl_coef=0.1, kl_kind=kind), ref_logprobs=ref
+    )
+    # per token: k1/abs = 0.5, k2 = 0.125, k3 = exp(-0.5) + 0.5 - 1 = 0.1065307 (token-mean of a
+    # constant)
     base = kind.rstrip("+")
     expected_kl = {"k1": 0.5, "kl": 0.5, "abs": 0.5, "k2": 0.125, "mse": 0.125,
                    "k3": 0.1065307, "low_var_kl": 0.1065307}[base]  # fmt: skip
@@ -316,7 +324,8 @@ def test_value_loss_hand_values():
 
 
 def test_tis_weights_truncate_the_trainer_engine_ratio():
-    # exp(old - engine): exp(ln 1.5) = 1.5; exp(ln 0.25) = 0.25; exp(ln 4) = 4 -> min(4, 2) = 2; exp(0) = 1
+    # exp(old - engine): exp(ln 1.5) = 1.5; exp(ln 0.25) = 0.25; exp(ln 4) = 4 -> min(4, 2) = 2;
+    # exp(0) = 1
     old = T([[math.log(1.5), math.log(0.25), math.log(4.0), -0.3]])
     engine = torch.zeros(1, 4)
     engine[0, 3] = -0.3
@@ -338,10 +347,11 @@ def test_actor_loss_is_weights_scale_the_policy_gradient_term_only():
     close(metrics["is_weight_mean"], 3.5 / 4)
     plain, _ = actor_loss(logprobs, old, adv, mask, bonus, entropy=torch.ones(1, 4))
     close(plain, 0.355 - 0.1, atol=1e-6)  # no weights = weights of one
-    ones, _ = actor_loss(logprobs, old, adv, mask, bonus, entropy=torch.ones(1, 4),
-                         is_weights=torch.ones(1, 4))
+    ones, _ = actor_loss(
+        logprobs, old, adv, mask, bonus, entropy=torch.ones(1, 4), is_weights=torch.ones(1, 4)
+    )
     close(ones, plain, atol=0)
-    # gradient of token 0 (unclipped, A=+1, r=1.1): d(-w A r)/dlogp / 4 = -2 * 1.1 / 4 = -0.55; the weight is a
-    # constant: no gradient flows into it
+    # gradient of token 0 (unclipped, A=+1, r=1.1): d(-w A r)/dlogp / 4 = -2 * 1.1 / 4 = -0.55; the
+    # weight is a constant: no gradient flows into it
     loss.backward()
     close(lp.grad[0, 0], -0.55, atol=1e-6)

@@ -12,12 +12,26 @@ from ragen_lightning.data.sampler import FilterSettings
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.starpo.module import StarPOModule
 
-RS, ENT, GN, MI = "rollout/in_group_reward_std", "actor/entropy", "actor/grad_norm", "collapse/first_turn/mi"
+RS, ENT, GN, MI = (
+    "rollout/in_group_reward_std",
+    "actor/entropy",
+    "actor/grad_norm",
+    "collapse/first_turn/mi",
+)
 
 
 def _monitor(**kw) -> CollapseMonitor:
-    args = {"baseline_window": 5, "window": 3, "reward_std_ratio": 0.3, "entropy_ratio": 0.5, "mi_ratio": 0.3,
-            "mi_baseline_window": 2, "mi_window": 2, "grad_spike_factor": 5.0, "compute_freq": 0}
+    args = {
+        "baseline_window": 5,
+        "window": 3,
+        "reward_std_ratio": 0.3,
+        "entropy_ratio": 0.5,
+        "mi_ratio": 0.3,
+        "mi_baseline_window": 2,
+        "mi_window": 2,
+        "grad_spike_factor": 5.0,
+        "compute_freq": 0,
+    }
     return CollapseMonitor(**{**args, **kw})
 
 
@@ -29,7 +43,8 @@ def _run(monitor, stream) -> list[tuple[int, str]]:
 
 
 def _healthy(n=20):
-    # reward std wobbles around 1, entropy declines slowly 2.0 -> 1.62, grad norm around 1, MI every 5th iteration
+    # reward std wobbles around 1, entropy declines slowly 2.0 -> 1.62, grad norm around 1, MI every
+    # 5th iteration
     out = []
     for i in range(n):
         v = {RS: 1.0 + 0.2 * (-1) ** i, ENT: 2.0 - 0.02 * i, GN: 1.0 + 0.5 * (i % 3)}
@@ -44,9 +59,19 @@ def test_healthy_stream_never_fires():
 
 
 def test_collapsing_reward_std_fires_after_window():
-    # baseline = mean of the first 5 values = 1.0; threshold 0.3 * 1.0 = 0.3; below it at iterations 7, 8, 9
-    stream = [{RS: 1.0}] * 5 + [{RS: 0.5}, {RS: 0.2}, {RS: 0.2}, {RS: 0.1}, {RS: 0.1}, {RS: 0.1}, {RS: 0.1}]
-    assert _run(_monitor(), stream) == [(9, "reward_std"), (12, "reward_std")]  # the streak restarts after firing
+    # baseline = mean of the first 5 values = 1.0; threshold 0.3 * 1.0 = 0.3; below it at iterations
+    # 7, 8, 9
+    stream = [{RS: 1.0}] * 5 + [
+        {RS: 0.5},
+        {RS: 0.2},
+        {RS: 0.2},
+        {RS: 0.1},
+        {RS: 0.1},
+        {RS: 0.1},
+        {RS: 0.1},
+    ]
+    # the streak restarts after firing
+    assert _run(_monitor(), stream) == [(9, "reward_std"), (12, "reward_std")]
 
 
 def test_entropy_drop_mi_drop_and_grad_spike():
@@ -54,8 +79,11 @@ def test_entropy_drop_mi_drop_and_grad_spike():
     ent = [{ENT: 2.0}] * 5 + [{ENT: 0.9}] * 3
     assert _run(_monitor(), ent) == [(8, "entropy")]
     # a recovery in the middle resets the streak: 0.9, 1.5, 0.9, 0.9 -> no third low value in a row
-    assert _run(_monitor(), [{ENT: 2.0}] * 5 + [{ENT: 0.9}, {ENT: 1.5}, {ENT: 0.9}, {ENT: 0.9}]) == []
-    # MI: baseline (0.6 + 0.4) / 2 = 0.5, threshold 0.15; measurements 0.1, 0.1 -> fires at the second
+    assert (
+        _run(_monitor(), [{ENT: 2.0}] * 5 + [{ENT: 0.9}, {ENT: 1.5}, {ENT: 0.9}, {ENT: 0.9}]) == []
+    )
+    # MI: baseline (0.6 + 0.4) / 2 = 0.5, threshold 0.15; measurements 0.1, 0.1 -> fires at the
+    # second
     mi = [{MI: 0.6}, {}, {MI: 0.4}, {}, {MI: 0.1}, {}, {MI: 0.1}]
     assert _run(_monitor(), mi) == [(7, "mi")]
     # grad spike: median of [1, 1, 2, 1, 1] = 1, 6 > 5 x 1 fires; 4 does not
@@ -73,24 +101,34 @@ def test_template_collapse_stream_fires_only_the_mi_rule():
         if i % 2 == 0:
             v[MI] = 0.8 if i < 4 else 0.05
         stream.append(v)
-    # MI measured at iterations 1, 3 (baseline 0.8), then 0.05 at 5, 7 -> fires at 7, again at 11 and 15
+    # MI measured at iterations 1, 3 (baseline 0.8), then 0.05 at 5, 7 -> fires at 7, again at 11
+    # and 15
     assert _run(_monitor(), stream) == [(7, "mi"), (11, "mi"), (15, "mi")]
 
 
 def test_non_positive_baseline_and_disabled_rules_stay_silent():
-    assert _run(_monitor(), [{RS: 0.0}] * 5 + [{RS: 0.0}] * 5) == []  # baseline 0: no fraction to fall below
-    # an MI baseline of 1e-5 nats (reasoning never depended on the prompt) is below mi_min_baseline = 0.01
+    # baseline 0: no fraction to fall below
+    assert _run(_monitor(), [{RS: 0.0}] * 5 + [{RS: 0.0}] * 5) == []
+    # an MI baseline of 1e-5 nats (reasoning never depended on the prompt) is below mi_min_baseline
+    # = 0.01
     assert _run(_monitor(), [{MI: 1e-5}, {MI: 1e-5}, {MI: 0.0}, {MI: 0.0}, {MI: 0.0}]) == []
-    assert _run(_monitor(mi_min_baseline=0.0), [{MI: 1e-5}, {MI: 1e-5}, {MI: 0.0}, {MI: 0.0}]) == [(4, "mi")]
+    assert _run(_monitor(mi_min_baseline=0.0), [{MI: 1e-5}, {MI: 1e-5}, {MI: 0.0}, {MI: 0.0}]) == [
+        (4, "mi")
+    ]
     m = _monitor(reward_std_ratio=0, entropy_ratio=0, mi_ratio=0, grad_spike_factor=0)
     assert m.rules == {}
 
 
 def _fake(tmp_path, filter_value=0.9, entropy_coeff=0.001):
     saved = []
-    trainer = SimpleNamespace(should_stop=False, default_root_dir=str(tmp_path), save_checkpoint=saved.append,
-                              datamodule=SimpleNamespace(filter=FilterSettings(value=filter_value)))
-    module = StarPOModule(loss={"entropy_coeff": entropy_coeff})  # no model is loaded before configure_model
+    trainer = SimpleNamespace(
+        should_stop=False,
+        default_root_dir=str(tmp_path),
+        save_checkpoint=saved.append,
+        datamodule=SimpleNamespace(filter=FilterSettings(value=filter_value)),
+    )
+    # no model is loaded before configure_model
+    module = StarPOModule(loss={"entropy_coeff": entropy_coeff})
     return trainer, module, saved
 
 
@@ -120,15 +158,19 @@ def test_each_action_does_what_it_says(tmp_path):
     assert m.adjusted == {"filter_value": 0.1}
     # the settings are replaced by a checked copy: top_k_abs (a number of groups) refuses 3.2
     trainer.datamodule.filter = counted = FilterSettings(strategy="top_k_abs", value=4)
-    with pytest.warns(UserWarning, match=r"adjust_filter left the filter as it was: "
-                                         r"--data.filter.value must be a whole number .* got 3.2"):
+    with pytest.warns(
+        UserWarning,
+        match=r"adjust_filter left the filter as it was: "
+        r"--data.filter.value must be a whole number .* got 3.2",
+    ):
         m.act(trainer, module, 13, ["reward_std"])
     assert trainer.datamodule.filter is counted and m.adjusted == {"filter_value": 0.1}
 
     m = _monitor(actions=["adjust_entropy"])
     m.act(trainer, module, 9, ["entropy"])
     assert module.loss.entropy_coeff == pytest.approx(0.002)  # 0.001 x 2
-    assert module.hparams["loss"]["entropy_coeff"] == pytest.approx(0.002)  # what a checkpoint saves
+    # what a checkpoint saves
+    assert module.hparams["loss"]["entropy_coeff"] == pytest.approx(0.002)
     module.set_entropy_coeff(0.0)
     m.act(trainer, module, 10, ["entropy"])
     assert module.loss.entropy_coeff == 1e-3  # zero -> entropy_coeff_start
@@ -139,7 +181,9 @@ def test_each_action_does_what_it_says(tmp_path):
 
 
 def test_state_dict_round_trip_continues_the_same_stream(tmp_path):
-    stream = [{RS: 1.0, GN: 1.0}] * 5 + [{RS: 0.2, GN: 1.0}] * 2 + [{RS: 0.2, GN: 9.0}] + [{RS: 0.2}] * 3
+    stream = (
+        [{RS: 1.0, GN: 1.0}] * 5 + [{RS: 0.2, GN: 1.0}] * 2 + [{RS: 0.2, GN: 9.0}] + [{RS: 0.2}] * 3
+    )
     whole = _run(_monitor(), stream)
     assert whole == [(8, "reward_std"), (8, "grad_spike"), (11, "reward_std")]
     first = _monitor(actions=["adjust_entropy"])

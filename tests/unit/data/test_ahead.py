@@ -1,4 +1,5 @@
-"""One-step-off-policy rollouts: the one-batch buffer, its checkpoint form and the settings it refuses."""
+"""One-step-off-policy rollouts: the one-batch buffer, its checkpoint form and the settings it
+refuses."""
 
 from __future__ import annotations
 
@@ -23,9 +24,20 @@ from ragen_lightning.types import RolloutBatch
 
 def batch(value: float) -> RolloutBatch:
     t = torch.full((2, 3), value)
-    return RolloutBatch(t.long(), torch.ones(2, 3, dtype=torch.long), t.long(), t, t.bool(), t, t[:, 0],
-                        torch.tensor([0, 0]), torch.tensor([0, 1]), per_turn_rewards=True,
-                        metrics={"train/score": value, STALENESS: 0.0}, state_index=torch.tensor([5, 6]))
+    return RolloutBatch(
+        t.long(),
+        torch.ones(2, 3, dtype=torch.long),
+        t.long(),
+        t,
+        t.bool(),
+        t,
+        t[:, 0],
+        torch.tensor([0, 0]),
+        torch.tensor([0, 1]),
+        per_turn_rewards=True,
+        metrics={"train/score": value, STALENESS: 0.0},
+        state_index=torch.tensor([5, 6]),
+    )
 
 
 def test_the_launched_batch_is_taken_for_its_iteration_only_and_marked_one_update_old():
@@ -60,7 +72,8 @@ def test_the_batch_is_finished_on_the_thread_that_takes_or_stores_it_and_once():
 
     ahead.launch(0, produce, finish)
     assert ahead.take(0).metrics["train/score"] == 3.0
-    assert threads["finish"] == threading.get_ident() != threads["produce"]  # the gather runs in step with the ranks
+    # the gather runs in step with the ranks
+    assert threads["finish"] == threading.get_ident() != threads["produce"]
     ahead.launch(1, produce, finish)
     state = ahead.state()  # a checkpoint finishes it ...
     assert ahead.take(1).metrics["train/score"] == 3.0 and finished == [3.0, 3.0]  # ... once
@@ -81,30 +94,51 @@ def test_the_checkpoint_form_holds_the_batch_without_trajectories_and_restores_i
     ahead = OneStepAhead()
     ahead.launch(7, lambda: batch(2.0))
     state = ahead.state()  # waits for the worker
-    assert state["iteration"] == 7 and set(state["batch"]) == {*RolloutBatch._TENSORS, "state_index", "metrics",
-                                                               "per_turn_rewards"}
+    assert state["iteration"] == 7 and set(state["batch"]) == {
+        *RolloutBatch._TENSORS,
+        "state_index",
+        "metrics",
+        "per_turn_rewards",
+    }
     restored = OneStepAhead()
     restored.restore(state)
     got, want = restored.take(7), batch(2.0)
     for k in want._tensors():
         assert torch.equal(getattr(got, k), getattr(want, k)), k
     assert got.per_turn_rewards and got.trajectories == [] and got.metrics[STALENESS] == 1.0
-    plain = batch_from_state(batch_state(RolloutBatch(*[getattr(want, k) for k in RolloutBatch._TENSORS])))
+    plain = batch_from_state(
+        batch_state(RolloutBatch(*[getattr(want, k) for k in RolloutBatch._TENSORS]))
+    )
     assert plain.state_index is None and not plain.per_turn_rewards
     ahead.close()
 
 
 def test_settings_async_cannot_run_with():
-    with pytest.raises(ConfigError, match=r"^--data.training.async_level 2: only 1 \(one rollout in flight"):
+    with pytest.raises(
+        ConfigError, match=r"^--data.training.async_level 2: only 1 \(one rollout in flight"
+    ):
         TrainingSettings(async_level=2)
-    s = DataSettings.build(training={"async_level": 1, "num_groups": 2, "group_size": 4},
-                           validation={"num_groups": 2}, engine={"name": "hf"})
-    check_world_size(s, 2)  # several processes: each rank's rollout on its worker, the gather on the main thread
-    with pytest.raises(ConfigError, match=r"^--data.training.async_level 1 with --data.engine.vllm."
-                                          r"tensor_parallel_size 2: one engine spans 2 ranks .* or async_level 0$"):
-        DataSettings.build(training={"async_level": 1}, engine={"name": "vllm", "vllm": {"tensor_parallel_size": 2}})
-    with pytest.raises(ConfigError, match=r"^--data.training.async_level 1 trains on rollouts sampled one update "
-                                          r"earlier: set --model.loss.tis_cap"):
+    s = DataSettings.build(
+        training={"async_level": 1, "num_groups": 2, "group_size": 4},
+        validation={"num_groups": 2},
+        engine={"name": "hf"},
+    )
+    # several processes: each rank's rollout on its worker, the gather on the main thread
+    check_world_size(s, 2)
+    with pytest.raises(
+        ConfigError,
+        match=r"^--data.training.async_level 1 with --data.engine.vllm."
+        r"tensor_parallel_size 2: one engine spans 2 ranks .* or async_level 0$",
+    ):
+        DataSettings.build(
+            training={"async_level": 1},
+            engine={"name": "vllm", "vllm": {"tensor_parallel_size": 2}},
+        )
+    with pytest.raises(
+        ConfigError,
+        match=r"^--data.training.async_level 1 trains on rollouts sampled one update "
+        r"earlier: set --model.loss.tis_cap",
+    ):
         check_data_settings(AdvantageSettings(estimator="grpo"), s, tis_cap=None)
     check_data_settings(AdvantageSettings(estimator="grpo"), s, tis_cap=2.0)
 
@@ -117,17 +151,22 @@ def test_the_hf_engine_samples_from_a_copy_refreshed_by_sync_and_an_uncopyable_a
     engine = snapshot_engine(HFEngine(actor, [0], 0))
     assert engine.model is not actor and not any(p.requires_grad for p in engine.model.parameters())
     with torch.no_grad():
-        actor.weight.add_(1.0)  # the update moves the actor: the copy keeps the old weights until a sync
+        # the update moves the actor: the copy keeps the old weights until a sync
+        actor.weight.add_(1.0)
     assert not torch.equal(engine.model.weight, actor.weight)
     engine.sync_weights()
     assert torch.equal(engine.model.weight, actor.weight)
     other = object()
-    assert snapshot_engine(other) is other  # an engine with weights of its own (vLLM) is used as it is
+    # an engine with weights of its own (vLLM) is used as it is
+    assert snapshot_engine(other) is other
 
     class Quantized(torch.nn.Linear):
         def __deepcopy__(self, memo):
             raise TypeError("cannot pickle 'Params4bit'")
 
-    with pytest.raises(ConfigError, match=r"^--data.training.async_level 1 samples from a copy of the actor .* \(TypeError: "
-                                          r"cannot pickle 'Params4bit'\): use --data.training.async_level 0$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^--data.training.async_level 1 samples from a copy of the actor .* \(TypeError: "
+        r"cannot pickle 'Params4bit'\): use --data.training.async_level 0$",
+    ):
         snapshot_engine(HFEngine(Quantized(2, 2), [0], 0))

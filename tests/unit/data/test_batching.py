@@ -1,4 +1,5 @@
-"""Batch building, reward placement/normalisation and the filtering sampler on hand-built trajectories."""
+"""Batch building, reward placement/normalisation and the filtering sampler on hand-built
+trajectories."""
 
 import dataclasses
 from dataclasses import replace
@@ -30,8 +31,16 @@ def conv(spec):
 
 def traj(group, index, turn_rewards, penalty=0.0, success=False, spec=None, turns=None):
     spec = spec or [(1, False), (2, False), (3, True), (4, True)]
-    t = Trajectory(env_index=index, group_id=group, seed=group, turn_rewards=list(turn_rewards), penalty=penalty,
-                   success=success, num_turns=turns or len(turn_rewards), response_tokens=2)
+    t = Trajectory(
+        env_index=index,
+        group_id=group,
+        seed=group,
+        turn_rewards=list(turn_rewards),
+        penalty=penalty,
+        success=success,
+        num_turns=turns or len(turn_rewards),
+        response_tokens=2,
+    )
     t.samples = [Sample(conv(spec), [r for r in turn_rewards])]
     return t
 
@@ -40,7 +49,8 @@ def test_last_placement_puts_score_on_last_sampled_token():
     two_turns = [(1, False), (5, True), (6, True), (7, False), (8, True)]
     t = traj(0, 0, [0.5, 1.0], penalty=-0.1, spec=two_turns)
     b = build_batch([t, traj(0, 1, [0.0], spec=[(1, False), (2, True)])], pad_token_id=0)
-    # row 0: score 0.5 + 1.0 - 0.1 = 1.4 on position 4 (the last sampled token); row 1 is padded to length 5
+    # row 0: score 0.5 + 1.0 - 0.1 = 1.4 on position 4 (the last sampled token); row 1 is padded to
+    # length 5
     assert b.input_ids.tolist() == [[1, 5, 6, 7, 8], [1, 2, 0, 0, 0]]
     assert b.loss_mask.tolist() == [[0, 1, 1, 0, 1], [0, 1, 0, 0, 0]]
     assert b.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
@@ -67,12 +77,14 @@ def test_normalize_scores_methods():
     assert normalize_scores(s, g, "state", "mean").tolist() == [-1, 1, 0, 0]
     # group 0: mean 2, unbiased std sqrt(2) -> (+-1)/sqrt(2); group 1 has std 0 -> zeros
     z = normalize_scores(s, g, "state", "mean_std")
-    assert z.tolist() == pytest.approx([-2 ** -0.5, 2 ** -0.5, 0, 0], abs=1e-5)
+    assert z.tolist() == pytest.approx([-(2**-0.5), 2**-0.5, 0, 0], abs=1e-5)
     # batch grouping: mean 3.5, std = sqrt((2.5^2 + 0.5^2 + 2 * 1.5^2) / 3) = sqrt(11/3)
     zb = normalize_scores(s, g, "batch", "mean_std")
     assert zb[0].item() == pytest.approx(-2.5 / (11 / 3) ** 0.5, abs=1e-5)
     # asym_clip clamps to [-1, 3]
-    big = normalize_scores(torch.tensor([0.0, 0.0, 0.0, 10.0]), torch.zeros(4, dtype=torch.long), "state", "asym_clip")
+    big = normalize_scores(
+        torch.tensor([0.0, 0.0, 0.0, 10.0]), torch.zeros(4, dtype=torch.long), "state", "asym_clip"
+    )
     assert big.tolist() == pytest.approx([-0.5, -0.5, -0.5, 1.5], abs=1e-5)
     # singletons (validation) are left alone
     assert normalize_scores(s, torch.arange(4), "state", "mean_std").tolist() == [1, 3, 5, 5]
@@ -91,12 +103,18 @@ def test_turn_level_samples_share_episode_score_and_normalise_once():
 
 def test_turn_placement_on_turn_samples_chains_the_episode_for_gae():
     a = traj(0, 0, [0.5])
-    a.samples.append(Sample(conv([(9, False), (3, True)]), [1.0]))  # a second turn sample of episode 0
+    # a second turn sample of episode 0
+    a.samples.append(Sample(conv([(9, False), (3, True)]), [1.0]))
     rows = [a, traj(0, 1, [0.0])]
     assert build_batch(rows, pad_token_id=0, reward_placement="turn").chains_turns
-    assert not build_batch(rows, pad_token_id=0).chains_turns  # episode score on every sample: never chained
-    assert not build_batch([traj(0, 0, [0.5]), traj(0, 1, [0.0])], pad_token_id=0,
-                           reward_placement="turn").chains_turns  # one sample per episode: nothing to chain
+    # episode score on every sample: never chained
+    assert not build_batch(rows, pad_token_id=0).chains_turns
+    assert not build_batch(
+        [traj(0, 0, [0.5]), traj(0, 1, [0.0])],
+        pad_token_id=0,
+        # one sample per episode: nothing to chain
+        reward_placement="turn",
+    ).chains_turns
     b = build_batch(rows, pad_token_id=0, reward_placement="turn")
     assert b.select(torch.tensor([0, 1])).chains_turns and b.to("cpu").per_turn_rewards
 
@@ -107,14 +125,21 @@ def test_empty_batch():
 
 
 def test_rollout_metrics_by_hand():
-    ts = [traj(0, 0, [1.0], success=True), traj(0, 1, [0.0]), traj(1, 2, [0.0], penalty=-0.2), traj(1, 3, [0.0])]
+    ts = [
+        traj(0, 0, [1.0], success=True),
+        traj(0, 1, [0.0]),
+        traj(1, 2, [0.0], penalty=-0.2),
+        traj(1, 3, [0.0]),
+    ]
     ts[2].num_format_errors = 2
     ts[2].num_turns = 3
     m = rollout_metrics(ts, group_size=2)
     assert m["success"] == 0.25 and m["pass@2"] == 0.5
     assert m["return"] == 0.25 and m["score"] == pytest.approx((1.0 - 0.2) / 4)
     # turns 1 + 1 + 3 + 1 = 6, format errors 2 -> 1/3; response tokens 2 each -> 8 / 6
-    assert m["format_error_rate"] == pytest.approx(1 / 3) and m["response_length"] == pytest.approx(8 / 6)
+    assert m["format_error_rate"] == pytest.approx(1 / 3) and m["response_length"] == pytest.approx(
+        8 / 6
+    )
 
 
 def group_rollout(rewards):
@@ -131,7 +156,7 @@ def test_filter_default_keeps_everything_and_reports_stats():
     kept, idx, m = filter_groups(ts, 2, FilterSettings())
     assert len(kept) == 6 and idx.tolist() == [0, 1, 2]
     # group stds: sqrt(0.5), 0, 0 -> mean sqrt(0.5)/3; two groups have zero variance
-    assert m["rollout/in_group_reward_std"] == pytest.approx(0.5 ** 0.5 / 3)
+    assert m["rollout/in_group_reward_std"] == pytest.approx(0.5**0.5 / 3)
     assert m["rollout/in_group_std"] == m["rollout/in_group_reward_std"]
     assert m["rollout/filter_zero_count"] == 2 and m["rollout/filter_kept_ratio"] == 1.0
 
@@ -187,26 +212,41 @@ def test_length_filter_uses_response_tokens():
 
 
 def branching(state_rewards):
-    """A batch of one episode whose turn t was answered K times with turn rewards ``state_rewards[t]``, as a
-    branching rollout builds it."""
-    t = Trajectory(env_index=0, group_id=0, seed=0, turn_rewards=[r[0] for r in state_rewards], penalty=0.0,
-                   success=False, num_turns=len(state_rewards), response_tokens=2)
-    t.samples = [Sample(conv([(1, False), (2 + k, True)]), [r], turn=turn)
-                 for turn, rewards in enumerate(state_rewards) for k, r in enumerate(rewards)]
+    """A batch of one episode whose turn t was answered K times with turn rewards
+    ``state_rewards[t]``, as a branching rollout builds it."""
+    t = Trajectory(
+        env_index=0,
+        group_id=0,
+        seed=0,
+        turn_rewards=[r[0] for r in state_rewards],
+        penalty=0.0,
+        success=False,
+        num_turns=len(state_rewards),
+        response_tokens=2,
+    )
+    t.samples = [
+        Sample(conv([(1, False), (2 + k, True)]), [r], turn=turn)
+        for turn, rewards in enumerate(state_rewards)
+        for k, r in enumerate(rewards)
+    ]
     return build_batch([t], pad_token_id=0, reward_placement="turn")
 
 
 def test_state_filter_keeps_the_states_with_most_turn_reward_spread():
-    # three states x K = 2: stds 0, 0.7071 * 2 = 1.414, 0.7071 * 0.2 = 0.141 (unbiased std of two values: |a-b|/sqrt 2)
+    # three states x K = 2: stds 0, 0.7071 * 2 = 1.414, 0.7071 * 0.2 = 0.141 (unbiased std of two
+    # values: |a-b|/sqrt 2)
     b = branching([[-0.2, -0.2], [1.8, -0.2], [-0.2, -0.1]])
     assert b.state_index.tolist() == [0, 0, 1, 1, 2, 2]
     cfg = FilterSettings(strategy="top_p", value=0.9, include_zero=False, over="states")
     kept, m = filter_states(b, cfg)
-    # linear top_p: threshold 0.9 x (1.414 + 0.141) - 0.01 = 1.390; 1.414 alone reaches it -> the second state only
+    # linear top_p: threshold 0.9 x (1.414 + 0.141) - 0.01 = 1.390; 1.414 alone reaches it -> the
+    # second state only
     assert kept.rewards[:, 1:].sum(dim=-1).tolist() == pytest.approx([1.8, -0.2])
-    assert m["rollout/filter_kept_count"] == 1.0 and m["rollout/filter_kept_ratio"] == pytest.approx(1 / 3)
+    assert m["rollout/filter_kept_count"] == 1.0 and m[
+        "rollout/filter_kept_ratio"
+    ] == pytest.approx(1 / 3)
     assert m["rollout/filter_zero_count"] == 1.0
-    assert m["rollout/in_group_std"] == pytest.approx((0 + 2 / 2 ** 0.5 + 0.1 / 2 ** 0.5) / 3)
+    assert m["rollout/in_group_std"] == pytest.approx((0 + 2 / 2**0.5 + 0.1 / 2**0.5) / 3)
     # value 1.0 with zero-variance states dropped: the two states with spread, rows in batch order
     kept, _ = filter_states(b, FilterSettings(value=1.0, include_zero=False, over="states"))
     assert kept.rewards[:, 1:].sum(dim=-1).tolist() == pytest.approx([1.8, -0.2, -0.2, -0.1])
@@ -216,7 +256,9 @@ def test_state_filter_keeps_the_states_with_most_turn_reward_spread():
 
 
 def test_state_filter_refuses_what_it_cannot_score():
-    with pytest.raises(ConfigError, match="turn rewards: --data.filter.metric must be reward_variance"):
+    with pytest.raises(
+        ConfigError, match="turn rewards: --data.filter.metric must be reward_variance"
+    ):
         FilterSettings(metric="length", over="states")
     with pytest.raises(ConfigError, match="--data.filter.over must be 'groups' or 'states'"):
         FilterSettings(over="episodes")

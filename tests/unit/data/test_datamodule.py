@@ -34,7 +34,8 @@ def test_state_dict_round_trip_continues_the_stream():
     fresh = dm()
     fresh.load_state_dict(state)
     assert (fresh.iteration, fresh.consecutive_empty) == (7, 2)
-    # Lightning's restored progress counts the 7 batches already done, so the epoch length stays the run's total
+    # Lightning's restored progress counts the 7 batches already done, so the epoch length stays the
+    # run's total
     assert len(fresh.train_dataloader().dataset) == 200
 
 
@@ -44,15 +45,22 @@ def test_the_training_loader_is_resumable_with_the_data_modules_state():
     d = dm()
     d.iteration, d.consecutive_empty = 7, 2
     combined = CombinedLoader(d.train_dataloader())
-    states = combined._state_dicts()  # what Lightning saves (no "not resumable" warning on a mid-run resume)
+    # what Lightning saves (no "not resumable" warning on a mid-run resume)
+    states = combined._state_dicts()
     assert states == [{"iteration": 7, "consecutive_empty": 2}]
     fresh = dm()
     CombinedLoader(fresh.train_dataloader())._load_state_dicts(states)
     assert (fresh.iteration, fresh.consecutive_empty) == (7, 2)
 
 
-@pytest.mark.parametrize("kw, flag", [({"num_groups": 0}, "--data.training.num_groups"), ({"group_size": 0}, "--data.training.group_size"),
-                                      ({"num_iterations": 0}, "--data.training.num_iterations")])
+@pytest.mark.parametrize(
+    "kw, flag",
+    [
+        ({"num_groups": 0}, "--data.training.num_groups"),
+        ({"group_size": 0}, "--data.training.group_size"),
+        ({"num_iterations": 0}, "--data.training.num_iterations"),
+    ],
+)
 def test_bad_sizes_name_the_flag(kw, flag):
     with pytest.raises(ValueError, match=flag):
         dm(**kw)
@@ -71,7 +79,8 @@ def test_stream_length_is_fixed_and_every_iteration_is_yielded(monkeypatch):
     seen = []
     for batch in loader:
         seen.append(batch)
-        # Lightning counts the epoch from this, including the batch done before the resume; it must not shrink
+        # Lightning counts the epoch from this, including the batch done before the resume; it must
+        # not shrink
         assert len(loader) == 5
     assert seen == [1, 2, 3, 4] and d.iteration == 5
 
@@ -92,17 +101,33 @@ def test_branches_are_refused_where_a_branch_cannot_be_a_scored_one_turn_sample(
     from envs.text.bandit import BanditEnv
 
     if "test/FixedBandit-v0" not in gym.registry:  # an env that does not opt in
-        gym.register("test/FixedBandit-v0", entry_point=type("FixedBandit", (BanditEnv,), {"branchable": False}))
+        gym.register(
+            "test/FixedBandit-v0",
+            entry_point=type("FixedBandit", (BanditEnv,), {"branchable": False}),
+        )
     with pytest.raises(ConfigError, match="test/FixedBandit-v0 does not declare branchable = True"):
         dm(branches=2, reward_placement="turn", episode=windowed, env_id="test/FixedBandit-v0")
-    d = dm(branches=2, reward_placement="turn", episode=windowed)  # Bandit's state deep-copies: accepted
-    with pytest.raises(ConfigError, match="--data.branching.follow best needs --data.branching.branches > 1"):
+    # Bandit's state deep-copies: accepted
+    d = dm(branches=2, reward_placement="turn", episode=windowed)
+    with pytest.raises(
+        ConfigError, match="--data.branching.follow best needs --data.branching.branches > 1"
+    ):
         dm(branch_follow="best", reward_placement="turn", episode=windowed)  # nothing to pick from
-    with pytest.raises(ConfigError, match="--data.branching.follow must be one of 'first', 'best', got 'top'"):
+    with pytest.raises(
+        ConfigError, match="--data.branching.follow must be one of 'first', 'best', got 'top'"
+    ):
         dm(branches=2, reward_placement="turn", episode=windowed, branch_follow="top")
-    assert dm(branches=2, reward_placement="turn", episode=windowed, branch_follow="best").settings.branching.follow == "best"
-    with pytest.raises(ConfigError, match="--data.filter.over states selects among the responses to each visited "
-                                          "state: it needs --data.branching.branches > 1"):
+    assert (
+        dm(
+            branches=2, reward_placement="turn", episode=windowed, branch_follow="best"
+        ).settings.branching.follow
+        == "best"
+    )
+    with pytest.raises(
+        ConfigError,
+        match="--data.filter.over states selects among the responses to each visited "
+        "state: it needs --data.branching.branches > 1",
+    ):
         dm(reward_placement="turn", episode=windowed, filter=FilterSettings(over="states"))
     states = FilterSettings(over="states")
     built = dm(branches=2, reward_placement="turn", episode=windowed, filter=states)
@@ -110,6 +135,9 @@ def test_branches_are_refused_where_a_branch_cannot_be_a_scored_one_turn_sample(
     from ragen_lightning.starpo.settings import AdvantageSettings
 
     check_data_settings(AdvantageSettings(estimator="rft"), d.settings)
-    with pytest.raises(ConfigError, match=r"--data.branching.branches 2 needs an estimator that scores every sample by its own "
-                                          r"turn reward \(rft, .*\), not gae"):
+    with pytest.raises(
+        ConfigError,
+        match=r"--data.branching.branches 2 needs an estimator that scores every sample by its own "
+        r"turn reward \(rft, .*\), not gae",
+    ):
         check_data_settings(AdvantageSettings(estimator="gae"), d.settings)

@@ -1,16 +1,20 @@
 """The contract every registered env id meets (parametrised over ``envs.ENV_IDS``).
 
-* ``gymnasium.utils.env_checker.check_env`` passes on the unwrapped env without complaints (render-mode notes
-  aside);
-* same seed + same actions => same observations, rewards and end flags; different seeds => different starts;
-* ``action_names`` and ``prompt_spec()`` give the prompt data; observations stay in the observation space;
-* ``info`` of every reset and step carries ``success``, ``action_is_valid`` and ``action_is_effective`` as bools.
+* ``gymnasium.utils.env_checker.check_env`` passes on the unwrapped env without complaints
+  (render-mode notes aside);
+* same seed + same actions => same observations, rewards and end flags; different seeds => different
+  starts;
+* ``action_names`` and ``prompt_spec()`` give the prompt data; observations stay in the observation
+  space;
+* ``info`` of every reset and step carries ``success``, ``action_is_valid`` and
+  ``action_is_effective`` as bools.
 
-An id whose module does not exist yet is skipped (envs are written in parallel); once the module exists it must pass.
+An id whose module does not exist yet is skipped (envs are written in parallel); once the module
+exists it must pass.
 
-An env that needs an external backend refuses to build without one (``ragen/Lean-v0`` checks proofs with a Lean
-server); ``BACKENDS`` gives it the kwargs of a loopback stand-in (the fake Kimina server replaying recorded answers),
-so it meets the same contract over its real HTTP client.
+An env that needs an external backend refuses to build without one (``ragen/Lean-v0`` checks proofs
+with a Lean server); ``BACKENDS`` gives it the kwargs of a loopback stand-in (the fake Kimina server
+replaying recorded answers), so it meets the same contract over its real HTTP client.
 """
 
 from __future__ import annotations
@@ -44,8 +48,10 @@ def kwargs(env_id: str) -> dict:
     return BACKENDS[env_id]() if env_id in BACKENDS else {}
 
 
-_OPEN: list[gym.Env] = []  # closed after each test: an env holding a connection (Lean's HTTP client) must not
-# leave it to the garbage collector, whose "unclosed socket" warning would land in a later test's warning check
+# closed after each test: an env holding a connection (Lean's HTTP client) must not
+_OPEN: list[gym.Env] = []
+# leave it to the garbage collector, whose "unclosed socket" warning would land in a later test's
+# warning check
 
 
 @pytest.fixture(autouse=True)
@@ -84,7 +90,9 @@ def rollout(env: gym.Env, seed: int, actions: list) -> list[tuple]:
 def assert_info_flags(info: dict) -> None:
     for key in INFO_FLAGS:
         assert key in info, f"info lacks {key!r}"
-        assert isinstance(info[key], (bool, np.bool_)), f"info[{key!r}] is {type(info[key]).__name__}, not bool"
+        assert isinstance(info[key], (bool, np.bool_)), (
+            f"info[{key!r}] is {type(info[key]).__name__}, not bool"
+        )
 
 
 @pytest.mark.parametrize("env_id", IDS)
@@ -96,7 +104,8 @@ def test_check_env_passes(env_id):
     complaints = [
         str(w.message)
         for w in caught
-        if ("WARN:" in str(w.message) or "ERROR:" in str(w.message)) and "render" not in str(w.message).lower()
+        if ("WARN:" in str(w.message) or "ERROR:" in str(w.message))
+        and "render" not in str(w.message).lower()
     ]
     assert complaints == []
 
@@ -106,8 +115,8 @@ def test_check_env_with_ansi_rendering(env_id):
     # with render_mode="ansi" the checker also exercises render(): no warning of any kind is allowed
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        # a ResourceWarning here is the garbage collector finalising another test's object (e.g. a socket of the
-        # loopback servers), not something this env or the checker said
+        # a ResourceWarning here is the garbage collector finalising another test's object (e.g. a
+        # socket of the loopback servers), not something this env or the checker said
         warnings.simplefilter("ignore", ResourceWarning)
         check_env(make(env_id, render_mode="ansi"))
     assert [str(w.message) for w in caught] == []

@@ -1,4 +1,5 @@
-"""BanditEnv: arm statistics, name pairs per split, group invariant (same seed => identical envs)."""
+"""BanditEnv: arm statistics, name pairs per split, group invariant (same seed => identical
+envs)."""
 
 import gymnasium as gym
 import numpy as np
@@ -15,7 +16,8 @@ def _hi_index(env: BanditEnv) -> int:
 
 @pytest.mark.parametrize("env_id", ["ragen/Bandit-v0", "ragen/BanditTest-v0"])
 def test_check_env(env_id):
-    check_env(gym.make(env_id).unwrapped)  # made through the registry so render modes are checked too
+    # made through the registry so render modes are checked too
+    check_env(gym.make(env_id).unwrapped)
 
 
 def test_pair_lists_match_ragen():
@@ -43,17 +45,21 @@ def test_reset_prompt_names_both_arms_and_the_answer_format():
     env = BanditEnv()
     obs, info = env.reset(seed=0)
     a, b = env.action_names
-    assert obs.startswith("You are playing a bandit game. Goal: Maximize your total reward by choosing which arm")
+    assert obs.startswith(
+        "You are playing a bandit game. Goal: Maximize your total reward by choosing which arm"
+    )
     assert f"named {a} and {b}" in obs
     assert obs.rstrip().endswith(f"output like <answer> {a} </answer> or <answer> {b} </answer>.")
     assert info == {"success": False, "action_is_valid": True, "action_is_effective": False}
     spec = env.prompt_spec()
     assert spec.action_names == (a, b)
-    assert obs.startswith(spec.instruction)  # RAGEN's tag instruction is "", so it repeats the prompt's opening
+    # RAGEN's tag instruction is "", so it repeats the prompt's opening
+    assert obs.startswith(spec.instruction)
 
 
 def test_same_seed_envs_are_identical():
-    # RAGEN offsets each instance's seed by a global counter; here five envs of one group must agree exactly.
+    # RAGEN offsets each instance's seed by a global counter; here five envs of one group must agree
+    # exactly.
     group = [BanditEnv() for _ in range(5)]
     first = [env.reset(seed=42)[0] for env in group]
     assert len(set(first)) == 1
@@ -81,7 +87,8 @@ def test_low_arm_pays_fixed_score():
 
 
 def test_high_arm_mean_is_one_quarter():
-    # 2000 pulls of a Bernoulli(0.25) * 1.0 arm: std of the mean = sqrt(0.25 * 0.75 / 2000) ~ 0.0097.
+    # 2000 pulls of a Bernoulli(0.25) * 1.0 arm: std of the mean = sqrt(0.25 * 0.75 / 2000) ~
+    # 0.0097.
     env = BanditEnv()
     rewards = []
     for seed in range(2000):
@@ -118,8 +125,13 @@ def test_step_after_end_is_harmless_and_step_before_reset_raises():
         env.step(0)
     env.reset(seed=0)
     obs, *_ = env.step(0)
-    assert env.step(1) == (obs, 0.0, True, False, {"success": False, "action_is_valid": False,
-                                                     "action_is_effective": False})
+    assert env.step(1) == (
+        obs,
+        0.0,
+        True,
+        False,
+        {"success": False, "action_is_valid": False, "action_is_effective": False},
+    )
 
 
 def test_registered_ids():
@@ -129,8 +141,11 @@ def test_registered_ids():
 
 @pytest.mark.parametrize(
     "kwargs, name",
-    [({"split": "val"}, "split"), ({"hi_arm_hiscore_prob": 1.5}, "hi_arm_hiscore_prob"),
-     ({"lo_arm_score": float("nan")}, "lo_arm_score")],
+    [
+        ({"split": "val"}, "split"),
+        ({"hi_arm_hiscore_prob": 1.5}, "hi_arm_hiscore_prob"),
+        ({"lo_arm_score": float("nan")}, "lo_arm_score"),
+    ],
 )
 def test_constructor_errors_name_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -138,7 +153,8 @@ def test_constructor_errors_name_the_argument(kwargs, name):
 
 
 def _risky_rewards(seeds, transition_seeds, **kwargs):
-    """Arms and the risky arm's reward for each (seed, transition seed); transition seed None passes no option."""
+    """Arms and the risky arm's reward for each (seed, transition seed); transition seed None passes
+    no option."""
     env = BanditEnv(**kwargs)
     out = []
     for seed, t in zip(seeds, transition_seeds):
@@ -156,7 +172,8 @@ def test_group_members_draw_rewards_independently_by_default():
     assert [arms for arms, _ in a] == [arms for arms, _ in b]
     differ = sum(ra != rb for (_, ra), (_, rb) in zip(a, b))
     assert 40 < differ < 110  # P(differ) = 2 * 0.25 * 0.75 = 0.375 -> ~75 of 200
-    assert a == _risky_rewards(seeds, [2 * s for s in seeds])  # same seed + same transition seed: same episode
+    # same seed + same transition seed: same episode
+    assert a == _risky_rewards(seeds, [2 * s for s in seeds])
     assert BanditEnv.transition_seeded and not BanditEnv().shared_transitions
 
 
@@ -164,7 +181,8 @@ def test_shared_transitions_ignores_the_transition_seed():
     seeds = range(200)
     a = _risky_rewards(seeds, [2 * s for s in seeds], shared_transitions=True)
     b = _risky_rewards(seeds, [2 * s + 1 for s in seeds], shared_transitions=True)
-    assert a == b == _risky_rewards(seeds, [None] * 200)  # = no option: the draw continues np_random
+    # = no option: the draw continues np_random
+    assert a == b == _risky_rewards(seeds, [None] * 200)
     assert 20 < sum(r == 1.0 for _, r in a) < 80  # still Bernoulli(0.25) across seeds
 
 
@@ -193,8 +211,11 @@ def test_balanced_expert_pulls_each_arm_half_the_time_without_telling_them_apart
         other = env.lo_arm_name if arm == env.hi_arm_name else env.hi_arm_name
         # the reasoning names the tried arm only (the answer copies a name written just before it)
         assert arm in env.action_names and arm in reasoning and other not in reasoning
-        picks.append((reasoning.replace(arm, "{arm}"), arm == env.hi_arm_name, env.action_names.index(arm)))
-    assert len({r for r, _, _ in picks}) == 1  # one sentence for both arms: nothing tells them apart
+        picks.append(
+            (reasoning.replace(arm, "{arm}"), arm == env.hi_arm_name, env.action_names.index(arm))
+        )
+    # one sentence for both arms: nothing tells them apart
+    assert len({r for r, _, _ in picks}) == 1
     assert 450 < sum(risky for _, risky, _ in picks) < 550
     assert 450 < sum(index for _, _, index in picks) < 550  # no position bias either
     again = BanditEnv(expert_policy="balanced")
@@ -202,6 +223,8 @@ def test_balanced_expert_pulls_each_arm_half_the_time_without_telling_them_apart
         again.reset(seed=seed)
         assert (again.expert_turn(1)[1][0] == again.hi_arm_name) == picks[seed][1]
     # the coin does not move np_random: prompts and shared reward draws equal the risky expert's env
-    assert _risky_rewards(range(50), [None] * 50, expert_policy="balanced") == _risky_rewards(range(50), [None] * 50)
+    assert _risky_rewards(range(50), [None] * 50, expert_policy="balanced") == _risky_rewards(
+        range(50), [None] * 50
+    )
     with pytest.raises(ValueError, match="expert_policy"):
         BanditEnv(expert_policy="greedy")

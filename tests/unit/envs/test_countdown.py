@@ -17,14 +17,16 @@ def _env(target=24, nums=(3, 3, 8, 8)) -> CountdownEnv:
 
 
 def test_check_env():
-    check_env(gym.make("ragen/Countdown-v0").unwrapped)  # made through the registry so render modes are checked
+    # made through the registry so render modes are checked
+    check_env(gym.make("ragen/Countdown-v0").unwrapped)
 
 
 @pytest.mark.parametrize(
     "text, value, numbers",
     [
         ("(44 - 19) * 4 - 35", 65, [44, 19, 4, 35]),  # 25 * 4 = 100, 100 - 35 = 65
-        ("8 / (3 - 8 / 3)", 24, [8, 3, 8, 3]),  # 3 - 8/3 = 1/3, 8 / (1/3) = 24: needs exact fractions
+        # 3 - 8/3 = 1/3, 8 / (1/3) = 24: needs exact fractions
+        ("8 / (3 - 8 / 3)", 24, [8, 3, 8, 3]),
         ("-3 + 5", 2, [3, 5]),
         ("+7 - -2", 9, [7, 2]),
         ("6 × 2 ÷ 3 − 1", 3, [6, 2, 3, 1]),  # typographic operators: 12 / 3 - 1 = 3
@@ -38,10 +40,23 @@ def test_evaluate_expression(text, value, numbers):
 
 @pytest.mark.parametrize(
     "text",
-    ["2 ** 3", "abs(3)", "2.5 + 1", "__import__('os').system('true')", "2 + 5 - 3 = 4", "(((", "", "x + 1",
-     "3 // 2", "3 % 2", "[1, 2]", "1e3", "True + 1",
-     "(" * 300 + "1" + ")" * 300,  # nested too deeply for the parser
-     "1 + " * 300 + "1"],  # over 1024 characters
+    [
+        "2 ** 3",
+        "abs(3)",
+        "2.5 + 1",
+        "__import__('os').system('true')",
+        "2 + 5 - 3 = 4",
+        "(((",
+        "",
+        "x + 1",
+        "3 // 2",
+        "3 % 2",
+        "[1, 2]",
+        "1e3",
+        "True + 1",
+        "(" * 300 + "1" + ")" * 300,  # nested too deeply for the parser
+        "1 + " * 300 + "1",
+    ],  # over 1024 characters
 )
 def test_evaluate_expression_rejects_non_arithmetic(text):
     with pytest.raises(ValueError):
@@ -66,7 +81,8 @@ def test_evaluate_expression_division_by_zero_keeps_numbers():
         ("8 * 3 + 8 - 8 + 3 - 3", 0.0),  # numbers reused
         ("24 + 3 - 3 + 8 - 8", 0.0),  # foreign number 24
         ("the answer is 24", 0.0),  # not arithmetic
-        ("8 / (3 - 8 / 3) = 24", 0.0),  # '=' is not part of an expression (the target is a foreign number too)
+        # '=' is not part of an expression (the target is a foreign number too)
+        ("8 / (3 - 8 / 3) = 24", 0.0),
         ("", 0.0),
         (24, 0.0),  # wrong type
         (None, 0.0),
@@ -78,7 +94,11 @@ def test_step_rewards(answer, reward):
     assert r == reward
     assert obs == f"Your answer get {reward} points."
     assert terminated and not truncated
-    assert info == {"success": reward == 1.0, "action_is_valid": reward > 0, "action_is_effective": reward > 0}
+    assert info == {
+        "success": reward == 1.0,
+        "action_is_valid": reward > 0,
+        "action_is_effective": reward > 0,
+    }
 
 
 def test_custom_scores():
@@ -144,8 +164,12 @@ def test_step_after_end_and_before_reset():
 
 @pytest.mark.parametrize(
     "kwargs, name",
-    [({"min_numbers": 1}, "min_numbers"), ({"min_numbers": 4, "max_numbers": 3}, "max_numbers"),
-     ({"max_number": 0}, "max_number"), ({"max_target": 0}, "max_target")],
+    [
+        ({"min_numbers": 1}, "min_numbers"),
+        ({"min_numbers": 4, "max_numbers": 3}, "max_numbers"),
+        ({"max_number": 0}, "max_number"),
+        ({"max_target": 0}, "max_target"),
+    ],
 )
 def test_constructor_errors_name_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=name):

@@ -1,6 +1,7 @@
-"""DeepCoder: generated problems and their references, the partial-credit reward, validity rules, DeepCoder-style
-data files (jsonl and parquet, function and stdin tests), and the expert. Candidates run in the real sandbox
-(bubblewrap), so these tests take tens of milliseconds each on an idle machine."""
+"""DeepCoder: generated problems and their references, the partial-credit reward, validity rules,
+DeepCoder-style data files (jsonl and parquet, function and stdin tests), and the expert. Candidates
+run in the real sandbox (bubblewrap), so these tests take tens of milliseconds each on an idle
+machine."""
 
 from __future__ import annotations
 
@@ -17,15 +18,30 @@ from envs.tools.code.env import DeepCoderEnv, defines, extract_code
 from envs.tools.code.problems import FAMILIES, generate_problem, load_problems
 from envs.tools.code.sandbox import Sandbox
 
-ADD = {"problem": "Add two numbers.", "fn_name": "add", "solution": "def add(a, b):\n    return a + b\n",
-       "tests": [{"input": [1, 2], "output": 3, "testtype": "functional"},
-                 {"input": "5\n7", "output": "12", "testtype": "functional"},  # LiveCodeBench's string form
-                 {"input": [[1], [2]], "output": [1, 2], "testtype": "functional"},
-                 {"input": [0, 1], "output": 1, "testtype": "functional"}]}
-ECHO = {"problem": "Read n, print n doubled, then 'done'.", "starter_code": "",
-        "tests": json.dumps([{"input": "4\n", "output": "8\ndone\n"}, {"input": "10\n", "output": "20\ndone"}])}
-LEETCODE = {"problem": "Negate.", "metadata": json.dumps({"func_name": "negate"}),
-            "tests": [{"input": [3], "output": -3}, {"input": [0], "output": 0}]}
+ADD = {
+    "problem": "Add two numbers.",
+    "fn_name": "add",
+    "solution": "def add(a, b):\n    return a + b\n",
+    "tests": [
+        {"input": [1, 2], "output": 3, "testtype": "functional"},
+        # LiveCodeBench's string form
+        {"input": "5\n7", "output": "12", "testtype": "functional"},
+        {"input": [[1], [2]], "output": [1, 2], "testtype": "functional"},
+        {"input": [0, 1], "output": 1, "testtype": "functional"},
+    ],
+}
+ECHO = {
+    "problem": "Read n, print n doubled, then 'done'.",
+    "starter_code": "",
+    "tests": json.dumps(
+        [{"input": "4\n", "output": "8\ndone\n"}, {"input": "10\n", "output": "20\ndone"}]
+    ),
+}
+LEETCODE = {
+    "problem": "Negate.",
+    "metadata": json.dumps({"func_name": "negate"}),
+    "tests": [{"input": [3], "output": -3}, {"input": [0], "output": 0}],
+}
 
 
 def write_jsonl(path, rows) -> str:
@@ -56,19 +72,32 @@ def test_partial_credit_is_the_fraction_of_tests_passed(data_env):
     # a crash on one test does not lose the others: int arithmetic fails only on the lists (test 3)
     code = "def add(a, b):\n    assert isinstance(a, int)\n    return a + b\n"
     obs, reward, *_ = answer(data_env, 0, code)
-    assert reward == 0.75 and obs == "Passed 3 of 4 tests. First failure: test 3 raised AssertionError."
+    assert (
+        reward == 0.75
+        and obs == "Passed 3 of 4 tests. First failure: test 3 raised AssertionError."
+    )
 
 
-def test_code_that_does_not_compile_or_define_the_function_scores_zero_without_a_run(data_env, monkeypatch):
+def test_code_that_does_not_compile_or_define_the_function_scores_zero_without_a_run(
+    data_env, monkeypatch
+):
     def no_run(*args, **kwargs):
         raise AssertionError("the sandbox must not run")
 
     monkeypatch.setattr(Sandbox, "run", no_run)
-    for code, note in [("def add(a, b) return a", "the code does not compile"), ("", "the code does not compile"),
-                       ("x" * 9000, "the code does not compile"),
-                       ("def plus(a, b):\n    return a + b", "the code does not define add")]:
+    for code, note in [
+        ("def add(a, b) return a", "the code does not compile"),
+        ("", "the code does not compile"),
+        ("x" * 9000, "the code does not compile"),
+        ("def plus(a, b):\n    return a + b", "the code does not define add"),
+    ]:
         obs, reward, terminated, _, info = answer(data_env, 0, code)
-        assert (reward, terminated, info["action_is_valid"], info["success"]) == (0.0, True, False, False)
+        assert (reward, terminated, info["action_is_valid"], info["success"]) == (
+            0.0,
+            True,
+            False,
+            False,
+        )
         assert obs == f"Passed 0 of 4 tests. First failure: {note}."
     assert defines("class Solution:\n    def add(self, a, b): pass", "add")
     assert defines("add = lambda a, b: a + b", "add") and defines("from operator import add", "add")
@@ -76,12 +105,17 @@ def test_code_that_does_not_compile_or_define_the_function_scores_zero_without_a
 
 
 def test_stdin_problems_compare_stripped_lines(data_env):
-    code = "n = int(input())\nprint(2 * n)\nprint('done')   \n"  # trailing spaces and newline do not matter
+    # trailing spaces and newline do not matter
+    code = "n = int(input())\nprint(2 * n)\nprint('done')   \n"
     _, reward, _, _, info = answer(data_env, 1, code)
     assert reward == 1.0 and info["success"]
     _, reward, *_ = answer(data_env, 1, "print(int(input()) * 2)\n")  # 'done' missing
     assert reward == 0.0
-    _, reward, *_ = answer(data_env, 1, "import sys\nn = int(sys.stdin.read())\nprint(8 if n == 4 else 0)\nprint('done')")
+    _, reward, *_ = answer(
+        data_env,
+        1,
+        "import sys\nn = int(sys.stdin.read())\nprint(8 if n == 4 else 0)\nprint('done')",
+    )
     assert reward == 0.5
 
 
@@ -89,7 +123,8 @@ def test_a_solution_class_is_called_like_deepcoder(data_env):
     code = "class Solution:\n    def negate(self, x):\n        return -x\n"
     _, reward, *_ = answer(data_env, 2, code)
     assert reward == 1.0
-    _, reward, *_ = answer(data_env, 2, "def negate(x):\n    return x\n")  # 3 -> 3 wrong, 0 -> 0 right
+    # 3 -> 3 wrong, 0 -> 0 right
+    _, reward, *_ = answer(data_env, 2, "def negate(x):\n    return x\n")
     assert reward == 0.5
 
 
@@ -152,16 +187,31 @@ def test_parquet_files_and_data_errors_name_the_row(tmp_path):
     import pyarrow.parquet as pq
 
     path = tmp_path / "p.parquet"
-    rows = [{"problem": ADD["problem"], "fn_name": "add", "solution": ADD["solution"], "tests": json.dumps(ADD["tests"])}]
+    rows = [
+        {
+            "problem": ADD["problem"],
+            "fn_name": "add",
+            "solution": ADD["solution"],
+            "tests": json.dumps(ADD["tests"]),
+        }
+    ]
     pq.write_table(pa.Table.from_pylist(rows), path)
     env = DeepCoderEnv(data_path=str(path))
     env.reset(seed=0)
     assert env.step(env.expert_turn(1)[1][0])[1] == 1.0
-    bad = [({"problem": "x"}, "'tests' must be a non-empty list"),
-           ({"problem": "x", "tests": [{"input": [1], "output": 1}]}, "stdin tests need string"),
-           ({"problem": "x", "tests": [{"input": "1", "output": "1", "testtype": "functional"}]}, "need 'fn_name'"),
-           ({"tests": [{"input": "", "output": ""}]}, "needs a non-empty string field 'problem'"),
-           ({"problem": "x", "fn_name": "not valid", "tests": [{"input": [], "output": 1}]}, "Python identifier")]
+    bad = [
+        ({"problem": "x"}, "'tests' must be a non-empty list"),
+        ({"problem": "x", "tests": [{"input": [1], "output": 1}]}, "stdin tests need string"),
+        (
+            {"problem": "x", "tests": [{"input": "1", "output": "1", "testtype": "functional"}]},
+            "need 'fn_name'",
+        ),
+        ({"tests": [{"input": "", "output": ""}]}, "needs a non-empty string field 'problem'"),
+        (
+            {"problem": "x", "fn_name": "not valid", "tests": [{"input": [], "output": 1}]},
+            "Python identifier",
+        ),
+    ]
     for k, (row, message) in enumerate(bad):
         file = write_jsonl(tmp_path / f"bad{k}.jsonl", [ADD, row])
         with pytest.raises(ValueError, match=f"bad{k}.jsonl:2: .*{message}"):
@@ -187,8 +237,16 @@ def test_expert_demonstrations_through_the_runner_succeed(tiny_tokenizer):
     from ragen_lightning.rollout.settings import EpisodeSettings
     from ragen_lightning.sft.experts import collect_demonstrations
 
-    episode = EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1, max_new_tokens=1024,
-                              max_model_len=4096)
-    trajs = collect_demonstrations("ragen/DeepCoder-v0", tiny_tokenizer, list(range(6)), episode=episode)
-    # the code survives the <answer> parsing (no || splitting, whitespace kept) and passes every test in the sandbox
+    episode = EpisodeSettings(
+        max_turns=1,
+        max_actions_per_turn=1,
+        max_actions_per_episode=1,
+        max_new_tokens=1024,
+        max_model_len=4096,
+    )
+    trajs = collect_demonstrations(
+        "ragen/DeepCoder-v0", tiny_tokenizer, list(range(6)), episode=episode
+    )
+    # the code survives the <answer> parsing (no || splitting, whitespace kept) and passes every
+    # test in the sandbox
     assert all(t.success and t.env_return == 1.0 and t.num_format_errors == 0 for t in trajs)

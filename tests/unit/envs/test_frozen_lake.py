@@ -1,4 +1,5 @@
-"""FrozenLake: rules on hand maps, slip statistics, renders, prompt data, map generation and solvers."""
+"""FrozenLake: rules on hand maps, slip statistics, renders, prompt data, map generation and
+solvers."""
 
 from __future__ import annotations
 
@@ -67,8 +68,11 @@ def test_invalid_actions_change_nothing(action):
 
 @pytest.mark.parametrize(("action", "success_rate"), [(UP, 0.8), (RIGHT, 0.5)])
 def test_slip_statistics(action, success_rate):
-    # open 5x5 lake: nothing ends an episode except the far goal; info["direction"] is the direction taken
-    env = FrozenLakeEnv(desc=["FFFFF", "FFFFF", "FFSFF", "FFFFF", "FFFFG"], success_rate=success_rate)
+    # open 5x5 lake: nothing ends an episode except the far goal; info["direction"] is the direction
+    # taken
+    env = FrozenLakeEnv(
+        desc=["FFFFF", "FFFFF", "FFSFF", "FFFFF", "FFFFG"], success_rate=success_rate
+    )
     env.reset(seed=123)
     counts: Counter[int] = Counter()
     n = 20_000
@@ -120,12 +124,18 @@ def test_renders_in_all_three_formats():
     assert lake(CLASSIC)[1] == grid
     assert lake(CLASSIC, observation_format="coord")[1] == COORD.format(player="Player: (0, 0)")
     env, obs = lake(CLASSIC, observation_format="grid_coord")
-    assert obs == "Coordinates: \n" + COORD.format(player="Player: (0, 0)") + "\nGrid Map: \n" + grid
+    assert (
+        obs == "Coordinates: \n" + COORD.format(player="Player: (0, 0)") + "\nGrid Map: \n" + grid
+    )
     obs, *_ = env.step(RIGHT)
-    assert obs.endswith("Player: (0, 1)\nHoles: (1, 1), (1, 3), (2, 3), (3, 0)\nGrid Map: \n_P__\n_O_O\n___O\nO__G")
+    assert obs.endswith(
+        "Player: (0, 1)\nHoles: (1, 1), (1, 3), (2, 3), (3, 0)\nGrid Map: \n_P__\n_O_O\n___O\nO__G"
+    )
     env.step(DOWN)  # into the hole at (1, 1)
     assert env.render() is None
-    env = FrozenLakeEnv(desc=CLASSIC, success_rate=1.0, observation_format="coord", render_mode="ansi")
+    env = FrozenLakeEnv(
+        desc=CLASSIC, success_rate=1.0, observation_format="coord", render_mode="ansi"
+    )
     env.reset(seed=0)
     for a in [RIGHT, DOWN]:
         env.step(a)
@@ -138,7 +148,10 @@ def test_renders_in_all_three_formats():
 
 def test_no_holes_line_without_holes():
     env, obs = lake(["SG"], observation_format="coord")
-    assert obs == "Board size: 1 rows x 2 cols (zero-indexed).\nStart: (0, 0)\nGoal: (0, 1)\nPlayer: (0, 0)"
+    assert (
+        obs
+        == "Board size: 1 rows x 2 cols (zero-indexed).\nStart: (0, 0)\nGoal: (0, 1)\nPlayer: (0, 0)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- prompt
@@ -163,12 +176,21 @@ def test_prompt_spec():
     coord = gym.make("ragen/CoordFrozenLake-v0").unwrapped.prompt_spec().instruction
     assert "bottom-right corner (3, 3).\n" in coord  # 4x4 lake (RAGEN says (5, 5))
     assert "both a symbol grid and zero-indexed coordinates" in coord and "slippery" in coord
-    assert "(5, 5)" in FrozenLakeEnv(size=6, observation_format="grid_coord").prompt_spec().instruction
+    assert (
+        "(5, 5)" in FrozenLakeEnv(size=6, observation_format="grid_coord").prompt_spec().instruction
+    )
     only_coord = FrozenLakeEnv(observation_format="coord").prompt_spec()
-    assert "includes zero-indexed coordinates" in only_coord.instruction and only_coord.symbols == ()
+    assert (
+        "includes zero-indexed coordinates" in only_coord.instruction and only_coord.symbols == ()
+    )
     # nothing slips: no slippery sentence
     assert "slippery" not in FrozenLakeEnv(success_rate=1.0).prompt_spec().instruction
-    assert "slippery" not in FrozenLakeEnv(success_rate=1.0, observation_format="grid_coord").prompt_spec().instruction
+    assert (
+        "slippery"
+        not in FrozenLakeEnv(success_rate=1.0, observation_format="grid_coord")
+        .prompt_spec()
+        .instruction
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- arguments
@@ -220,7 +242,8 @@ def test_generated_maps_are_valid_and_seeded():
         flat = "".join(env.desc)
         assert len(env.desc) == 5 and all(len(row) == 5 for row in env.desc)
         assert set(flat) <= set("SFHG") and flat.count("S") == 1 and flat.count("G") == 1
-        assert shortest_path_length(env.desc) is not None  # goal reachable (start != goal: distance >= 1)
+        # goal reachable (start != goal: distance >= 1)
+        assert shortest_path_length(env.desc) is not None
         assert env.player_position == divmod(flat.index("S"), 5)
         maps.add(tuple(env.desc))
     assert len(maps) > 150
@@ -271,15 +294,17 @@ def test_solve_unreachable_and_in_hole():
 
 def test_value_iteration_on_hand_maps():
     # Corridor between two rows of holes, success_rate 0.8: every move slips into a hole with 0.2.
-    # From (1,1): Right reaches G with 0.8. From S (1,0): Right reaches (1,1) with 0.8, so 0.8 * 0.8 = 0.64.
+    # From (1,1): Right reaches G with 0.8. From S (1,0): Right reaches (1,1) with 0.8, so 0.8 * 0.8
+    # = 0.64.
     env, _ = lake(["HHH", "SFG", "HHH"], success_rate=0.8)
     policy, success = env.optimal_policy()
     assert success[1, 0] == pytest.approx(0.64) and success[1, 1] == pytest.approx(0.8)
     assert policy[1, 0] == RIGHT and policy[1, 1] == RIGHT
     assert success[0].tolist() == [0.0, 0.0, 0.0] and success[1, 2] == 1.0
 
-    # Holes only below: pushing Up into the border never falls, and slips Left/Right move along the row, so the
-    # goal is reached with probability 1 by always choosing Up (Right would risk the hole below with 0.1).
+    # Holes only below: pushing Up into the border never falls, and slips Left/Right move along the
+    # row, so the goal is reached with probability 1 by always choosing Up (Right would risk the
+    # hole below with 0.1).
     env, _ = lake(["SFG", "HHH"], success_rate=0.8)
     policy, success = env.optimal_policy()
     assert success[0].tolist() == pytest.approx([1.0, 1.0, 1.0])
@@ -291,13 +316,13 @@ def test_value_iteration_on_hand_maps():
 
 
 def test_discounted_value_iteration_matches_monte_carlo():
-    # gamma < 1 values E[gamma ** T] (T = steps to the goal) and keeps episodes short, so a capped Monte Carlo
-    # estimate is exact up to 0.9 ** 150 ~ 1e-7
+    # gamma < 1 values E[gamma ** T] (T = steps to the goal) and keeps episodes short, so a capped
+    # Monte Carlo estimate is exact up to 0.9 ** 150 ~ 1e-7
     env = FrozenLakeEnv(desc=CLASSIC, success_rate=0.8)
     env.reset(seed=0)
     policy, value = env.optimal_policy(gamma=0.9)
     target = value[0, 0]
-    assert 0.1 < target < 0.9 ** 6  # the goal is 6 steps away at best
+    assert 0.1 < target < 0.9**6  # the goal is 6 steps away at best
     total, episodes = 0.0, 2000
     for _ in range(episodes):
         env.reset()
@@ -312,19 +337,25 @@ def test_discounted_value_iteration_matches_monte_carlo():
     assert env.optimal_policy()[1][0, 0] >= target
 
 
-
 def _directions(seed, transition_seed, actions, **kwargs):
-    env = FrozenLakeEnv(desc=["FFFFF", "FFFFF", "FFSFF", "FFFFF", "FFFFG"], success_rate=0.5, **kwargs)
-    obs, _ = env.reset(seed=seed, options=None if transition_seed is None else {"transition_seed": transition_seed})
+    env = FrozenLakeEnv(
+        desc=["FFFFF", "FFFFF", "FFSFF", "FFFFF", "FFFFG"], success_rate=0.5, **kwargs
+    )
+    obs, _ = env.reset(
+        seed=seed, options=None if transition_seed is None else {"transition_seed": transition_seed}
+    )
     return obs, [env.step(a)[4]["direction"] for a in actions]
 
 
 def test_group_members_slip_independently_by_default():
     actions = [0, 1] * 2  # Up, Down: stays on the board whatever slips
-    pairs = [(_directions(s, 2 * s, actions), _directions(s, 2 * s + 1, actions)) for s in range(100)]
+    pairs = [
+        (_directions(s, 2 * s, actions), _directions(s, 2 * s + 1, actions)) for s in range(100)
+    ]
     assert all(a[0] == b[0] for a, b in pairs)  # same initial state
     assert sum(a[1] != b[1] for a, b in pairs) > 80  # 4 moves at success rate 0.5: P(same) is small
-    assert _directions(3, 7, actions) == _directions(3, 7, actions)  # same seed + transition seed: same slips
+    # same seed + transition seed: same slips
+    assert _directions(3, 7, actions) == _directions(3, 7, actions)
     assert FrozenLakeEnv.transition_seeded and not FrozenLakeEnv().shared_transitions
 
 
@@ -332,4 +363,8 @@ def test_shared_transitions_slip_together():
     actions = [0, 1] * 2
     for s in range(50):
         a = _directions(s, 2 * s, actions, shared_transitions=True)
-        assert a == _directions(s, 2 * s + 1, actions, shared_transitions=True) == _directions(s, None, actions)
+        assert (
+            a
+            == _directions(s, 2 * s + 1, actions, shared_transitions=True)
+            == _directions(s, None, actions)
+        )

@@ -1,4 +1,5 @@
-"""Game2048Env: merge rules, directions, log reward, the invalid-move penalty that survives the log reward."""
+"""Game2048Env: merge rules, directions, log reward, the invalid-move penalty that survives the log
+reward."""
 
 import math
 
@@ -10,20 +11,25 @@ from gymnasium.utils.env_checker import check_env
 import envs  # noqa: F401  (registers the ids)
 from envs.grid.game_2048 import Game2048Env, merge_line, slide
 
-HAND = np.array([
-    [2, 2, 2, 2],
-    [2, 0, 2, 4],
-    [0, 0, 0, 0],
-    [4, 0, 0, 4],
-])
-# A checkerboard of 8s and 16s whose last row is shifted right by one: Left closes the hole and restores the
-# checkerboard; Up and Down would merge the two 16s in column 2 (and Down also slides column 1); Right does nothing.
-NEARLY_STUCK = np.array([
-    [8, 16, 8, 16],
-    [16, 8, 16, 8],
-    [8, 16, 8, 16],
-    [0, 16, 8, 16],
-])
+HAND = np.array(
+    [
+        [2, 2, 2, 2],
+        [2, 0, 2, 4],
+        [0, 0, 0, 0],
+        [4, 0, 0, 4],
+    ]
+)
+# A checkerboard of 8s and 16s whose last row is shifted right by one: Left closes the hole and
+# restores the checkerboard; Up and Down would merge the two 16s in column 2 (and Down also slides
+# column 1); Right does nothing.
+NEARLY_STUCK = np.array(
+    [
+        [8, 16, 8, 16],
+        [16, 8, 16, 8],
+        [8, 16, 8, 16],
+        [0, 16, 8, 16],
+    ]
+)
 
 
 def _env(grid, **kwargs) -> Game2048Env:
@@ -54,17 +60,19 @@ def test_merge_line(line, merged, score):
 
 def test_slide_directions():
     up, gained, moved = slide(HAND, 0)
-    # Columns move to the top: col0 [2,2,0,4] -> [4,4,0,0] (+4), col1 [2,0,0,0] stays, col2 [2,2,0,0] -> [4,0,0,0]
-    # (+4), col3 [2,4,0,4] -> [2,8,0,0] (+8).
+    # Columns move to the top: col0 [2,2,0,4] -> [4,4,0,0] (+4), col1 [2,0,0,0] stays, col2
+    # [2,2,0,0] -> [4,0,0,0] (+4), col3 [2,4,0,4] -> [2,8,0,0] (+8).
     assert up.tolist() == [[4, 2, 4, 2], [4, 0, 0, 8], [0, 0, 0, 0], [0, 0, 0, 0]]
     assert (gained, moved) == (16, True)
     right, gained, _ = slide(HAND, 1)
-    # Rows move to the right: [2,2,2,2] -> [0,0,4,4] (+8), [2,0,2,4] -> [0,0,4,4] (+4), [4,0,0,4] -> [0,0,0,8] (+8).
+    # Rows move to the right: [2,2,2,2] -> [0,0,4,4] (+8), [2,0,2,4] -> [0,0,4,4] (+4), [4,0,0,4] ->
+    # [0,0,0,8] (+8).
     assert right.tolist() == [[0, 0, 4, 4], [0, 0, 4, 4], [0, 0, 0, 0], [0, 0, 0, 8]]
     assert gained == 20
     down, gained, _ = slide(HAND, 2)
     # col0 [2,2,0,4] -> [0,0,4,4] (+4: the 4 is already at the bottom, the two 2s merge above it),
-    # col1 [2,0,0,0] -> [0,0,0,2], col2 [2,2,0,0] -> [0,0,0,4] (+4), col3 [2,4,0,4] -> [0,0,2,8] (+8).
+    # col1 [2,0,0,0] -> [0,0,0,2], col2 [2,2,0,0] -> [0,0,0,4] (+4), col3 [2,4,0,4] -> [0,0,2,8]
+    # (+8).
     assert down.tolist() == [[0, 0, 0, 0], [0, 0, 0, 0], [4, 0, 0, 2], [4, 2, 4, 8]]
     assert gained == 16
     left, gained, _ = slide(HAND, 3)
@@ -80,8 +88,14 @@ def test_valid_move_with_merges_log_reward():
     assert int((env.grid != 0).sum()) == 3  # two merged tiles + one spawned tile
     assert reward == pytest.approx(0.1 * math.log2(8 + 1))  # raw 8 -> 0.1 * log2(9) = 0.31699...
     assert not terminated and not truncated
-    assert info == {"success": False, "action_is_valid": True, "action_is_effective": True, "raw_reward": 8.0,
-                    "score": 8, "max_tile": 4}
+    assert info == {
+        "success": False,
+        "action_is_valid": True,
+        "action_is_effective": True,
+        "raw_reward": 8.0,
+        "score": 8,
+        "max_tile": 4,
+    }
     assert "Current Score: 8" in obs
 
 
@@ -116,15 +130,21 @@ def test_malformed_actions_are_invalid_moves(bad):
 def test_termination_when_no_move_is_possible():
     env = _env(NEARLY_STUCK)
     assert env.valid_actions() == [0, 2, 3]  # Up, Down, Left
-    obs, reward, terminated, truncated, info = env.step(3)  # row 4: [0, 16, 8, 16] -> [16, 8, 16, 0]
-    # The new tile (2 or 4) lands in the bottom-right corner next to two 16s: the board is a checkerboard of
-    # 8s and 16s plus that tile, so nothing can merge any more.
+    # row 4: [0, 16, 8, 16] -> [16, 8, 16, 0]
+    obs, reward, terminated, truncated, info = env.step(3)
+    # The new tile (2 or 4) lands in the bottom-right corner next to two 16s: the board is a
+    # checkerboard of 8s and 16s plus that tile, so nothing can merge any more.
     assert env.grid[3].tolist()[:3] == [16, 8, 16] and env.grid[3, 3] in (2, 4)
     assert (reward, terminated, truncated) == (0.0, True, False)
     assert info["success"] is False and info["max_tile"] == 16
     assert "Valid Actions: None." in obs
-    assert env.step(0) == (obs, 0.0, True, False, {**info, "action_is_valid": False, "action_is_effective": False,
-                                                   "raw_reward": 0.0})
+    assert env.step(0) == (
+        obs,
+        0.0,
+        True,
+        False,
+        {**info, "action_is_valid": False, "action_is_effective": False, "raw_reward": 0.0},
+    )
 
 
 def test_goal_tile_sets_success():
@@ -196,8 +216,12 @@ def test_prompt_spec():
 
 @pytest.mark.parametrize(
     "kwargs, name",
-    [({"size": 1}, "size"), ({"two_prob": 1.5}, "two_prob"), ({"goal_tile": 1000}, "goal_tile"),
-     ({"max_steps": 0}, "max_steps")],
+    [
+        ({"size": 1}, "size"),
+        ({"two_prob": 1.5}, "two_prob"),
+        ({"goal_tile": 1000}, "goal_tile"),
+        ({"max_steps": 0}, "max_steps"),
+    ],
 )
 def test_constructor_errors_name_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=name):

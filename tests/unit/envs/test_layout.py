@@ -64,7 +64,8 @@ def test_private_imports_are_found(tmp_path, monkeypatch):
     (fake / "grid" / "x.py").write_text(
         "from envs.tools.code import _seccomp\n"
         "from envs.tools.search.retrieval import _load, MAX_TOP_K\n"
-        "from envs.grid.sokoban import _own\nfrom envs.base import bounded_int\n")
+        "from envs.grid.sokoban import _own\nfrom envs.base import bounded_int\n"
+    )
     monkeypatch.setattr(f"{__name__}.ROOT", fake)
     assert private_imports(fake / "grid" / "x.py") == [
         "envs.grid.x -> envs.tools.code._seccomp",

@@ -1,4 +1,5 @@
-"""MetaMathQAEnv: shipped data = generator output, 1/2**k reward schedule, answer matching, file loading errors."""
+"""MetaMathQAEnv: shipped data = generator output, 1/2**k reward schedule, answer matching, file
+loading errors."""
 
 import json
 import sys
@@ -52,7 +53,12 @@ def test_reset_picks_by_seed_and_observation_is_the_question():
     env = MetaMathQAEnv()
     obs, info = env.reset(seed=5)
     assert obs == env.question == env.items[env.index][0]
-    assert info == {"success": False, "action_is_valid": True, "action_is_effective": False, "attempts": 0}
+    assert info == {
+        "success": False,
+        "action_is_valid": True,
+        "action_is_effective": False,
+        "attempts": 0,
+    }
     assert MetaMathQAEnv().reset(seed=5)[0] == obs
     assert len({env.reset(seed=s)[0] for s in range(10)}) > 1
     assert env.prompt_spec().instruction == "You are solving Math problems. "
@@ -95,15 +101,25 @@ def test_invalid_answers_use_an_attempt(bad):
 
 @pytest.mark.parametrize(
     "answer, label",
-    [(" 12 ", "12"), ("12.0", "12"), ("1/2", "0.5"), ("1,000", "1000"), ("ABC", "a b c"), ("-3", "-3.00"),
-     ("\\frac{1}{2}", "\\frac{1}{2}"), ("x = 5", "x=5"), ("2.50", "5/2")],
+    [
+        (" 12 ", "12"),
+        ("12.0", "12"),
+        ("1/2", "0.5"),
+        ("1,000", "1000"),
+        ("ABC", "a b c"),
+        ("-3", "-3.00"),
+        ("\\frac{1}{2}", "\\frac{1}{2}"),
+        ("x = 5", "x=5"),
+        ("2.50", "5/2"),
+    ],
 )
 def test_answers_that_match(answer, label):
     assert answers_match(answer, label)
 
 
 @pytest.mark.parametrize(
-    "answer, label", [("13", "12"), ("12a", "12"), ("1,00", "100"), ("0.333", "1/3"), ("nan", "12"), ("", "12")]
+    "answer, label",
+    [("13", "12"), ("12a", "12"), ("1,00", "100"), ("0.333", "1/3"), ("nan", "12"), ("", "12")],
 )
 def test_answers_that_do_not_match(answer, label):
     assert not answers_match(answer, label)
@@ -118,15 +134,20 @@ def test_load_both_schemas(tmp_path):
             {"question": "How many legs has a spider?", "answer": 8},
         ],
     )
-    assert load_qa_items(path) == (("What is 2+2?", "4"), ("Capital of France?", "Paris"),
-                                   ("How many legs has a spider?", "8"))
+    assert load_qa_items(path) == (
+        ("What is 2+2?", "4"),
+        ("Capital of France?", "Paris"),
+        ("How many legs has a spider?", "8"),
+    )
     env = MetaMathQAEnv(path=path)
     env.reset(options={"index": 1})
     assert env.step("paris")[1] == 1.0
 
 
 def test_non_ascii_questions_are_in_the_observation_space(tmp_path):
-    path = _write_jsonl(tmp_path / "pi.jsonl", [{"question": "Round π to 2 decimals (≈).", "answer": "3.14"}])
+    path = _write_jsonl(
+        tmp_path / "pi.jsonl", [{"question": "Round π to 2 decimals (≈).", "answer": "3.14"}]
+    )
     env = gym.make("ragen/MetaMathQA-v0", path=path).unwrapped
     obs, _ = env.reset(seed=0)
     assert env.observation_space.contains(obs)
@@ -138,8 +159,14 @@ def test_non_ascii_questions_are_in_the_observation_space(tmp_path):
     [
         ('{"question": "q", "answer": "1"}\n{not json\n', r"bad\.jsonl:2: invalid JSON"),
         ('{"question": "q"}\n', r"bad\.jsonl:1: needs fields"),
-        ('{"query": "q", "response": "no label here"}\n', r"bad\.jsonl:1: 'response' has no final line"),
-        ('{"query": "q", "response": "The answer is: 3\\nand more"}\n', r"bad\.jsonl:1: 'response' has no final"),
+        (
+            '{"query": "q", "response": "no label here"}\n',
+            r"bad\.jsonl:1: 'response' has no final line",
+        ),
+        (
+            '{"query": "q", "response": "The answer is: 3\\nand more"}\n',
+            r"bad\.jsonl:1: 'response' has no final",
+        ),
         ('{"question": "q", "answer": ""}\n', r"bad\.jsonl:1: empty answer"),
         ('{"question": "  ", "answer": "1"}\n', r"bad\.jsonl:1: empty question"),
         ('{"question": "q", "answer": null}\n', r"bad\.jsonl:1: 'answer' must be"),
@@ -166,8 +193,10 @@ def test_parquet(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({"query": ["What is 3*3?"], "response": ["3*3=9.\nThe answer is: 9"]}),
-                   tmp_path / "qa.parquet")
+    pq.write_table(
+        pa.table({"query": ["What is 3*3?"], "response": ["3*3=9.\nThe answer is: 9"]}),
+        tmp_path / "qa.parquet",
+    )
     env = MetaMathQAEnv(path=tmp_path / "qa.parquet")
     assert env.reset(seed=0)[0] == "What is 3*3?"
     assert env.step("9")[1] == 1.0

@@ -1,4 +1,5 @@
-"""RubiksCubeEnv: the move permutations are real cube physics (group facts), episode rules, rendering."""
+"""RubiksCubeEnv: the move permutations are real cube physics (group facts), episode rules,
+rendering."""
 
 import gymnasium as gym
 import numpy as np
@@ -28,7 +29,7 @@ def _perm(names):
 def _face(state, face):
     """The 2x2 colour letters of face ``U/L/F/R/B/D`` as rows."""
     f = "ULFRBD".index(face)
-    c = [COLORS[int(x)] for x in state[4 * f: 4 * f + 4]]
+    c = [COLORS[int(x)] for x in state[4 * f : 4 * f + 4]]
     return [c[0] + c[1], c[2] + c[3]]
 
 
@@ -55,7 +56,20 @@ def test_check_env():
 
 
 def test_action_names_order():
-    assert RubiksCubeEnv.action_names == ("U", "U'", "D", "D'", "L", "L'", "R", "R'", "F", "F'", "B", "B'")
+    assert RubiksCubeEnv.action_names == (
+        "U",
+        "U'",
+        "D",
+        "D'",
+        "L",
+        "L'",
+        "R",
+        "R'",
+        "F",
+        "F'",
+        "B",
+        "B'",
+    )
     assert [inverse_action(a) for a in range(4)] == [1, 0, 3, 2]
 
 
@@ -73,7 +87,11 @@ def test_every_move_has_order_four_and_its_prime_undoes_it(a):
 def test_single_moves_on_the_solved_cube():
     # Standard facts (Singmaster, clockwise looking at the turned face):
     u = apply_moves(SOLVED_STATE, [A["U"]])  # U: front top row goes to the left face
-    assert _face(u, "L") == ["GG", "OO"] and _face(u, "F") == ["RR", "GG"] and _face(u, "B") == ["OO", "BB"]
+    assert (
+        _face(u, "L") == ["GG", "OO"]
+        and _face(u, "F") == ["RR", "GG"]
+        and _face(u, "B") == ["OO", "BB"]
+    )
     r = apply_moves(SOLVED_STATE, [A["R"]])  # R: front right column goes up
     assert _face(r, "U") == ["WG", "WG"] and _face(r, "F") == ["GY", "GY"]
     assert _face(r, "D") == ["YB", "YB"] and _face(r, "B") == ["WB", "WB"]
@@ -110,8 +128,8 @@ def test_two_generator_group_has_29160_elements():
 
 
 def test_quarter_turn_distance_counts():
-    # <R, U, F> fixes one corner (all 3.67M positions are reachable); positions at quarter-turn distance
-    # 0..5 are 1, 6, 27, 120, 534, 2256 (the known pocket-cube QTM distribution).
+    # <R, U, F> fixes one corner (all 3.67M positions are reachable); positions at quarter-turn
+    # distance 0..5 are 1, 6, 27, 120, 534, 2256 (the known pocket-cube QTM distribution).
     layers, _ = _bfs_layers([A[n] for n in ("R", "R'", "U", "U'", "F", "F'")], max_depth=5)
     assert layers == [1, 6, 27, 120, 534, 2256]
 
@@ -141,7 +159,13 @@ def test_solving_step_and_game_over_render():
     assert (reward, terminated, truncated) == (1.0, True, False)
     assert info == {"success": True, "action_is_valid": True, "action_is_effective": True}
     assert obs.endswith("\n=== Game Over: Cube Solved! ===") and "Available Actions" not in obs
-    assert env.step(0) == (obs, 0.0, True, False, {**info, "action_is_valid": False, "action_is_effective": False})
+    assert env.step(0) == (
+        obs,
+        0.0,
+        True,
+        False,
+        {**info, "action_is_valid": False, "action_is_effective": False},
+    )
 
 
 def test_truncation_at_max_steps():
@@ -159,7 +183,9 @@ def test_invalid_actions_keep_the_cube(bad):
     env.reset(seed=0)
     before = env.state.copy()
     obs, reward, terminated, truncated, info = env.step(bad)
-    assert reward == 0.0 and info["action_is_valid"] is False and info["action_is_effective"] is False
+    assert (
+        reward == 0.0 and info["action_is_valid"] is False and info["action_is_effective"] is False
+    )
     assert (env.state == before).all() and env.num_steps == 1
 
 
@@ -201,8 +227,12 @@ def test_pure_helpers_on_the_instance():
     env = RubiksCubeEnv()
     env.reset(options={"scramble": ["F"]})
     after = env.apply_move(env.state, A["F'"])
-    assert env.is_solved(after) and not env.is_solved(env.state)  # the instance state is not modified
-    assert (apply_moves(SOLVED_STATE, [A["R"], A["U"]]) == env.apply_move(env.apply_move(SOLVED_STATE, 6), 0)).all()
+    # the instance state is not modified
+    assert env.is_solved(after) and not env.is_solved(env.state)
+    assert (
+        apply_moves(SOLVED_STATE, [A["R"], A["U"]])
+        == env.apply_move(env.apply_move(SOLVED_STATE, 6), 0)
+    ).all()
 
 
 def test_prompt_spec():
@@ -211,7 +241,9 @@ def test_prompt_spec():
     assert spec.instruction.startswith("You are solving a 2x2 Rubik's Cube (Pocket Cube).")
 
 
-@pytest.mark.parametrize("kwargs, name", [({"scramble_depth": 0}, "scramble_depth"), ({"max_steps": 0}, "max_steps")])
+@pytest.mark.parametrize(
+    "kwargs, name", [({"scramble_depth": 0}, "scramble_depth"), ({"max_steps": 0}, "max_steps")]
+)
 def test_constructor_errors_name_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=name):
         RubiksCubeEnv(**kwargs)

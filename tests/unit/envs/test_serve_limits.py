@@ -1,5 +1,6 @@
-"""The servers bound their clients: the operator's --env-kwargs cap a client's env_kwargs, safety keys are the
-operator's alone, silent connections are closed, open connections are capped, a public host needs a secret."""
+"""The servers bound their clients: the operator's --env-kwargs cap a client's env_kwargs, safety
+keys are the operator's alone, silent connections are closed, open connections are capped, a public
+host needs a secret."""
 
 from __future__ import annotations
 
@@ -32,27 +33,51 @@ def stop(server):
 def test_a_client_cannot_switch_the_sandbox_off_or_raise_its_limits():
     server = served(EnvServer(("127.0.0.1", 0), "ragen/DeepCoder-v0"))
     try:
-        for key, value in (("allow_unsandboxed", True), ("wall_seconds", 1e9), ("memory_mb", 10**6),
-                           ("max_processes", 10**5)):
-            with pytest.raises(RemoteEnvError, match=f"HTTP 403: env_kwargs '{key}' is a safety setting"):
-                gym.make(envs.REMOTE_ID, url=server.url, env_id="ragen/DeepCoder-v0", env_kwargs={key: value})
+        for key, value in (
+            ("allow_unsandboxed", True),
+            ("wall_seconds", 1e9),
+            ("memory_mb", 10**6),
+            ("max_processes", 10**5),
+        ):
+            with pytest.raises(
+                RemoteEnvError, match=f"HTTP 403: env_kwargs '{key}' is a safety setting"
+            ):
+                gym.make(
+                    envs.REMOTE_ID,
+                    url=server.url,
+                    env_id="ragen/DeepCoder-v0",
+                    env_kwargs={key: value},
+                )
         assert server.sessions == {}
     finally:
         stop(server)
-    with pytest.raises(ValueError, match="--client-kwargs lists 'allow_unsandboxed', a safety setting"):
+    with pytest.raises(
+        ValueError, match="--client-kwargs lists 'allow_unsandboxed', a safety setting"
+    ):
         EnvServer(("127.0.0.1", 0), "ragen/DeepCoder-v0", client_kwargs=["allow_unsandboxed"])
 
 
 def test_the_operator_kwargs_bound_the_client_kwargs():
-    server = EnvServer(("127.0.0.1", 0), "ragen/Sokoban-v0", {"dim_room": [7, 7], "num_boxes": 1},
-                       client_kwargs=["dim_room", "max_steps"])
+    server = EnvServer(
+        ("127.0.0.1", 0),
+        "ragen/Sokoban-v0",
+        {"dim_room": [7, 7], "num_boxes": 1},
+        client_kwargs=["dim_room", "max_steps"],
+    )
     try:
         with pytest.raises(HTTPError, match=r"'dim_room'=120 exceeds the server's limit 7") as e:
-            server.create("a" * 16, {"env_id": "ragen/Sokoban-v0", "env_kwargs": {"dim_room": [120, 120]}})
+            server.create(
+                "a" * 16, {"env_id": "ragen/Sokoban-v0", "env_kwargs": {"dim_room": [120, 120]}}
+            )
         assert e.value.status == 403
-        with pytest.raises(HTTPError, match="'num_boxes' is not among the keys this server lets clients set"):
+        with pytest.raises(
+            HTTPError, match="'num_boxes' is not among the keys this server lets clients set"
+        ):
             server.create("b" * 16, {"env_id": "ragen/Sokoban-v0", "env_kwargs": {"num_boxes": 2}})
-        server.create("c" * 16, {"env_id": "ragen/Sokoban-v0", "env_kwargs": {"dim_room": [6, 5], "max_steps": 3}})
+        server.create(
+            "c" * 16,
+            {"env_id": "ragen/Sokoban-v0", "env_kwargs": {"dim_room": [6, 5], "max_steps": 3}},
+        )
         core = server.sessions["c" * 16].env.unwrapped
         assert (core.dim_room, core.max_steps, core.num_boxes) == ((6, 5), 3, 1)
         # nothing allowed by default: a client's kwargs are refused
@@ -66,12 +91,17 @@ def test_the_operator_kwargs_bound_the_client_kwargs():
 
 
 def test_a_silent_connection_is_closed_and_connections_are_capped():
-    server = served(EnvServer(("127.0.0.1", 0), "ragen/FrozenLake-v0", connection_timeout_s=0.3, max_connections=2))
+    server = served(
+        EnvServer(
+            ("127.0.0.1", 0), "ragen/FrozenLake-v0", connection_timeout_s=0.3, max_connections=2
+        )
+    )
     host, port = server.server_address[:2]
     try:
         silent = [socket.create_connection((host, port), timeout=5) for _ in range(2)]
         time.sleep(0.1)
-        with socket.create_connection((host, port), timeout=5) as third:  # over the cap: refused at once
+        # over the cap: refused at once
+        with socket.create_connection((host, port), timeout=5) as third:
             assert third.recv(4096).startswith(b"HTTP/1.1 503")
         start = time.monotonic()
         for s in silent:  # the server hangs up on a client that sends nothing
@@ -90,9 +120,19 @@ def test_the_retrieval_server_refuses_a_public_host_without_a_secret(capsys, mon
     with pytest.raises(SystemExit) as e:
         retrieval_main(["--host", "0.0.0.0"])
     assert e.value.code == 2
-    assert "--host 0.0.0.0 is reachable from other machines: set --secret-env" in capsys.readouterr().err
-    server = served(make_server(BM25Retriever([("a", "red apple")]), "127.0.0.1", 0, secret="s3cret",
-                                connection_timeout_s=0.3))
+    assert (
+        "--host 0.0.0.0 is reachable from other machines: set --secret-env"
+        in capsys.readouterr().err
+    )
+    server = served(
+        make_server(
+            BM25Retriever([("a", "red apple")]),
+            "127.0.0.1",
+            0,
+            secret="s3cret",
+            connection_timeout_s=0.3,
+        )
+    )
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         with pytest.raises(RetrievalError, match="health answered 401"):

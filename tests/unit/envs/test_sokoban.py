@@ -1,4 +1,5 @@
-"""Sokoban: rules and rewards on hand-built boards, renders, prompt data, validation, generator and solver."""
+"""Sokoban: rules and rewards on hand-built boards, renders, prompt data, validation, generator and
+solver."""
 
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ def test_box_on_and_off_target_rewards():
     assert reward == pytest.approx(0.9) and not terminated
     assert info["boxes_on_target"] == 1 and not info["success"]
     assert obs.split("\n")[1] == "#_P√__#"
-    obs, reward, terminated, _, info = env.step(RIGHT)  # box leaves the target: -0.1 - 1; player now on the target
+    # box leaves the target: -0.1 - 1; player now on the target
+    obs, reward, terminated, _, info = env.step(RIGHT)
     assert reward == pytest.approx(-1.1) and not terminated and info["boxes_on_target"] == 0
     assert obs.split("\n")[1] == "#__SX_#"
 
@@ -64,7 +66,12 @@ def test_distance_shaping_rewards_progress_and_telescopes():
     board = ["#######", "#_P_XO#", "#######"]
     env, _ = board_env(board, distance_reward=0.5)
     plain, _ = board_env(board)
-    expected = [(LEFT, -0.1 - 0.5), (RIGHT, -0.1 + 0.5), (RIGHT, -0.1 + 0.5), (RIGHT, -0.1 + 1 + 10 + 0.5)]
+    expected = [
+        (LEFT, -0.1 - 0.5),
+        (RIGHT, -0.1 + 0.5),
+        (RIGHT, -0.1 + 0.5),
+        (RIGHT, -0.1 + 1 + 10 + 0.5),
+    ]
     for action, reward in expected:  # d: 2 -> 3 -> 2 -> 1 -> 0
         _, r, terminated, _, info = env.step(action)
         assert r == pytest.approx(reward)
@@ -77,10 +84,13 @@ def test_distance_shaping_rewards_progress_and_telescopes():
 
 def test_distance_shaping_counts_an_unsolvable_state_as_dead_distance():
     # player (3,2) below box (2,2) below target (1,2): Up solves (d = 1)
-    env, _ = board_env(["#####", "#_O_#", "#_X_#", "#_P_#", "#####"], distance_reward=1.0, dead_distance=12)
+    env, _ = board_env(
+        ["#####", "#_O_#", "#_X_#", "#_P_#", "#####"], distance_reward=1.0, dead_distance=12
+    )
     assert env.step(LEFT)[1] == pytest.approx(-0.1 - 1.0)  # (3,1): Right, Up -> d = 2
     assert env.step(UP)[1] == pytest.approx(-0.1 - 1.0)  # (2,1): Down, Right, Up -> d = 3
-    _, r, terminated, truncated, _ = env.step(RIGHT)  # the box to (2,3), against the right wall: unsolvable
+    # the box to (2,3), against the right wall: unsolvable
+    _, r, terminated, truncated, _ = env.step(RIGHT)
     assert env.solve() is None and not (terminated or truncated)
     assert r == pytest.approx(-0.1 + 1.0 * (3 - 12))
 
@@ -104,17 +114,27 @@ def test_heuristic_shaping_reads_the_grid_and_telescopes():
         _, r, terminated, _, info = env.step(action)
         assert r == pytest.approx(reward)
         shaping += r - (10.9 if terminated else -0.1)
-    assert info["success"] and shaping == pytest.approx(4.0)  # h at the start: the episode's shaping telescopes
+    # h at the start: the episode's shaping telescopes
+    assert info["success"] and shaping == pytest.approx(4.0)
 
 
 def test_heuristic_shaping_push_cells_and_a_cornered_box():
-    # box (2,2), target (1,1): 3 x 2; push cells (3,2) (Up) and (2,3) (Left); player (3,3) one step from either
-    env, _ = board_env(["#####", "#O__#", "#_X_#", "#__P#", "#####"], heuristic_reward=1.0, dead_distance=12)
+    # box (2,2), target (1,1): 3 x 2; push cells (3,2) (Up) and (2,3) (Left); player (3,3) one step
+    # from either
+    env, _ = board_env(
+        ["#####", "#O__#", "#_X_#", "#__P#", "#####"], heuristic_reward=1.0, dead_distance=12
+    )
     assert env.heuristic_distance() == 7
-    steps = [(UP, 6), (UP, 7), (LEFT, 8),  # onto the push cell (2,3), then away round the box
-             (DOWN, 11),  # pushes the box to (3,2), away from the target: 3 x 3 + 2 to (4,2) / (3,3)
-             (RIGHT, 10), (DOWN, 9),  # the player walks to (3,3), behind the box for a Left push
-             (LEFT, 12)]  # the box into the corner (3,1): dead, h = dead_distance
+    steps = [
+        (UP, 6),
+        (UP, 7),
+        (LEFT, 8),  # onto the push cell (2,3), then away round the box
+        # pushes the box to (3,2), away from the target: 3 x 3 + 2 to (4,2) / (3,3)
+        (DOWN, 11),
+        (RIGHT, 10),
+        (DOWN, 9),  # the player walks to (3,3), behind the box for a Left push
+        (LEFT, 12),
+    ]  # the box into the corner (3,1): dead, h = dead_distance
     h = 7
     for action, after in steps:
         r = env.step(action)[1]
@@ -155,9 +175,15 @@ def test_truncation_at_max_steps_and_solving_on_the_last_step_is_termination():
     env, obs = board_env(["#####", "#XP_#", "#O__#", "#####"], max_steps=3)
     assert env.step(UP)[2:4] == (False, False)
     assert env.step(UP)[2:4] == (False, False)
-    _, reward, terminated, truncated, info = env.step(UP)  # third valid step: truncated, not terminated
-    assert (terminated, truncated) == (False, True) and reward == pytest.approx(-0.1) and not info["success"]
-    assert env.step(DOWN)[1:4] == (0.0, False, True)  # harmless afterwards, the player does not move
+    # third valid step: truncated, not terminated
+    _, reward, terminated, truncated, info = env.step(UP)
+    assert (
+        (terminated, truncated) == (False, True)
+        and reward == pytest.approx(-0.1)
+        and not info["success"]
+    )
+    # harmless afterwards, the player does not move
+    assert env.step(DOWN)[1:4] == (0.0, False, True)
     assert env.player_position == (1, 2)
 
     env, _ = board_env(["######", "#P_XO#", "######"], max_steps=2)
@@ -165,7 +191,9 @@ def test_truncation_at_max_steps_and_solving_on_the_last_step_is_termination():
     assert env.step(RIGHT)[2:4] == (True, False)
 
 
-@pytest.mark.parametrize("action", ["Up", 4, -1, 1.5, None, True, np.float32(1.0), np.array([1, 2])])
+@pytest.mark.parametrize(
+    "action", ["Up", 4, -1, 1.5, None, True, np.float32(1.0), np.array([1, 2])]
+)
 def test_invalid_actions_change_nothing(action):
     env, obs = board_env(["######", "#P_XO#", "######"])
     obs2, reward, terminated, truncated, info = env.step(action)
@@ -198,7 +226,10 @@ COORD = (
 def test_renders_in_all_three_formats():
     assert board_env(BOARD)[1] == GRID
     assert board_env(BOARD, observation_format="coord")[1] == COORD
-    assert board_env(BOARD, observation_format="grid_coord")[1] == "Coordinates: \n" + COORD + "\nGrid Map: \n" + GRID
+    assert (
+        board_env(BOARD, observation_format="grid_coord")[1]
+        == "Coordinates: \n" + COORD + "\nGrid Map: \n" + GRID
+    )
     env, _ = board_env(BOARD, observation_format="grid_coord")
     obs, *_ = env.step(RIGHT)  # player leaves the target
     assert obs == (
@@ -228,9 +259,12 @@ def test_room_state_and_room_fixed_codes():
 
 
 def test_custom_lookup_renders_and_legend():
-    env, obs = board_env(["WWWWWW", "W@.B.W", "WC...W", "WWWWWW"], preset="SokobanDifferentGridVocab")
+    env, obs = board_env(
+        ["WWWWWW", "W@.B.W", "WC...W", "WWWWWW"], preset="SokobanDifferentGridVocab"
+    )
     assert obs == "WWWWWW\nW@.B.W\nWC...W\nWWWWWW"
-    assert env.room_state.tolist() == board_env(BOARD)[0].room_state.tolist()  # same board, other symbols
+    # same board, other symbols
+    assert env.room_state.tolist() == board_env(BOARD)[0].room_state.tolist()
     assert env.observation_space.contains(obs)
     assert env.prompt_spec().symbols == (
         ("W", "wall"),
@@ -249,7 +283,10 @@ def test_custom_lookup_renders_and_legend():
     assert env.prompt_spec().symbols[4] == ("b", "box")
     # a vocabulary entry only renames its symbol
     env = SokobanEnv(grid_vocab={"X": "crate"})
-    assert ("X", "crate") in env.prompt_spec().symbols and ("#", "wall") in env.prompt_spec().symbols
+    assert ("X", "crate") in env.prompt_spec().symbols and (
+        "#",
+        "wall",
+    ) in env.prompt_spec().symbols
 
 
 # ---------------------------------------------------------------------------------------------------- prompt
@@ -276,7 +313,10 @@ def test_prompt_spec_grid_and_coord():
     spec = SokobanEnv(dim_room=(8, 7), observation_format="grid_coord").prompt_spec()
     assert "bottom-right corner (7, 6)" in spec.instruction  # 8 rows x 7 cols
     spec = SokobanEnv(observation_format="coord").prompt_spec()
-    assert "symbol grid" not in spec.instruction and "provided with the zero-indexed" in spec.instruction
+    assert (
+        "symbol grid" not in spec.instruction
+        and "provided with the zero-indexed" in spec.instruction
+    )
     assert spec.symbols == ()
 
 
@@ -286,7 +326,8 @@ def test_prompt_spec_grid_and_coord():
 @pytest.mark.parametrize(
     ("kwargs", "name"),
     [
-        ({"num_boxes": 16}, "num_boxes"),  # 6x6 room: 4x4 = 16 interior cells for 16 boxes + the player
+        # 6x6 room: 4x4 = 16 interior cells for 16 boxes + the player
+        ({"num_boxes": 16}, "num_boxes"),
         ({"num_boxes": 0}, "num_boxes"),
         ({"observation_format": "ascii"}, "observation_format"),
         ({"preset": "HugeSokoban"}, "preset"),
@@ -309,7 +350,12 @@ def test_presets_set_defaults_that_keywords_override():
     env = SokobanEnv(preset="LargerSokoban", num_boxes=1, observation_format="coord")
     assert (env.dim_room, env.num_boxes, env.observation_format) == ((8, 8), 1, "coord")
     assert gym.make("ragen/CoordSokoban-v0").unwrapped.observation_format == "grid_coord"
-    assert set(PRESETS) == {"SimpleSokoban", "LargerSokoban", "CoordSokoban", "SokobanDifferentGridVocab"}
+    assert set(PRESETS) == {
+        "SimpleSokoban",
+        "LargerSokoban",
+        "CoordSokoban",
+        "SokobanDifferentGridVocab",
+    }
 
 
 def test_bad_boards_and_options():
@@ -327,8 +373,9 @@ def test_bad_boards_and_options():
 # ---------------------------------------------------------------------------------------------------- generator
 
 
-# RAGEN's generator, seed 0: by hand, box (2,3) goes Left then Down to the target (3,2): walk Right, Right, Down
-# (3), push Left (4), walk Up, Left (6), push Down (7); pushing Down first jams the box into the wall at (3,3)
+# RAGEN's generator, seed 0: by hand, box (2,3) goes Left then Down to the target (3,2): walk Right,
+# Right, Down (3), push Left (4), walk Up, Left (6), push Down (7); pushing Down first jams the box
+# into the wall at (3,3)
 GOLDEN_RAGEN_SEED_0 = "######\n#_P__#\n#__X_#\n#_O###\n#___##\n######"
 GOLDEN_RAGEN_STEPS = 7
 
@@ -345,8 +392,8 @@ def test_golden_level_seed_0():
 
 
 def test_ragen_generator_matches_ragens_difficulty():
-    # RAGEN's generator on 300 seeds: mean shortest solution 4.0 (1-11) at 6x6/1 box, 5.8 at 8x8/2 boxes;
-    # the uniform-depth generator is harder (5.1 and 8.0)
+    # RAGEN's generator on 300 seeds: mean shortest solution 4.0 (1-11) at 6x6/1 box, 5.8 at 8x8/2
+    # boxes; the uniform-depth generator is harder (5.1 and 8.0)
     def lengths(**kw):
         env = SokobanEnv(**kw)
         return np.array([env.reset(seed=s)[1]["optimal_steps"] for s in range(300)])
@@ -355,13 +402,18 @@ def test_ragen_generator_matches_ragens_difficulty():
     assert 3.7 < simple.mean() < 4.3 and simple.min() == 1 and 10 <= simple.max() <= 13
     assert 5.4 < lengths(preset="LargerSokoban").mean() < 6.1
     assert lengths(preset="SimpleSokoban", generator="uniform_depth").mean() > 4.8
-    assert SokobanEnv().generator == "uniform_depth" and all(p["generator"] == "ragen" for p in PRESETS.values())
+    assert SokobanEnv().generator == "uniform_depth" and all(
+        p["generator"] == "ragen" for p in PRESETS.values()
+    )
     with pytest.raises(ValueError, match="generator"):
         SokobanEnv(generator="bfs")
 
 
-@pytest.mark.parametrize(("preset", "generator"), [(p, None) for p in sorted(PRESETS)] + [
-    ("SimpleSokoban", "uniform_depth"), ("LargerSokoban", "uniform_depth")])
+@pytest.mark.parametrize(
+    ("preset", "generator"),
+    [(p, None) for p in sorted(PRESETS)]
+    + [("SimpleSokoban", "uniform_depth"), ("LargerSokoban", "uniform_depth")],
+)
 def test_generated_levels_are_well_formed(preset, generator):
     env = SokobanEnv(preset=preset, generator=generator)
     rows, cols = env.dim_room
@@ -372,7 +424,8 @@ def test_generated_levels_are_well_formed(preset, generator):
         assert state.shape == (rows, cols)
         border = np.concatenate([state[0], state[-1], state[:, 0], state[:, -1]])
         assert (border == 0).all()
-        assert (state == 3).sum() == 0 and (state == 4).sum() == env.num_boxes  # no box starts on a target
+        # no box starts on a target
+        assert (state == 3).sum() == 0 and (state == 4).sum() == env.num_boxes
         assert (env.room_fixed == 2).sum() == env.num_boxes and (state == 5).sum() == 1
         if env.generator == "uniform_depth":
             assert env.min_solution_steps <= info["optimal_steps"] <= env.search_depth
@@ -406,20 +459,32 @@ def test_generation_does_not_depend_on_pythonhashseed():
     for hashseed in ("0", "4242"):
         env = dict(os.environ, PYTHONHASHSEED=hashseed, PYTHONPATH=str(REPO))
         proc = subprocess.run(
-            [sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True, timeout=60
+            [sys.executable, "-c", script],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert proc.returncode == 0, proc.stderr
         outs.append(proc.stdout)
     assert outs[0] == outs[1]
-    here = [gym.make(i).unwrapped.reset(seed=s)[0] for i in ("ragen/SimpleSokoban-v0",) for s in range(4)]
+    here = [
+        gym.make(i).unwrapped.reset(seed=s)[0]
+        for i in ("ragen/SimpleSokoban-v0",)
+        for s in range(4)
+    ]
     assert outs[0].startswith("\n".join(here))
 
 
 # ---------------------------------------------------------------------------------------------------- solver
 
 
-@pytest.mark.parametrize(("preset", "generator"), [(p, None) for p in sorted(PRESETS)] + [
-    ("SimpleSokoban", "uniform_depth"), ("LargerSokoban", "uniform_depth")])
+@pytest.mark.parametrize(
+    ("preset", "generator"),
+    [(p, None) for p in sorted(PRESETS)]
+    + [("SimpleSokoban", "uniform_depth"), ("LargerSokoban", "uniform_depth")],
+)
 def test_solver_plans_solve_200_levels_in_exactly_optimal_steps(preset, generator):
     env = SokobanEnv(preset=preset, generator=generator)
     for seed in range(200):
@@ -433,8 +498,8 @@ def test_solver_plans_solve_200_levels_in_exactly_optimal_steps(preset, generato
 
 
 def brute_force_distance(room_fixed: np.ndarray, room_state: np.ndarray) -> int | None:
-    """Plain BFS over (player, boxes) on code grids (fixed: 0 wall, 1 floor, 2 target; state: 3 box on target,
-    4 box, 5 player)."""
+    """Plain BFS over (player, boxes) on code grids (fixed: 0 wall, 1 floor, 2 target; state: 3 box
+    on target, 4 box, 5 player)."""
     walls = {tuple(x) for x in np.argwhere(room_fixed == 0)}
     targets = frozenset(tuple(x) for x in np.argwhere(room_fixed == 2))
     boxes = frozenset(tuple(x) for x in np.argwhere((room_state == 3) | (room_state == 4)))
@@ -483,6 +548,6 @@ def test_solver_mid_episode_deadlock_and_solved():
     assert env.solve() is None
     assert solve_board(["######", "#P_XO#", "######"]) == [RIGHT, RIGHT]
     assert solve_board("#####\n#X__#\n#_P_#\n#__O#\n#####") is None
-    # a walk around the box is part of a shortest plan: Down, Right, then Up pushes the box onto the target
+    # a walk around the box is part of a shortest plan: Down, Right, then Up pushes the box onto the
+    # target
     assert solve_board(["#####", "#_O_#", "#PX_#", "#___#", "#####"]) == [DOWN, RIGHT, UP]
-

@@ -1,4 +1,5 @@
-"""SudokuEnv: the six action syntaxes, conflict detection on a hand-built board, rewards, unique generated puzzles."""
+"""SudokuEnv: the six action syntaxes, conflict detection on a hand-built board, rewards, unique
+generated puzzles."""
 
 import time
 
@@ -12,28 +13,32 @@ from envs.grid.sudoku.env import SudokuEnv, parse_sudoku_action
 from envs.grid.sudoku.solver import count_solutions, solve_sudoku
 
 # A well-known puzzle with a unique solution (0 = empty), and that solution.
-PUZZLE = np.array([
-    [5, 3, 0, 0, 7, 0, 0, 0, 0],
-    [6, 0, 0, 1, 9, 5, 0, 0, 0],
-    [0, 9, 8, 0, 0, 0, 0, 6, 0],
-    [8, 0, 0, 0, 6, 0, 0, 0, 3],
-    [4, 0, 0, 8, 0, 3, 0, 0, 1],
-    [7, 0, 0, 0, 2, 0, 0, 0, 6],
-    [0, 6, 0, 0, 0, 0, 2, 8, 0],
-    [0, 0, 0, 4, 1, 9, 0, 0, 5],
-    [0, 0, 0, 0, 8, 0, 0, 7, 9],
-])
-SOLUTION = np.array([
-    [5, 3, 4, 6, 7, 8, 9, 1, 2],
-    [6, 7, 2, 1, 9, 5, 3, 4, 8],
-    [1, 9, 8, 3, 4, 2, 5, 6, 7],
-    [8, 5, 9, 7, 6, 1, 4, 2, 3],
-    [4, 2, 6, 8, 5, 3, 7, 9, 1],
-    [7, 1, 3, 9, 2, 4, 8, 5, 6],
-    [9, 6, 1, 5, 3, 7, 2, 8, 4],
-    [2, 8, 7, 4, 1, 9, 6, 3, 5],
-    [3, 4, 5, 2, 8, 6, 1, 7, 9],
-])
+PUZZLE = np.array(
+    [
+        [5, 3, 0, 0, 7, 0, 0, 0, 0],
+        [6, 0, 0, 1, 9, 5, 0, 0, 0],
+        [0, 9, 8, 0, 0, 0, 0, 6, 0],
+        [8, 0, 0, 0, 6, 0, 0, 0, 3],
+        [4, 0, 0, 8, 0, 3, 0, 0, 1],
+        [7, 0, 0, 0, 2, 0, 0, 0, 6],
+        [0, 6, 0, 0, 0, 0, 2, 8, 0],
+        [0, 0, 0, 4, 1, 9, 0, 0, 5],
+        [0, 0, 0, 0, 8, 0, 0, 7, 9],
+    ]
+)
+SOLUTION = np.array(
+    [
+        [5, 3, 4, 6, 7, 8, 9, 1, 2],
+        [6, 7, 2, 1, 9, 5, 3, 4, 8],
+        [1, 9, 8, 3, 4, 2, 5, 6, 7],
+        [8, 5, 9, 7, 6, 1, 4, 2, 3],
+        [4, 2, 6, 8, 5, 3, 7, 9, 1],
+        [7, 1, 3, 9, 2, 4, 8, 5, 6],
+        [9, 6, 1, 5, 3, 7, 2, 8, 4],
+        [2, 8, 7, 4, 1, 9, 6, 3, 5],
+        [3, 4, 5, 2, 8, 6, 1, 7, 9],
+    ]
+)
 
 
 def _env(puzzle=PUZZLE, **kwargs) -> SudokuEnv:
@@ -47,21 +52,25 @@ def _is_valid_solution(grid: np.ndarray) -> bool:
     b = int(np.sqrt(n))
     want = set(range(1, n + 1))
     units = [grid[i] for i in range(n)] + [grid[:, j] for j in range(n)]
-    units += [grid[r:r + b, c:c + b].ravel() for r in range(0, n, b) for c in range(0, n, b)]
+    units += [grid[r : r + b, c : c + b].ravel() for r in range(0, n, b) for c in range(0, n, b)]
     return all(set(u.tolist()) == want for u in units)
 
 
 def test_hand_puzzle_is_unique():
     assert count_solutions(PUZZLE) == 1
     assert (solve_sudoku(PUZZLE) == SOLUTION).all()
-    assert count_solutions(np.zeros((4, 4), dtype=int), limit=5) == 5  # the empty 4x4 grid has 288 solutions
+    # the empty 4x4 grid has 288 solutions
+    assert count_solutions(np.zeros((4, 4), dtype=int), limit=5) == 5
 
 
-@pytest.mark.parametrize("env_id, kwargs", [
-    ("ragen/Sudoku-v0", {}),
-    ("ragen/Sudoku-v0", {"grid_size": 4, "render_format": "simple"}),
-    ("ragen/Sudoku-v0", {"grid_size": 4, "difficulty": "hard", "render_format": "detailed"}),
-])
+@pytest.mark.parametrize(
+    "env_id, kwargs",
+    [
+        ("ragen/Sudoku-v0", {}),
+        ("ragen/Sudoku-v0", {"grid_size": 4, "render_format": "simple"}),
+        ("ragen/Sudoku-v0", {"grid_size": 4, "difficulty": "hard", "render_format": "detailed"}),
+    ],
+)
 def test_check_env(env_id, kwargs):
     check_env(gym.make(env_id, **kwargs).unwrapped)
 
@@ -94,13 +103,20 @@ def test_parse_six_syntaxes(text, parsed):
 
 def test_correct_and_legal_but_wrong_placements():
     env = _env()
-    obs, reward, terminated, truncated, info = env.step("place 4 at row 1 col 3")  # the solution's number
+    # the solution's number
+    obs, reward, terminated, truncated, info = env.step("place 4 at row 1 col 3")
     assert (reward, terminated, truncated) == (1.0, False, False)
-    assert info == {"success": False, "action_is_valid": True, "action_is_effective": True, "empty_cells": 50}
+    assert info == {
+        "success": False,
+        "action_is_valid": True,
+        "action_is_effective": True,
+        "empty_cells": 50,
+    }
     assert "✓ Placed 4 at row 1, col 3." in obs
     assert env.board[0, 2] == 4
-    # 2 is legal at (2, 2): not in row 2 (6 1 9 5), column 2 (3 9 6) or box 1 (5 3 4 6 9 8); the solution has 7.
-    obs, reward, *_ , info = env.step("2,2,2")
+    # 2 is legal at (2, 2): not in row 2 (6 1 9 5), column 2 (3 9 6) or box 1 (5 3 4 6 9 8); the
+    # solution has 7.
+    obs, reward, *_, info = env.step("2,2,2")
     assert reward == 0.5 and info["action_is_valid"]
 
 
@@ -114,7 +130,8 @@ def test_correct_and_legal_but_wrong_placements():
         ("place 8 at row 1 col 3", [(2, 2, "column")], "column"),
         # 5 at (1, 1) is in the row and in the box: listed once, as a row conflict.
         ("place 5 at row 1 col 3", [(0, 0, "row")], "row"),
-        ("place 9 at row 1 col 4", [(1, 4, "box")], "box"),  # 9 at (2, 5); row 1 and column 4 have no 9
+        # 9 at (2, 5); row 1 and column 4 have no 9
+        ("place 9 at row 1 col 4", [(1, 4, "box")], "box"),
     ],
 )
 def test_conflict_detection(action, conflicts, unit_text):
@@ -133,7 +150,8 @@ def test_conflict_detection(action, conflicts, unit_text):
 
 def test_conflicts_in_several_units():
     env = _env()
-    # 6 at (2, 2): row 2 has 6 at (2, 1); column 2 has 6 at (7, 2); box 1 has (2, 1) again (listed once).
+    # 6 at (2, 2): row 2 has 6 at (2, 1); column 2 has 6 at (7, 2); box 1 has (2, 1) again (listed
+    # once).
     assert env.find_conflicts(1, 1, 6) == [(1, 0, "row"), (6, 1, "column")]
     assert env.valid_numbers(0, 2) == [1, 2, 4]  # row 1: 5 3 7, column 3: 8, box 1: 5 3 6 9 8
 
@@ -177,8 +195,13 @@ def test_completion_bonus_and_step_after_end():
     assert reward == 1.0 + 10.0
     assert terminated and not truncated and info["success"] and info["empty_cells"] == 0
     assert "Puzzle solved!" in obs
-    assert env.step("1,1,1") == (obs, 0.0, True, False, {**info, "action_is_valid": False,
-                                                         "action_is_effective": False})
+    assert env.step("1,1,1") == (
+        obs,
+        0.0,
+        True,
+        False,
+        {**info, "action_is_valid": False, "action_is_effective": False},
+    )
 
 
 def test_truncation_at_max_steps():
@@ -223,8 +246,12 @@ def test_valid_numbers_shown_only_near_the_end():
     puzzle = SOLUTION.copy()
     puzzle[0, 2] = puzzle[0, 3] = puzzle[4, 4] = 0
     obs = _env(puzzle)._render_text()
-    # Row 1 misses 4 and 6; column 3 still has a 6 (row 5) and column 4 a 4 (row 8); row 5 misses only 5.
-    assert "Valid numbers for empty cells:\n  row 1 col 3: 4\n  row 1 col 4: 6\n  row 5 col 5: 5" in obs
+    # Row 1 misses 4 and 6; column 3 still has a 6 (row 5) and column 4 a 4 (row 8); row 5 misses
+    # only 5.
+    assert (
+        "Valid numbers for empty cells:\n  row 1 col 3: 4\n  row 1 col 4: 6\n  row 5 col 5: 5"
+        in obs
+    )
     assert "Valid numbers" not in _env(puzzle, show_valid_numbers=False)._render_text()
     assert "Valid numbers" not in _env()._render_text()  # 51 empty cells
 
@@ -235,14 +262,22 @@ def test_show_conflicts_off():
     assert reward == -0.1 and "Conflicts:" not in obs and "*7*" not in obs
 
 
-@pytest.mark.parametrize("grid_size, difficulty, blanks", [
-    (9, "easy", 32), (9, "medium", 40), (9, "hard", 48), (4, "easy", 6), (4, "hard", 9),
-])
+@pytest.mark.parametrize(
+    "grid_size, difficulty, blanks",
+    [
+        (9, "easy", 32),
+        (9, "medium", 40),
+        (9, "hard", 48),
+        (4, "easy", 6),
+        (4, "hard", 9),
+    ],
+)
 def test_generated_puzzles_have_a_unique_solution(grid_size, difficulty, blanks):
     env = SudokuEnv(grid_size=grid_size, difficulty=difficulty)
     for seed in range(8):
         _, info = env.reset(seed=seed)
-        assert info["empty_cells"] == blanks == int((env.board == 0).sum())  # int(81 * 0.4) = 32, ...
+        # int(81 * 0.4) = 32, ...
+        assert info["empty_cells"] == blanks == int((env.board == 0).sum())
         assert count_solutions(env.board) == 1
         assert _is_valid_solution(env.solution)
         given = env.board != 0
@@ -273,16 +308,22 @@ def test_determinism():
 
 def test_prompt_spec():
     instruction = SudokuEnv().prompt_spec().instruction
-    assert instruction.startswith("You are solving a Sudoku puzzle. Fill in the grid so that every row, column, "
-                                  "and 3x3 box contains the numbers 1-9 without repetition.\n")
+    assert instruction.startswith(
+        "You are solving a Sudoku puzzle. Fill in the grid so that every row, column, "
+        "and 3x3 box contains the numbers 1-9 without repetition.\n"
+    )
     assert "<answer>2,3,5</answer>" in instruction
     assert "2x2 box contains the numbers 1-4" in SudokuEnv(grid_size=4).prompt_spec().instruction
 
 
 @pytest.mark.parametrize(
     "kwargs, name",
-    [({"grid_size": 5}, "grid_size"), ({"difficulty": "extreme"}, "difficulty"), ({"max_steps": 0}, "max_steps"),
-     ({"render_format": "fancy"}, "render_format")],
+    [
+        ({"grid_size": 5}, "grid_size"),
+        ({"difficulty": "extreme"}, "difficulty"),
+        ({"max_steps": 0}, "max_steps"),
+        ({"render_format": "fancy"}, "render_format"),
+    ],
 )
 def test_constructor_errors_name_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=name):

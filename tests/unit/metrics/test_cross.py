@@ -25,13 +25,16 @@ def actor(tiny_path):
 
 
 def _traj(chat, group_id, states, bodies):
-    """One trajectory whose turn t shows ``states[t]`` and samples ``bodies[t]`` (text after ``<think>``)."""
+    """One trajectory whose turn t shows ``states[t]`` and samples ``bodies[t]`` (text after
+    ``<think>``)."""
     conv = chat.start("You're a helpful assistant.", f"State:\n{states[0]}\n")
     for t, body in enumerate(bodies):
         if t:
             chat.add_user(conv, f"State:\n{states[t]}\n")
         chat.add_response(conv, chat.encode(body) + [chat.eos_id], None)
-    return Trajectory(env_index=0, group_id=group_id, seed=group_id, samples=[Sample(conv, [0.0] * len(bodies))])
+    return Trajectory(
+        env_index=0, group_id=group_id, seed=group_id, samples=[Sample(conv, [0.0] * len(bodies))]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,23 +54,33 @@ def test_first_turn_pairs_rows_columns_and_exclusions(rollout, tiny_tokenizer):
     chat, trajs = rollout
     finder = ReasoningFinder(tiny_tokenizer)
     pairs = first_turn_pairs(trajectory_turns(trajs, finder))
-    # columns: one per group (0, 1, 2), the group's first member's prompt; groups 0 and 2 saw the same state
+    # columns: one per group (0, 1, 2), the group's first member's prompt; groups 0 and 2 saw the
+    # same state
     assert len(pairs.prompts) == 3 and pairs.prompt_signature.tolist() == [0, 1, 0]
     assert all(p[-1] == tiny_tokenizer.convert_tokens_to_ids("<think>") for p in pairs.prompts)
-    # rows: trajectories 0, 2, 4 have reasoning; 1 (no </think>) and 3 (empty) are excluded and counted
-    assert pairs.prompt_index.tolist() == [0, 1, 2] and pairs.num_turns == 5 and pairs.num_excluded == 2
+    # rows: trajectories 0, 2, 4 have reasoning; 1 (no </think>) and 3 (empty) are excluded and
+    # counted
+    assert (
+        pairs.prompt_index.tolist() == [0, 1, 2]
+        and pairs.num_turns == 5
+        and pairs.num_excluded == 2
+    )
     assert pairs.reasonings[0] == chat.encode("I go left.")
     # the decode-based path (tokenizers whose </think> is several ids) finds the same reasoning
     slow = ReasoningFinder(tiny_tokenizer)
     slow.close_id = None
     assert first_turn_pairs(trajectory_turns(trajs, slow)).reasonings == pairs.reasonings
     # num_samples draws rows without replacement; the columns stay one per group
-    sub = first_turn_pairs(trajectory_turns(trajs, finder), num_samples=2, generator=torch.Generator().manual_seed(0))
+    sub = first_turn_pairs(
+        trajectory_turns(trajs, finder), num_samples=2, generator=torch.Generator().manual_seed(0)
+    )
     assert len(sub.reasonings) == 2 and len(sub.prompts) == 3 and sub.num_excluded == 2
     assert len(set(sub.prompt_index.tolist())) == 2
 
 
-def test_matrix_matches_independent_teacher_forcing_and_micro_batching(rollout, tiny_tokenizer, actor):
+def test_matrix_matches_independent_teacher_forcing_and_micro_batching(
+    rollout, tiny_tokenizer, actor
+):
     _, trajs = rollout
     pairs = first_turn_pairs(trajectory_turns(trajs, ReasoningFinder(tiny_tokenizer)))
     scores = score_pairs(actor, pairs, micro_batch_size=4, pad_token_id=tiny_tokenizer.pad_token_id)
@@ -82,21 +95,38 @@ def test_matrix_matches_independent_teacher_forcing_and_micro_batching(rollout, 
             assert abs(float(scores.token_mean[m, j]) - expected / len(z)) < 1e-4
     for micro in (1, 2, 9):  # 9 > M*N: one forward pass for all pairs
         for cache in (True, False):  # the prompt's KV cache reused, or every [x | z] run whole
-            other = score_pairs(actor, pairs, micro_batch_size=micro, pad_token_id=tiny_tokenizer.pad_token_id,
-                                prefix_cache=cache)
+            other = score_pairs(
+                actor,
+                pairs,
+                micro_batch_size=micro,
+                pad_token_id=tiny_tokenizer.pad_token_id,
+                prefix_cache=cache,
+            )
             torch.testing.assert_close(other.seq_sum, scores.seq_sum, atol=1e-5, rtol=0)
     assert not actor.training
 
 
 def test_trajectory_pairs_use_the_history_up_to_the_drawn_turn(tiny_tokenizer):
     chat = ChatTokens(tiny_tokenizer)
-    # turn 1 has no reasoning, turn 2 does: every draw must be turn 2 with the whole history as its prompt
-    traj = _traj(chat, 0, ["#P_#", "#_P#"], ["oops<answer>Right</answer>", "done.</think><answer>Up</answer>"])
+    # turn 1 has no reasoning, turn 2 does: every draw must be turn 2 with the whole history as its
+    # prompt
+    traj = _traj(
+        chat,
+        0,
+        ["#P_#", "#_P#"],
+        ["oops<answer>Right</answer>", "done.</think><answer>Up</answer>"],
+    )
     conv = traj.samples[0].conversation
     start2 = conv.turn_spans[1][0]
-    pairs = trajectory_pairs(trajectory_turns([traj], ReasoningFinder(tiny_tokenizer)), num_samples=3,
-                             generator=torch.Generator().manual_seed(0))
-    assert pairs.prompts == [conv.input_ids[:start2]] * 3 and pairs.reasonings == [chat.encode("done.")] * 3
+    pairs = trajectory_pairs(
+        trajectory_turns([traj], ReasoningFinder(tiny_tokenizer)),
+        num_samples=3,
+        generator=torch.Generator().manual_seed(0),
+    )
+    assert (
+        pairs.prompts == [conv.input_ids[:start2]] * 3
+        and pairs.reasonings == [chat.encode("done.")] * 3
+    )
     assert pairs.prompt_index.tolist() == [0, 1, 2] and pairs.prompt_signature.tolist() == [0, 0, 0]
     assert pairs.num_turns == 2 and pairs.num_excluded == 1
 
@@ -107,15 +137,30 @@ def test_mi_diagnostics_keys_and_counts(rollout, tiny_tokenizer, actor):
     scores = score_pairs(actor, pairs, 4, pad_token_id=tiny_tokenizer.pad_token_id)
     ema: dict = {}
     logs = mi_diagnostics(pairs, scores, "collapse/first_turn", ema_state=ema)
-    assert logs["collapse/first_turn/num_valid"] == 3.0 and logs["collapse/first_turn/valid_rate"] == 3 / 5
+    assert (
+        logs["collapse/first_turn/num_valid"] == 3.0
+        and logs["collapse/first_turn/valid_rate"] == 3 / 5
+    )
     assert logs["collapse/first_turn/num_excluded"] == 2.0
-    # conditional entropy = -mean of the matrix's matched entries (hand: a_m = l[m, m] for prompt_index 0,1,2)
+    # conditional entropy = -mean of the matrix's matched entries (hand: a_m = l[m, m] for
+    # prompt_index 0,1,2)
     diag = scores.token_mean.diagonal()
     assert abs(logs["collapse/first_turn/conditional_entropy"] + float(diag.mean())) < 1e-5
-    assert abs(logs["collapse/first_turn/conditional_entropy_seq"] + float(scores.seq_sum.diagonal().mean())) < 1e-4
+    assert (
+        abs(
+            logs["collapse/first_turn/conditional_entropy_seq"]
+            + float(scores.seq_sum.diagonal().mean())
+        )
+        < 1e-4
+    )
     assert set(ema) == {"", "_seq"}
     # no valid row: only the counts are logged
     empty = first_turn_pairs(trajectory_turns(trajs[1:2], ReasoningFinder(tiny_tokenizer)))
     logs = mi_diagnostics(empty, score_pairs(actor, empty, 4), "p")
-    assert logs == {"p/num_turns": 1.0, "p/num_valid": 0.0, "p/num_excluded": 1.0, "p/valid_rate": 0.0,
-                    "p/time_s": logs["p/time_s"]}
+    assert logs == {
+        "p/num_turns": 1.0,
+        "p/num_valid": 0.0,
+        "p/num_excluded": 1.0,
+        "p/valid_rate": 0.0,
+        "p/time_s": logs["p/time_s"],
+    }

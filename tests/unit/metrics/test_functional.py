@@ -1,4 +1,5 @@
-"""Hand-computed checks of ``ragen_lightning.metrics.functional`` (RAGEN's collapse and rollout-filter metrics)."""
+"""Hand-computed checks of ``ragen_lightning.metrics.functional`` (RAGEN's collapse and
+rollout-filter metrics)."""
 
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ from ragen_lightning.metrics.functional import (
 #   b_0 = log((e^-1 + e^-3)/2)   = -1 + log((1 + e^-2)/2)   = -1.5662192
 #   b_1 = log((e^-2 + e^-0.5)/2) = -0.5 + log((1 + e^-1.5)/2) = -0.9917339
 #   mean(b) = -1.2789765;  mi = -0.75 + 1.2789765 = 0.5289765;  log 2 = 0.6931472
-#   population std(b) = |b_0 - b_1| / 2 = 0.2872426
-#   mi_zscore = mean(a - b) / (std + 1e-3) = 0.5289765 / 0.2882426 = 1.8351780
-#   argmax rows: [0, 1] = true -> accuracy 1, chance 1/2, above 1/2; @2: k_eff 2, chance min(1, 1/2·2) = 1
+#   population std(b) = |b_0 - b_1| / 2 = 0.2872426 mi_zscore = mean(a - b) / (std + 1e-3) =
+#   0.5289765 / 0.2882426 = 1.8351780 argmax rows: [0, 1] = true -> accuracy 1, chance 1/2, above
+#   1/2; @2: k_eff 2, chance min(1, 1/2·2) = 1
 L2 = torch.tensor([[-1.0, -3.0], [-2.0, -0.5]])
 IDX2 = torch.tensor([0, 1])
 B0, B1 = -1.5662192, -0.9917339
@@ -61,7 +62,8 @@ def test_hand_2x2_mi_family():
 
 
 def test_perfectly_input_dependent_matrix_reaches_log_n():
-    # diag 0, off-diagonal -100: a = 0, b = log((1 + 2e^-100)/3) = -log 3 -> mi = log 3, every row retrieved.
+    # diag 0, off-diagonal -100: a = 0, b = log((1 + 2e^-100)/3) = -log 3 -> mi = log 3, every row
+    # retrieved.
     ell = torch.full((3, 3), -100.0).fill_diagonal_(0.0)
     out = mutual_information(ell, torch.arange(3))
     assert _f(out["mi"]) == pytest.approx(math.log(3), abs=1e-6)
@@ -77,14 +79,16 @@ def test_perfectly_input_dependent_matrix_reaches_log_n():
 
 
 def test_template_collapse_gives_zero_mi_and_chance_retrieval():
-    # Every row constant across columns (the reasoning ignores the prompt); rows differ from each other.
-    # b_m = a_m exactly -> mi = 0 exactly; conditional entropy = -mean(-1,-2,-3,-4) = 2.5 stays high.
+    # Every row constant across columns (the reasoning ignores the prompt); rows differ from each
+    # other. b_m = a_m exactly -> mi = 0 exactly; conditional entropy = -mean(-1,-2,-3,-4) = 2.5
+    # stays high.
     ell = torch.tensor([-1.0, -2.0, -3.0, -4.0])[:, None].expand(4, 4).contiguous()
     out = mutual_information(ell, torch.arange(4))
     assert torch.equal(out["mi"], torch.tensor(0.0))
     assert _f(out["conditional_entropy"]) == 2.5
     assert torch.equal(out["mi_zscore"], torch.tensor(0.0))
-    # Ties -> lower column: every row predicts column 0; only row 0 (true 0) is right: 1/4 = chance 1/4.
+    # Ties -> lower column: every row predicts column 0; only row 0 (true 0) is right: 1/4 = chance
+    # 1/4.
     assert _f(out["retrieval_accuracy"]) == 0.25 == _f(out["retrieval_chance_level"])
     assert _f(out["retrieval_above_chance"]) == 0.0
     # top-2 = columns {0, 1} for every row: rows 0, 1 hit -> 1/2 = chance@2 = min(1, 1/4·2)
@@ -95,7 +99,8 @@ def test_template_collapse_gives_zero_mi_and_chance_retrieval():
 
 def test_tie_break_is_lower_column_first():
     ell = torch.tensor([[-1.0, -1.0, -1.0]])
-    # true column 1: argmax picks 0 (miss) but top-2 = {0, 1} (hit); true column 2: only the top-3 holds it
+    # true column 1: argmax picks 0 (miss) but top-2 = {0, 1} (hit); true column 2: only the top-3
+    # holds it
     assert _f(mutual_information(ell, torch.tensor([1]))["retrieval_accuracy"]) == 0.0
     assert _f(mutual_information(ell, torch.tensor([1]))["retrieval_accuracy@2"]) == 1.0
     out = mutual_information(ell, torch.tensor([2]), topk=(2, 3))
@@ -107,7 +112,8 @@ def test_tie_break_is_lower_column_first():
 
 
 def test_identical_prompts_count_as_retrieved():
-    # Columns 0 and 1 hold the same prompt (signature [7, 7, 9]). Row 0 (from x_0) prefers x_1, row 1 prefers x_0.
+    # Columns 0 and 1 hold the same prompt (signature [7, 7, 9]). Row 0 (from x_0) prefers x_1, row
+    # 1 prefers x_0.
     ell = torch.tensor([[-2.0, -1.0, -3.0], [-1.0, -2.0, -3.0], [-3.0, -2.0, -1.0]])
     idx = torch.arange(3)
     plain = mutual_information(ell, idx)
@@ -137,7 +143,8 @@ def test_k_eff_clipping():
     ]
     assert acc == [0.0, 0.0, 1.0, 1.0]
     assert _f(out["retrieval_chance_level@4"]) == pytest.approx(1.0)  # min(1, 1/3·3)
-    # N = 12 > 8: k = 16 is clipped to 8 (the RAGEN cap), chance@16 = 8/12; the 9th-ranked column is missed.
+    # N = 12 > 8: k = 16 is clipped to 8 (the RAGEN cap), chance@16 = 8/12; the 9th-ranked column is
+    # missed.
     row = -torch.arange(12, dtype=torch.float32)[None]
     out = mutual_information(row, torch.tensor([8]), topk=(8, 16))
     assert _f(out["retrieval_accuracy@16"]) == 0.0
@@ -192,9 +199,7 @@ def test_token_mean_and_sequence_sum_variants():
     assert token_mean.tolist() == [[-1.5, -2.0], [-1.0, -1.0]]
     # seq variant: a = [-3, -3], b_0 = log((e^-3 + e^-4)/2), b_1 = -3 -> mi = -(log((1 + e^-1)/2))/2
     out = mutual_information(seq_sum, torch.tensor([0, 1]))
-    assert _f(out["mi"]) == pytest.approx(
-        -0.5 * math.log((1 + math.exp(-1)) / 2), abs=1e-6
-    )
+    assert _f(out["mi"]) == pytest.approx(-0.5 * math.log((1 + math.exp(-1)) / 2), abs=1e-6)
 
 
 def test_ema_zscore_two_updates():
@@ -218,7 +223,8 @@ def test_ema_zscore_two_updates():
 
 
 def test_within_group_reward_std():
-    # [1,1,1] -> 0; [0,1,2] -> unbiased std 1; eight copies of 0.3 -> exactly 0 (plain torch.std gives ~3e-8)
+    # [1,1,1] -> 0; [0,1,2] -> unbiased std 1; eight copies of 0.3 -> exactly 0 (plain torch.std
+    # gives ~3e-8)
     std = within_group_reward_std(torch.tensor([[1.0, 1.0, 1.0], [0.0, 1.0, 2.0]]))
     assert std.tolist() == [0.0, 1.0]
     assert torch.equal(within_group_reward_std(torch.full((1, 8), 0.3)), torch.zeros(1))
@@ -232,16 +238,15 @@ def test_token_entropy_and_masked_mean():
     ent = token_entropy(torch.tensor([[[0.0, 0.0], [0.0, float("-inf")]]]))
     assert ent[0].tolist() == pytest.approx([math.log(2), 0.0])
     # masked mean over the first token only -> log 2; empty mask -> 0
-    assert _f(mean_token_entropy(ent, torch.tensor([[1, 0]]))) == pytest.approx(
-        math.log(2)
-    )
+    assert _f(mean_token_entropy(ent, torch.tensor([[1, 0]]))) == pytest.approx(math.log(2))
     assert _f(mean_token_entropy(ent, torch.tensor([[0, 0]]))) == 0.0
 
 
 def test_functional_import_is_light():
-    # A fresh interpreter: other tests here import torchmetrics. functional (and cross, the teacher-forcing of the
-    # cross log-prob matrix, which takes any model object) must not pull in lightning, vllm or
-    # torchmetrics (the Metric classes are loaded lazily by ragen_lightning.metrics).
+    # A fresh interpreter: other tests here import torchmetrics. functional (and cross, the
+    # teacher-forcing of the cross log-prob matrix, which takes any model object) must not pull in
+    # lightning, vllm or torchmetrics (the Metric classes are loaded lazily by
+    # ragen_lightning.metrics).
     forbidden = (
         "lightning",
         "pytorch_lightning",

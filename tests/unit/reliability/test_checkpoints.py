@@ -1,5 +1,6 @@
-"""Safe checkpoints: atomic writes (a full disk leaves no partial ``.ckpt``), a digest that refuses flipped bytes,
-one-line errors naming the file for empty/random/truncated files, and the model settings a resume would change."""
+"""Safe checkpoints: atomic writes (a full disk leaves no partial ``.ckpt``), a digest that refuses
+flipped bytes, one-line errors naming the file for empty/random/truncated files, and the model
+settings a resume would change."""
 
 from __future__ import annotations
 
@@ -28,22 +29,31 @@ from ragen_lightning.parallel.checkpointing import (
 
 def _checkpoint(seed=0):
     g = torch.Generator().manual_seed(seed)
-    return {"state_dict": {"critic.w": torch.randn(64, 64, generator=g)}, "global_step": seed,
-            "hyper_parameters": {"advantage": {"estimator": "gae"}}}
+    return {
+        "state_dict": {"critic.w": torch.randn(64, 64, generator=g)},
+        "global_step": seed,
+        "hyper_parameters": {"advantage": {"estimator": "gae"}},
+    }
 
 
 def test_saved_file_is_a_plain_torch_zip_with_its_digest_as_the_zip_comment(tmp_path):
     path = tmp_path / "last.ckpt"
     save_atomic(_checkpoint(), path)
     data = path.read_bytes()
-    comment = data[-(len(checkpointing.DIGEST_PREFIX) + 64):]
+    comment = data[-(len(checkpointing.DIGEST_PREFIX) + 64) :]
     assert comment.startswith(b"ragen-sha256:")
     # the digest is the SHA-256 of the archive as torch.save wrote it: comment length 0, no comment
     original = data[: -len(comment) - 2] + b"\0\0"
     assert comment[13:].decode() == hashlib.sha256(original).hexdigest()
     assert verify(path) is True
-    for loaded in (torch.load(path, weights_only=True), pl_load(path), load_verified(path, weights_only=True)):
-        torch.testing.assert_close(loaded["state_dict"]["critic.w"], _checkpoint()["state_dict"]["critic.w"])
+    for loaded in (
+        torch.load(path, weights_only=True),
+        pl_load(path),
+        load_verified(path, weights_only=True),
+    ):
+        torch.testing.assert_close(
+            loaded["state_dict"]["critic.w"], _checkpoint()["state_dict"]["critic.w"]
+        )
     assert sorted(os.listdir(tmp_path)) == ["last.ckpt"]  # no temporary file left
 
 
@@ -51,15 +61,18 @@ def test_flipped_bytes_are_refused_naming_the_file(tmp_path):
     path = tmp_path / "epoch=0-step=2.ckpt"
     save_atomic(_checkpoint(), path)
     data = bytearray(path.read_bytes())
-    start = len(data) // 2  # inside the tensor data: torch.load alone would load the changed values silently
+    # inside the tensor data: torch.load alone would load the changed values silently
+    start = len(data) // 2
     data[start : start + 4096] = bytes(b ^ 0xFF for b in data[start : start + 4096])
     path.write_bytes(bytes(data))
-    torch.load(path, weights_only=True)  # the zip container is intact: the damage only shows in the digest
+    # the zip container is intact: the damage only shows in the digest
+    torch.load(path, weights_only=True)
     with pytest.raises(CheckpointError) as info:
         SafeCheckpointIO().load_checkpoint(path)
     assert str(info.value) == (
         f"--ckpt_path {path}: corrupted checkpoint (its SHA-256 differs from the digest saved with it: the file "
-        "changed after it was written); use another checkpoint")
+        "changed after it was written); use another checkpoint"
+    )
     assert isinstance(info.value, ConfigError)  # the command line prints it as one line, exit 2
 
 
@@ -67,7 +80,10 @@ def test_flipped_bytes_are_refused_naming_the_file(tmp_path):
     "content, message",
     [
         (b"", "the file is empty, not a checkpoint"),
-        (os.urandom(3000), "not a checkpoint (no zip archive end: truncated, or another kind of file)"),
+        (
+            os.urandom(3000),
+            "not a checkpoint (no zip archive end: truncated, or another kind of file)",
+        ),
         ("half", "not a checkpoint (no zip archive end: truncated, or another kind of file)"),
         ("bad_digest", "corrupted checkpoint (its digest record is damaged)"),
     ],
@@ -89,10 +105,14 @@ def test_unusable_files_are_one_line_naming_the_file(tmp_path, content, message)
 def test_missing_file_and_a_foreign_pickle(tmp_path):
     with pytest.raises(CheckpointError, match=r"^--ckpt_path .*nope\.ckpt: no such file$"):
         load_verified(tmp_path / "nope.ckpt")
-    # an old-format (non-zip) torch file whose end happens to hold a zip end record: refused, not unpickled
+    # an old-format (non-zip) torch file whose end happens to hold a zip end record: refused, not
+    # unpickled
     path = tmp_path / "old.ckpt"
     path.write_bytes(pickle.dumps({"a": 1}) + b"PK\x05\x06" + b"\0" * 18)
-    with pytest.raises(CheckpointError) as info, pytest.warns(UserWarning, match="no integrity digest"):
+    with (
+        pytest.raises(CheckpointError) as info,
+        pytest.warns(UserWarning, match="no integrity digest"),
+    ):
         load_verified(path, weights_only=True)
     assert str(info.value).startswith(f"--ckpt_path {path}: not a readable checkpoint (")
     assert "\n" not in str(info.value)
@@ -123,12 +143,16 @@ def test_full_disk_leaves_no_partial_ckpt_and_the_previous_one_intact(tmp_path, 
         return real_write(self, data)
 
     monkeypatch.setattr(checkpointing._HashingWriter, "write", write_until_full)
-    with pytest.raises(OSError) as info:  # (SafeCheckpointIO stops the run with one line: test_checkpoint_faults.py)
+    # (SafeCheckpointIO stops the run with one line: test_checkpoint_faults.py)
+    with pytest.raises(OSError) as info:
         save_atomic(_checkpoint(2), path)
     assert info.value.errno == errno.ENOSPC
-    assert str(info.value) == (f"[Errno 28] No space left on device: checkpoint {path} not written (a previous file "
-                               "of that name is unchanged)")
-    assert sorted(os.listdir(tmp_path)) == ["last.ckpt"]  # the temporary file is gone, nothing else was named
+    assert str(info.value) == (
+        f"[Errno 28] No space left on device: checkpoint {path} not written (a previous file "
+        "of that name is unchanged)"
+    )
+    # the temporary file is gone, nothing else was named
+    assert sorted(os.listdir(tmp_path)) == ["last.ckpt"]
     assert path.read_bytes() == before and io.load_checkpoint(path)["global_step"] == 1
     # a new name that never got written does not exist at all
     with pytest.raises(OSError):
@@ -154,12 +178,27 @@ def test_install_replaces_only_lightnings_default_io():
 
 def test_changed_settings_names_each_differing_model_setting():
     # the settings groups are plain dicts in the hyperparameters, compared field by field
-    saved = {"advantage": {"estimator": "gae", "gamma": 1.0}, "model": "tiny", "lora": None,
-             "optim": {"actor_lr": 1e-3, "max_consecutive_skips": 5}, "temperature": 1.0,
-             "export_dir": None, "only_in_checkpoint": 1, "_instantiator": "x"}
-    current = {"advantage": {"estimator": "grpo", "gamma": 1.0}, "model": "tiny", "lora": {"rank": 8},
-               "optim": {"actor_lr": 1e-3, "max_consecutive_skips": 0},  # steers the run only: not compared
-               "temperature": 0.7, "export_dir": "out", "only_now": 2, "_instantiator": "y"}
+    saved = {
+        "advantage": {"estimator": "gae", "gamma": 1.0},
+        "model": "tiny",
+        "lora": None,
+        "optim": {"actor_lr": 1e-3, "max_consecutive_skips": 5},
+        "temperature": 1.0,
+        "export_dir": None,
+        "only_in_checkpoint": 1,
+        "_instantiator": "x",
+    }
+    current = {
+        "advantage": {"estimator": "grpo", "gamma": 1.0},
+        "model": "tiny",
+        "lora": {"rank": 8},
+        # steers the run only: not compared
+        "optim": {"actor_lr": 1e-3, "max_consecutive_skips": 0},
+        "temperature": 0.7,
+        "export_dir": "out",
+        "only_now": 2,
+        "_instantiator": "y",
+    }
     assert changed_settings(current, saved) == [
         "--model.advantage.estimator (checkpoint 'gae', now 'grpo')",
         "--model.lora (checkpoint None, now {'rank': 8})",
@@ -169,8 +208,10 @@ def test_changed_settings_names_each_differing_model_setting():
     # exporting the merged adapter steers the run's end only: not a change of model settings
     lora = {"rank": 8, "export_merged": False}
     assert changed_settings({"lora": dict(lora, export_merged=True)}, {"lora": lora}) == []
-    assert changed_settings({"lora": dict(lora, rank=16)}, {"lora": lora}) == [  # a group: field by field
-        "--model.lora.rank (checkpoint 8, now 16)"]
+    # a group: field by field
+    assert changed_settings({"lora": dict(lora, rank=16)}, {"lora": lora}) == [
+        "--model.lora.rank (checkpoint 8, now 16)"
+    ]
 
 
 def test_check_resume_settings_refuses_unless_allowed():
@@ -181,5 +222,6 @@ def test_check_resume_settings_refuses_unless_allowed():
     assert str(info.value) == (
         "--ckpt_path out/last.ckpt was trained with other model settings: --model.advantage.estimator (checkpoint 'gae', "
         "now 'grpo'); --model.advantage.gamma (checkpoint 1.0, now 0.99). Resume with the run's settings, or pass "
-        "--allow_changed_settings true to continue with the new ones")
+        "--allow_changed_settings true to continue with the new ones"
+    )
     check_resume_settings(current, "out/last.ckpt", saved, allow=True)  # allowed: no error

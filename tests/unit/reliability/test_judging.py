@@ -1,8 +1,9 @@
-"""Model text is judged in bounded time: numbers with huge exponents, repeated tags, contradictory puzzles, and a fuzz
-of adversarial outputs through the runner's parsing path for every registered env.
+"""Model text is judged in bounded time: numbers with huge exponents, repeated tags, contradictory
+puzzles, and a fuzz of adversarial outputs through the runner's parsing path for every registered
+env.
 
-The hang cases run in a killed-at-the-limit subprocess (``bounded.run_bounded``): before the fixes each of them ran
-for minutes, so the test failed on its limit instead of blocking the suite.
+The hang cases run in a killed-at-the-limit subprocess (``bounded.run_bounded``): before the fixes
+each of them ran for minutes, so the test failed on its limit instead of blocking the suite.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def test_metamathqa_huge_exponents_are_judged_in_under_a_second():
     for text in HUGE_NUMERALS:
         elapsed, reward, wrong_vs_huge_label, itself = seconds[text]
         assert elapsed < 1.0, (text, elapsed)
-        assert reward == 0.0 and wrong_vs_huge_label is False and itself is True  # matches only its own string
+        # matches only its own string
+        assert reward == 0.0 and wrong_vs_huge_label is False and itself is True
 
 
 @pytest.mark.parametrize(
@@ -66,8 +68,10 @@ def test_metamathqa_huge_exponents_are_judged_in_under_a_second():
         ("1e-1000", "0.1e-999", True),
         ("1e1001", "10e1000", False),  # beyond the bound: text only, and the texts differ
         ("1e1001", "1E1001", True),  # ... equal after lower-casing
-        ("1" * MAX_NUMERAL_LENGTH, "1" * MAX_NUMERAL_LENGTH + ".0", False),  # 201 characters: text only
-        ("1" * (MAX_NUMERAL_LENGTH - 2) + ".0", "1" * (MAX_NUMERAL_LENGTH - 2), True),  # 200 characters: a number
+        # 201 characters: text only
+        ("1" * MAX_NUMERAL_LENGTH, "1" * MAX_NUMERAL_LENGTH + ".0", False),
+        # 200 characters: a number
+        ("1" * (MAX_NUMERAL_LENGTH - 2) + ".0", "1" * (MAX_NUMERAL_LENGTH - 2), True),
         ("1_000", "1000", True),  # Fraction's digit groups still parse
         ("1,000e2", "100000", False),  # thousands separators only without an exponent (unchanged)
     ],
@@ -80,8 +84,13 @@ def test_numeral_bounds(answer, label, match):
 @pytest.mark.parametrize("label", ["1e999999999", "-2.5E+1001", "3" * 201])
 def test_metamathqa_label_beyond_the_judged_range_is_refused_at_load(tmp_path, label):
     path = tmp_path / "qa.jsonl"
-    path.write_text(json.dumps({"question": "q1", "answer": "4"}) + "\n"
-                    + json.dumps({"question": "q2", "answer": label}) + "\n", encoding="utf-8")
+    path.write_text(
+        json.dumps({"question": "q1", "answer": "4"})
+        + "\n"
+        + json.dumps({"question": "q2", "answer": label})
+        + "\n",
+        encoding="utf-8",
+    )
     refused = r"qa\.jsonl:2: answer '.*'(\.\.\.)? is a number beyond the judged range"
     with pytest.raises(ValueError, match=refused) as info:
         MetaMathQAEnv(path=path)
@@ -98,7 +107,9 @@ def test_metamathqa_label_at_the_bounds_loads(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ parse_response
 
-REPEATED = {  # (unit, repeats, enable_think): 100 KB inputs; the old regexes backtracked from every opening tag to
+# (unit, repeats, enable_think): 100 KB inputs; the old regexes backtracked from every opening tag
+# to
+REPEATED = {
     # the end of the text (> 20 s for the first)
     "think_close_pairs": ("<think></think>", 6667, True),
     "think_opens": ("<think>", 14286, True),
@@ -125,23 +136,30 @@ def test_parse_response_on_100kb_of_repeated_tags_is_under_a_second():
         assert elapsed < 1.0, (name, elapsed)
 
 
-# (text after the generation prefix, enable_think) -> (think, answer, actions), worked out by hand from the regexes
-# r"<think>(.*?)</think>\s*<answer>(.*?)</answer>" / r"<answer>(.*?)</answer>" (DOTALL) on prefix + text.
+# (text after the generation prefix, enable_think) -> (think, answer, actions), worked out by hand
+# from the regexes r"<think>(.*?)</think>\s*<answer>(.*?)</answer>" / r"<answer>(.*?)</answer>"
+# (DOTALL) on prefix + text.
 TRICKY = [
-    # a </think> not followed by <answer> does not close: the think part runs to the next usable </think>
+    # a </think> not followed by <answer> does not close: the think part runs to the next usable
+    # </think>
     (("a</think>b</think> <answer>X</answer>", True), ("ab", "X", ("X",))),
-    # the first usable </think> wins even though a later well-formed pair exists; the answer runs to the first
-    # </answer> after it
+    # the first usable </think> wins even though a later well-formed pair exists; the answer runs to
+    # the first </answer> after it
     (("a</think><answer>X</think>\n<answer>Y</answer>", True), ("a", "X\nY", ("X\nY",))),
     # an inner <think> belongs to the think text (the match starts at the prefix)
     (("<think>a</think><answer>B</answer>", True), ("a", "B", ("B",))),
     # any whitespace between </think> and <answer>, Unicode's included (\s)
-    (("a</think> \n\t\u2003<answer> Up || Left </answer>", True), ("a", "Up || Left", ("Up", "Left"))),
+    (
+        ("a</think> \n\t\u2003<answer> Up || Left </answer>", True),
+        ("a", "Up || Left", ("Up", "Left")),
+    ),
     (("a</think>x<answer>Up</answer>", True), None),  # text between the tags
     (("a</think><answer>Up", True), None),  # no </answer>
-    (("a</answer></think><answer>Up</answer>", True), ("a", "Up", ("Up",))),  # </answer> before is irrelevant
+    # </answer> before is irrelevant
+    (("a</answer></think><answer>Up</answer>", True), ("a", "Up", ("Up",))),
     (("a</think><answer>Up</answer></think><answer>Down</answer>", True), ("a", "Up", ("Up",))),
-    (("</think></think><answer></answer>", True), ("", "", ())),  # empty parts: format ok, no actions
+    # empty parts: format ok, no actions
+    (("</think></think><answer></answer>", True), ("", "", ())),
     (("Up</answer><answer>Down</answer>", False), ("", "Up", ("Up",))),
     (("<answer>Up</answer>", False), ("", "Up", ("Up",))),  # nested opening tag is stripped
     (("Up", False), None),
@@ -161,7 +179,21 @@ def test_parse_response_tricky_inputs(case, expected):
 
 _OLD_THINK = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
 _OLD_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_PIECES = ["<think>", "</think>", "<answer>", "</answer>", " ", "\n", "a", "||", "<", ">", "/", "think", "answer"]
+_PIECES = [
+    "<think>",
+    "</think>",
+    "<answer>",
+    "</answer>",
+    " ",
+    "\n",
+    "a",
+    "||",
+    "<",
+    ">",
+    "/",
+    "think",
+    "answer",
+]
 
 
 @settings(max_examples=400, deadline=None)
@@ -180,8 +212,8 @@ def test_linear_matching_equals_the_regex_it_replaced(pieces, think):
 
 
 def _contradictory_16x16() -> list[list[int]]:
-    """No cell is without candidates, yet box 0 has no place for a 1: rows 1-3 hold a 1 in boxes 1-3, columns 0-2
-    hold a 1 further down, and (0, 3) holds a 2."""
+    """No cell is without candidates, yet box 0 has no place for a 1: rows 1-3 hold a 1 in boxes
+    1-3, columns 0-2 hold a 1 further down, and (0, 3) holds a 2."""
     grid = np.zeros((16, 16), dtype=int)
     for r, c in [(1, 4), (2, 8), (3, 12), (4, 0), (8, 1), (12, 2)]:
         grid[r, c] = 1
@@ -191,7 +223,8 @@ def _contradictory_16x16() -> list[list[int]]:
 
 def test_sudoku_hidden_contradiction_is_refused_within_the_budget():
     # Before: the search had no budget (> 25 s; minutes).
-    out = run_bounded(f"""
+    out = run_bounded(
+        f"""
         import json, time
         import numpy as np
         from envs.grid.sudoku.env import SudokuEnv
@@ -206,7 +239,9 @@ def test_sudoku_hidden_contradiction_is_refused_within_the_budget():
                 message = str(exc)
             out[str(budget)] = [time.perf_counter() - t, message]
         print(json.dumps(out))
-    """, limit_s=90)
+    """,
+        limit_s=90,
+    )
     small_s, small_msg = out["10000"]
     assert small_msg == (
         "options['puzzle']: no unique solution found within search_budget=10000 search nodes (it may hide a "
@@ -214,12 +249,16 @@ def test_sudoku_hidden_contradiction_is_refused_within_the_budget():
     )
     assert small_s < 1.0
     default_s, default_msg = out["None"]
-    assert f"search_budget={PUZZLE_SEARCH_BUDGET} " in default_msg and PUZZLE_SEARCH_BUDGET == 200_000
+    assert (
+        f"search_budget={PUZZLE_SEARCH_BUDGET} " in default_msg and PUZZLE_SEARCH_BUDGET == 200_000
+    )
     assert default_s < 20.0  # ~3 s on one busy core of the 2-core build machine
 
 
 def test_sudoku_search_budget_is_validated_and_normal_puzzles_still_load():
-    with pytest.raises(ValueError, match=r"search_budget must be an integer in \[1, 2000000\], got 0"):
+    with pytest.raises(
+        ValueError, match=r"search_budget must be an integer in \[1, 2000000\], got 0"
+    ):
         SudokuEnv(search_budget=0)
     env = SudokuEnv(grid_size=4, search_budget=50)
     puzzle = [[1, 2, 3, 4], [3, 4, 1, 2], [2, 1, 4, 3], [4, 3, 2, 0]]
@@ -264,7 +303,10 @@ class _ListEngine:
         self.ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
 
     def generate(self, prompts, params, seeds=None, **kw):
-        return [Generation(self.ids[i], [-1.0] * len(self.ids[i]), "length") for i in range(len(prompts))]
+        return [
+            Generation(self.ids[i], [-1.0] * len(self.ids[i]), "length")
+            for i in range(len(prompts))
+        ]
 
     def sync_weights(self):
         pass
@@ -285,15 +327,27 @@ def test_fuzz_adversarial_outputs_through_the_runner_for_every_env(tiny_tokenize
         finally:
             parse_seconds.append(time.perf_counter() - t)
 
-    monkeypatch.setattr(prompting, "parse_response", timed_parse)  # the runner calls it through the module
+    # the runner calls it through the module
+    monkeypatch.setattr(prompting, "parse_response", timed_parse)
     engine = _ListEngine(tiny_tokenizer, ADVERSARIAL)
     longest = max(len(ids) for ids in engine.ids)
-    episode = EpisodeSettings(max_turns=1, max_actions_per_turn=20, max_actions_per_episode=20,
-                              max_new_tokens=longest, max_model_len=longest + 4096)
+    episode = EpisodeSettings(
+        max_turns=1,
+        max_actions_per_turn=20,
+        max_actions_per_episode=20,
+        max_new_tokens=longest,
+        max_model_len=longest + 4096,
+    )
     for env_id in env_ids:
         # an env that needs a backend (Lean) gets the env contract test's loopback stand-in
-        runner = RolloutRunner(env_id, backend_kwargs(env_id) or None, ChatTokens(tiny_tokenizer), engine, episode)
-        trajs = runner.run(list(range(len(ADVERSARIAL))), group_size=1, params=SamplingParams(max_new_tokens=longest))
+        runner = RolloutRunner(
+            env_id, backend_kwargs(env_id) or None, ChatTokens(tiny_tokenizer), engine, episode
+        )
+        trajs = runner.run(
+            list(range(len(ADVERSARIAL))),
+            group_size=1,
+            params=SamplingParams(max_new_tokens=longest),
+        )
         assert len(trajs) == len(ADVERSARIAL) and all(t.num_turns == 1 for t in trajs)
         assert all(np.isfinite(t.score) for t in trajs)
         # the output without tags and the empty one are format errors in every env
@@ -308,14 +362,17 @@ def test_fuzz_adversarial_outputs_through_the_runner_for_every_env(tiny_tokenize
 
 # ------------------------------------------------------------------------------------------ tool-call fuzz
 
-TOOL_ADVERSARIAL = [  # text after the "<think>" prefix; each 100 KB case took the quadratic path it guards
+# text after the "<think>" prefix; each 100 KB case took the quadratic path it guards
+TOOL_ADVERSARIAL = [
     "",
     "no calls",
     "x</think>" + "<tool_call>" * 9_000,
     "x</think>" + "<tool_call></tool_call>" * 4_200,
     "x</think><tool_call>" + "[" * 100_000 + "</tool_call>",
     "x</think><tool_call>" + '{"a":' * 20_000 + "1" + "}" * 20_000 + "</tool_call>",
-    'x</think><tool_call>{"name": "search", "arguments": {"query": "' + "q" * 100_000 + '"}}</tool_call>',
+    'x</think><tool_call>{"name": "search", "arguments": {"query": "'
+    + "q" * 100_000
+    + '"}}</tool_call>',
     'x</think><tool_call>{"name": "search", "arguments": {"query": "\\u0000\\ud800 <|im_end|>"}}</tool_call>',
     'x</think><tool_call>{"name": "click", "arguments": {"target": "buy now"}}</tool_call>' * 3,
     'x</think><tool_call>{"name": "finish", "arguments": {"answer": 1e999}}</tool_call>',
@@ -343,29 +400,70 @@ def test_tool_call_parsing_of_100kb_inputs_is_bounded():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.sampled_from(["<think>", "</think>", "<tool_call>", "</tool_call>", "{", "}", '"name"', ":",
-                                 '"search"', '"arguments"', '"query"', '"x"', ",", "[", "]", " ", "\n", "1", "null"]),
-                max_size=24), st.booleans())
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "<think>",
+                "</think>",
+                "<tool_call>",
+                "</tool_call>",
+                "{",
+                "}",
+                '"name"',
+                ":",
+                '"search"',
+                '"arguments"',
+                '"query"',
+                '"x"',
+                ",",
+                "[",
+                "]",
+                " ",
+                "\n",
+                "1",
+                "null",
+            ]
+        ),
+        max_size=24,
+    ),
+    st.booleans(),
+)
 def test_tool_call_parser_never_raises_and_only_runs_declared_calls(pieces, think):
     from envs.tools.search.env import TOOLS
     from ragen_lightning.rollout.tool_calls import parse_tool_calls
 
     text = "".join(pieces)
-    p = parse_tool_calls(text, TOOLS, prefix="<think>" if think else "", enable_think=think, max_actions_per_turn=3)
+    p = parse_tool_calls(
+        text, TOOLS, prefix="<think>" if think else "", enable_think=think, max_actions_per_turn=3
+    )
     assert p.num_proposed >= len(p.actions) and (p.format_ok == (p.num_proposed > 0))
-    assert all(a is None or (a.startswith(("search[", "finish[")) and a.endswith("]")) for a in p.actions)
+    assert all(
+        a is None or (a.startswith(("search[", "finish[")) and a.endswith("]")) for a in p.actions
+    )
 
 
 @pytest.mark.parametrize("env_id", ["ragen/SearchQA-v0", "ragen/WebShop-v0"])
 def test_fuzz_adversarial_tool_calls_through_the_runner(qwen_tokenizer, env_id):
     engine = _ListEngine(qwen_tokenizer, TOOL_ADVERSARIAL)
     longest = max(len(ids) for ids in engine.ids)
-    episode = EpisodeSettings(max_turns=1, max_actions_per_turn=20, max_actions_per_episode=20,
-                              max_new_tokens=longest, max_model_len=longest + 8192, action_format="tool_call")
+    episode = EpisodeSettings(
+        max_turns=1,
+        max_actions_per_turn=20,
+        max_actions_per_episode=20,
+        max_new_tokens=longest,
+        max_model_len=longest + 8192,
+        action_format="tool_call",
+    )
     runner = RolloutRunner(env_id, None, ChatTokens(qwen_tokenizer), engine, episode)
-    trajs = runner.run(list(range(len(TOOL_ADVERSARIAL))), group_size=1, params=SamplingParams(max_new_tokens=longest))
+    trajs = runner.run(
+        list(range(len(TOOL_ADVERSARIAL))),
+        group_size=1,
+        params=SamplingParams(max_new_tokens=longest),
+    )
     runner.close()
     assert all(t.num_turns == 1 and np.isfinite(t.score) for t in trajs)
-    # no call, an unclosed block, only invalid calls: a format error each (a penalty, never an exception)
+    # no call, an unclosed block, only invalid calls: a format error each (a penalty, never an
+    # exception)
     errors = [t.num_format_errors for t in trajs]
     assert errors[:6] == [1] * 6 and errors[9:13] == [1] * 4, errors

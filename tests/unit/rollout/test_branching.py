@@ -1,4 +1,5 @@
-"""Branching helpers: an answer played on a copy of the env, and the answer a branching episode follows."""
+"""Branching helpers: an answer played on a copy of the env, and the answer a branching episode
+follows."""
 
 import gymnasium as gym
 import pytest
@@ -13,7 +14,8 @@ def _step(env, action):
 def test_followed_is_the_first_answer_or_the_best_scored_with_the_first_on_ties():
     assert followed([-1.0, 3.0, 2.0], "first") == 0
     assert followed([-1.0, 3.0, 2.0], "best") == 1
-    assert followed([2.0, 0.5, 2.0], "best") == 0  # a tie keeps the earlier answer (the unbranched one first)
+    # a tie keeps the earlier answer (the unbranched one first)
+    assert followed([2.0, 0.5, 2.0], "best") == 0
     assert followed([None, -0.1, -0.5], "best") == 1  # a failed copy never wins
     assert followed([None, None], "best") == 0
 
@@ -35,12 +37,15 @@ def test_play_on_copy_leaves_the_env_alone_and_its_outcome_repeats_on_the_env():
     start = env.np_random.bit_generator.state
     plan = [1, 2, 3]
     rewards = {play_on_copy(env, plan, _step) for _ in range(3)}
-    assert env.np_random.bit_generator.state == start  # the copies did not draw from the env's stream
+    # the copies did not draw from the env's stream
+    assert env.np_random.bit_generator.state == start
     assert len(rewards) == 1  # every copy starts from the same random state
-    assert sum(env.step(a)[1] for a in plan) == rewards.pop()  # and the env itself then draws the same
+    # and the env itself then draws the same
+    assert sum(env.step(a)[1] for a in plan) == rewards.pop()
     other = NoisyEnv()
     other.reset(seed=8)
-    assert play_on_copy(other, plan, _step) != play_on_copy(env, plan, _step)  # the draws are random indeed
+    # the draws are random indeed
+    assert play_on_copy(other, plan, _step) != play_on_copy(env, plan, _step)
 
 
 def test_play_on_copy_stops_at_the_end_of_the_episode_and_passes_errors_on():
@@ -58,6 +63,7 @@ def test_play_on_copy_stops_at_the_end_of_the_episode_and_passes_errors_on():
             pass
 
     env = Counter()
-    assert play_on_copy(env, ["a", "b", "c"], _step) == 2.0 and env.steps == 0  # the episode ended after two
+    # the episode ended after two
+    assert play_on_copy(env, ["a", "b", "c"], _step) == 2.0 and env.steps == 0
     with pytest.raises(RuntimeError, match="broken env"):
         play_on_copy(env, ["boom"], _step)

@@ -23,7 +23,11 @@ def model(tiny_path):
 
 @pytest.fixture(scope="module")
 def engine(model, tiny_tokenizer):
-    return HFEngine(model, stop_token_ids=[tiny_tokenizer.eos_token_id], pad_token_id=tiny_tokenizer.pad_token_id)
+    return HFEngine(
+        model,
+        stop_token_ids=[tiny_tokenizer.eos_token_id],
+        pad_token_id=tiny_tokenizer.pad_token_id,
+    )
 
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
@@ -36,28 +40,44 @@ def test_greedy_matches_transformers_generate(engine, model):
     assert model.training  # the engine restores train mode
     model.eval()
     for prompt, out in zip(PROMPTS, outs):
-        ref = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False,
-                             eos_token_id=engine.stop_token_ids, pad_token_id=engine.pad_token_id)[0, len(prompt):]
+        ref = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=6,
+            do_sample=False,
+            eos_token_id=engine.stop_token_ids,
+            pad_token_id=engine.pad_token_id,
+        )[0, len(prompt) :]
         assert out.token_ids == ref.tolist()[: len(out.token_ids)]
 
 
 def test_logprobs_are_raw_teacher_forced_logprobs(engine, model):
-    out = engine.generate(PROMPTS[:1], SamplingParams(temperature=1.3, top_k=20, max_new_tokens=5), seeds=[3])[0]
+    out = engine.generate(
+        PROMPTS[:1], SamplingParams(temperature=1.3, top_k=20, max_new_tokens=5), seeds=[3]
+    )[0]
     seq = torch.tensor([PROMPTS[0] + out.token_ids])
     model.eval()
     with torch.no_grad():
         logp = torch.log_softmax(model(seq).logits[0, :-1], -1)
     n = len(PROMPTS[0])
-    expected = logp[n - 1: n - 1 + len(out.token_ids)].gather(-1, torch.tensor(out.token_ids)[:, None]).squeeze(-1)
+    expected = (
+        logp[n - 1 : n - 1 + len(out.token_ids)]
+        .gather(-1, torch.tensor(out.token_ids)[:, None])
+        .squeeze(-1)
+    )
     torch.testing.assert_close(torch.tensor(out.logprobs), expected, atol=1e-5, rtol=0)
 
 
 def test_bf16_default_dtype_keeps_fp32_logprobs(model, tiny_tokenizer):
-    # Lightning's bf16-true precision makes bf16 the default dtype around the training step, where rollouts run:
-    # the engine's buffers must not follow it (a bf16 log-prob buffer failed to take the fp32 values)
+    # Lightning's bf16-true precision makes bf16 the default dtype around the training step, where
+    # rollouts run: the engine's buffers must not follow it (a bf16 log-prob buffer failed to take
+    # the fp32 values)
     import copy
 
-    bf16 = HFEngine(copy.deepcopy(model).to(torch.bfloat16), [tiny_tokenizer.eos_token_id], tiny_tokenizer.pad_token_id)
+    bf16 = HFEngine(
+        copy.deepcopy(model).to(torch.bfloat16),
+        [tiny_tokenizer.eos_token_id],
+        tiny_tokenizer.pad_token_id,
+    )
     params = SamplingParams(temperature=0, max_new_tokens=4)
     plain = bf16.generate(PROMPTS, params)
     previous = torch.get_default_dtype()
@@ -103,8 +123,14 @@ def test_process_logits_top_k_and_top_p():
     assert torch.isfinite(process_logits(logits, SamplingParams(top_p=0.5))).sum() == 1
 
 
-@pytest.mark.parametrize("kwargs, msg", [({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"),
-                                         ({"max_new_tokens": 0}, "max_new_tokens")])
+@pytest.mark.parametrize(
+    "kwargs, msg",
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+    ],
+)
 def test_bad_sampling_params(kwargs, msg):
     with pytest.raises(ValueError, match=msg):
         SamplingParams(**kwargs)

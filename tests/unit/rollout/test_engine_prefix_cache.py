@@ -23,14 +23,17 @@ def engines(model, tok, **kw):
 
 
 def conversation(engine, params, turns=3, seed=0):
-    """Four append-only conversations of different lengths: prompt -> sample -> append sample + a user block."""
+    """Four append-only conversations of different lengths: prompt -> sample -> append sample + a
+    user block."""
     prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14], [15] * 9]
     history = []
     for turn in range(turns):
         seeds = [seed + 100 * turn + i for i in range(len(prompts))]
         outs = engine.generate(prompts, params, seeds)
         history.append(outs)
-        prompts = [p + o.token_ids + [20 + turn, 21, 22 + i] for i, (p, o) in enumerate(zip(prompts, outs))]
+        prompts = [
+            p + o.token_ids + [20 + turn, 21, 22 + i] for i, (p, o) in enumerate(zip(prompts, outs))
+        ]
     return history
 
 
@@ -42,18 +45,25 @@ def test_reuse_gives_the_same_tokens_and_logprobs(model, tiny_tokenizer, tempera
     for a_turn, b_turn in zip(with_cache, without):
         for a, b in zip(a_turn, b_turn):
             assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
-            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
-    # turns 2 and 3 prefilled only the new suffix: the whole previous prompt + all sampled ids but the last
+            torch.testing.assert_close(
+                torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0
+            )
+    # turns 2 and 3 prefilled only the new suffix: the whole previous prompt + all sampled ids but
+    # the last
     assert reuse.stats["reused_tokens"] > 0
     assert reuse.stats["prefill_tokens"] < plain.stats["prefill_tokens"]
-    assert reuse.stats["reused_tokens"] + reuse.stats["prefill_tokens"] == plain.stats["prefill_tokens"]
+    assert (
+        reuse.stats["reused_tokens"] + reuse.stats["prefill_tokens"]
+        == plain.stats["prefill_tokens"]
+    )
 
 
 def test_reused_prefix_is_exactly_the_previous_prompt_and_sample(model, tiny_tokenizer):
     reuse, _ = engines(model, tiny_tokenizer)
     params = SamplingParams(temperature=1.0, max_new_tokens=4)
     first = reuse.generate([[5, 6, 7]], params, [1])[0]
-    assert reuse.cached_tokens == 3 + len(first.token_ids) - 1  # the last sampled id was never fed back
+    # the last sampled id was never fed back
+    assert reuse.cached_tokens == 3 + len(first.token_ids) - 1
     before = dict(reuse.stats)
     reuse.generate([[5, 6, 7] + first.token_ids + [30, 31]], params, [2])
     assert reuse.stats["reused_tokens"] - before["reused_tokens"] == 3 + len(first.token_ids) - 1
@@ -66,7 +76,8 @@ def test_dropping_finished_rows_changes_no_request(model, tiny_tokenizer):
     seeds = [11, 12, 13, 14, 15]
     pad = tiny_tokenizer.pad_token_id
     never = HFEngine(model, [10_000], pad, prefix_cache_tokens=0).generate(prompts, params, seeds)
-    # stop ids taken from the unstopped samples at different steps, so rows finish at different steps
+    # stop ids taken from the unstopped samples at different steps, so rows finish at different
+    # steps
     stop = [never[0].token_ids[1], never[3].token_ids[6]]
     eng = HFEngine(model, stop, pad, prefix_cache_tokens=0)
     together = eng.generate(prompts, params, seeds)
@@ -79,21 +90,28 @@ def test_dropping_finished_rows_changes_no_request(model, tiny_tokenizer):
         # ... and the same as when decoded alone
         alone = eng.generate([p], params, [s])[0]
         assert alone.token_ids == out.token_ids
-        torch.testing.assert_close(torch.tensor(alone.logprobs), torch.tensor(out.logprobs), atol=1e-5, rtol=0)
-        torch.testing.assert_close(torch.tensor(full.logprobs[:cut]), torch.tensor(out.logprobs), atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(alone.logprobs), torch.tensor(out.logprobs), atol=1e-5, rtol=0
+        )
+        torch.testing.assert_close(
+            torch.tensor(full.logprobs[:cut]), torch.tensor(out.logprobs), atol=1e-5, rtol=0
+        )
     # finished rows ran no further decode steps: one row-step per sampled token, together and alone
     assert eng.stats["decode_row_steps"] == sum(len(o.token_ids) for o in together) * 2
 
 
 def test_cache_eviction(model, tiny_tokenizer):
     params = SamplingParams(temperature=1.0, max_new_tokens=3)
-    eng = HFEngine(model, [tiny_tokenizer.eos_token_id], tiny_tokenizer.pad_token_id, prefix_cache_tokens=20)
+    eng = HFEngine(
+        model, [tiny_tokenizer.eos_token_id], tiny_tokenizer.pad_token_id, prefix_cache_tokens=20
+    )
     a = eng.generate([[5] * 8], params, [1])[0]
     assert len(eng._cache) == 1
     # extending a request replaces its entry
     eng.generate([[5] * 8 + a.token_ids + [6]], params, [2])
     assert len(eng._cache) == 1 and eng.stats["reused_tokens"] == 8 + len(a.token_ids) - 1
-    # over the token budget the oldest entries go first, and an entry alone above the budget is not kept
+    # over the token budget the oldest entries go first, and an entry alone above the budget is not
+    # kept
     eng.generate([[7] * 9, [8] * 9], params, [3, 4])
     assert eng.cached_tokens <= 20
     eng.generate([[9] * 30], params, [5])
@@ -132,16 +150,23 @@ def test_runner_clears_the_cache_around_a_rollout(tiny_path, tiny_tokenizer):
 
     m = AutoModelForCausalLM.from_pretrained(tiny_path).eval()
     eng = HFEngine(m, [tiny_tokenizer.eos_token_id], tiny_tokenizer.pad_token_id)
-    runner = RolloutRunner("ragen/SimpleSokoban-v0", None, ChatTokens(tiny_tokenizer), eng,
-                           EpisodeSettings(max_turns=3, max_model_len=4096))
+    runner = RolloutRunner(
+        "ragen/SimpleSokoban-v0",
+        None,
+        ChatTokens(tiny_tokenizer),
+        eng,
+        EpisodeSettings(max_turns=3, max_model_len=4096),
+    )
     trajs = runner.run([0, 1], 2, SamplingParams(temperature=1.0, max_new_tokens=8), seed=3)
     assert len(trajs) == 4 and eng.cached_tokens == 0
     assert sum(t.num_turns for t in trajs) <= 4 or eng.stats["reused_tokens"] > 0
 
 
-def test_reuse_on_the_qwen_standin_gives_the_same_tokens_and_logprobs(qwen_standin_path, qwen_standin_tokenizer):
-    """The same multi-turn equivalence on ``tiny:qwen``: Qwen2.5's chat-template ids, its 151,936-row vocabulary,
-    and turns ended by ``<|im_end|>`` or the length cap."""
+def test_reuse_on_the_qwen_standin_gives_the_same_tokens_and_logprobs(
+    qwen_standin_path, qwen_standin_tokenizer
+):
+    """The same multi-turn equivalence on ``tiny:qwen``: Qwen2.5's chat-template ids, its
+    151,936-row vocabulary, and turns ended by ``<|im_end|>`` or the length cap."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
@@ -149,22 +174,35 @@ def test_reuse_on_the_qwen_standin_gives_the_same_tokens_and_logprobs(qwen_stand
     tok = qwen_standin_tokenizer
     reuse, plain = engines(model, tok)
     params = SamplingParams(temperature=1.0, max_new_tokens=5)
-    user = [tok.encode(tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                               add_generation_prompt=True))
-            for text in ("hi", "Push the box left.", "你好", "#_OX__#")]
+    user = [
+        tok.encode(
+            tok.apply_chat_template(
+                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+            )
+        )
+        for text in ("hi", "Push the box left.", "你好", "#_OX__#")
+    ]
     runs = []
     for engine in (reuse, plain):
         prompts, history = [list(u) for u in user], []
         for turn in range(3):
             outs = engine.generate(prompts, params, [100 * turn + i for i in range(len(prompts))])
             history.append(outs)
-            follow = tok.encode(f"<|im_end|>\n<|im_start|>user\nturn {turn}<|im_end|>\n<|im_start|>assistant\n")
+            follow = tok.encode(
+                f"<|im_end|>\n<|im_start|>user\nturn {turn}<|im_end|>\n<|im_start|>assistant\n"
+            )
             prompts = [p + o.token_ids + follow for p, o in zip(prompts, outs)]
         runs.append(history)
     for a_turn, b_turn in zip(*runs):
         for a, b in zip(a_turn, b_turn):
             assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
-            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
-    assert max(t for turn in runs[0] for o in turn for t in o.token_ids) > 1024  # ids beyond the tiny vocabulary
+            torch.testing.assert_close(
+                torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0
+            )
+    # ids beyond the tiny vocabulary
+    assert max(t for turn in runs[0] for o in turn for t in o.token_ids) > 1024
     assert reuse.stats["reused_tokens"] > 0
-    assert reuse.stats["reused_tokens"] + reuse.stats["prefill_tokens"] == plain.stats["prefill_tokens"]
+    assert (
+        reuse.stats["reused_tokens"] + reuse.stats["prefill_tokens"]
+        == plain.stats["prefill_tokens"]
+    )

@@ -1,5 +1,5 @@
-"""Env packages are found through the ``ragen_lightning.envs`` entry points, never by name in the library: the CLIs'
-default ``--import``, and the tiny model's tokenizer corpus."""
+"""Env packages are found through the ``ragen_lightning.envs`` entry points, never by name in the
+library: the CLIs' default ``--import``, and the tiny model's tokenizer corpus."""
 
 from __future__ import annotations
 
@@ -27,10 +27,15 @@ def _points(*pairs: tuple[str, str]) -> list[metadata.EntryPoint]:
 @pytest.fixture
 def fake_points(monkeypatch):
     """Replace the installed entry points of the group with the given ones."""
+
     def use(*pairs: tuple[str, str]) -> None:
         points = _points(*pairs)
-        monkeypatch.setattr(env_packages.metadata, "entry_points",
-                            lambda group=None: [p for p in points if p.group == group])
+        monkeypatch.setattr(
+            env_packages.metadata,
+            "entry_points",
+            lambda group=None: [p for p in points if p.group == group],
+        )
+
     return use
 
 
@@ -38,7 +43,8 @@ def _env_module(folder: Path, name: str, env_id: str) -> None:
     (folder / f"{name}.py").write_text(
         "import gymnasium as gym\n"
         f"if {env_id!r} not in gym.registry:\n"
-        f"    gym.register(id={env_id!r}, entry_point='gymnasium.envs.toy_text.frozen_lake:FrozenLakeEnv')\n")
+        f"    gym.register(id={env_id!r}, entry_point='gymnasium.envs.toy_text.frozen_lake:FrozenLakeEnv')\n"
+    )
 
 
 def test_the_project_declares_its_envs_package():
@@ -70,53 +76,78 @@ def test_given_modules_replace_the_entry_points(fake_points):
 
 def test_a_package_that_cannot_be_imported_is_named(fake_points):
     fake_points(("broken", "no_such_env_package"))
-    with pytest.raises(ImportError, match=r"env package 'no_such_env_package' cannot be imported \(an installed "
-                                          r"'ragen_lightning.envs' entry point names it\)"):
+    with pytest.raises(
+        ImportError,
+        match=r"env package 'no_such_env_package' cannot be imported \(an installed "
+        r"'ragen_lightning.envs' entry point names it\)",
+    ):
         import_env_packages()
     with pytest.raises(ImportError, match="env package 'no_such_env_package' cannot be imported: "):
         import_env_packages(["no_such_env_package"])
 
 
 def test_installed_metadata_declares_the_envs_package():
-    """Holds for an install of this tree (CI installs fresh); an editable install made before the entry point was
-    added to pyproject.toml does not see it until ``pip install -e .`` runs again."""
+    """Holds for an install of this tree (CI installs fresh); an editable install made before the
+    entry point was added to pyproject.toml does not see it until ``pip install -e .`` runs
+    again."""
     if "envs" not in env_packages.env_packages():
-        pytest.skip("the installed metadata predates the ragen_lightning.envs entry point: run pip install -e . again")
+        pytest.skip(
+            "the installed metadata predates the ragen_lightning.envs entry point: run pip install -e . again"
+        )
     assert "envs" in import_env_packages()
 
 
 def _fresh_python(code: str, tmp_path: Path) -> dict:
-    """Run ``code`` in a fresh interpreter on this tree, with a distribution on the path that declares ``envs`` in
-    the group (as an install of this tree does), so the result does not depend on how this tree was installed."""
+    """Run ``code`` in a fresh interpreter on this tree, with a distribution on the path that
+    declares ``envs`` in the group (as an install of this tree does), so the result does not depend
+    on how this tree was installed."""
     dist = tmp_path / "site" / "ragen_probe-0.0.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ragen-probe\nVersion: 0.0\n")
     (dist / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nenvs = envs\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(dist.parent)])}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
-                         cwd=tmp_path, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_the_tiny_corpus_finds_the_envs_through_the_entry_point(tmp_path):
-    """Nothing imports ``envs`` first: the library imports it through the entry point, and the corpus is the frozen
-    list (the tiny model's cache key, hence every cached model and warm start, is unchanged)."""
+    """Nothing imports ``envs`` first: the library imports it through the entry point, and the
+    corpus is the frozen list (the tiny model's cache key, hence every cached model and warm start,
+    is unchanged)."""
     result = _fresh_python(
         "import json, sys\n"
         "from ragen_lightning.models import tiny\n"
         "before = 'envs' in sys.modules\n"
         "ids = tiny.corpus_env_ids()\n"
         "print(json.dumps({'before': before, 'after': 'envs' in sys.modules, 'ids': ids,"
-        " 'file': sys.modules['envs'].__file__}))\n", tmp_path)
+        " 'file': sys.modules['envs'].__file__}))\n",
+        tmp_path,
+    )
     assert result["before"] is False and result["after"] is True
     assert result["file"] == str(ROOT / "envs" / "__init__.py")
-    assert result["ids"] == list(__import__("ragen_lightning.models.tiny", fromlist=["x"]).CORPUS_ENV_IDS)
+    assert result["ids"] == list(
+        __import__("ragen_lightning.models.tiny", fromlist=["x"]).CORPUS_ENV_IDS
+    )
 
 
-@pytest.mark.parametrize(("module", "argv"), [
-    ("ragen_lightning.evaluate", ["--entry", "{env_id: ragen/Bandit-v0}", "--chunk_seeds", "0"]),
-    ("ragen_lightning.sft.warm_start", ["--skip_base", "true"]),
-])
+@pytest.mark.parametrize(
+    ("module", "argv"),
+    [
+        (
+            "ragen_lightning.evaluate",
+            ["--entry", "{env_id: ragen/Bandit-v0}", "--chunk_seeds", "0"],
+        ),
+        ("ragen_lightning.sft.warm_start", ["--skip_base", "true"]),
+    ],
+)
 def test_the_command_lines_import_the_installed_env_packages_by_default(module, argv, monkeypatch):
     import importlib
 
@@ -129,7 +160,11 @@ def test_the_command_lines_import_the_installed_env_packages_by_default(module, 
 
     monkeypatch.setattr(env_packages, "import_env_packages", record)
     monkeypatch.setattr(cli, "import_env_packages", record, raising=False)
-    for extra, expected in (([], None), (["--imports", "[json, csv]"], ["json", "csv"]), (["--imports", "json"], ["json"])):
+    for extra, expected in (
+        ([], None),
+        (["--imports", "[json, csv]"], ["json", "csv"]),
+        (["--imports", "json"], ["json"]),
+    ):
         with pytest.raises(KeyboardInterrupt):
             cli.main(argv + extra)
         assert calls.pop() == expected

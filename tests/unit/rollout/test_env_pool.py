@@ -1,4 +1,5 @@
-"""WorkerPool: order, bounded concurrency, exceptions as outcomes, timeouts that abandon a worker, daemon exit."""
+"""WorkerPool: order, bounded concurrency, exceptions as outcomes, timeouts that abandon a worker,
+daemon exit."""
 
 from __future__ import annotations
 
@@ -70,7 +71,11 @@ def test_a_hung_call_times_out_its_worker_is_replaced_and_the_others_finish():
         t0 = time.monotonic()
         out = pool.map([release.wait, lambda: "a", lambda: "b", lambda: "c"])
         took = time.monotonic() - t0
-        assert out[0].timed_out and isinstance(out[0].error, CallTimeout) and "0.2 s" in str(out[0].error)
+        assert (
+            out[0].timed_out
+            and isinstance(out[0].error, CallTimeout)
+            and "0.2 s" in str(out[0].error)
+        )
         assert [o.value for o in out[1:]] == ["a", "b", "c"]
         assert 0.2 <= took < 2.0 and pool.abandoned_total == 1
         # the pool keeps its size: two fresh calls still run side by side
@@ -103,7 +108,13 @@ def test_a_hung_worker_does_not_block_interpreter_exit():
         out = pool.map([threading.Event().wait, lambda: 1])   # the first call never returns
         print(out[0].timed_out, out[1].value)
     """)
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                          check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "1"]

@@ -23,7 +23,10 @@ def test_system_prompt_has_legend_actions_and_budget():
 
 
 def test_system_prompt_free_text_env_has_no_action_list():
-    assert P.system_prompt(Spec(action_names=(), symbols=()), 1) == "You're a helpful assistant. Push boxes."
+    assert (
+        P.system_prompt(Spec(action_names=(), symbols=()), 1)
+        == "You're a helpful assistant. Push boxes."
+    )
 
 
 def test_turn_block_matches_ragen_format_and_warning():
@@ -42,18 +45,25 @@ def test_turn_block_observation_last_moves_only_the_state():
     ragen = P.turn_block(3, "#P_\n_G_", instruction)
     last = P.turn_block(3, "#P_\n_G_", instruction, observation_last=True)
     state = "State:\n#P_\n_G_\n"
-    assert last == ragen.replace(state, "") + state  # same lines, the state moved behind the instruction line
-    assert last.startswith("\nTurn 3:\nNo valid action provided previously.") and last.endswith("\n_G_\n")
+    # same lines, the state moved behind the instruction line
+    assert last == ragen.replace(state, "") + state
+    assert last.startswith("\nTurn 3:\nNo valid action provided previously.") and last.endswith(
+        "\n_G_\n"
+    )
 
 
-@pytest.mark.parametrize("reward, text", [(-0.1 * 3, "Reward:\n-0.3\n"), (0, "Reward:\n0\n"), (10.0, "Reward:\n10\n")])
+@pytest.mark.parametrize(
+    "reward, text", [(-0.1 * 3, "Reward:\n-0.3\n"), (0, "Reward:\n0\n"), (10.0, "Reward:\n10\n")]
+)
 def test_reward_text_rounds_float_noise(reward, text):
     assert P.reward_text(reward) == text
 
 
 def test_parse_well_formed_with_think():
     # the model was primed with "<think>", so its text starts inside the think block
-    r = P.parse_response(" box is above </think> <answer> Up || Left || Down </answer>junk", max_actions_per_turn=2)
+    r = P.parse_response(
+        " box is above </think> <answer> Up || Left || Down </answer>junk", max_actions_per_turn=2
+    )
     assert r.format_ok and r.think == "box is above" and r.answer == "Up || Left || Down"
     assert r.actions == ("Up", "Left") and r.num_proposed == 3
 
@@ -92,6 +102,8 @@ def test_map_actions_case_insensitive_and_unknown():
     assert P.map_actions(["3 + 4"], ()) == ["3 + 4"]
 
 
-@pytest.mark.parametrize("valid, parsed, penalty", [(2, 2, 0.0), (1, 2, -0.1), (0, 0, -0.1), (0, 1, -0.1)])
+@pytest.mark.parametrize(
+    "valid, parsed, penalty", [(2, 2, 0.0), (1, 2, -0.1), (0, 0, -0.1), (0, 1, -0.1)]
+)
 def test_format_penalty(valid, parsed, penalty):
     assert P.turn_format_penalty(valid, parsed) == penalty

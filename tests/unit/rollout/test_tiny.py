@@ -10,12 +10,19 @@ def test_folder_reloads_with_identical_ids_and_tags_are_single_tokens(tiny_path,
     fresh = build_tokenizer(SMALL_CORPUS, 400)
     text = "<|im_start|>user\n######\n#_X_P#\n<|im_end|>\n<think>push</think><answer>Up || Left</answer><|im_end|>"
     # transformers re-loads a qwen2 folder with its own tokenizer class; ids must not change
-    assert tiny_tokenizer.encode(text, add_special_tokens=False) == fresh.encode(text, add_special_tokens=False)
+    assert tiny_tokenizer.encode(text, add_special_tokens=False) == fresh.encode(
+        text, add_special_tokens=False
+    )
     for tag in ("<think>", "</think>", "<answer>", "</answer>"):
         assert len(tiny_tokenizer.encode(tag, add_special_tokens=False)) == 1
-    ids = tiny_tokenizer.encode("<think>x</think><answer>Up</answer><|im_end|>", add_special_tokens=False)
+    ids = tiny_tokenizer.encode(
+        "<think>x</think><answer>Up</answer><|im_end|>", add_special_tokens=False
+    )
     # tags are not special: skip_special_tokens keeps them and removes only the chat marker
-    assert tiny_tokenizer.decode(ids, skip_special_tokens=True) == "<think>x</think><answer>Up</answer>"
+    assert (
+        tiny_tokenizer.decode(ids, skip_special_tokens=True)
+        == "<think>x</think><answer>Up</answer>"
+    )
     assert tiny_tokenizer.eos_token == "<|im_end|>" and tiny_tokenizer.pad_token == "<|endoftext|>"
 
 
@@ -43,8 +50,18 @@ def test_build_does_not_touch_global_rng(tmp_path):
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
-    tiny_model_path(TinySpec(hidden_size=16, num_layers=1, num_heads=1, num_kv_heads=1, intermediate_size=16,
-                             vocab_size=300), cache_dir=tmp_path, corpus=SMALL_CORPUS)
+    tiny_model_path(
+        TinySpec(
+            hidden_size=16,
+            num_layers=1,
+            num_heads=1,
+            num_kv_heads=1,
+            intermediate_size=16,
+            vocab_size=300,
+        ),
+        cache_dir=tmp_path,
+        corpus=SMALL_CORPUS,
+    )
     assert torch.equal(torch.rand(3), expected)
 
 

@@ -19,7 +19,9 @@ def test_stored_ids_are_what_engine_saw_and_sampled(ct, tiny_tokenizer):
     # the first prompt is exactly the chat template with generation prompt, plus the <think> prefix
     expected = tok.apply_chat_template(
         [{"role": "system", "content": "sys"}, {"role": "user", "content": "Turn 1"}],
-        add_generation_prompt=True, tokenize=True, return_dict=False,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
     ) + [tok.convert_tokens_to_ids("<think>")]
     assert prompt == expected
     sampled = _ids(tok, "go</think><answer>Up</answer>") + [tok.eos_token_id]
@@ -43,9 +45,14 @@ def test_multi_turn_mask_and_roundtrip_without_drift(ct, tiny_tokenizer):
     assert sum(conv.loss_mask) == len(s1) + len(s2)
     (a0, a1), (b0, b1) = conv.turn_spans
     assert conv.input_ids[a0:a1] == s1 and conv.input_ids[b0:b1] == s2
-    assert all(m == 0 for m in conv.loss_mask[a1:b0])  # template + user tokens between turns are not trained
-    assert not ct.drift(conv)  # canonical samples re-render to the same ids through the chat template
-    assert conv.messages[-1] == {"role": "assistant", "content": "<think>b</think><answer>Left</answer>"}
+    # template + user tokens between turns are not trained
+    assert all(m == 0 for m in conv.loss_mask[a1:b0])
+    # canonical samples re-render to the same ids through the chat template
+    assert not ct.drift(conv)
+    assert conv.messages[-1] == {
+        "role": "assistant",
+        "content": "<think>b</think><answer>Left</answer>",
+    }
 
 
 def test_turn_without_eos_gets_template_close_untrained(ct, tiny_tokenizer):

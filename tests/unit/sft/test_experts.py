@@ -1,5 +1,5 @@
-"""Experts answer from the env state in the exact rollout format: episodes succeed, masks cover exactly the expert's
-tokens, and the text parses back to the expert's actions."""
+"""Experts answer from the env state in the exact rollout format: episodes succeed, masks cover
+exactly the expert's tokens, and the text parses back to the expert's actions."""
 
 from __future__ import annotations
 
@@ -24,11 +24,14 @@ from ragen_lightning.sft.experts import (
     render_response,
 )
 
-SOKOBAN_SEEDS = [0, 1, 3, 4, 5, 6, 7, 9]  # shortest solutions of 7, 2, 4, 5, 1, 3, 4, 6 steps (seed 2 needs 12): all fit the 10-action budget
+# shortest solutions of 7, 2, 4, 5, 1, 3, 4, 6 steps (seed 2 needs 12): all fit the 10-action budget
+SOKOBAN_SEEDS = [0, 1, 3, 4, 5, 6, 7, 9]
 
 
 def _run(env_id, tok, seeds, env_kwargs=None, **episode):
-    return collect_demonstrations(env_id, tok, seeds, env_kwargs=env_kwargs, episode=EpisodeSettings(**episode))
+    return collect_demonstrations(
+        env_id, tok, seeds, env_kwargs=env_kwargs, episode=EpisodeSettings(**episode)
+    )
 
 
 def test_sokoban_expert_solves_and_uses_the_shortest_plan(tiny_tokenizer):
@@ -38,19 +41,23 @@ def test_sokoban_expert_solves_and_uses_the_shortest_plan(tiny_tokenizer):
         _, info = env.reset(seed=seed)
         assert traj.success and traj.terminated and not traj.truncated
         assert traj.num_actions == info["optimal_steps"]  # a shortest solution, nothing wasted
-        assert traj.num_turns == -(-info["optimal_steps"] // 2)  # two actions per turn, last turn may have one
+        # two actions per turn, last turn may have one
+        assert traj.num_turns == -(-info["optimal_steps"] // 2)
         assert traj.num_format_errors == 0 and traj.penalty == 0.0
 
 
 def test_sokoban_reasoning_describes_box_and_target():
     env = gym.make("ragen/SimpleSokoban-v0")
-    # box at (3, 3), target at (4, 2), player at (2, 1): the box is above and right of the target and below and
-    # right of the player
+    # box at (3, 3), target at (4, 2), player at (2, 1): the box is above and right of the target
+    # and below and right of the player
     env.reset(options={"board": "######\n#____#\n#P___#\n#__X_#\n#_O__#\n######"})
     plan = env.unwrapped.solve()
     turn = expert_turn(env, 2)
     assert turn.actions == tuple(("Up", "Down", "Left", "Right")[a] for a in plan[:2])
-    assert turn.reasoning == f"box is above and right of target, below and right of me; I go {', '.join(turn.actions)}"
+    assert (
+        turn.reasoning
+        == f"box is above and right of target, below and right of me; I go {', '.join(turn.actions)}"
+    )
     assert relation((1, 1), (2, 2)) == "above and left of"
     assert relation((3, 2), (1, 2)) == "below"
     assert relation((1, 0), (1, 2)) == "left of"
@@ -69,7 +76,9 @@ def test_loss_mask_covers_exactly_the_expert_tokens(tiny_tokenizer):
     done = False
     while not done:
         turn = expert_turn(env, 2)
-        expected_turns.append(tok.encode(render_response(turn), add_special_tokens=False) + [tok.eos_token_id])
+        expected_turns.append(
+            tok.encode(render_response(turn), add_special_tokens=False) + [tok.eos_token_id]
+        )
         for a in turn.actions:
             _, _, done, _, _ = env.step(env.unwrapped.action_names.index(a))
             if done:
@@ -89,8 +98,11 @@ def test_loss_mask_covers_exactly_the_expert_tokens(tiny_tokenizer):
 def test_response_text_parses_back_to_the_actions(enable_think):
     turn = ExpertTurn("box is left of target; I go Right, Up", ("Right", "Up"))
     text = render_response(turn, enable_think)
-    assert text == ("box is left of target; I go Right, Up</think><answer>Right || Up</answer>" if enable_think
-                    else "Right || Up</answer>")
+    assert text == (
+        "box is left of target; I go Right, Up</think><answer>Right || Up</answer>"
+        if enable_think
+        else "Right || Up</answer>"
+    )
     parsed = prompting.parse_response(text, enable_think=enable_think, max_actions_per_turn=2)
     assert parsed.format_ok and parsed.actions == ("Right", "Up")
     assert parsed.think == (turn.reasoning if enable_think else "")
@@ -137,11 +149,14 @@ def test_frozen_lake_slippery_follows_the_optimal_policy_along_the_intended_path
     names = ("Up", "Down", "Left", "Right")
     first = names[int(policy[0, 0])]
     deltas = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
-    cell = (min(max(deltas[first][0], 0), 3), min(max(deltas[first][1], 0), 3))  # where the first move intends to go
+    # where the first move intends to go
+    cell = (min(max(deltas[first][0], 0), 3), min(max(deltas[first][1], 0), 3))
     second = names[int(policy[cell])]
     turn = expert_turn(env, 2)
     assert turn.actions == (first, second)
-    assert turn.reasoning == f"goal is below and right of me; ice is slippery, I go {first}, {second}"
+    assert (
+        turn.reasoning == f"goal is below and right of me; ice is slippery, I go {first}, {second}"
+    )
     assert expert_turn(env, 1).actions == (first,)
 
 
@@ -152,22 +167,34 @@ def test_frozen_lake_slippery_turn_stops_at_the_goal():
 
 
 def test_bandit_expert_pulls_the_high_arm(tiny_tokenizer):
-    trajs = _run("ragen/Bandit-v0", tiny_tokenizer, list(range(8)), max_turns=1, max_actions_per_turn=1,
-                 max_actions_per_episode=1)
+    trajs = _run(
+        "ragen/Bandit-v0",
+        tiny_tokenizer,
+        list(range(8)),
+        max_turns=1,
+        max_actions_per_turn=1,
+        max_actions_per_episode=1,
+    )
     env = gym.make("ragen/Bandit-v0")
     for seed, traj in enumerate(trajs):
         env.reset(seed=seed)
         conv = traj.samples[0].conversation
         s, e = conv.turn_spans[0]
-        answer = prompting.parse_response(tiny_tokenizer.decode(conv.input_ids[s:e - 1])).actions
+        answer = prompting.parse_response(tiny_tokenizer.decode(conv.input_ids[s : e - 1])).actions
         assert answer == (env.unwrapped.hi_arm_name,)
         assert traj.success and traj.num_turns == 1
 
 
 def test_countdown_and_metamathqa_experts_answer_correctly(tiny_tokenizer):
     for env_id in ("ragen/Countdown-v0", "ragen/MetaMathQA-v0"):
-        trajs = _run(env_id, tiny_tokenizer, list(range(6)), max_turns=1, max_actions_per_turn=1,
-                     max_actions_per_episode=1)
+        trajs = _run(
+            env_id,
+            tiny_tokenizer,
+            list(range(6)),
+            max_turns=1,
+            max_actions_per_turn=1,
+            max_actions_per_episode=1,
+        )
         assert all(t.success and t.env_return == 1.0 for t in trajs), env_id
     env = gym.make("ragen/Countdown-v0")
     env.reset(options={"target": 24, "nums": [4, 6, 1]})
@@ -176,7 +203,9 @@ def test_countdown_and_metamathqa_experts_answer_correctly(tiny_tokenizer):
 
 
 def test_sudoku_expert_places_correct_numbers(tiny_tokenizer):
-    (traj,) = _run("ragen/Sudoku-v0", tiny_tokenizer, [0], env_kwargs={"grid_size": 4}, max_turns=10)
+    (traj,) = _run(
+        "ragen/Sudoku-v0", tiny_tokenizer, [0], env_kwargs={"grid_size": 4}, max_turns=10
+    )
     assert traj.success and traj.num_format_errors == 0
     env = gym.make("ragen/Sudoku-v0", grid_size=4)
     env.reset(seed=0)
@@ -187,7 +216,8 @@ def test_sudoku_expert_places_correct_numbers(tiny_tokenizer):
         assert reward >= core.correct_placement_score and info["action_is_valid"]
 
 
-def test_the_one_2048_slide_by_hand():  # the expert plans with the env's own slide (0 Up, 1 Right, 3 Left)
+# the expert plans with the env's own slide (0 Up, 1 Right, 3 Left)
+def test_the_one_2048_slide_by_hand():
     board = np.array([[2, 2, 4, 0], [0, 0, 0, 2], [2, 0, 2, 2], [0, 0, 0, 0]])
     left, score, _ = slide(board, 3)
     assert left.tolist() == [[4, 4, 0, 0], [2, 0, 0, 0], [4, 2, 0, 0], [0, 0, 0, 0]] and score == 8
@@ -198,12 +228,14 @@ def test_the_one_2048_slide_by_hand():  # the expert plans with the env's own sl
 
 
 def test_game_2048_expert_is_greedy():
-    # Left/Right merge 2+2 twice (score 8, 2 more empties); Up/Down merge nothing useful in column terms
+    # Left/Right merge 2+2 twice (score 8, 2 more empties); Up/Down merge nothing useful in column
+    # terms
     env = Game2048Env(size=4)
     env.reset(seed=0)
     env.grid = np.array([[2, 2, 0, 0], [4, 4, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]])
     turn = expert_turn(env, 2)
-    assert turn.actions == ("Left",)  # Left and Right tie on score/empties; Left keeps the 8 in a corner first
+    # Left and Right tie on score/empties; Left keeps the 8 in a corner first
+    assert turn.actions == ("Left",)
     assert turn.reasoning == "Left merges the most tiles; I go Left"
 
 
@@ -211,11 +243,16 @@ def test_rubiks_expert_finds_a_shortest_solution():
     env = RubiksCubeEnv()
     env.reset(seed=0)
     names = env.action_names
-    scrambled = apply_move(apply_move(SOLVED_STATE, names.index("U")), names.index("R"))  # R' U' undoes it
+    # R' U' undoes it
+    scrambled = apply_move(apply_move(SOLVED_STATE, names.index("U")), names.index("R"))
     env.state = scrambled
     turn = expert_turn(env, 4)
-    assert len(turn.actions) == 2 and turn.reasoning == f"2 moves solve it; I go {', '.join(turn.actions)}"
-    for action in turn.actions:  # on a 2x2 cube several 2-move answers exist; any shortest one solves it
+    assert (
+        len(turn.actions) == 2
+        and turn.reasoning == f"2 moves solve it; I go {', '.join(turn.actions)}"
+    )
+    # on a 2x2 cube several 2-move answers exist; any shortest one solves it
+    for action in turn.actions:
         scrambled = apply_move(scrambled, names.index(action))
     assert is_solved(scrambled)
     env.state = apply_move(SOLVED_STATE, names.index("F"))
@@ -225,20 +262,34 @@ def test_rubiks_expert_finds_a_shortest_solution():
 @pytest.mark.parametrize("scramble_depth", [1, 3])
 def test_rubiks_expert_solves_the_real_cube(tiny_tokenizer, scramble_depth):
     kw = {"scramble_depth": scramble_depth}
-    trajs = _run("ragen/RubiksCube-v0", tiny_tokenizer, [0, 1, 2], env_kwargs=kw, max_actions_per_turn=4,
-                 max_actions_per_episode=20)
+    trajs = _run(
+        "ragen/RubiksCube-v0",
+        tiny_tokenizer,
+        [0, 1, 2],
+        env_kwargs=kw,
+        max_actions_per_turn=4,
+        max_actions_per_episode=20,
+    )
     env = gym.make("ragen/RubiksCube-v0", **kw)
     for seed, traj in enumerate(trajs):
         env.reset(seed=seed)
         assert traj.success and traj.num_format_errors == 0
-        assert traj.num_actions <= len(env.unwrapped.scramble)  # never longer than undoing the scramble
+        # never longer than undoing the scramble
+        assert traj.num_actions <= len(env.unwrapped.scramble)
 
 
 def test_game_2048_expert_plays_valid_moves(tiny_tokenizer):
-    (traj,) = _run("ragen/2048-v0", tiny_tokenizer, [0], max_turns=8, max_actions_per_turn=1,
-                   max_actions_per_episode=8)
+    (traj,) = _run(
+        "ragen/2048-v0",
+        tiny_tokenizer,
+        [0],
+        max_turns=8,
+        max_actions_per_turn=1,
+        max_actions_per_episode=8,
+    )
     assert traj.num_turns == 8 and traj.num_format_errors == 0 and traj.num_actions == 8
-    # the greedy move always changes the board, so no turn earns the invalid-move penalty; some turns merge
+    # the greedy move always changes the board, so no turn earns the invalid-move penalty; some
+    # turns merge
     assert all(r >= 0 for r in traj.turn_rewards) and sum(traj.turn_rewards) > 0
 
 
@@ -246,7 +297,9 @@ def test_an_env_without_an_expert_is_named_in_a_config_error():
     class MysteryEnv:
         action_names = ("Go",)
 
-    with pytest.raises(ConfigError, match=r"--model.warm_start needs an expert: MysteryEnv has no expert_turn"):
+    with pytest.raises(
+        ConfigError, match=r"--model.warm_start needs an expert: MysteryEnv has no expert_turn"
+    ):
         expert_turn(MysteryEnv(), 1)
 
 
@@ -268,7 +321,9 @@ def test_demonstrations_without_think(tiny_tokenizer):
     (traj,) = _run("ragen/SimpleSokoban-v0", tiny_tokenizer, [3], enable_think=False)
     conv = traj.samples[0].conversation
     assert traj.success
-    assert conv.messages[2]["content"] == "<answer>" + render_response(expert_turn_for_seed(3), False)
+    assert conv.messages[2]["content"] == "<answer>" + render_response(
+        expert_turn_for_seed(3), False
+    )
 
 
 def expert_turn_for_seed(seed):

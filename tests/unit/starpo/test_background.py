@@ -1,4 +1,5 @@
-"""The critic's steps on a worker thread (``--model.critic.in_background``): joining, counting, errors."""
+"""The critic's steps on a worker thread (``--model.critic.in_background``): joining, counting,
+errors."""
 
 import threading
 from types import SimpleNamespace
@@ -75,8 +76,9 @@ def test_the_worker_backpropagates_directly_and_steps_the_raw_optimizer():
     net = torch.nn.Linear(2, 1, bias=False)
     raw = torch.optim.SGD(net.parameters(), lr=1.0)
     wrapped = SimpleNamespace(optimizer=raw)  # what a LightningOptimizer holds
-    ctx = StepContext("critic", net, wrapped, MicroBatching(threads=2), backward=pytest.fail,
-                      pad_row=-1)
+    ctx = StepContext(
+        "critic", net, wrapped, MicroBatching(threads=2), backward=pytest.fail, pad_row=-1
+    )
     worker = ctx.outside_lightning()
     assert worker.optimizer is raw and worker.micro.threads == 1 and worker.pad_row == -1
     loss = net(torch.ones(1, 2)).sum()
@@ -86,8 +88,11 @@ def test_the_worker_backpropagates_directly_and_steps_the_raw_optimizer():
 
 def test_active_only_with_the_flag_a_critic_one_process_and_no_shared_lora_base():
     def module(flag=True, critic=True, lora=None):
-        return SimpleNamespace(settings=SimpleNamespace(critic=SimpleNamespace(in_background=flag)),
-                               hparams={"lora": lora}, critic=object() if critic else None)
+        return SimpleNamespace(
+            settings=SimpleNamespace(critic=SimpleNamespace(in_background=flag)),
+            hparams={"lora": lora},
+            critic=object() if critic else None,
+        )
 
     bg = BackgroundSteps(module())
     assert bg.active() is bg

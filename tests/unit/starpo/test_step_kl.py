@@ -1,6 +1,7 @@
-"""The actor step's trust region (``--model.optim.max_step_kl``): a step whose KL on its own rows exceeds the limit is
-undone (weights and optimizer state exactly as before, counted as a skip), the KL is the k3 mean over the step's
-trained tokens, and the flag reaches the actor step through ``ppo_update``."""
+"""The actor step's trust region (``--model.optim.max_step_kl``): a step whose KL on its own rows
+exceeds the limit is undone (weights and optimizer state exactly as before, counted as a skip), the
+KL is the k3 mean over the step's trained tokens, and the flag reaches the actor step through
+``ppo_update``."""
 
 from __future__ import annotations
 
@@ -36,8 +37,12 @@ def _linear():
 def _accumulate(net, opt, check):
     # loss = w . x, gradient [1, 1]; the probe is the output before the step
     ctx = StepContext("actor", net, opt, MicroBatching(size=1))
-    return accumulate(ctx, torch.arange(1),
-                      lambda rows: MicroOutput(net(X).sum(), probe=net(X).detach()), check=check)
+    return accumulate(
+        ctx,
+        torch.arange(1),
+        lambda rows: MicroOutput(net(X).sum(), probe=net(X).detach()),
+        check=check,
+    )
 
 
 def test_a_rejected_step_is_undone_with_its_optimizer_state_and_the_value_is_logged():
@@ -45,8 +50,9 @@ def test_a_rejected_step_is_undone_with_its_optimizer_state_and_the_value_is_log
     opt = torch.optim.AdamW(net.parameters(), lr=0.1, weight_decay=0.0)
     seen = []
 
-    def check(probes):  # the change of the probed output: 3 before, 3 - 0.2 after one Adam step of 0.1 per weight
-        (rows, before), = probes
+    # the change of the probed output: 3 before, 3 - 0.2 after one Adam step of 0.1 per weight
+    def check(probes):
+        ((rows, before),) = probes
         seen.append((rows.tolist(), float(before)))
         change = float(net(X).detach()) - float(before)
         return abs(change), ("too far" if abs(change) > 0.15 else None)
@@ -55,11 +61,15 @@ def test_a_rejected_step_is_undone_with_its_optimizer_state_and_the_value_is_log
     assert seen == [([0], 3.0)]
     assert not result.stepped and result.skip_reason == "too far (restored)"
     assert result.metrics["step_kl"] == pytest.approx(0.2, abs=1e-6)
-    assert net.weight.tolist() == [[1.0, 2.0]] and len(opt.state) == 0  # Adam's moments never started
+    # Adam's moments never started
+    assert net.weight.tolist() == [[1.0, 2.0]] and len(opt.state) == 0
     opt.param_groups[0]["lr"] = 0.05  # 0.1 of change: inside the limit, applied
     result = _accumulate(net, opt, check)
     assert result.stepped and result.metrics["step_kl"] == pytest.approx(0.1, abs=1e-6)
-    assert net.weight.tolist() == [[pytest.approx(0.95), pytest.approx(1.95)]] and int(opt.state[net.weight]["step"]) == 1
+    assert (
+        net.weight.tolist() == [[pytest.approx(0.95), pytest.approx(1.95)]]
+        and int(opt.state[net.weight]["step"]) == 1
+    )
 
 
 def test_without_the_check_nothing_is_measured():
@@ -75,14 +85,21 @@ def _batch(tiny_model):
     mask[:, 3:] = True
     mask[2, 5] = False  # a row with one token fewer
     zeros = torch.zeros(3, 6)
-    return UpdateBatch(ids, torch.ones_like(ids), mask, advantages=torch.tensor([[1.0], [-1.0], [0.5]]).expand(3, 6),
-                       engine_logprobs=zeros)
+    return UpdateBatch(
+        ids,
+        torch.ones_like(ids),
+        mask,
+        advantages=torch.tensor([[1.0], [-1.0], [0.5]]).expand(3, 6),
+        engine_logprobs=zeros,
+    )
 
 
 def _settings(limit):
-    return ModuleSettings.build(loss={"entropy_coeff": 0.0, "dual_clip": None},
-                                optim={"max_step_kl": limit},
-                                update={"mini_batch_size": 3, "micro_batch_size": 2})
+    return ModuleSettings.build(
+        loss={"entropy_coeff": 0.0, "dual_clip": None},
+        optim={"max_step_kl": limit},
+        update={"mini_batch_size": 3, "micro_batch_size": 2},
+    )
 
 
 @torch.no_grad()
@@ -120,13 +137,19 @@ def test_ppo_update_guards_the_actor_step_only_when_set(tiny_model, limit):
 def test_max_step_kl_domain(value):
     with pytest.raises(ConfigError, match=r"--model\.optim\.max_step_kl"):
         OptimSettings(max_step_kl=value)
-    assert OptimSettings(max_step_kl=None).max_step_kl is None and OptimSettings(max_step_kl=0.01).max_step_kl == 0.01
+    assert (
+        OptimSettings(max_step_kl=None).max_step_kl is None
+        and OptimSettings(max_step_kl=0.01).max_step_kl == 0.01
+    )
 
 
 def test_steps_undone_by_the_trust_region_stop_the_run_with_their_own_advice():
     guard = SkipGuard(max_consecutive=2)
     guard.record("actor", False, "step KL 2.9 > --model.optim.max_step_kl 0.01 (restored)")
-    with pytest.raises(TrainingStopped, match=r"2 actor optimizer steps in a row were skipped \(step KL 3.1 > "
-                       r"--model.optim.max_step_kl 0.01 \(restored\)\); every step was undone: a smaller "
-                       r"--model.optim.actor_lr takes smaller steps, a larger --model.optim.max_step_kl allows larger ones"):
+    with pytest.raises(
+        TrainingStopped,
+        match=r"2 actor optimizer steps in a row were skipped \(step KL 3.1 > "
+        r"--model.optim.max_step_kl 0.01 \(restored\)\); every step was undone: a smaller "
+        r"--model.optim.actor_lr takes smaller steps, a larger --model.optim.max_step_kl allows larger ones",
+    ):
         guard.record("actor", False, "step KL 3.1 > --model.optim.max_step_kl 0.01 (restored)")

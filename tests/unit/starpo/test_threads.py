@@ -1,4 +1,5 @@
-"""Micro-batches on CPU threads (``--model.update.micro_batch_threads``): the same step, outputs and scores as the loop."""
+"""Micro-batches on CPU threads (``--model.update.micro_batch_threads``): the same step, outputs and
+scores as the loop."""
 
 import math
 import threading
@@ -21,14 +22,18 @@ def test_map_threads_keeps_the_order_uses_the_threads_and_the_callers_grad_mode(
     def fn(i):
         names.add(threading.current_thread().name)
         if i < 2:
-            barrier.wait()  # the first two items can only both return when they run at the same time
+            # the first two items can only both return when they run at the same time
+            barrier.wait()
         return i * i, torch.is_grad_enabled()
 
     assert map_threads(fn, range(5), 2) == [(i * i, True) for i in range(5)]
     assert len(names) == 2 and all(n.startswith("micro-batch") for n in names)
     with torch.no_grad():  # grad mode is thread-local: a worker would start with it on
         assert [g for _, g in map_threads(lambda i: fn(i + 2), range(3), 2)] == [False] * 3
-    assert map_threads(lambda i: threading.current_thread().name, range(3), 1) == [threading.current_thread().name] * 3
+    assert (
+        map_threads(lambda i: threading.current_thread().name, range(3), 1)
+        == [threading.current_thread().name] * 3
+    )
 
 
 def test_map_threads_raises_the_workers_error():
@@ -61,13 +66,18 @@ def _step(threads: int, poison_row: int | None = None):
 def test_threaded_micro_batches_take_the_same_step_as_the_loop(threads):
     net1, one = _step(1)
     net2, many = _step(threads)
-    # loss = w . (sum of the rows) = w . (36, 42): gradient (36, 42), norm sqrt(36^2 + 42^2); w - 0.5 * gradient
+    # loss = w . (sum of the rows) = w . (36, 42): gradient (36, 42), norm sqrt(36^2 + 42^2); w -
+    # 0.5 * gradient
     assert one.stepped and many.stepped
     assert net1.weight.tolist() == net2.weight.tolist() == [[1.0 - 18.0, 2.0 - 21.0]]
     assert many.metrics["loss"] == one.metrics["loss"] == 36.0 + 84.0
     assert many.metrics["grad_norm"] == pytest.approx(math.hypot(36.0, 42.0))
     # each micro-batch's outputs come back with its rows, in the loop's order
-    assert [m.tolist() for m, _ in many.outputs] == [m.tolist() for m, _ in one.outputs] == [[0, 1], [2, 3], [4, 5]]
+    assert (
+        [m.tolist() for m, _ in many.outputs]
+        == [m.tolist() for m, _ in one.outputs]
+        == [[0, 1], [2, 3], [4, 5]]
+    )
 
 
 def test_a_non_finite_micro_batch_skips_the_threaded_step_too():
@@ -91,7 +101,8 @@ def test_threaded_scoring_gives_the_loops_scores(tiny_path):
     many = score_batch(actor, ids, att, 2, kind="actor", with_entropy=True, threads=2)
     for a, b in zip(one, many):  # each micro-batch is computed exactly as in the loop
         assert torch.equal(a, b)
-    # the shortest row (4 tokens) is a micro-batch alone, trimmed to its 3 targets: the columns after read 0
+    # the shortest row (4 tokens) is a micro-batch alone, trimmed to its 3 targets: the columns
+    # after read 0
     assert one[0][4, :3].ne(0).all() and one[0][4, 3:].eq(0).all()
 
 
@@ -99,16 +110,19 @@ def test_threads_need_a_precision_without_autocast_or_loss_scaling():
     for ok in (None, "32-true", "bf16-true", 32):
         check_threads_precision(2, ok)
     check_threads_precision(1, "bf16-mixed")  # the loop goes through Lightning's plugin
-    with pytest.raises(ConfigError, match="--model.update.micro_batch_threads 2 .* --trainer.precision bf16-mixed"):
+    with pytest.raises(
+        ConfigError, match="--model.update.micro_batch_threads 2 .* --trainer.precision bf16-mixed"
+    ):
         check_threads_precision(2, "bf16-mixed")
     with pytest.raises(ConfigError, match="16-mixed"):
         check_threads_precision(4, "16-mixed")
 
 
 def test_threaded_gradients_add_in_micro_batch_order_whatever_finishes_first():
-    """Float sums depend on their order: with micro-batch gradients 1, 1e8, -1e8, 0 the loop's float32 sum is
-    ((1 + 1e8) - 1e8) + 0 = 0 (1 is lost below 1e8's precision), while adding as threads finish (micro-batch 0 last,
-    it sleeps) gives (1e8 - 1e8) + 0 + 1 = 1. The threaded step must take the loop's step, bit for bit."""
+    """Float sums depend on their order: with micro-batch gradients 1, 1e8, -1e8, 0 the loop's
+    float32 sum is ((1 + 1e8) - 1e8) + 0 = 0 (1 is lost below 1e8's precision), while adding as
+    threads finish (micro-batch 0 last, it sleeps) gives (1e8 - 1e8) + 0 + 1 = 1. The threaded step
+    must take the loop's step, bit for bit."""
     import time
 
     coefficient = torch.tensor([1.0, 1e8, -1e8, 0.0])
@@ -127,7 +141,8 @@ def test_threaded_gradients_add_in_micro_batch_order_whatever_finishes_first():
         return w.detach().clone(), result
 
     loop, one = step(1)
-    assert loop.tolist() == [5.0] and one.metrics["grad_norm"] == 0.0  # the float32 sum is 0, by hand above
+    # the float32 sum is 0, by hand above
+    assert loop.tolist() == [5.0] and one.metrics["grad_norm"] == 0.0
     for threads in (2, 3, 4):
         w, many = step(threads)
         assert torch.equal(w, loop) and many.metrics["grad_norm"] == 0.0, threads
