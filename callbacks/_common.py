@@ -39,6 +39,18 @@ def on_schedule(iteration: int, every: int) -> bool:
     return every > 0 and (iteration == 1 or iteration % every == 0)
 
 
+def logged_step(trainer: Any) -> int:
+    """The step Lightning logs the module's values of the current iteration at, from the fit loop's
+    public ``total_batch_idx`` (the 0-based index of the batch being trained, across epochs).
+
+    Lightning logs ``self.log`` values at its count of batches that stepped, which is that index
+    while the batch's hooks and the validation after it run: the module optimizes manually, and
+    manual optimization has no gradient accumulation, so every batch steps. Before the first batch
+    (the iteration-0 validation) the index is -1 and the logged step 0.
+    """
+    return max(int(trainer.fit_loop.total_batch_idx), 0)
+
+
 def log_values(trainer: Any, values: dict[str, float]) -> None:
     """Send finite floats straight to the trainer's loggers at this iteration's step (from
     ``on_train_batch_end``).
@@ -51,6 +63,6 @@ def log_values(trainer: Any, values: dict[str, float]) -> None:
     values = {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
     if not values:
         return
-    step = trainer.fit_loop.epoch_loop._batches_that_stepped
+    step = logged_step(trainer)
     for logger in trainer.loggers:
         logger.log_metrics(values, step=step)

@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from lightning.pytorch.callbacks import Callback
 
-from callbacks._common import iteration_data, iteration_number
+from callbacks._common import iteration_data, iteration_number, logged_step
 from ragen_lightning.errors import ConfigError
 
 
@@ -130,7 +130,7 @@ class BestActorExport(Callback):
         for logger in trainer.loggers:
             logger.log_metrics(
                 {f"best/{self.monitor}": record["value"], "best/iteration": record["iteration"]},
-                step=trainer.fit_loop.epoch_loop._batches_that_stepped,
+                step=logged_step(trainer),
             )
 
     def state_dict(self) -> dict[str, Any]:

@@ -41,7 +41,7 @@ def fake_trainer(value, fn="fit", step=0):
         global_rank=0,
         strategy=SimpleNamespace(barrier=lambda: None),
         loggers=[FakeLogger()],
-        fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(_batches_that_stepped=step)),
+        fit_loop=SimpleNamespace(total_batch_idx=step),
     )
 
 
