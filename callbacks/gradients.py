@@ -82,6 +82,51 @@ def group_buckets(
     return out
 
 
+def _component_loss(
+    component: str,
+    loss_s: Any,
+    lp: torch.Tensor,
+    ent: torch.Tensor | None,
+    aligned: dict[str, torch.Tensor],
+    agg: dict[str, Any],
+) -> torch.Tensor:
+    """The loss of one component on one micro-batch, aggregated as the actor loss is (``agg``: the
+    normalizer and horizon of the whole bucket): ``task`` the PPO policy loss, ``entropy``
+    ``-entropy_coeff * agg(H)``, ``kl`` ``kl_coef * agg(KL)``. ``aligned`` holds the micro-batch's
+    ``old``, ``adv`` and ``mask`` (and ``ref`` for ``kl``) aligned with ``lp``."""
+    mask = aligned["mask"]
+    if component == "task":
+        loss, _ = ppo_policy_loss(
+            lp,
+            aligned["old"],
+            aligned["adv"],
+            mask,
+            clip_low=loss_s.clip_low,
+            clip_high=loss_s.clip_high,
+            dual_clip=loss_s.dual_clip,
+            agg_mode=loss_s.agg_mode,
+            **agg,
+        )
+        return loss
+    if component == "entropy":
+        return -loss_s.entropy_coeff * aggregate(ent, mask, loss_s.agg_mode, **agg)
+    if component == "kl":
+        return loss_s.kl_coef * aggregate(
+            kl_penalty(lp, aligned["ref"], loss_s.kl_kind), mask, loss_s.agg_mode, **agg
+        )
+    raise ValueError(f"unknown gradient component {component!r}")
+
+
+def _grad_norm(module: torch.nn.Module) -> float:
+    """The global L2 norm of ``module``'s parameter gradients (0.0 when none has one)."""
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    if not grads:
+        return 0.0
+    return float(
+        torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    )
+
+
 class GradientAnalysis(Callback):
     """Per-bucket gradient norms of the actor loss terms, without an optimizer step (module
     docstring).
@@ -144,11 +189,10 @@ class GradientAnalysis(Callback):
         """Backward ``component`` over the micro-batches of ``rows``; returns (grad norm, loss
         value)."""
         s = pl_module.settings
-        loss_s, agg_mode = s.loss, s.loss.agg_mode
         actor = pl_module.actor
         actor.zero_grad(set_to_none=True)
         horizon = d["mask"].shape[1]
-        norm = agg_normalizer(d["mask"][rows], agg_mode, horizon=horizon)
+        norm = agg_normalizer(d["mask"][rows], s.loss.agg_mode, horizon=horizon)
         total = 0.0
         lengths = d["att"].sum(-1)
         for micro in plan_micro_batches(
@@ -166,43 +210,16 @@ class GradientAnalysis(Callback):
                     ForwardSettings(s.temperature, s.update.logits_chunk_size),
                     with_entropy=component == "entropy",
                 )
-                old, adv, mask = (
-                    d["old"][micro, : L - 1],
-                    d["adv"][micro, : L - 1],
-                    d["mask"][micro, : L - 1],
+                # the rows' tensors aligned with the log-probs (one position shorter)
+                aligned = {k: d[k][micro, : L - 1] for k in ("old", "adv", "mask")}
+                if component == "kl":
+                    aligned["ref"] = d["ref"][micro, : L - 1]
+                loss = _component_loss(
+                    component, s.loss, lp, ent, aligned, {"normalizer": norm, "horizon": horizon}
                 )
-                agg = {"normalizer": norm, "horizon": horizon}
-                if component == "task":
-                    loss, _ = ppo_policy_loss(
-                        lp,
-                        old,
-                        adv,
-                        mask,
-                        clip_low=loss_s.clip_low,
-                        clip_high=loss_s.clip_high,
-                        dual_clip=loss_s.dual_clip,
-                        agg_mode=agg_mode,
-                        **agg,
-                    )
-                elif component == "entropy":
-                    loss = -loss_s.entropy_coeff * aggregate(ent, mask, agg_mode, **agg)
-                else:
-                    loss = loss_s.kl_coef * aggregate(
-                        kl_penalty(lp, d["ref"][micro, : L - 1], loss_s.kl_kind),
-                        mask,
-                        agg_mode,
-                        **agg,
-                    )
                 loss.backward()
             total += float(loss.detach())
-        grads = [p.grad for p in actor.parameters() if p.grad is not None]
-        gnorm = (
-            float(
-                torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
-            )
-            if grads
-            else 0.0
-        )
+        gnorm = _grad_norm(actor)
         actor.zero_grad(set_to_none=True)
         return gnorm, total
 

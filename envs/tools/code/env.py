@@ -151,44 +151,40 @@ def judge(problem: Problem, code: str, sandbox: Sandbox) -> Verdict:
         # nothing to call: scored without a sandbox run (random text never reaches one)
         return Verdict(0, total, f"the code does not define {problem.fn_name}")
     if problem.kind == "stdin":
-        passed, note = 0, ""
-        for stdin, expected in zip(problem.inputs, problem.outputs):
-            result = sandbox.run(code, stdin=stdin)
-            if result.returncode == 0 and _same_lines(result.stdout, expected):
-                passed += 1
-            elif not note:
-                note = (
-                    "timed out"
-                    if result.timed_out
-                    else "wrong output"
-                    if result.returncode == 0
-                    else "crashed"
-                )
-        return Verdict(passed, total, note)
+        return _judge_stdin(problem, code, sandbox)
+    return _judge_function(problem, code, sandbox)
+
+
+def _judge_stdin(problem: Problem, code: str, sandbox: Sandbox) -> Verdict:
+    """A stdin problem: one sandbox run per test, its stdout compared line by line with the
+    expected output; the note says how the first failing test failed."""
+    passed, note = 0, ""
+    for stdin, expected in zip(problem.inputs, problem.outputs):
+        result = sandbox.run(code, stdin=stdin)
+        if result.returncode == 0 and _same_lines(result.stdout, expected):
+            passed += 1
+        elif not note:
+            note = (
+                "timed out"
+                if result.timed_out
+                else "wrong output"
+                if result.returncode == 0
+                else "crashed"
+            )
+    return Verdict(passed, len(problem.outputs), note)
+
+
+def _judge_function(problem: Problem, code: str, sandbox: Sandbox) -> Verdict:
+    """A function problem: one sandbox run of :data:`HARNESS`, which calls the function on every
+    test's arguments and writes one JSON line per call; each value is compared as JSON with the
+    expected one, and the note says how the first failing test failed."""
     files = {
         "solution.py": code,
         "fn.json": json.dumps(problem.fn_name),
         "cases.json": json.dumps(problem.inputs),
     }
     result = sandbox.run(HARNESS, files=files, outputs=(RESULT_FILE,))
-    values: dict[int, str] = {}
-    errors: dict[int, str] = {}
-    load_error = ""
-    for line in result.files.get(RESULT_FILE, "").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(record, dict):
-            continue
-        i = record.get("i")
-        if i is None and isinstance(record.get("error"), str):
-            load_error = record["error"]
-        elif isinstance(i, int) and i not in values and i not in errors:
-            if isinstance(record.get("value"), str):
-                values[i] = record["value"]
-            else:
-                errors[i] = str(record.get("error"))[:80]
+    values, errors, load_error = _harness_records(result.files.get(RESULT_FILE, ""))
     passed = 0
     note = ""
     for i, expected in enumerate(problem.outputs):
@@ -205,7 +201,33 @@ def judge(problem: Problem, code: str, sandbox: Sandbox) -> Verdict:
                 note = f"test {i + 1} did not finish" + (
                     " (time limit)" if result.timed_out else ""
                 )
-    return Verdict(passed, total, note)
+    return Verdict(passed, len(problem.outputs), note)
+
+
+def _harness_records(text: str) -> tuple[dict[int, str], dict[int, str], str]:
+    """The harness's result file read back: ``(values, errors, load_error)``, the returned value
+    (JSON text) or the error (cut to 80 characters) of each test index, first record per index
+    wins, and the error raised while loading the code (empty if none). Lines that are not JSON
+    objects are skipped."""
+    values: dict[int, str] = {}
+    errors: dict[int, str] = {}
+    load_error = ""
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        i = record.get("i")
+        if i is None and isinstance(record.get("error"), str):
+            load_error = record["error"]
+        elif isinstance(i, int) and i not in values and i not in errors:
+            if isinstance(record.get("value"), str):
+                values[i] = record["value"]
+            else:
+                errors[i] = str(record.get("error"))[:80]
+    return values, errors, load_error
 
 
 def _json_equal(actual: str, expected: str) -> bool:

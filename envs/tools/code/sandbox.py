@@ -263,6 +263,61 @@ _LAUNCHER = (
 )
 
 
+def _stage_files(
+    host: str,
+    sandboxed: bool,
+    program: str,
+    stdin: str,
+    files: dict[str, str],
+    outputs: tuple[str, ...],
+) -> tuple[str, str, int | None]:
+    """Lay a run's files out under its temporary directory ``host`` and return ``(work, out,
+    uid)``: ``work`` holds ``main.py`` (``program``) and ``files``, ``host/stdin`` the standard
+    input; sandboxed, each of ``outputs`` is an empty file in ``out`` (bound into the sandbox), and
+    when the host runs as root the run gets a user id of its own (module docstring) that owns
+    ``work`` and the output files. Unsandboxed, ``out`` is ``work`` and ``uid`` None."""
+    # the candidate's directory; stdin/stdout/stderr live beside it
+    work = os.path.join(host, "work")
+    # sandboxed: the output files bound in
+    out = os.path.join(host, "out") if sandboxed else work
+    os.mkdir(work)
+    os.makedirs(out, exist_ok=True)
+    for name, text in {"main.py": program, **files}.items():
+        Path(work, name).write_text(text, encoding="utf-8")
+    Path(host, "stdin").write_text(stdin, encoding="utf-8")
+    uid = None
+    if os.geteuid() == 0 and sandboxed:
+        with _uid_lock:
+            uid = _UID_BASE + (os.getpid() % 2_000_000) * 1000 + next(_uid_counter) % 1000
+        os.chown(work, uid, uid)
+    for name in outputs if sandboxed else ():
+        Path(out, name).touch()
+        if uid is not None:
+            os.chown(Path(out, name), uid, uid)
+    return work, out, uid
+
+
+def _sandbox_binds(
+    work: str,
+    out: str,
+    files: dict[str, str],
+    outputs: tuple[str, ...],
+    seccomp_fd: int | None,
+) -> list[str]:
+    """bubblewrap's arguments that put a run's files into :data:`SANDBOX_DIR`: ``main.py`` and
+    ``files`` read-only, each of ``outputs`` writable (bound to its host file in ``out``), and the
+    seccomp filter read from ``seccomp_fd`` when there is one."""
+    return [
+        *(
+            a
+            for name in ["main.py", *files]
+            for a in ("--ro-bind", f"{work}/{name}", f"{SANDBOX_DIR}/{name}")
+        ),
+        *(a for name in outputs for a in ("--bind", f"{out}/{name}", f"{SANDBOX_DIR}/{name}")),
+        *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
+    ]
+
+
 class Sandbox:
     """Runs Python programs under :class:`Limits`, isolated by bubblewrap (see the module
     docstring).
@@ -337,25 +392,31 @@ class Sandbox:
         outputs: tuple[str, ...],
         seccomp_fd: int | None,
     ) -> RunResult:
-        # the candidate's directory; stdin/stdout/stderr live beside it
-        work = os.path.join(host, "work")
-        # sandboxed: the output files bound in
-        out = os.path.join(host, "out") if bwrap is not None else work
-        os.mkdir(work)
-        os.makedirs(out, exist_ok=True)
-        for name, text in {"main.py": program, **files}.items():
-            Path(work, name).write_text(text, encoding="utf-8")
-        Path(host, "stdin").write_text(stdin, encoding="utf-8")
-        as_root = os.geteuid() == 0
-        uid = None
-        if as_root and bwrap is not None:
-            with _uid_lock:
-                uid = _UID_BASE + (os.getpid() % 2_000_000) * 1000 + next(_uid_counter) % 1000
-            os.chown(work, uid, uid)
-        for name in outputs if bwrap is not None else ():
-            Path(out, name).touch()
-            if uid is not None:
-                os.chown(Path(out, name), uid, uid)
+        """Run ``program`` with its temporary directory ``host``: lay the run's files out
+        (:func:`_stage_files`), build the launcher's command line (:meth:`_command`), wrap it in
+        bubblewrap unless ``bwrap`` is None, and execute it (:meth:`_execute`)."""
+        work, out, uid = _stage_files(host, bwrap is not None, program, stdin, files, outputs)
+        command = self._command(uid)
+        # unsandboxed: the host's view of the files (so no drop to an id that could read none of
+        # them)
+        argv = (
+            command
+            if bwrap is None
+            else self._bwrap_argv(
+                bwrap,
+                os.geteuid() == 0,
+                work,
+                command,
+                _sandbox_binds(work, out, files, outputs, seccomp_fd),
+            )
+        )
+        return self._execute(
+            argv, host, work, out, uid, outputs, seccomp_fd, isolated=bwrap is not None
+        )
+
+    def _command(self, uid: int | None) -> list[str]:
+        """The command line of a run: the launcher (:data:`_LAUNCHER`, given the resource limits
+        and the user id to drop to as JSON) as the main program, which then runs ``main.py``."""
         limits = self.limits
         # isolated mode: no user site, no PYTHON* variables; no .pyc
         interpreter = [self.python, "-I", "-B"]
@@ -373,35 +434,7 @@ class Sandbox:
                 "uid": uid,
             }
         )
-        command = [*interpreter, "-S", "-c", _LAUNCHER, config, *interpreter, "main.py"]
-        # unsandboxed: the host's view of the files (so no drop to an id that could read none of
-        # them)
-        argv = (
-            command
-            if bwrap is None
-            else self._bwrap_argv(
-                bwrap,
-                as_root,
-                work,
-                command,
-                [
-                    *(
-                        a
-                        for name in ["main.py", *files]
-                        for a in ("--ro-bind", f"{work}/{name}", f"{SANDBOX_DIR}/{name}")
-                    ),
-                    *(
-                        a
-                        for name in outputs
-                        for a in ("--bind", f"{out}/{name}", f"{SANDBOX_DIR}/{name}")
-                    ),
-                    *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
-                ],
-            )
-        )
-        return self._execute(
-            argv, host, work, out, uid, outputs, seccomp_fd, isolated=bwrap is not None
-        )
+        return [*interpreter, "-S", "-c", _LAUNCHER, config, *interpreter, "main.py"]
 
     def _execute(
         self,

@@ -472,25 +472,7 @@ class LeanEnv(TextEnv):
                 {"success": False, "action_is_valid": False, "action_is_effective": False},
             )
         tactic = textwrap.dedent(action).strip() if isinstance(action, str) else ""
-        if not tactic:
-            result, status = (
-                CheckResult("invalid", (LeanMessage("error", "Empty tactic is not allowed."),)),
-                "invalid",
-            )
-        elif len(tactic) > self.max_tactic_chars:
-            result = CheckResult(
-                "invalid",
-                (
-                    LeanMessage(
-                        "error",
-                        f"Tactic longer than {self.max_tactic_chars} characters is not allowed.",
-                    ),
-                ),
-            )
-            status = "invalid"
-        else:
-            result = self.checker.check(self.proof_text([*self.tactics, tactic]))
-            status = result.status
+        result, status = self._check(tactic)
         accepted, success = (
             status != "invalid" and result.accepted,
             status != "invalid" and result.complete,
@@ -501,17 +483,8 @@ class LeanEnv(TextEnv):
         if accepted:
             self.tactics.append(tactic)
         self.proof_log.append((tactic if isinstance(action, str) else repr(action)[:80], accepted))
-
-        reward = self.step_penalty + (
-            self.valid_step_reward if accepted else self.invalid_step_reward
-        )
-        if success:
-            reward += self.success_reward
-        if timed_out:
-            reward += self.timeout_penalty
         truncated = not success and self.num_steps >= self.max_steps
-        if truncated:
-            reward += self.max_steps_penalty
+        reward = self._reward(accepted, success, timed_out, truncated)
         self._done = (success, truncated)
         info = {
             "success": success,
@@ -524,6 +497,33 @@ class LeanEnv(TextEnv):
             "lean_time": float(result.time),
         }
         return self._render_text(), float(reward), success, truncated, info
+
+    def _check(self, tactic: str) -> tuple[CheckResult, str]:
+        """The checker's answer for the proof so far followed by ``tactic``, and its status;
+        ``"invalid"`` without asking the checker when the tactic is empty or longer than
+        ``max_tactic_chars``."""
+        if not tactic:
+            message = "Empty tactic is not allowed."
+        elif len(tactic) > self.max_tactic_chars:
+            message = f"Tactic longer than {self.max_tactic_chars} characters is not allowed."
+        else:
+            result = self.checker.check(self.proof_text([*self.tactics, tactic]))
+            return result, result.status
+        return CheckResult("invalid", (LeanMessage("error", message),)), "invalid"
+
+    def _reward(self, accepted: bool, success: bool, timed_out: bool, truncated: bool) -> float:
+        """One step's reward: the step penalty, the valid or invalid step reward, and the success
+        reward, timeout penalty and max-steps penalty when they apply."""
+        reward = self.step_penalty + (
+            self.valid_step_reward if accepted else self.invalid_step_reward
+        )
+        if success:
+            reward += self.success_reward
+        if timed_out:
+            reward += self.timeout_penalty
+        if truncated:
+            reward += self.max_steps_penalty
+        return reward
 
     # ----------------------------------------------------------------------------------------------
     def _clean(self, text: str) -> str:

@@ -133,6 +133,7 @@ def build_world(
             f"{num_countries}, {num_cities}, {num_orgs}, {num_people}"
         )
     rng = np.random.default_rng(world_seed)
+    # every name first, in this order, from one pool: no two entities share a name
     taken: set[str] = set()
     country_names = _unique_names(rng, num_countries, (2, 3), taken)
     languages = [n + "ic" for n in _unique_names(rng, num_countries, (2, 2), taken)]
@@ -142,8 +143,25 @@ def build_world(
     firsts = _unique_names(rng, num_people, (2, 2), taken)
     lasts = _unique_names(rng, num_people, (2, 3), taken)
 
+    # country i's capital is city i (every country has a city)
+    countries = [
+        {"name": name, "language": languages[i], "capital": i}
+        for i, name in enumerate(country_names)
+    ]
+    cities = _draw_cities(rng, city_names, rivers, num_countries)
+    orgs = _draw_orgs(rng, org_stems, num_cities)
+    people = _draw_people(rng, firsts, lasts, num_cities, num_orgs)
+    articles = _write_articles(countries, cities, orgs, people)
+    return World(tuple(articles), tuple(countries), tuple(cities), tuple(orgs), tuple(people))
+
+
+def _draw_cities(
+    rng: np.random.Generator, names: list[str], rivers: list[str], num_countries: int
+) -> list[dict]:
+    """One city per name, on the river of the same index: the first ``num_countries`` cities are
+    in countries 0, 1, ... (their capitals), the others in a random country."""
     cities = []
-    for i, name in enumerate(city_names):
+    for i, name in enumerate(names):
         # every country has a city
         country = i if i < num_countries else int(rng.integers(num_countries))
         # founded before anyone was born (1850-1999), so a birth year never equals a founding year
@@ -156,12 +174,14 @@ def build_world(
                 "river": rivers[i],
             }
         )
-    countries = [
-        {"name": name, "language": languages[i], "capital": i}
-        for i, name in enumerate(country_names)
-    ]
+    return cities
+
+
+def _draw_orgs(rng: np.random.Generator, stems: list[str], num_cities: int) -> list[dict]:
+    """One organisation per name stem: a kind (the name's last word), a founding year and a
+    headquarters city."""
     orgs = []
-    for stem in org_stems:
+    for stem in stems:
         kind = ORG_KINDS[int(rng.integers(len(ORG_KINDS)))]
         orgs.append(
             {
@@ -171,6 +191,18 @@ def build_world(
                 "city": int(rng.integers(num_cities)),
             }
         )
+    return orgs
+
+
+def _draw_people(
+    rng: np.random.Generator,
+    firsts: list[str],
+    lasts: list[str],
+    num_cities: int,
+    num_orgs: int,
+) -> list[dict]:
+    """One person per first and last name: a profession, a birth year, a birth city and an
+    employer."""
     people = []
     for first, last in zip(firsts, lasts):
         people.append(
@@ -183,7 +215,14 @@ def build_world(
                 "org": int(rng.integers(num_orgs)),
             }
         )
+    return people
 
+
+def _write_articles(
+    countries: list[dict], cities: list[dict], orgs: list[dict], people: list[dict]
+) -> list[Article]:
+    """One article per entity (countries, cities, organisations, people, in that order, ids
+    ``doc_0``, ``doc_1``, ...), naming only the entity's direct relations."""
     articles: list[Article] = []
 
     def add(title: str, text: str) -> None:
@@ -213,7 +252,7 @@ def build_world(
             f"{p['name']} is a {p['profession']} born in {p['born']} in {cities[p['city']]['name']}. "
             f"{p['last']} works for the {orgs[p['org']]['name']}.",
         )
-    return World(tuple(articles), tuple(countries), tuple(cities), tuple(orgs), tuple(people))
+    return articles
 
 
 def draw_question(

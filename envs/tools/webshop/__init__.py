@@ -1,1 +1,2 @@
-"""WebShop: the env (env.py), its catalogue (catalogue.py) and purchase reward (reward.py)."""
+"""WebShop: the env (env.py), its catalogue (catalogue.py, the generated one's words in
+vocabulary.py) and purchase reward (reward.py)."""

@@ -11,7 +11,9 @@ flavour, ...: what the option reward compares) and a price; one goal per product
 names the type, one or two of its attributes, one value of each of its option groups and a price
 bound, in the form of WebShop's synthetic instructions (``"i need a shampoo that is sulfate free
 with size: 12 fl oz, and price lower than 30.00 dollars"``). Many products share a type, attributes
-and option values, so other products than the goal's can earn the full reward, as in WebShop.
+and option values, so other products than the goal's can earn the full reward, as in WebShop. The
+categories, product types, attributes, option values and the words of brands, titles and
+instructions are the tables of :mod:`envs.tools.webshop.vocabulary`.
 
 :func:`load_catalogue` reads a directory holding WebShop's files (the files RAGEN's ``setup_webshop.sh`` puts in
 ``data/``):
@@ -51,6 +53,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs.base import bounded_int
+
+# the module, not its names: the warm-start code fingerprint follows imported modules and functions,
+# not data, so importing only the tables would leave them out of it
+from envs.tools.webshop import vocabulary
 
 MAX_FIELD_CHARS = 1000  # a rendered text field (description, bullet point) is cut here
 MAX_BULLETS = 20  # bullet points kept per product
@@ -139,399 +145,9 @@ class Catalogue:
 
 
 # --------------------------------------------------------------------------------------------------
-# The generated catalogue
+# The generated catalogue (its words: envs/tools/webshop/vocabulary.py)
 # --------------------------------------------------------------------------------------------------
 
-COLORS = (
-    "black",
-    "white",
-    "grey",
-    "blue",
-    "red",
-    "green",
-    "pink",
-    "brown",
-    "beige",
-    "navy",
-    "silver",
-    "purple",
-)
-_S, _L = ("small", "medium", "large", "x-large"), ("3 ft", "6 ft", "10 ft")
-# category -> (WebShop-like top level, attribute pool, [(type, subcategory, option groups, price
-# range)])
-CATEGORIES: dict[
-    str,
-    tuple[
-        str,
-        tuple[str, ...],
-        tuple[tuple[str, str, dict[str, tuple[str, ...]], tuple[float, float]], ...],
-    ],
-] = {
-    "beauty": (
-        "Beauty & Personal Care",
-        (
-            "long lasting",
-            "natural looking",
-            "paraben free",
-            "sulfate free",
-            "cruelty free",
-            "travel size",
-            "easy to use",
-            "hypoallergenic",
-            "vegan",
-            "fragrance free",
-            "dermatologist tested",
-            "waterproof",
-        ),
-        (
-            (
-                "hair extension",
-                "Hair Care",
-                {
-                    "color": ("black", "brown", "blonde", "red"),
-                    "size": ("14 inch", "18 inch", "22 inch"),
-                },
-                (15, 60),
-            ),
-            ("shampoo", "Hair Care", {"size": ("8 fl oz", "12 fl oz", "16 fl oz")}, (6, 30)),
-            ("face serum", "Skin Care", {"size": ("1 fl oz", "2 fl oz")}, (10, 45)),
-            ("lipstick", "Makeup", {"color": ("red", "pink", "nude", "coral", "plum")}, (5, 25)),
-            (
-                "nail polish",
-                "Makeup",
-                {"color": ("red", "pink", "nude", "black", "purple")},
-                (4, 18),
-            ),
-            (
-                "body lotion",
-                "Skin Care",
-                {
-                    "scent": ("lavender", "coconut", "unscented", "vanilla"),
-                    "size": ("8 fl oz", "16 fl oz"),
-                },
-                (6, 28),
-            ),
-            ("hair dryer", "Hair Care", {"color": ("black", "white", "pink")}, (20, 90)),
-            ("makeup brush set", "Makeup", {"color": ("black", "rose gold", "white")}, (8, 40)),
-        ),
-    ),
-    "electronics": (
-        "Electronics",
-        (
-            "fast charging",
-            "water resistant",
-            "noise cancelling",
-            "long battery life",
-            "easy to install",
-            "high speed",
-            "portable",
-            "lightweight",
-            "usb c",
-            "wireless",
-            "shockproof",
-            "dustproof",
-        ),
-        (
-            ("wireless earbuds", "Headphones", {"color": ("black", "white", "blue")}, (20, 120)),
-            (
-                "bluetooth speaker",
-                "Portable Audio",
-                {"color": ("black", "blue", "red", "grey")},
-                (18, 110),
-            ),
-            (
-                "phone case",
-                "Cell Phone Accessories",
-                {"color": COLORS[:8], "size": ("iphone 13", "iphone 14", "iphone 15")},
-                (6, 30),
-            ),
-            ("charging cable", "Cables", {"color": ("black", "white"), "length": _L}, (5, 20)),
-            (
-                "power bank",
-                "Cell Phone Accessories",
-                {"capacity": ("10000mah", "20000mah", "26800mah")},
-                (15, 60),
-            ),
-            (
-                "laptop stand",
-                "Computer Accessories",
-                {"color": ("silver", "black", "grey")},
-                (15, 55),
-            ),
-            ("hdmi cable", "Cables", {"length": _L}, (6, 25)),
-            (
-                "smart watch band",
-                "Wearable Technology",
-                {"color": COLORS[:6], "size": ("38mm", "42mm", "45mm")},
-                (5, 25),
-            ),
-        ),
-    ),
-    "fashion": (
-        "Clothing, Shoes & Jewelry",
-        (
-            "machine washable",
-            "slim fit",
-            "relaxed fit",
-            "long sleeve",
-            "short sleeve",
-            "moisture wicking",
-            "quick drying",
-            "non slip",
-            "breathable",
-            "cotton",
-            "button closure",
-            "elastic waist",
-        ),
-        (
-            (
-                "running shoes",
-                "Shoes",
-                {"color": ("black", "white", "grey", "blue"), "size": ("7", "8", "9", "10", "11")},
-                (30, 110),
-            ),
-            ("t-shirt", "Tops & Tees", {"color": COLORS[:8], "size": _S}, (8, 30)),
-            (
-                "hoodie",
-                "Sweatshirts",
-                {"color": ("black", "grey", "navy", "green"), "size": _S},
-                (20, 60),
-            ),
-            (
-                "jeans",
-                "Pants",
-                {
-                    "color": ("blue", "black", "grey"),
-                    "size": ("30w x 30l", "32w x 32l", "34w x 32l"),
-                },
-                (25, 80),
-            ),
-            (
-                "sneakers",
-                "Shoes",
-                {"color": ("white", "black", "red"), "size": ("7", "8", "9", "10")},
-                (35, 120),
-            ),
-            (
-                "summer dress",
-                "Dresses",
-                {"color": ("red", "blue", "pink", "white", "green"), "size": _S},
-                (18, 70),
-            ),
-            (
-                "winter jacket",
-                "Coats & Jackets",
-                {"color": ("black", "navy", "green", "beige"), "size": _S},
-                (45, 180),
-            ),
-            (
-                "athletic socks",
-                "Socks",
-                {"color": ("white", "black", "grey"), "size": ("medium", "large")},
-                (7, 22),
-            ),
-        ),
-    ),
-    "grocery": (
-        "Grocery & Gourmet Food",
-        (
-            "gluten free",
-            "sugar free",
-            "low carb",
-            "non gmo",
-            "organic",
-            "keto friendly",
-            "high protein",
-            "individually wrapped",
-            "ready to eat",
-            "low sodium",
-            "dairy free",
-            "kosher",
-        ),
-        (
-            (
-                "coffee beans",
-                "Coffee",
-                {
-                    "flavor": ("original", "vanilla", "hazelnut", "mocha"),
-                    "size": ("12 ounce", "2 pound"),
-                },
-                (8, 35),
-            ),
-            (
-                "green tea",
-                "Tea",
-                {
-                    "flavor": ("original", "mint", "jasmine", "lemon"),
-                    "size": ("20 count", "100 count"),
-                },
-                (5, 25),
-            ),
-            (
-                "protein bar",
-                "Snacks",
-                {
-                    "flavor": ("chocolate", "peanut butter", "vanilla", "cookie dough"),
-                    "size": ("12 count", "24 count"),
-                },
-                (15, 45),
-            ),
-            (
-                "dark chocolate",
-                "Candy",
-                {
-                    "flavor": ("original", "sea salt", "mint", "orange"),
-                    "size": ("3.5 ounce", "pack of 6"),
-                },
-                (4, 30),
-            ),
-            (
-                "trail mix",
-                "Snacks",
-                {
-                    "flavor": ("original", "tropical", "sweet and salty"),
-                    "size": ("10 ounce", "26 ounce"),
-                },
-                (6, 22),
-            ),
-            (
-                "olive oil",
-                "Cooking Oils",
-                {"size": ("16.9 fl oz", "33.8 fl oz", "1 gallon")},
-                (9, 45),
-            ),
-            (
-                "hot sauce",
-                "Condiments",
-                {"flavor": ("habanero", "chipotle", "original"), "size": ("5 fl oz", "pack of 3")},
-                (4, 20),
-            ),
-            (
-                "granola",
-                "Breakfast Foods",
-                {
-                    "flavor": ("honey almond", "berry", "cinnamon"),
-                    "size": ("11 ounce", "pack of 4"),
-                },
-                (5, 28),
-            ),
-        ),
-    ),
-    "furniture": (
-        "Home & Kitchen",
-        (
-            "easy to assemble",
-            "solid wood",
-            "mid century",
-            "living room",
-            "space saving",
-            "heavy duty",
-            "height adjustable",
-            "storage space",
-            "metal frame",
-            "non slip",
-            "stain resistant",
-            "modern",
-        ),
-        (
-            (
-                "office chair",
-                "Home Office Furniture",
-                {"color": ("black", "grey", "white", "blue")},
-                (60, 250),
-            ),
-            (
-                "bookshelf",
-                "Living Room Furniture",
-                {"color": ("walnut", "white", "black", "natural")},
-                (40, 200),
-            ),
-            (
-                "coffee table",
-                "Living Room Furniture",
-                {"color": ("walnut", "black", "natural")},
-                (50, 220),
-            ),
-            (
-                "bed frame",
-                "Bedroom Furniture",
-                {"color": ("black", "grey", "walnut"), "size": ("twin", "full", "queen", "king")},
-                (90, 400),
-            ),
-            (
-                "throw pillow cover",
-                "Decorative Pillows",
-                {"color": COLORS[:9], "size": ("18x18 inch", "20x20 inch", "26x26 inch")},
-                (8, 30),
-            ),
-            ("floor lamp", "Lighting", {"color": ("black", "white", "gold", "silver")}, (30, 140)),
-            (
-                "storage ottoman",
-                "Living Room Furniture",
-                {"color": ("grey", "beige", "brown", "navy")},
-                (30, 120),
-            ),
-            (
-                "bar stool",
-                "Kitchen Furniture",
-                {"color": ("black", "white", "walnut"), "size": ("24 inch", "30 inch")},
-                (45, 180),
-            ),
-        ),
-    ),
-}
-_SYLLABLES = (
-    "ka",
-    "lu",
-    "mo",
-    "ri",
-    "ven",
-    "sol",
-    "ta",
-    "no",
-    "zen",
-    "ar",
-    "bel",
-    "cor",
-    "di",
-    "el",
-    "fa",
-    "gri",
-    "ho",
-    "is",
-    "jo",
-    "mar",
-    "ny",
-    "pe",
-    "qu",
-    "sa",
-    "tor",
-    "ul",
-    "vi",
-    "wo",
-    "xy",
-    "yu",
-)
-_TAILS = (
-    "",
-    "",
-    "for Women",
-    "for Men",
-    "2 Pack",
-    "Set",
-    "Premium",
-    "Classic",
-    "New Version",
-    "Gift",
-)
-_LEADS = (
-    "i need a",
-    "i am looking for a",
-    "find me a",
-    "i want a",
-    "i would like a",
-    "can you find me a",
-)
 PRICE_RANGE = tuple(10.0 * k for k in range(1, 100))  # WebShop's price bounds: 10, 20, ..., 990
 # WebShop's bound when fewer than two candidates remain (no clause in the text)
 NO_PRICE_LIMIT = 1_000_000.0
@@ -555,7 +171,8 @@ def option_text(chosen: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> 
 
 
 def _brand(rng: random.Random) -> str:
-    parts = [_SYLLABLES[rng.randrange(len(_SYLLABLES))] for _ in range(rng.randrange(2, 4))]
+    syllables = vocabulary.BRAND_SYLLABLES
+    parts = [syllables[rng.randrange(len(syllables))] for _ in range(rng.randrange(2, 4))]
     return "".join(parts).capitalize()
 
 
@@ -564,7 +181,7 @@ def _titled(words: str) -> str:
 
 
 def _make_product(index: int, category: str, rng: random.Random) -> Product:
-    top, attr_pool, types = CATEGORIES[category]
+    top, attr_pool, types = vocabulary.CATEGORIES[category]
     kind, sub, groups, (low, high) = types[rng.randrange(len(types))]
     attributes = tuple(
         attr_pool[i] for i in sorted(rng.sample(range(len(attr_pool)), rng.randrange(2, 5)))
@@ -573,7 +190,7 @@ def _make_product(index: int, category: str, rng: random.Random) -> Product:
         attributes[i] for i in sorted(rng.sample(range(len(attributes)), min(2, len(attributes))))
     ]
     brand = _brand(rng)
-    tail = _TAILS[rng.randrange(len(_TAILS))]
+    tail = vocabulary.TITLE_TAILS[rng.randrange(len(vocabulary.TITLE_TAILS))]
     title = " ".join(x for x in (brand, _titled(" ".join(shown)), _titled(kind), tail) if x)
     options = []
     for name, values in groups.items():
@@ -610,7 +227,7 @@ def _make_goal(product: Product, rng: random.Random) -> Goal:
         (name, values[rng.randrange(len(values))]) for name, values in sorted(product.options)
     )
     upper, price_text = price_upper_for(product.price, rng)
-    lead = _LEADS[rng.randrange(len(_LEADS))]
+    lead = vocabulary.INSTRUCTION_LEADS[rng.randrange(len(vocabulary.INSTRUCTION_LEADS))]
     text = f"{lead} {product.query} that is {' and '.join(wanted)}{option_text(chosen)}{price_text}"
     return Goal(
         asin=product.asin,
@@ -632,7 +249,7 @@ def generate_catalogue(seed: int = 0, num_products: int = 3000) -> Catalogue:
     num_products = bounded_int("generate_catalogue", "num_products", num_products, 10)
     # a str seed: the same stream on every platform and Python 3
     rng = random.Random(f"webshop-{int(seed)}")
-    names = sorted(CATEGORIES)
+    names = sorted(vocabulary.CATEGORIES)
     products = tuple(_make_product(i, names[i % len(names)], rng) for i in range(num_products))
     goals = tuple(_make_goal(p, rng) for p in products)
     return Catalogue(products, goals)
@@ -881,7 +498,6 @@ def load_catalogue(path: str | os.PathLike, seed: int = 0) -> Catalogue:
 
 
 __all__ = [
-    "CATEGORIES",
     "Catalogue",
     "Goal",
     "Product",
