@@ -421,37 +421,16 @@ def _build(
     more: Sequence[tuple[str, dict | None, EpisodeSettings]] = (),
 ) -> Path:
     started = time.perf_counter()
-    env_id, seed, only_successful = args["env_id"], args["seed"], args["only_successful"]
-    num_episodes, dtype = args["num_episodes"], args["dtype"]
+    seed, dtype = args["seed"], args["dtype"]
     tokenizer = models.load_tokenizer(base)
-    demos: list[Demonstration] = []
-    stats: dict[str, Any] = {}  # one env: its statistics; a mixture: those of each env, by position
-    sources = [(env_id, args["env_kwargs"], episode)] + [
+    sources = [(args["env_id"], args["env_kwargs"], episode)] + [
         (i, demonstration_kwargs(i, k), e) for i, k, e in more
     ]
     note(
         f"warm start: {final.name} is not in the cache; building it (solver demonstrations, then {args['steps']} "
         "SFT steps)"
     )
-    shown = Progress("warm start: demonstrations", num_episodes * len(sources), unit="episode")
-    for n, (source_id, source_kwargs, source_episode) in enumerate(sources):
-        env_demos, env_stats = build_demonstrations(
-            source_id,
-            tokenizer,
-            episode_seeds(seed, num_episodes, "train"),
-            env_kwargs=source_kwargs,
-            episode=source_episode,
-            only_successful=only_successful,
-            progress=shown,
-        )
-        if not env_demos:
-            raise ValueError(f"no demonstrations for {source_id}: {env_stats}")
-        demos += env_demos
-        if more:
-            stats[f"env{n}"] = {"env_id": source_id, **env_stats}
-        else:
-            stats = env_stats
-    shown.close()
+    demos, stats = _demonstrations(sources, tokenizer, args, mixture=bool(more))
     with torch.random.fork_rng(devices=[]), Progress("warm start", args["steps"]) as shown:
         torch.manual_seed(seed)
         net = models.load_causal_lm(base, dtype)
@@ -473,19 +452,60 @@ def _build(
             reading_demos=reading_clauses(demos, tokenizer) if reading_steps else (),
             progress=shown,
         )
+    meta = {"base_model": str(base), "args": args, "demo_stats": stats, "losses": losses}
+    _save(net, tokenizer, meta, final, root, started)
+    note(f"warm start: saved {final} ({time.perf_counter() - started:.0f} s)")
+    return final
 
+
+def _demonstrations(
+    sources: Sources, tokenizer: Any, args: dict[str, Any], *, mixture: bool
+) -> tuple[list[Demonstration], dict[str, Any]]:
+    """``args["num_episodes"]`` expert episodes of each ``(env_id, env_kwargs, episode)`` of
+    ``sources`` as demonstrations, and their statistics: one env's, or for a ``mixture`` those of
+    each env by position (``env<n>``)."""
+    seed, num_episodes = args["seed"], args["num_episodes"]
+    demos: list[Demonstration] = []
+    stats: dict[str, Any] = {}
+    shown = Progress("warm start: demonstrations", num_episodes * len(sources), unit="episode")
+    for n, (source_id, source_kwargs, source_episode) in enumerate(sources):
+        env_demos, env_stats = build_demonstrations(
+            source_id,
+            tokenizer,
+            episode_seeds(seed, num_episodes, "train"),
+            env_kwargs=source_kwargs,
+            episode=source_episode,
+            only_successful=args["only_successful"],
+            progress=shown,
+        )
+        if not env_demos:
+            raise ValueError(f"no demonstrations for {source_id}: {env_stats}")
+        demos += env_demos
+        if mixture:
+            stats[f"env{n}"] = {"env_id": source_id, **env_stats}
+        else:
+            stats = env_stats
+    shown.close()
+    return demos, stats
+
+
+def _save(
+    net: torch.nn.Module,
+    tokenizer: Any,
+    meta: dict[str, Any],
+    final: Path,
+    root: Path,
+    started: float,
+) -> None:
+    """Save the warm-started model and ``warm_start.json`` (``meta``, the wall time since
+    ``started``, the recipe version) in a temporary folder under ``root``, then rename it to
+    ``final``: a crash leaves no half-written folder, and when another process finished the same
+    key first its equivalent folder stays."""
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".warm-", dir=root))
     try:
         save_model(net, tokenizer, tmp)
-        meta = {
-            "base_model": str(base),
-            "args": args,
-            "demo_stats": stats,
-            "losses": losses,
-            "wall_s": time.perf_counter() - started,
-            "version": _WARM_VERSION,
-        }
+        meta = {**meta, "wall_s": time.perf_counter() - started, "version": _WARM_VERSION}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1, default=str))
         try:
             os.replace(tmp, final)
@@ -495,8 +515,6 @@ def _build(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    note(f"warm start: saved {final} ({time.perf_counter() - started:.0f} s)")
-    return final
 
 
 def warm_started_path(model: str, setting: WarmStartValue, datamodule) -> str:
