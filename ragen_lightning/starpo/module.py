@@ -54,21 +54,10 @@ from ragen_lightning.starpo.settings import (
     PolicyLossSettings,
     UpdateSettings,
     as_group,
+    checkpoint_hparams,
+    scores_in_update,
 )
 from ragen_lightning.types import RolloutBatch, UpdateBatch
-
-
-def scores_in_update(s: ModuleSettings, batch: RolloutBatch) -> bool:
-    """Whether the update's own forward passes supply the old log-probs and values (one epoch over
-    one mini-batch runs them on the rollout weights: ratio 1), so the separate no-grad passes are
-    skipped. Not with a KL-in-reward penalty (the advantages need old log-probs first) or chained
-    GAE (returns need all rows)."""
-    return (
-        s.update.ppo_epochs == 1
-        and len(batch) <= s.update.mini_batch_size
-        and s.advantage.kl_in_reward_coef == 0
-        and not batch.chains_turns
-    )
 
 
 class StarPOModule(L.LightningModule):
@@ -117,20 +106,7 @@ class StarPOModule(L.LightningModule):
         check_module_settings(self.settings, self._lora)
         self.save_hyperparameters(ignore=[*GROUPS, "lora", "early_stop"])
         # plain dicts in checkpoints
-        self.hparams.update(
-            {
-                name: dataclasses.asdict(group)
-                for name, group in (
-                    ("advantage", self.advantage),
-                    ("loss", self.loss),
-                    ("critic", self.settings.critic),
-                    ("update", self.settings.update),
-                    ("early_stop", stops),
-                )
-            }
-        )
-        self.hparams["optim"] = self.settings.optim.as_hparams()  # the optimizer factories by name
-        self.hparams["lora"] = dataclasses.asdict(self._lora) if self._lora is not None else None
+        self.hparams.update(checkpoint_hparams(self.settings, stops, self._lora))
         self.hparams["warm_start"] = warm_start_hparams(warm_start)
         if self._lora is not None:
             # LoRA checkpoints hold the trainable weights only (checked on load)
