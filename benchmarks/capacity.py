@@ -157,7 +157,7 @@ def self_imitate(cfg: dict, a: argparse.Namespace, out: Path) -> None:
     from ragen_lightning.rollout.seeds import episode_seeds
     from ragen_lightning.rollout.tokens import ChatTokens
     from ragen_lightning.sft.module import Demonstration
-    from ragen_lightning.sft.warm_start import train_sft
+    from ragen_lightning.sft.training import train_sft
 
     learning = _learning()
     data, episode = cfg["data"], learning.episode_of(cfg["data"])

@@ -137,6 +137,30 @@ def _runs(indices: list[int], size: int) -> list[list[int]]:
     return out
 
 
+def _plan(
+    suite: Sequence[SuiteEntry],
+    settings: EvalSettings,
+    episode: EpisodeSettings,
+    done: set[tuple],
+) -> list[tuple]:
+    """``(entry, its episode settings, pass name, sampling params, samples per seed, seeds, todo)``
+    of every entry and pass of ``suite``: ``todo`` the positions of the seeds with a sample not in
+    ``done`` (``(tag, pass, seed, sample)`` of the records already written)."""
+    plan = []
+    for entry in suite:
+        ep = entry.episode_settings(episode)
+        seeds = eval_seeds(settings.seed, entry.num_episodes)
+        for name in settings.passes:
+            params, k = settings.pass_params(name, ep), settings.samples_per_seed(name)
+            todo = [
+                i
+                for i, s in enumerate(seeds)
+                if any((entry.tag, name, s, m) not in done for m in range(k))
+            ]
+            plan.append((entry, ep, name, params, k, seeds, todo))
+    return plan
+
+
 def run_suite(
     engine: GenerationEngine,
     chat: ChatTokens,
@@ -160,18 +184,7 @@ def run_suite(
     done = {
         (r.get("tag"), r.get("pass"), r.get("seed"), r.get("sample")) for r in read_jsonl(jsonl)
     }
-    plan = []
-    for entry in suite:
-        ep = entry.episode_settings(episode)
-        seeds = eval_seeds(settings.seed, entry.num_episodes)
-        for name in settings.passes:
-            params, k = settings.pass_params(name, ep), settings.samples_per_seed(name)
-            todo = [
-                i
-                for i, s in enumerate(seeds)
-                if any((entry.tag, name, s, m) not in done for m in range(k))
-            ]
-            plan.append((entry, ep, name, params, k, seeds, todo))
+    plan = _plan(suite, settings, episode, done)
     total = sum(
         e.num_episodes * settings.samples_per_seed(n) for e in suite for n in settings.passes
     )

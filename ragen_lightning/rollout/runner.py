@@ -9,7 +9,7 @@ per-instance randomness) while sharing the initial state; the env's ``shared_tra
 opts out. Each turn, every live episode gets one generation request; actions are executed up to the
 episode's remaining action budget, stopping when the env ends the episode.
 
-Context modes (RAGEN's ``context_window_mode``):
+Context modes (RAGEN's ``context_window_mode``; a turn's prompt is built in :mod:`.turn_prompts`):
 
 * ``full``: the prompt is the whole conversation so far; one training sample per episode, every turn
   trained.
@@ -67,7 +67,7 @@ import gymnasium as gym
 import numpy as np
 
 from ragen_lightning.errors import ConfigError
-from ragen_lightning.rollout import branching, prompting, tool_calls
+from ragen_lightning.rollout import branching, prompting, tool_calls, turn_prompts
 from ragen_lightning.rollout.engine import GenerationEngine, SamplingParams
 from ragen_lightning.rollout.env_pool import Outcome, WorkerPool
 from ragen_lightning.rollout.episodes import (
@@ -228,7 +228,8 @@ class RolloutRunner:
         """Tokens of the first prompt of an episode reset with ``seed`` (to check the context budget
         up front)."""
         ep = self._reset(0, 0, seed, member=0)
-        user = self._user_message(ep, 1, self.max_response_tokens or self.episode.max_new_tokens)
+        announce = self.max_response_tokens or self.episode.max_new_tokens
+        user = turn_prompts.user_message(ep, 1, announce, self.episode, tools=bool(self.tools))
         return len(self.chat.start(ep.system, user))
 
     def run(
@@ -291,9 +292,11 @@ class RolloutRunner:
         limit leaves no room for any episode."""
         fitting = []
         for ep in live:
-            user = self._user_message(ep, turn, announce)
+            user = turn_prompts.user_message(
+                ep, turn, announce, self.episode, tools=bool(self.tools)
+            )
             mark = conversation_mark(ep.conv) if self.episode.context_window == "full" else None
-            prompt = self._prompt_ids(ep, user, response_cap)
+            prompt = turn_prompts.prompt_ids(ep, user, response_cap, self.episode, self.chat)
             if prompt is None:
                 if turn == 1:
                     need = len(self.chat.start(ep.system, user))
@@ -434,83 +437,6 @@ class RolloutRunner:
         )
         if outcome.timed_out and 0 <= ep.slot < len(self._envs) and self._envs[ep.slot] is ep.env:
             self._envs[ep.slot] = None  # a worker may still be inside it: never touch it again
-
-    def _turn_block(self, ep: Episode, turn: int, announce: int) -> str:
-        instruction = prompting.instruction_line(
-            ep.actions_left,
-            max_response_tokens=announce,
-            enable_think=self.episode.enable_think,
-            warn_invalid=ep.warn_invalid,
-            tool_calls=bool(self.tools),
-        )
-        return prompting.turn_block(
-            turn, ep.obs, instruction, observation_last=self.episode.observation_last
-        )
-
-    def _user_message(self, ep: Episode, turn: int, announce: int) -> str | tuple[str, ...]:
-        block = self._turn_block(ep, turn, announce)
-        if self.episode.context_window == "single_turn":
-            return self._memory_summary(ep, turn) + block
-        if not ep.turns:
-            return block
-        # feedback of the previous turn opens it
-        text = prompting.reward_text(ep.turns[-1].reward) + block
-        observations = ep.turns[-1].observations
-        if self.tools and observations:
-            # tool-call format: one tool message per executed call; each holds the observation after
-            # its call, the last one this turn's usual text (reward, turn block with the state)
-            return (*observations[:-1], text)
-        return text
-
-    def _memory_summary(self, ep: Episode, turn: int) -> str:
-        shown = (
-            ep.turns[-(self.episode.window_turns - 1) :] if self.episode.window_turns > 1 else []
-        )
-        if not shown:
-            return f"Current Turn (Turn {turn}):" if ep.turns else ""
-        first = turn - len(shown)
-        lines = [
-            (
-                f"Summary: {turn - 1} step(s) completed so far. Showing the last {len(shown)} turn(s) with "
-                "state/action/reward details. Recent turns:\n---\n"
-            )
-        ]
-        for i, t in enumerate(shown, start=first):
-            lines.append(
-                f"Turn {i} State:\n{t.state}\nTurn {i} Action: {t.response}\n"
-                f"Turn {i} Reward: {prompting.reward_text(t.reward)[len('Reward:') :].strip()}\n---\n"
-            )
-        lines.append(f"\nCurrent Turn (Turn {turn}):")
-        return "".join(lines)
-
-    def _prompt_ids(self, ep: Episode, user: str, response_cap: int) -> list[int] | None:
-        """The next prompt's ids, or None (and nothing changed) when prompt + a
-        ``response_cap``-token response (the sampling cap of this run) would exceed the limit."""
-        budget = self.episode.max_model_len - response_cap
-        if self.episode.context_window == "full":
-            if ep.conv is None:
-                conv = self.chat.start(ep.system, user)
-                if len(conv) > budget:
-                    return None
-                ep.conv = conv
-            else:
-                if len(ep.conv) + len(self.chat.next_message_ids(ep.conv, user)) > budget:
-                    return None
-                self.chat.add_message(ep.conv, user)
-            return list(ep.conv.input_ids)
-        limited = self.episode.context_window == "limited" and self.episode.window_turns > 1
-        window = ep.turns[-(self.episode.window_turns - 1) :] if limited else []
-        users = [t.user for t in window] + [user]
-        # a window that opens after a tool-call turn opens with that turn's text as the user message
-        # (a conversation starts with one; the tool results before it are outside the window)
-        conv = self.chat.start(ep.system, users[0] if isinstance(users[0], str) else users[0][-1])
-        for prev, next_user in zip(window, users[1:]):
-            self.chat.add_response(conv, prev.sampled, trainable=False)
-            self.chat.add_message(conv, next_user)
-        if len(conv) > budget:
-            return None
-        ep.conv = conv
-        return list(conv.input_ids)
 
     def _respond(self, ep: Episode, sampled: list[int], logprobs: list[float]) -> None:
         """Append the turn's sampled ids to the conversation and parse them into the actions to

@@ -4,6 +4,7 @@
   collection through the real rollout runner;
 * :mod:`~ragen_lightning.sft.module`: the shared SFT loss, :class:`SFTModule` and
   :class:`DemonstrationDataModule`;
+* :mod:`~ragen_lightning.sft.training`: the warm start's plain-PyTorch SFT loop (:func:`train_sft`);
 * :mod:`~ragen_lightning.sft.warm_start`: the cached :func:`warm_start` used before RL, and its
   evaluation.
 

@@ -14,8 +14,7 @@ returns the folder of the warm-started copy:
   behind and two processes racing on the same key end with the same folder;
 * deterministic for a seed: fixed demonstration seeds, seeded initialisation order and batch order.
 
-The loop is plain PyTorch (no Trainer start-up cost) but its loss is
-:func:`~ragen_lightning.sft.module. causal_lm_sft_loss`, the function
+The loop (:func:`~ragen_lightning.sft.training.train_sft`) is plain PyTorch, with the loss
 :class:`~ragen_lightning.sft.module.SFTModule` trains with.
 
 Run ``python main.py warm_start --config configs/<task>.yaml`` (the fit's env, episode and
@@ -44,21 +43,14 @@ import torch
 
 from ragen_lightning import models
 from ragen_lightning.errors import ConfigError, Domain, check_domains
-from ragen_lightning.parallel.threads import backward_in_order, torch_threads_set
+from ragen_lightning.parallel.threads import torch_threads_set
 from ragen_lightning.rollout.seeds import episode_seeds
 from ragen_lightning.rollout.settings import EpisodeSettings, as_episode, as_settings
 from ragen_lightning.sft.evaluation import evaluate_policy
 from ragen_lightning.sft.experts import reading_clauses, require_expert
-from ragen_lightning.sft.module import (
-    Demonstration,
-    LRSchedule,
-    build_demonstrations,
-    causal_lm_sft_loss,
-    collate,
-    lr_factor,
-    save_model,
-)
+from ragen_lightning.sft.module import Demonstration, LRSchedule, build_demonstrations, save_model
 from ragen_lightning.sft.progress import Progress, note
+from ragen_lightning.sft.training import train_sft
 
 # Bump when the training recipe changes in a way the arguments do not show.
 # 2: the shared-prefix SFT forward (same loss; gradients equal to float rounding, so other bits).
@@ -165,112 +157,6 @@ def warm_start_key(model: str, base_path: str | Path, args: dict[str, Any], code
     ]
 
 
-def shuffled_batches(count: int, batch_size: int, generator: torch.Generator) -> list[list[int]]:
-    """One epoch of batches of a seeded random permutation of ``range(count)``.
-
-    Not grouped by length: a demonstration's length follows its target (a FrozenLake reading clause
-    ``goal is above of me;`` is shorter than ``goal is below and right of me;``, a bandit answer's
-    length is its arm's name), so length-grouped batches each hold one target, and the model learned
-    that batch's answer instead of the map (a reading clause stayed at the prior, 0.12 exact, after
-    500 grouped steps; docs/learning.md, "Reading first").
-    """
-    order = torch.randperm(count, generator=generator).tolist()
-    return [order[k : k + batch_size] for k in range(0, count, batch_size)]
-
-
-def sft_backward(
-    model: torch.nn.Module, examples: Sequence[Demonstration], pad_token_id: int, threads: int = 1
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Backward of the batch's token-mean SFT loss; returns ``(loss, metrics)`` detached.
-
-    With ``threads`` > 1 the examples (longest first, dealt in turn so the parts are about equally
-    long) form that many parts, each collated, run and backpropagated on its own thread with its
-    loss weighted by its share of the trained tokens, the parts' gradients added in order
-    (:func:`~ragen_lightning.parallel.threads.backward_in_order`): the summed gradient is the whole
-    batch's to float rounding, and the same bit for bit on every run."""
-    if threads <= 1 or len(examples) < 2:
-        loss, metrics = causal_lm_sft_loss(model, collate(examples, pad_token_id))
-        loss.backward()
-        return loss.detach(), metrics
-    ordered = sorted(examples, key=lambda e: -len(e.input_ids))
-    parts = [ordered[k::threads] for k in range(min(threads, len(ordered)))]
-    counts = [sum(sum(e.loss_mask[1:]) for e in part) for part in parts]
-    total = max(sum(counts), 1)
-
-    def run(k: int) -> tuple[torch.Tensor, tuple[torch.Tensor, dict[str, torch.Tensor]]]:
-        loss, metrics = causal_lm_sft_loss(model, collate(parts[k], pad_token_id))
-        share = counts[k] / total
-        return loss * share, (
-            loss.detach() * share,
-            {name: v * share for name, v in metrics.items() if name != "sft/num_tokens"},
-        )
-
-    done = backward_in_order(run, range(len(parts)), threads, model.parameters())
-    metrics = {name: sum(m[name] for _, m in done) for name in done[0][1]}
-    metrics["sft/num_tokens"] = torch.tensor(float(sum(counts)))
-    return sum(loss for loss, _ in done), metrics
-
-
-def train_sft(
-    model: torch.nn.Module,
-    demos: Sequence[Demonstration],
-    pad_token_id: int,
-    *,
-    steps: int,
-    lr: float,
-    batch_size: int,
-    weight_decay: float = 0.0,
-    warmup_steps: int = 10,
-    lr_schedule: LRSchedule = "cosine",
-    max_grad_norm: float = 1.0,
-    seed: int = 0,
-    log_every: int = 0,
-    reading_demos: Sequence[Demonstration] = (),
-    reading_steps: int = 0,
-    threads: int = 1,
-    progress: Progress | None = None,
-) -> list[float]:
-    """``steps`` AdamW steps of the SFT loss (:func:`shuffled_batches`, seeded order): the first
-    ``reading_steps`` on ``reading_demos``, the rest on ``demos``, under one learning-rate schedule;
-    returns the loss of every step. ``threads`` > 1 splits each batch into that many parts computed
-    at once on CPU threads (:func:`sft_backward`). ``progress`` is told every step and its loss (the
-    caller closes it)."""
-    if not demos or (reading_steps and not reading_demos):
-        raise ValueError("no demonstrations to train on")
-    generator = torch.Generator().manual_seed(seed)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, warmup_steps, steps, lr_schedule)
-    )
-    queue: list[list[int]] = []
-    losses: list[float] = []
-    model.train()
-    start = time.perf_counter()
-    for step in range(steps):
-        source = reading_demos if step < reading_steps else demos
-        if not queue or step == reading_steps:
-            # pop() takes them in order
-            queue = shuffled_batches(len(source), batch_size, generator)[::-1]
-        loss, metrics = sft_backward(model, [source[i] for i in queue.pop()], pad_token_id, threads)
-        if max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(float(loss.detach()))
-        if progress is not None:
-            progress.update(step + 1, loss=losses[-1])
-        if log_every and (step + 1) % log_every == 0:
-            print(
-                f"step {step + 1}/{steps} loss {losses[-1]:.4f} acc {float(metrics['sft/token_accuracy']):.3f} "
-                f"({time.perf_counter() - start:.1f}s)",
-                flush=True,
-            )
-    model.eval()
-    return losses
-
-
 @dataclass(frozen=True)
 class WarmStartSettings:
     """The supervised warm start's recipe (``--model.warm_start.*``; ``python main.py warm_start``
@@ -301,7 +187,8 @@ class WarmStartSettings:
         torch_threads: CPU threads while building (restored afterwards; null keeps torch's setting);
             1 is fastest for the tiny model.
         threads: parts of each batch trained at once on CPU threads, one op thread each
-            (:func:`sft_backward`); the gradient is the same to float rounding.
+            (:func:`~ragen_lightning.sft.training.sft_backward`); the gradient is the same to float
+            rounding.
         verbose: also print the loss and token accuracy every 25 steps (the progress line is always
             on).
     """
@@ -534,37 +421,16 @@ def _build(
     more: Sequence[tuple[str, dict | None, EpisodeSettings]] = (),
 ) -> Path:
     started = time.perf_counter()
-    env_id, seed, only_successful = args["env_id"], args["seed"], args["only_successful"]
-    num_episodes, dtype = args["num_episodes"], args["dtype"]
+    seed, dtype = args["seed"], args["dtype"]
     tokenizer = models.load_tokenizer(base)
-    demos: list[Demonstration] = []
-    stats: dict[str, Any] = {}  # one env: its statistics; a mixture: those of each env, by position
-    sources = [(env_id, args["env_kwargs"], episode)] + [
+    sources = [(args["env_id"], args["env_kwargs"], episode)] + [
         (i, demonstration_kwargs(i, k), e) for i, k, e in more
     ]
     note(
         f"warm start: {final.name} is not in the cache; building it (solver demonstrations, then {args['steps']} "
         "SFT steps)"
     )
-    shown = Progress("warm start: demonstrations", num_episodes * len(sources), unit="episode")
-    for n, (source_id, source_kwargs, source_episode) in enumerate(sources):
-        env_demos, env_stats = build_demonstrations(
-            source_id,
-            tokenizer,
-            episode_seeds(seed, num_episodes, "train"),
-            env_kwargs=source_kwargs,
-            episode=source_episode,
-            only_successful=only_successful,
-            progress=shown,
-        )
-        if not env_demos:
-            raise ValueError(f"no demonstrations for {source_id}: {env_stats}")
-        demos += env_demos
-        if more:
-            stats[f"env{n}"] = {"env_id": source_id, **env_stats}
-        else:
-            stats = env_stats
-    shown.close()
+    demos, stats = _demonstrations(sources, tokenizer, args, mixture=bool(more))
     with torch.random.fork_rng(devices=[]), Progress("warm start", args["steps"]) as shown:
         torch.manual_seed(seed)
         net = models.load_causal_lm(base, dtype)
@@ -586,19 +452,60 @@ def _build(
             reading_demos=reading_clauses(demos, tokenizer) if reading_steps else (),
             progress=shown,
         )
+    meta = {"base_model": str(base), "args": args, "demo_stats": stats, "losses": losses}
+    _save(net, tokenizer, meta, final, root, started)
+    note(f"warm start: saved {final} ({time.perf_counter() - started:.0f} s)")
+    return final
 
+
+def _demonstrations(
+    sources: Sources, tokenizer: Any, args: dict[str, Any], *, mixture: bool
+) -> tuple[list[Demonstration], dict[str, Any]]:
+    """``args["num_episodes"]`` expert episodes of each ``(env_id, env_kwargs, episode)`` of
+    ``sources`` as demonstrations, and their statistics: one env's, or for a ``mixture`` those of
+    each env by position (``env<n>``)."""
+    seed, num_episodes = args["seed"], args["num_episodes"]
+    demos: list[Demonstration] = []
+    stats: dict[str, Any] = {}
+    shown = Progress("warm start: demonstrations", num_episodes * len(sources), unit="episode")
+    for n, (source_id, source_kwargs, source_episode) in enumerate(sources):
+        env_demos, env_stats = build_demonstrations(
+            source_id,
+            tokenizer,
+            episode_seeds(seed, num_episodes, "train"),
+            env_kwargs=source_kwargs,
+            episode=source_episode,
+            only_successful=args["only_successful"],
+            progress=shown,
+        )
+        if not env_demos:
+            raise ValueError(f"no demonstrations for {source_id}: {env_stats}")
+        demos += env_demos
+        if mixture:
+            stats[f"env{n}"] = {"env_id": source_id, **env_stats}
+        else:
+            stats = env_stats
+    shown.close()
+    return demos, stats
+
+
+def _save(
+    net: torch.nn.Module,
+    tokenizer: Any,
+    meta: dict[str, Any],
+    final: Path,
+    root: Path,
+    started: float,
+) -> None:
+    """Save the warm-started model and ``warm_start.json`` (``meta``, the wall time since
+    ``started``, the recipe version) in a temporary folder under ``root``, then rename it to
+    ``final``: a crash leaves no half-written folder, and when another process finished the same
+    key first its equivalent folder stays."""
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".warm-", dir=root))
     try:
         save_model(net, tokenizer, tmp)
-        meta = {
-            "base_model": str(base),
-            "args": args,
-            "demo_stats": stats,
-            "losses": losses,
-            "wall_s": time.perf_counter() - started,
-            "version": _WARM_VERSION,
-        }
+        meta = {**meta, "wall_s": time.perf_counter() - started, "version": _WARM_VERSION}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1, default=str))
         try:
             os.replace(tmp, final)
@@ -608,8 +515,6 @@ def _build(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    note(f"warm start: saved {final} ({time.perf_counter() - started:.0f} s)")
-    return final
 
 
 def warm_started_path(model: str, setting: WarmStartValue, datamodule) -> str:

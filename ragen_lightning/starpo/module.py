@@ -1,11 +1,12 @@
 """StarPOModule: actor, critic (an estimator's that needs one) and reference (KL terms only); one
 ``training_step`` is one StarPO iteration. Its settings come in typed groups (:mod:`.settings`).
 
-:meth:`StarPOModule.training_step` reads top to bottom as the numbered steps of DESIGN section 3: rollout batch ->
-no-grad scoring -> advantages (:mod:`.estimators`) -> ``ppo_epochs`` x mini-batches of critic then
-actor steps (the loop and losses in :mod:`.ppo`, each optimizer step in :mod:`.optim`) -> logs;
-``last_rollout`` / ``last_logs``: batch and logs, for callbacks. Manual optimisation, one optimizer
-per network: ``trainer.global_step`` counts optimizer steps, the run length is
+:meth:`StarPOModule.training_step` reads top to bottom as the numbered steps of DESIGN section 3:
+rollout batch -> no-grad scoring (:func:`.scoring.scoring_passes`) -> advantages
+(:mod:`.estimators`) -> ``ppo_epochs`` x mini-batches of critic then actor steps (the loop and
+losses in :mod:`.ppo`, each optimizer step in :mod:`.optim`) -> logs; ``last_rollout`` /
+``last_logs``: batch and logs, for callbacks. Manual optimisation, one optimizer per network:
+``trainer.global_step`` counts optimizer steps, the run length is
 ``--data.training.num_iterations``. Data parallel: every rank holds the global batch, the update
 splits its rows (``parallel``).
 """
@@ -44,7 +45,7 @@ from ragen_lightning.starpo.optim import (
     start_iteration,
 )
 from ragen_lightning.starpo.ppo import ppo_update
-from ragen_lightning.starpo.scoring import score_sharded
+from ragen_lightning.starpo.scoring import scoring_passes
 from ragen_lightning.starpo.settings import (
     GROUPS,
     AdvantageSettings,
@@ -54,21 +55,10 @@ from ragen_lightning.starpo.settings import (
     PolicyLossSettings,
     UpdateSettings,
     as_group,
+    checkpoint_hparams,
+    scores_in_update,
 )
 from ragen_lightning.types import RolloutBatch, UpdateBatch
-
-
-def scores_in_update(s: ModuleSettings, batch: RolloutBatch) -> bool:
-    """Whether the update's own forward passes supply the old log-probs and values (one epoch over
-    one mini-batch runs them on the rollout weights: ratio 1), so the separate no-grad passes are
-    skipped. Not with a KL-in-reward penalty (the advantages need old log-probs first) or chained
-    GAE (returns need all rows)."""
-    return (
-        s.update.ppo_epochs == 1
-        and len(batch) <= s.update.mini_batch_size
-        and s.advantage.kl_in_reward_coef == 0
-        and not batch.chains_turns
-    )
 
 
 class StarPOModule(L.LightningModule):
@@ -117,20 +107,7 @@ class StarPOModule(L.LightningModule):
         check_module_settings(self.settings, self._lora)
         self.save_hyperparameters(ignore=[*GROUPS, "lora", "early_stop"])
         # plain dicts in checkpoints
-        self.hparams.update(
-            {
-                name: dataclasses.asdict(group)
-                for name, group in (
-                    ("advantage", self.advantage),
-                    ("loss", self.loss),
-                    ("critic", self.settings.critic),
-                    ("update", self.settings.update),
-                    ("early_stop", stops),
-                )
-            }
-        )
-        self.hparams["optim"] = self.settings.optim.as_hparams()  # the optimizer factories by name
-        self.hparams["lora"] = dataclasses.asdict(self._lora) if self._lora is not None else None
+        self.hparams.update(checkpoint_hparams(self.settings, stops, self._lora))
         self.hparams["warm_start"] = warm_start_hparams(warm_start)
         if self._lora is not None:
             # LoRA checkpoints hold the trainable weights only (checked on load)
@@ -300,39 +277,29 @@ class StarPOModule(L.LightningModule):
             batch, logs["train/kept_rows"] = kept_rows(batch, s.advantage)
         if len(batch) == 0:
             return self._log(logs)
-        # mask: target axis
-        ids, att, mask = batch.input_ids, batch.attention_mask, batch.loss_mask[:, 1:].bool()
         # 2. scoring passes (no grad). With one epoch over one mini-batch the update's own forward
         #    pass runs on the rollout weights, so it supplies old_logprobs (ratio 1) and the
         #    separate actor pass is skipped.
-        on_policy = scores_in_update(s, batch)
-        old_logprobs = entropy = ref_logprobs = values = None
         # None: the critic steps in sequence (several processes, ...)
         background = self._background.active()
-        if not on_policy:
-            old_logprobs, entropy = self._score(self.actor, ids, att, mask, with_entropy=True)
-        if self.reference is not None:
-            ref_logprobs, _ = self._score(self.reference, ids, att, mask)
-        # else from the critic step's own forward
-        if self.critic is not None and (not on_policy or background):
-            values, _ = self._score(self.critic, ids, att, mask, kind="critic")
-        # 3. advantages (on-policy with a critic: inside step 4, from the values of the critic step)
-        adv_of = advantages_for(batch, mask, old_logprobs, ref_logprobs, s.advantage)
-        critic_first = self.critic is not None and values is None
-        advantages, returns, adv_logs = (None, None, {}) if critic_first else adv_of(values, None)
-        logs.update(adv_logs)
-        # 4. updates: ppo_epochs x mini-batches, critic then actor
-        data = UpdateBatch(
-            ids,
-            att,
-            mask,
-            advantages,
-            batch.engine_logprobs[:, 1:],
-            old_logprobs=old_logprobs,
-            ref_logprobs=ref_logprobs,
-            values=values,
-            returns=returns,
+        on_policy = scores_in_update(s, batch)
+        data, entropy = scoring_passes(
+            batch,
+            s,
+            actor=None if on_policy else self.actor,
+            reference=self.reference,
+            # else the values come from the critic step's own forward
+            critic=self.critic if not on_policy or background else None,
         )
+        # 3. advantages (on-policy with a critic: inside step 4, from the values of the critic step)
+        adv_of = advantages_for(
+            batch, data.loss_mask, data.old_logprobs, data.ref_logprobs, s.advantage
+        )
+        if self.critic is None or data.values is not None:
+            advantages, returns, adv_logs = adv_of(data.values, None)
+            logs.update(adv_logs)
+            data = dataclasses.replace(data, advantages=advantages, returns=returns)
+        # 4. updates: ppo_epochs x mini-batches, critic then actor
         critic = self._step_context("critic", len(batch)) if self.critic is not None else None
         actor = self._step_context("actor", len(batch))
         step_logs, seen = ppo_update(
@@ -345,38 +312,9 @@ class StarPOModule(L.LightningModule):
             background=background,
         )
         logs.update(step_logs)
-        # seen: update's pass
-        old_logprobs, entropy = seen if old_logprobs is None else (old_logprobs, entropy)
-        logs["actor/entropy"] = float(masked_mean(entropy, mask))
-        logs["rollout/engine_logprob_abs_diff"] = float(
-            masked_mean((data.engine_logprobs - old_logprobs).abs(), mask)
-        )
-        logs.update(
-            {
-                "train/skipped_steps": float(self.skips.total),
-                "timing_s/update": time.perf_counter() - t0,
-            }
-        )
-        if reason := self.early_stops.after_iteration(logs.get("rollout/in_group_reward_std", 0.0)):
-            logs["early_stopped/reward_variance_collapse"] = 1.0
-            self._stop(reason)
+        self._after_update(logs, data, seen, entropy, t0)
         # 5. log
         return self._log(logs)
-
-    def _score(self, net, ids, att, mask, *, kind: str = "actor", with_entropy: bool = False):
-        u = self.settings.update  # (a critic pass ignores temperature, chunking and the mask)
-        return score_sharded(
-            net,
-            ids,
-            att,
-            u.scoring_micro_batch_size,
-            kind=kind,
-            with_entropy=with_entropy,
-            forward=self.settings.forward,
-            loss_mask=mask,
-            threads=u.micro_batch_threads,
-            micro_batch_tokens=u.micro_batch_tokens,
-        )
 
     def _step_context(self, network: str, pad_row: int) -> StepContext:
         """What an optimizer step of ``network`` needs, from this module and its trainer
@@ -401,6 +339,22 @@ class StarPOModule(L.LightningModule):
         """The optimizer of ``"actor"`` or ``"critic"`` (Lightning's wrapper)."""
         opts = opts if isinstance(opts := self.optimizers(), list) else [opts]
         return opts[0 if network == "actor" else 1]
+
+    def _after_update(self, logs: dict, data: UpdateBatch, seen, entropy, t0: float) -> None:
+        """Step 4's logs, into ``logs``: the actor's entropy and the gap between its old log-probs
+        and the engine's (on-policy both from the update's first pass, ``seen``), skipped steps and
+        the update's time since ``t0``; then RAGEN's early stop on a collapsed reward variance."""
+        old_logprobs, entropy = seen if data.old_logprobs is None else (data.old_logprobs, entropy)
+        mask = data.loss_mask
+        logs["actor/entropy"] = float(masked_mean(entropy, mask))
+        logs["rollout/engine_logprob_abs_diff"] = float(
+            masked_mean((data.engine_logprobs - old_logprobs).abs(), mask)
+        )
+        logs["train/skipped_steps"] = float(self.skips.total)
+        logs["timing_s/update"] = time.perf_counter() - t0
+        if reason := self.early_stops.after_iteration(logs.get("rollout/in_group_reward_std", 0.0)):
+            logs["early_stopped/reward_variance_collapse"] = 1.0
+            self._stop(reason)
 
     def _log(self, logs: dict[str, float]) -> None:
         logs = {k: float(v) for k, v in logs.items() if v is not None and math.isfinite(float(v))}

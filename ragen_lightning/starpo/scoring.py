@@ -16,6 +16,9 @@ of a multi-turn row). With ``share_prefix`` that common prefix runs once (batch 
 cache is repeated across the rows, whose remaining tokens then run on top of it
 (:func:`shared_prefix`). This is the same function of the weights (values agree to float rounding;
 the prefix's gradient is the sum of every row's), at a fraction of the prefix's cost.
+
+:func:`scoring_passes` is step 2 of a StarPO iteration: the no-grad passes over the rollout batch
+that give the update its old log-probs, reference log-probs and values.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -43,6 +47,10 @@ from ragen_lightning.models.packing import (
 from ragen_lightning.models.packing import pack as pack_rows
 from ragen_lightning.parallel.ranks import all_reduce_, rank_rows, world
 from ragen_lightning.parallel.threads import map_threads
+from ragen_lightning.types import RolloutBatch, UpdateBatch
+
+if TYPE_CHECKING:
+    from ragen_lightning.starpo.settings import ModuleSettings
 
 
 @dataclass(frozen=True)
@@ -388,3 +396,52 @@ def score_sharded(
         whole[rows[:real]] = out[:real]
         full.append(all_reduce_(whole))
     return tuple(full)
+
+
+def scoring_passes(
+    batch: RolloutBatch,
+    settings: ModuleSettings,
+    *,
+    actor: nn.Module | None,
+    reference: nn.Module | None,
+    critic: nn.Module | None,
+) -> tuple[UpdateBatch, torch.Tensor | None]:
+    """Step 2 of a StarPO iteration: ``batch`` as the update reads it, with the outputs of the
+    no-grad passes (:func:`score_sharded`, in the scoring micro-batches of ``settings.update``) of
+    ``actor`` (old log-probs, and the entropy returned beside), ``reference`` (its log-probs) and
+    ``critic`` (values), in that order. A network given as None does not run and its outputs are
+    None; the advantages and returns (step 3) are None too."""
+    # mask: target axis
+    ids, att, mask = batch.input_ids, batch.attention_mask, batch.loss_mask[:, 1:].bool()
+    u = settings.update  # (a critic pass ignores temperature, chunking and the mask)
+
+    def score(net: nn.Module | None, kind: str = "actor", with_entropy: bool = False):
+        if net is None:
+            return None, None
+        return score_sharded(
+            net,
+            ids,
+            att,
+            u.scoring_micro_batch_size,
+            kind=kind,
+            with_entropy=with_entropy,
+            forward=settings.forward,
+            loss_mask=mask,
+            threads=u.micro_batch_threads,
+            micro_batch_tokens=u.micro_batch_tokens,
+        )
+
+    old_logprobs, entropy = score(actor, with_entropy=True)
+    ref_logprobs, _ = score(reference)
+    values, _ = score(critic, kind="critic")
+    data = UpdateBatch(
+        ids,
+        att,
+        mask,
+        None,
+        batch.engine_logprobs[:, 1:],
+        old_logprobs=old_logprobs,
+        ref_logprobs=ref_logprobs,
+        values=values,
+    )
+    return data, entropy

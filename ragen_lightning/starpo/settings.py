@@ -35,6 +35,7 @@ from ragen_lightning.starpo.estimators import (
     get_estimator,
 )
 from ragen_lightning.starpo.scoring import ForwardSettings, MicroBatching
+from ragen_lightning.types import RolloutBatch
 
 _POSITIVE = Domain(low=0, low_open=True)
 _NON_NEGATIVE = Domain(low=0)
@@ -387,3 +388,33 @@ class ModuleSettings:
     def uses_reference(self) -> bool:
         """A KL term (loss or reward penalty) needs the reference model."""
         return self.loss.kl_coef > 0 or self.advantage.kl_in_reward_coef > 0
+
+
+def scores_in_update(s: ModuleSettings, batch: RolloutBatch) -> bool:
+    """Whether the update's own forward passes supply the old log-probs and values (one epoch over
+    one mini-batch runs them on the rollout weights: ratio 1), so the separate no-grad passes are
+    skipped. Not with a KL-in-reward penalty (the advantages need old log-probs first) or chained
+    GAE (returns need all rows)."""
+    return (
+        s.update.ppo_epochs == 1
+        and len(batch) <= s.update.mini_batch_size
+        and s.advantage.kl_in_reward_coef == 0
+        and not batch.chains_turns
+    )
+
+
+def checkpoint_hparams(s: ModuleSettings, early_stop: Any, lora: Any) -> dict[str, Any]:
+    """The settings groups as a checkpoint's hyperparameters hold them: plain dicts, the early stops
+    and the LoRA settings (None: off) too, the optimizer factories by class path
+    (:meth:`OptimSettings.as_hparams`)."""
+    groups = (
+        ("advantage", s.advantage),
+        ("loss", s.loss),
+        ("critic", s.critic),
+        ("update", s.update),
+        ("early_stop", early_stop),
+    )
+    hparams = {name: dataclasses.asdict(group) for name, group in groups}
+    hparams["optim"] = s.optim.as_hparams()
+    hparams["lora"] = dataclasses.asdict(lora) if lora is not None else None
+    return hparams

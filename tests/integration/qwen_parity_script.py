@@ -27,7 +27,7 @@ from ragen_lightning.rollout.tokens import ChatTokens
 from ragen_lightning.rollout.vllm_engine import VLLMEngine
 from ragen_lightning.sft.experts import collect_demonstrations
 from ragen_lightning.sft.module import Demonstration
-from ragen_lightning.sft.warm_start import train_sft
+from ragen_lightning.sft.training import train_sft
 
 ENV_ID = "ragen/SimpleSokoban-v0"
 EPISODE = EpisodeSettings(

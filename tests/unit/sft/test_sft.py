@@ -23,7 +23,7 @@ from ragen_lightning.sft.module import (
     sft_loss,
     token_cross_entropy,
 )
-from ragen_lightning.sft.warm_start import shuffled_batches, train_sft
+from ragen_lightning.sft.training import shuffled_batches, train_sft
 
 
 def test_sft_loss_by_hand_masks_targets_only():
@@ -350,7 +350,7 @@ def test_threaded_sft_backward_gives_the_whole_batchs_gradient_and_metrics(tiny_
     from transformers import AutoModelForCausalLM
 
     from ragen_lightning.sft.module import Demonstration
-    from ragen_lightning.sft.warm_start import sft_backward
+    from ragen_lightning.sft.training import sft_backward
 
     g = torch.Generator().manual_seed(3)
     # a shared prefix, as the system prompt is

@@ -245,7 +245,7 @@ def test_no_settings_dict_is_built_from_hparams_by_string_keys():
 
 
 def test_the_update_scores_its_own_old_logprobs_only_in_one_epoch_over_one_mini_batch():
-    from ragen_lightning.starpo.module import scores_in_update
+    from ragen_lightning.starpo.settings import scores_in_update
 
     class Batch:
         def __init__(self, rows=8, chains_turns=False):
