@@ -1,5 +1,6 @@
-"""Launching ``tests/integration/dist_worker.py`` for the distributed integration tests
-(``test_distributed_*.py``), and what their assertions share.
+"""Launching ``tests/integration/dist_worker.py`` for the distributed and vLLM integration tests
+(``test_distributed.py``, ``test_distributed_checkpoints.py``, ``test_vllm.py``), and what their
+assertions share.
 
 A launch is one or two processes that run several fits (the worker's *phases*) one after another:
 starting Python, torch and Lightning costs more than a fit of the tiny model, so the tests of a file

@@ -9,7 +9,8 @@ most of a small fit's cost. Before each phase the global RNG is put back to the 
 process starts with, so a phase computes what it would alone. A phase's ``wait_for`` (paths) holds
 it until they exist: another launch's checkpoint or result, or a file the test prepares (a damaged
 checkpoint copy). A phase with ``expect_error`` must raise; the error is recorded instead of the
-weights.
+weights. A phase with ``script`` (a module next to this one, e.g. ``vllm_fit_script``) calls its
+``main(model, out)`` instead of a fit here and writes the returned object as ``rank0.json``.
 
 A phase's keys: ``model`` (tiny folder), ``strategy`` (``single`` | ``ddp`` | ``fsdp``),
 ``iterations``, ``estimator`` (``gae`` | ``grpo``), ``engine`` (``scripted``: seeded bandit answers,
@@ -29,6 +30,7 @@ atomically, so its presence means the phase is done on that rank).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -250,11 +252,6 @@ def main(cfg: dict) -> None:
     """One phase: fit, then write this rank's ``rank{r}.pt`` and ``rank{r}.json`` into
     ``cfg["out"]``."""
     out = Path(cfg["out"])
-    out.mkdir(parents=True, exist_ok=True)
-    # what this phase would see and draw in a process of its own
-    os.environ.clear()
-    os.environ.update(FRESH_ENV)
-    torch.set_rng_state(FRESH_RNG)
     module, dm, trainer, metrics = build(cfg, out)
     vllm = cfg.get("engine") == "vllm"
     probes, undo_probes = record_probes(module) if vllm else ([], None)
@@ -289,6 +286,10 @@ def main(cfg: dict) -> None:
         # FSDP2: an unsharded actor copy for the HF engine only
         "rollout_copy": len(module._rollout_actor),
     }
+    write_result(out, rank, result)
+
+
+def write_result(out: Path, rank: int, result: dict) -> None:
     tmp = out / f".rank{rank}.json.tmp"
     tmp.write_text(json.dumps(result))
     tmp.replace(out / f"rank{rank}.json")  # atomic: its presence means this phase is done here
@@ -323,9 +324,19 @@ def wait_for(paths: list[str], timeout: float = 900) -> None:
 def run_phases(spec: dict) -> None:
     for name, cfg in spec["phases"].items():
         wait_for(cfg.get("wait_for", []))
+        out = Path(spec["out"]) / name
+        out.mkdir(parents=True, exist_ok=True)  # by every rank
+        # what this phase would see and draw in a process of its own
+        os.environ.clear()
+        os.environ.update(FRESH_ENV)
+        torch.set_rng_state(FRESH_RNG)
         if cfg.get("engine") == "vllm":
             vllm_layout(cfg.get("tp", 1))
-        main({**cfg, "out": str(Path(spec["out"]) / name)})
+        if "script" in cfg:  # another script's main(model, out) -> its result, as rank 0's
+            script = importlib.import_module(cfg["script"])
+            write_result(out, 0, script.main(cfg["model"], str(out)))
+        else:
+            main({**cfg, "out": str(out)})
 
 
 if __name__ == "__main__":
