@@ -99,10 +99,16 @@ class Launch:
         """Wait until every rank finished ``phase`` (the launch goes on with its next phases);
         returns the phase's folder."""
         folder, deadline = self.out / phase, time.monotonic() + timeout
-        while not all((folder / f"rank{r}.json").exists() for r in range(self.ranks)):
-            if any(proc.poll() not in (None, 0) for proc in self.procs):
+
+        def finished() -> bool:
+            return all((folder / f"rank{r}.json").exists() for r in range(self.ranks))
+
+        while not finished():
+            codes = [proc.poll() for proc in self.procs]
+            # (looked at again: the last rank may have written it just before exiting)
+            if (any(c not in (None, 0) for c in codes) or None not in codes) and not finished():
                 self.kill()
-                pytest.fail(f"the worker failed before phase {phase} finished:\n{self.log()}")
+                pytest.fail(f"the worker ended before phase {phase} finished:\n{self.log()}")
             if time.monotonic() > deadline:  # a hung collective: fail instead of blocking
                 self.kill()
                 pytest.fail(f"phase {phase} did not finish in {timeout} s:\n{self.log()}")
