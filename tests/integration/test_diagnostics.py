@@ -64,6 +64,11 @@ def test_fit_with_every_callback_then_resume(tmp_path, monkeypatch):
         "logs",
         "--model.warm_start",
         "false",
+        # the HF engine: the callbacks are under test, not the sampler (engine auto would build a
+        # vLLM engine inside the test process when vLLM is installed: ~20 s of CPU for two fits,
+        # most of it its start-up and the full garbage collections of its close)
+        "--data.engine.name",
+        "hf",
         "--data.training.num_groups",
         "2",
         "--data.training.group_size",

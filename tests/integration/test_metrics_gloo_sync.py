@@ -21,16 +21,19 @@ CACHE_PREFIXES = ("RAGEN_LIGHTNING_", "HF_", "WANDB_", "MPLCONFIGDIR")
 # rank 0 gets group 0 / 2 turns / 1 trajectory, rank 1 the rest
 REWARDS = [[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5]]
 
+# The ranks are forked from a parent that imported torch and the metrics once (spawned ranks would
+# import them again, ~5 s of CPU each); the parent runs no torch op, so there is no thread pool to
+# inherit.
 WORKER = textwrap.dedent("""
     import json, os, sys
     import torch
     import torch.distributed as dist
     import torch.multiprocessing as mp
+    from ragen_lightning.metrics import LengthMetrics, RewardMetrics, ValidThinkingRate
 
     def worker(rank, port, out):
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=2)
-        from ragen_lightning.metrics import LengthMetrics, RewardMetrics, ValidThinkingRate
         rewards = torch.tensor(%(rewards)r)
         rw, lens, valid = RewardMetrics(), LengthMetrics(), ValidThinkingRate()
         rows = slice(0, 1) if rank == 0 else slice(1, None)
@@ -50,7 +53,9 @@ WORKER = textwrap.dedent("""
 
     if __name__ == "__main__":
         torch.set_num_threads(1)
-        mp.spawn(worker, args=(int(sys.argv[1]), sys.argv[2]), nprocs=2, join=True)
+        mp.start_processes(
+            worker, args=(int(sys.argv[1]), sys.argv[2]), nprocs=2, join=True, start_method="fork"
+        )
 """)
 
 

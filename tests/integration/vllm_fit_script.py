@@ -1,8 +1,10 @@
-"""Run by ``test_vllm.py`` in a subprocess (vLLM takes over torch threading in the process that
-builds an engine).
+"""Run by ``test_vllm.py`` outside the test process (vLLM takes over torch threading in the process
+that builds an engine): :func:`main` is the last phase of its single-process
+``dist_worker.py`` launch, which writes the result as the phase's ``rank0.json``.
 
-``python tests/integration/vllm_fit_script.py MODEL_DIR OUT_DIR`` fits StarPO with
-``--data.engine.name vllm`` on the tiny model for 3 iterations and prints one JSON object:
+``main(MODEL_DIR, OUT_DIR)`` (or ``python tests/integration/vllm_fit_script.py MODEL_DIR OUT_DIR``,
+which prints it) fits StarPO with ``--data.engine.name vllm`` on the tiny model for 3 iterations and
+returns one JSON object:
 
 - ``pushes``: per weight sync, whether the actor changed since the previous sync (a real optimizer
   step ran), the number of tensors pushed and the probe's max/mean |log-prob difference|;
