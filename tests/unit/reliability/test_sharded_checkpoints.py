@@ -1,6 +1,6 @@
 """Sharded checkpoint folders (FSDP2's distributed checkpoint): the digest of every file, the
 one-step swap into place, and what a damaged folder gives (one line naming the file). The
-two-process save and resume are in tests/integration/test_distributed.py."""
+two-process save and resume are in tests/integration/test_distributed_checkpoints.py."""
 
 from __future__ import annotations
 
