@@ -14,7 +14,7 @@ import torch
 import envs  # noqa: F401
 from ragen_lightning import models
 from ragen_lightning.cli import main
-from tests.integration.inprocess import run_main
+from tests.integration.inprocess import isolated_process_state, run_main
 
 pytestmark = pytest.mark.slow
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -36,8 +36,16 @@ SMALL_RUN = [
 ]
 
 
-def test_fit_validate_and_export(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+@pytest.fixture
+def in_process(tmp_path):
+    """main() runs in this process: in ``tmp_path``, with the process state it may change (the
+    environment, warnings filters, loggers, torch flags, random states, ...) put back afterwards
+    (tests/integration/inprocess.py)."""
+    with isolated_process_state(tmp_path):
+        yield
+
+
+def test_fit_validate_and_export(tmp_path, in_process):
     common = [
         "--config",
         str(CONFIGS / "bandit.yaml"),
