@@ -14,6 +14,7 @@ import torch
 import envs  # noqa: F401
 from ragen_lightning import models
 from ragen_lightning.cli import main
+from tests.integration.inprocess import isolated_process_state, run_main
 
 pytestmark = pytest.mark.slow
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -35,8 +36,16 @@ SMALL_RUN = [
 ]
 
 
-def test_fit_validate_and_export(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+@pytest.fixture
+def in_process(tmp_path):
+    """main() runs in this process: in ``tmp_path``, with the process state it may change (the
+    environment, warnings filters, loggers, torch flags, random states, ...) put back afterwards
+    (tests/integration/inprocess.py)."""
+    with isolated_process_state(tmp_path):
+        yield
+
+
+def test_fit_validate_and_export(tmp_path, in_process):
     common = [
         "--config",
         str(CONFIGS / "bandit.yaml"),
@@ -211,56 +220,47 @@ BAD_END_TO_END = [
 ]
 
 
-@pytest.fixture(scope="module")
-def bad_config_runs(tmp_path_factory):
-    """Every ``BAD_END_TO_END`` command line as a ``main.py fit`` subprocess, each in its own empty
-    folder, started together on first use on a few worker threads: each run is ~6 s of imports
-    before its one-line refusal, so running them side by side instead of one after another saves
-    most of a minute of suite time. Yields each case's future of ``(folder, CompletedProcess)``, in
-    ``BAD_END_TO_END``'s order."""
-    import subprocess
-    import sys
-    from concurrent.futures import ThreadPoolExecutor
-
-    main_py = Path(__file__).resolve().parents[2] / "main.py"
-
-    def refuse(flags: list[str], folder: Path) -> tuple[Path, subprocess.CompletedProcess]:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                str(main_py),
-                "fit",
-                "--config",
-                str(CONFIGS / "bandit.yaml"),
-                "--model.warm_start",
-                "false",
-                *flags,
-            ],
-            check=False,
-            cwd=folder,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        return folder, proc
-
-    with ThreadPoolExecutor(max_workers=min(4, max(2, os.cpu_count() or 1))) as pool:
-        futures = [
-            pool.submit(refuse, flags, tmp_path_factory.mktemp("bad_config"))
-            for flags, _ in BAD_END_TO_END
-        ]
-        yield futures
+BANDIT_FIT = ["fit", "--config", str(CONFIGS / "bandit.yaml"), "--model.warm_start", "false"]
 
 
 @pytest.mark.parametrize("case", range(len(BAD_END_TO_END)), ids=[m for _, m in BAD_END_TO_END])
-def test_bad_config_is_one_line_and_writes_nothing(bad_config_runs, case):
-    message = BAD_END_TO_END[case][1]
-    folder, proc = bad_config_runs[case].result()
-    assert proc.returncode == 2, proc.stderr[-2000:]
+def test_bad_config_is_one_line_and_writes_nothing(case, tmp_path, capfd):
+    """``main.py fit`` run in this process (tests/integration/inprocess.py: main() as main.py calls
+    it, so the refusal is printed and exits as from the shell), in an empty folder. A fresh
+    interpreter's stderr is checked once below."""
+    flags, message = BAD_END_TO_END[case]
+    capfd.readouterr()
+    code = run_main([*BANDIT_FIT, *flags], cwd=tmp_path).code
+    err = capfd.readouterr().err
+    assert code == 2, err[-2000:]
     # exactly one line
+    assert err.strip().splitlines() == [err.strip()], err[-2000:]
+    assert err.startswith(message)
+    assert list(tmp_path.iterdir()) == []  # no config, logs or checkpoints written
+
+
+def test_a_bad_config_in_a_fresh_interpreter_is_one_line_on_stderr_with_exit_2(tmp_path):
+    """The refusal as a real ``python main.py`` process prints it: its whole stderr is the one line
+    (no import-time warning or log line of torch, Lightning, transformers or vLLM before it), exit
+    status 2, nothing written. The case loads the tokenizer and renders the env's first prompt, the
+    furthest a refusal gets before anything is built."""
+    import subprocess
+    import sys
+
+    flags, message = BAD_END_TO_END[1]
+    assert message.startswith("error: --data.episode.max_model_len=64 is too small")
+    proc = subprocess.run(
+        [sys.executable, str(CONFIGS.parent / "main.py"), *BANDIT_FIT, *flags],
+        check=False,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr[-2000:]
-    assert proc.stderr.startswith(message)
-    assert list(folder.iterdir()) == []  # no config, logs or checkpoints written
+    assert proc.stderr.startswith(message) and proc.stderr.endswith("\n")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_unreachable_wandb_server_logs_offline_within_seconds(tmp_path):

@@ -12,6 +12,7 @@ import envs  # noqa: F401
 from ragen_lightning.cli import StarPOCLI, main
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.starpo.module import StarPOModule
+from tests.integration.inprocess import isolated_process_state
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 RECIPES = sorted((CONFIGS / "recipes").glob("24gb-*.yaml"))
@@ -53,6 +54,15 @@ def parse(*configs: Path, extra: tuple[str, ...] = ()):
     return ParseOnly(StarPOModule, RolloutDataModule, args=args, run=False).config
 
 
+@pytest.fixture(autouse=True)
+def _in_process(tmp_path):
+    """main() runs in this process: in ``tmp_path``, with the process state it may change (the
+    environment, warnings filters, loggers, torch flags, random states, ...) put back afterwards
+    (tests/integration/inprocess.py)."""
+    with isolated_process_state(tmp_path):
+        yield
+
+
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_recipes_fit_24gb_with_ragen_low_memory_settings(recipe):
     from ragen_lightning.cli.memory_check import check_memory
@@ -72,10 +82,9 @@ def test_recipes_fit_24gb_with_ragen_low_memory_settings(recipe):
     assert plan.engine_kv_cache + plan.engine_reserved > 0
 
 
-def test_gpu_memory_preflight_refuses_before_anything_is_written(tmp_path, monkeypatch):
+def test_gpu_memory_preflight_refuses_before_anything_is_written(tmp_path):
     from ragen_lightning.errors import ConfigError
 
-    monkeypatch.chdir(tmp_path)
     # Qwen2.5-3B full fine-tuning with a critic at RAGEN's paper lengths cannot fit 24 GiB
     with pytest.raises(
         ConfigError, match=r"--gpu_memory_gb 24: the estimated peak \d+\.\d GiB does not fit"
@@ -108,7 +117,7 @@ def test_gpu_memory_preflight_refuses_before_anything_is_written(tmp_path, monke
 
 
 @pytest.mark.slow
-def test_lora_fit_exports_a_peft_adapter_and_the_checkpoint_validates(tmp_path, monkeypatch):
+def test_lora_fit_exports_a_peft_adapter_and_the_checkpoint_validates(tmp_path):
     """bandit + lora overlay, KL on (reference = adapters off): 1 iteration, adapter + merged
     export, validate."""
     from peft import PeftModel
@@ -116,7 +125,6 @@ def test_lora_fit_exports_a_peft_adapter_and_the_checkpoint_validates(tmp_path, 
 
     from ragen_lightning.models import resolve_model_path
 
-    monkeypatch.chdir(tmp_path)
     common = [
         "--config",
         str(CONFIGS / "bandit.yaml"),
@@ -152,7 +160,7 @@ def test_lora_fit_exports_a_peft_adapter_and_the_checkpoint_validates(tmp_path, 
 
 
 @pytest.mark.slow
-def test_qlora_shared_base_fit_on_the_embedded_tiny_model(tmp_path, monkeypatch):
+def test_qlora_shared_base_fit_on_the_embedded_tiny_model(tmp_path):
     """nf4 on the embedded model (hidden 128: 64-weight nf4 blocks divide it) with actor and critic
     as two adapters on one base; PPO (GAE) runs its critic through the shared base; the checkpoint
     reloads."""
@@ -160,7 +168,6 @@ def test_qlora_shared_base_fit_on_the_embedded_tiny_model(tmp_path, monkeypatch)
 
     from ragen_lightning.models import lora
 
-    monkeypatch.chdir(tmp_path)
     common = [
         "--config",
         str(CONFIGS / "bandit.yaml"),

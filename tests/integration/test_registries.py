@@ -5,15 +5,12 @@ fit``'s CLI; no launcher script."""
 from __future__ import annotations
 
 import csv
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import envs  # noqa: F401  (the ids configs/bandit.yaml names, as main.py imports them)
-from ragen_lightning.cli import main
+from tests.integration.inprocess import run_main
 from tests.unit.test_registry import make_user_package
 
 pytestmark = pytest.mark.slow
@@ -39,6 +36,10 @@ SMALL_RUN = [
     "lightning.pytorch.loggers.CSVLogger",
     "--trainer.logger.save_dir",
     "logs",
+    # what is checked is the estimator's and the filter's effect on the batch, not how the episodes
+    # were generated: the HF engine (no vLLM start-up and shut-down, ~4 s)
+    "--data.engine.name",
+    "hf",
 ]
 USER_CONFIG = """\
 model:
@@ -57,12 +58,9 @@ def user_package(tmp_path, monkeypatch):
     yield from make_user_package(tmp_path, monkeypatch)
 
 
-def test_a_user_estimator_and_filter_from_yaml_train_one_iteration(
-    tmp_path, monkeypatch, user_package
-):
-    monkeypatch.chdir(tmp_path)
+def test_a_user_estimator_and_filter_from_yaml_train_one_iteration(tmp_path, user_package, capfd):
     (tmp_path / "user.yaml").write_text(USER_CONFIG)
-    cli = main(
+    outcome = run_main(
         [
             "fit",
             "--config",
@@ -70,8 +68,11 @@ def test_a_user_estimator_and_filter_from_yaml_train_one_iteration(
             "--config",
             "user.yaml",
             *SMALL_RUN,
-        ]
+        ],
+        cwd=tmp_path,
     )
+    assert outcome.code == 0, capfd.readouterr().err[-2000:]
+    cli = outcome.cli
     assert cli.model.advantage.estimator_options.weight == 0.25 and cli.model.critic is None
     rows = list(csv.DictReader(open(next((tmp_path / "logs").rglob("metrics.csv")))))
     m = next(r for r in rows if r.get("train/batch_size"))
@@ -110,13 +111,16 @@ def test_a_user_estimator_and_filter_from_yaml_train_one_iteration(
         ),
     ],
 )
-def test_old_and_bad_options_are_one_line_with_exit_2(tmp_path, user_package, flags, message):
+def test_old_and_bad_options_are_one_line_with_exit_2(
+    tmp_path, user_package, capfd, flags, message
+):
+    """``main.py fit`` in this process (tests/integration/inprocess.py: main() as main.py calls it,
+    so the refusal is printed and exits as from the shell), the user's package importable as it was
+    from ``PYTHONPATH``."""
     (tmp_path / "user.yaml").write_text(USER_CONFIG)
-    env = dict(os.environ, PYTHONPATH=f"{user_package}{os.pathsep}{ROOT}", HF_HUB_OFFLINE="1")
-    proc = subprocess.run(
+    capfd.readouterr()
+    code = run_main(
         [
-            sys.executable,
-            str(ROOT / "main.py"),
             "fit",
             "--config",
             str(ROOT / "configs" / "bandit.yaml"),
@@ -125,11 +129,7 @@ def test_old_and_bad_options_are_one_line_with_exit_2(tmp_path, user_package, fl
             *flags,
         ],
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        check=False,
-    )
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.strip() == message
+    ).code
+    err = capfd.readouterr().err
+    assert code == 2, err[-2000:]
+    assert err.strip() == message

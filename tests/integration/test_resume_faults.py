@@ -13,6 +13,7 @@ import pytest
 import envs  # noqa: F401
 from ragen_lightning.cli import main
 from ragen_lightning.errors import ConfigError
+from tests.integration.inprocess import isolated_process_state
 from tests.integration.test_checkpoint_safety import (
     COMMON,  # a short Bandit fit on the HF engine
 )
@@ -20,8 +21,16 @@ from tests.integration.test_checkpoint_safety import (
 pytestmark = pytest.mark.slow
 
 
-def test_a_finished_run_extends_and_a_run_with_nothing_left_is_refused(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+@pytest.fixture(autouse=True)
+def _in_process(tmp_path):
+    """main() runs in this process: in ``tmp_path``, with the process state it may change (the
+    environment, warnings filters, loggers, torch flags, random states, ...) put back afterwards
+    (tests/integration/inprocess.py)."""
+    with isolated_process_state(tmp_path):
+        yield
+
+
+def test_a_finished_run_extends_and_a_run_with_nothing_left_is_refused(tmp_path):
     first = main(["fit", *COMMON, "--data.training.num_iterations", "2"])
     # two optimizer steps per iteration (8 samples, mini-batches of 8, 2 nets)
     steps = first.trainer.global_step
@@ -38,10 +47,7 @@ def test_a_finished_run_extends_and_a_run_with_nothing_left_is_refused(tmp_path,
     )
 
 
-def test_a_critic_run_resumed_without_a_critic_drops_it_and_no_resumability_warning(
-    tmp_path, monkeypatch
-):
-    monkeypatch.chdir(tmp_path)
+def test_a_critic_run_resumed_without_a_critic_drops_it_and_no_resumability_warning(tmp_path):
     # stops after iteration 1
     main(["fit", *COMMON, "--data.training.num_iterations", "2", "--trainer.max_steps", "2"])
     ckpt = tmp_path / "outputs" / "bandit" / "checkpoints" / "last.ckpt"
