@@ -7,6 +7,9 @@ counters) plus every logged value that is not a clock reading. vLLM pins torch t
 patches ``torch.set_num_threads`` in the process that builds an engine, so its variant runs last.
 
     python tests/integration/determinism_script.py OUT_DIR REPEATS VARIANT [VARIANT ...]
+
+Each fit's folder (``OUT_DIR/<variant><index>``) is kept: the kill -9 tests resume an interrupted
+``hf`` or ``async`` fit and compare it with fit 0 of that variant (the uninterrupted run).
 """
 
 from __future__ import annotations
@@ -51,17 +54,21 @@ SHORT = [
     "--trainer.logger",
     "{class_path: lightning.pytorch.loggers.CSVLogger, init_args: {save_dir: logs, name: csv}}",
 ]
+# Three iterations are 4 validations (validate_first): below the early stops' windows (5 low-success
+# validations, 10 iterations of reward-std baseline), so the untrained model's success of 0 stops
+# no fit early.
+HF = ["--data.engine.name", "hf"]
 VARIANTS = {
     "config": [],
-    "hf": ["--data.engine.name", "hf"],
+    "hf": HF,
+    # one-step-off-policy rollouts: each batch after the first sampled, on the rollout thread, by
+    # the weights of one update before while the update runs
+    "async": [*HF, "--data.training.async_level", "1", "--model.loss.tis_cap", "2.0"],
     # the warm start rebuilt from scratch (a fresh cache per fit) with its two SFT threads, then the
-    # fit
-    "warm_start": [
-        "--data.engine.name",
-        "hf",
-        "--model.warm_start",
-        "{steps: 24, num_episodes: 64, threads: 2}",
-    ],
+    # fit. 12 steps of 4 demonstrations in two threaded parts: the threaded backward and the seeded
+    # demonstrations, batch order and initialisation are what can differ between builds, and a
+    # dozen steps run them all (more steps only repeat them)
+    "warm_start": [*HF, "--model.warm_start", "{steps: 12, num_episodes: 16, threads: 2}"],
 }
 CHECKPOINT_KEYS = (
     "state_dict",

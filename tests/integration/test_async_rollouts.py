@@ -17,6 +17,9 @@ from tests.integration.determinism_script import SHORT
 
 pytestmark = pytest.mark.slow
 ASYNC = ["--data.training.async_level", "1", "--model.loss.tis_cap", "2.0"]
+# the first batch (sampled by the actor itself) and two one-update-old ones: staleness 0, 1, 1 and
+# the drift of both later batches (4 before: one more of each)
+ITERATIONS = 3
 FROZEN = [
     "--model.optim.actor_optimizer",
     "{class_path: torch.optim.SGD, init_args: {lr: 0.0}}",
@@ -35,7 +38,7 @@ def _fit(root: Path, monkeypatch, *flags: str):
             "--data.engine.name",
             "hf",
             "--data.training.num_iterations",
-            "4",
+            str(ITERATIONS),
             "--model.loss.tis_cap",
             "2.0",
             "--model.early_stop.low_val_success_patience",
@@ -57,8 +60,8 @@ def _fit(root: Path, monkeypatch, *flags: str):
 def test_async_batches_are_one_update_old(tmp_path, monkeypatch):
     _, sync = _fit(tmp_path / "sync", monkeypatch)
     cli, ahead = _fit(tmp_path / "async", monkeypatch, *ASYNC)
-    assert [r["rollout/staleness"] for r in ahead] == [0.0, 1.0, 1.0, 1.0]
-    assert [r["rollout/staleness"] for r in sync] == [0.0] * 4
+    assert [r["rollout/staleness"] for r in ahead] == [0.0] + [1.0] * (ITERATIONS - 1)
+    assert [r["rollout/staleness"] for r in sync] == [0.0] * ITERATIONS
     drift = [r["rollout/engine_logprob_abs_diff"] for r in ahead]
     # the first batch is sampled by the actor being trained; later ones by the snapshot of one
     # update before
@@ -80,7 +83,7 @@ def test_with_weights_that_do_not_move_async_is_the_synchronous_run(tmp_path, mo
         "val/success",
         "rollout/filter_kept_count",
     )
-    assert [r["rollout/filter_kept_count"] for r in sync] == [1.0] * 4
+    assert [r["rollout/filter_kept_count"] for r in sync] == [1.0] * ITERATIONS
     for a, s in zip(ahead, sync, strict=True):
         assert {k: a.get(k) for k in same} == {k: s.get(k) for k in same}
     for k, v in sync_cli.model.state_dict().items():
