@@ -91,21 +91,18 @@ def train_on_used_rows(actor, demos: list, pad_token_id: int, steps: int) -> lis
     use (161 of 151,936; the demonstrations' ids renumbered into them); the trained rows are
     written back into the full embedding afterwards. Returns the loss of every step.
 
-    A step over all 151,936 rows cost ~4 s of CPU (the output head's matmuls and the dense
-    embedding gradient and AdamW update, where the 4 layers cost ~0.3 s): 60 of them were 4 of
-    the test's ~5 min. Over the used rows a step is ~0.3 s. The greedy choice over the full
-    vocabulary is still one of the trained rows: the untrained rows keep their random N(0, 0.02)
-    init, whose logits stay ~1 (max over 151,936) while the trained target's win by far more once
-    the loss is low; measured: from step 50 the greedy answers are the demonstrations' own turns,
-    all 5 well-formed in both levels (step 40: 2 answers in the second level, step 45: 3 in each),
-    so 80 steps leave a margin. The test's engines compute every log-prob over all 151,936 rows.
+    A step over all 151,936 rows costs ~4 s of CPU (the output head's matmuls, the dense gradient
+    of the tied embedding and its AdamW update): 60 of them were ~240 of the test's ~530 s of
+    CPU. Over the used rows a step is ~0.3 s (the 4 layers). The untrained rows keep their random
+    init, and the greedy choice over all 151,936 rows is still a trained one: measured, from step
+    50 on the greedy answers are the demonstrations' own turns, all 5 well-formed in both levels
+    (step 40: 2 answers in the second level, step 45: 3 in each), so 80 steps leave a margin. The
+    test's engines compute every log-prob over all 151,936 rows.
     """
     used = sorted({i for d in demos for i in d.input_ids} | {pad_token_id})
     index = {token: row for row, token in enumerate(used)}
     full = actor.get_input_embeddings()
-    rows = torch.nn.Embedding(len(used), full.embedding_dim)
-    with torch.no_grad():
-        rows.weight.copy_(full.weight[used])
+    rows = torch.nn.Embedding.from_pretrained(full.weight[used].clone(), freeze=False)
     tie(actor, rows)
     try:
         return train_sft(

@@ -108,6 +108,10 @@ def stop_case(tok, vllm, hf, prompts, alphabet: list[int]) -> dict:
 
 
 def main(model_dir: str) -> dict:
+    # One op thread: with torch's default (one per core) on 2 loaded cores the tiny model's ops
+    # stall on each other (the stop cases took 5x the CPU time). vLLM keeps it: its CPU worker
+    # makes torch.set_num_threads a no-op once it is built.
+    torch.set_num_threads(1)
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(model_dir)
     actor = AutoModelForCausalLM.from_pretrained(model_dir).eval()

@@ -2,7 +2,13 @@
 Qwen2.5's tokenizer, chat template and 151,936-row vocabulary through rollout, update and
 validation: SearchQA and WebShop acting through tool calls; bandit with the LoRA overlay, exported
 and reloaded. ``tests/integration/standin_every_config.py`` runs every task config the same way (~25
-s each; its table is in docs/hub-models.md)."""
+s each; its table is in docs/hub-models.md).
+
+The tool-call fits sample with the HF engine, the LoRA fit with the config's own (``auto``: vLLM
+where installed). The engines are token-in/token-out: the tool calls are rendered into the prompt
+ids and parsed from the sampled ids by the runner, the same for either, and vLLM on the stand-in is
+test_qwen_standin_vllm.py's and test_qwen_standin_parity.py's; an in-process vLLM engine costs ~10 s
+of CPU per fit (build and close), ~1/3 of one."""
 
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ import pytest
 from tests.integration.standin_every_config import run
 
 pytestmark = pytest.mark.slow
-TOOL_CALLS = ("--data.episode.action_format", "tool_call")
+TOOL_CALLS = ("--data.episode.action_format", "tool_call", "--data.engine.name", "hf")
 
 
 @pytest.mark.parametrize(

@@ -35,15 +35,11 @@ STEPS = 80
 
 
 @pytest.fixture(scope="module")
-def result(tmp_path_factory):
-    from ragen_lightning.models.tiny import spec_from_name, tiny_model_path
-
-    # the test cache (tests/conftest.py: qwen_standin_path)
-    standin = tiny_model_path(spec_from_name("tiny:qwen"))
+def result(qwen_standin_path, tmp_path_factory):
     out = tmp_path_factory.mktemp("qwen-parity")
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).parents[2]))
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(standin), str(out), str(STEPS)],
+        [sys.executable, str(SCRIPT), str(qwen_standin_path), str(out), str(STEPS)],
         check=False,
         capture_output=True,
         text=True,

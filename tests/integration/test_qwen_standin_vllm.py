@@ -1,7 +1,7 @@
 """The vLLM engine on the ``tiny:qwen`` stand-in (Qwen2.5's tokenizer and 151,936-row vocabulary),
 against the HF engine: stop strings that Qwen's BPE splits across tokens or ends inside one, greedy
-ids, and the prefix cache across turns. One subprocess (``qwen_vllm_script.py``, ~1-2 min on 2
-cores) whose JSON result the tests below check."""
+ids, and the prefix cache across turns. One subprocess (``qwen_vllm_script.py``, ~30 s of CPU)
+whose JSON result the tests below check."""
 
 from __future__ import annotations
 
