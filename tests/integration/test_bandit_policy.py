@@ -3,24 +3,39 @@
 rate at which valid answers name the risky, higher-mean arm beyond sampling noise (fixed seeds, CPU,
 slow).
 
-The warm start is smaller than the config's (``WARM_START`` below) and built once in the model cache
-(``$RAGEN_LIGHTNING_CACHE``, keyed by its arguments like every warm start), so only the first run
-pays for it. Before and after are evaluated on the same held-out seeds at temperature 1 (the
-training temperature). The asserted quantity is the share of the risky arm among the well-formed
-answers (success / format-valid rate: one pull per episode), so a format gain alone cannot pass the
-test; the bound is the lower end of the 95 % normal interval of the difference of the two
-proportions.
+The warm start is smaller than the config's (``WARM_START`` below: 250 steps at a peak learning rate
+of 5e-3 instead of 1000 at 3e-3; ~1 min of CPU, the test's largest part) and built once in the model
+cache (``$RAGEN_LIGHTNING_CACHE``, keyed by its arguments like every warm start), so only the first
+run pays for it. It is format-valid on ~3/4 of held-out episodes at temperature 1 and names the
+risky arm in 0.4-0.5 of its valid answers, so there is a choice left to learn. (250 steps at 6e-3
+gave the same rates; 8e-3 and 1e-2 in 200 and 150 steps lost the format, and 200 or 300 steps at
+3e-3 left it format-valid on 0.30 and 0.70.)
 
-The fit is the config's (PPO with a critic, actor_lr 5e-4, 8 groups x 8) shortened to 8 iterations
+Before and after are evaluated on the same 256 held-out seeds at temperature 1 (the training
+temperature). The asserted quantity is the share of the risky arm among the well-formed answers
+(success / format-valid rate: one pull per episode), so a format gain alone cannot pass the test;
+the bound is the lower end of the 95 % normal interval of the difference of the two proportions.
+256 episodes (~190 valid answers each; 128 before) make that interval about +-0.1 instead of
++-0.13: evaluating is cheap next to fitting (one evaluation of 256 episodes costs about two
+iterations), so the larger sample buys back iterations.
+
+The fit is the config's (PPO with a critic, actor_lr 5e-4, 8 groups x 8) shortened to 4 iterations
 without validation, with mini-batches of 16 (4 optimizer steps per iteration instead of 2: more
-learning per rollout, the rollouts are the slow part). Measured (shared 2-core machine, load ~8,
-warm start cached): risky share 0.364 (n=107 valid of 128) -> 0.633 (n=98), lower bound +0.136, 182
-s (85 s at load ~2; same numbers on rerun). 12 iterations with mini-batches of 32 gave 0.364 ->
-0.529 (lower bound +0.032) in 297 s; the 500-step warm start takes ~4 min to build the first time.
+learning per rollout), on the HF engine (22 s of CPU against vLLM's 26 for so short a fit; the
+same 4 iterations on vLLM moved the share less: 0.487 -> 0.486 at 0.25 and -> 0.581 at 0.5 from
+the 6e-3 warm start, not looked into here), and with a clearer reward (``FIT_ENV``): the risky arm pays 1.0 with probability 0.5 instead of 0.25 (mean 0.5
+against the safe arm's 0.1; still below it half the time). The evaluations and the warm start keep
+the config's env (which arm is pulled does not depend on the payouts). With the config's 0.25, 4
+iterations moved the share on one of the two warm starts above (0.487 -> 0.709, lower bound +0.125)
+and not on the other (0.415 -> 0.450); with 0.5 both: 0.415 (n=195 valid of 256) -> 0.653 (n=170),
+lower bound +0.138 (this warm start), and 0.487 -> 0.720, +0.135 (the 6e-3 one). ~110 s of CPU with
+the warm start built. Before: the 500-step warm start, 8 iterations on vLLM at 0.25, 128 episodes:
+0.492 (n=120) -> 0.774 (n=106), lower bound +0.162, 178 s of CPU.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -32,9 +47,18 @@ from ragen_lightning.cli import main
 from ragen_lightning.rollout.settings import EpisodeSettings
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "bandit.yaml"
-WARM_START = {"steps": 500}
-EVAL_EPISODES = 128
-FIT_FLAGS = ["--data.training.num_iterations", "8", "--model.update.mini_batch_size", "16"]
+WARM_START = {"steps": 250, "lr": 5e-3}
+EVAL_EPISODES = 256
+FIT_FLAGS = [
+    "--data.training.num_iterations",
+    "4",
+    "--model.update.mini_batch_size",
+    "16",
+    "--data.engine.name",
+    "hf",
+]
+# the fit's env over the config's: the risky arm's 1.0 twice as often (see the module's docstring)
+FIT_ENV = {"hi_arm_hiscore_prob": 0.5}
 
 
 def risky_share(result: dict[str, float], n: int) -> tuple[float, int]:
@@ -91,6 +115,8 @@ def test_bandit_fit_moves_arm_choice_beyond_noise(tmp_path, monkeypatch, capsys)
             "--validate_first",
             "false",
             *FIT_FLAGS,
+            "--data.env.kwargs",
+            json.dumps({**env_kwargs, **FIT_ENV}),
             "--model.export_dir",
             str(tmp_path / "actor"),
         ]

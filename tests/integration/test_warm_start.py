@@ -123,8 +123,10 @@ def test_default_warm_start_answers_in_format_on_sokoban():
     path = ws.warm_start("tiny", "ragen/SimpleSokoban-v0", settings=ws.WarmStartSettings(threads=2))
     meta = json.loads((path / ws.META_FILE).read_text())
     train_seeds = ws.episode_seeds(0, meta["args"]["num_episodes"], "train")
+    # 32 held-out episodes are ~150 turns (4.7 an episode): measured format-valid 0.95 on them and
+    # 0.94 on 64 (twice the evaluation's CPU), so 0.7 stays many standard errors below either
     rates = ws.evaluate_policy(
-        path, "ragen/SimpleSokoban-v0", num_episodes=64, exclude_seeds=train_seeds, temperature=1.0
+        path, "ragen/SimpleSokoban-v0", num_episodes=32, exclude_seeds=train_seeds, temperature=1.0
     )
     # measured: format-valid 0.9+ at temperature 1 (see the module's report); random init: 0.0
     assert rates["format_valid_rate"] > 0.7, rates
