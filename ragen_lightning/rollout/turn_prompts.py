@@ -19,7 +19,7 @@ def user_message(
     message per call, the last one the text."""
     block = _turn_block(ep, turn, announce, settings, tools)
     if settings.context_window == "single_turn":
-        return _memory_summary(ep, turn, settings.window_turns) + block
+        return _memory_summary(ep, turn, settings) + block
     if not ep.turns:
         return block
     # feedback of the previous turn opens it
@@ -47,8 +47,9 @@ def _turn_block(
     )
 
 
-def _memory_summary(ep: Episode, turn: int, window_turns: int) -> str:
-    shown = ep.turns[-(window_turns - 1) :] if window_turns > 1 else []
+def _memory_summary(ep: Episode, turn: int, settings: EpisodeSettings) -> str:
+    window = settings.window_turns
+    shown = ep.turns[-(window - 1) :] if window > 1 else []
     if not shown:
         return f"Current Turn (Turn {turn}):" if ep.turns else ""
     first = turn - len(shown)

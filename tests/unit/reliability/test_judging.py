@@ -355,8 +355,10 @@ def test_fuzz_adversarial_outputs_through_the_runner_for_every_env(tiny_tokenize
         assert all(np.isfinite(t.score) for t in trajs)
         # the output without tags and the empty one are format errors in every env
         assert trajs[0].num_format_errors == trajs[1].num_format_errors == 1
-        # env resets and the steps that judge the parsed actions (a few ms an output here)
-        assert runner.timing["env"] < 2.0, (env_id, runner.timing)
+        # env resets and the steps that judge the parsed actions: a few ms an output here, but wall
+        # clock (the Lean stand-in answers over loopback), so only a hang guard; the parse bound
+        # below is the CPU-time one
+        assert runner.timing["env"] < 30.0, (env_id, runner.timing)
         runner.close()
     assert len(parse_seconds) == len(env_ids) * len(ADVERSARIAL)
     # ~2 ms an output at most here; the quadratic parser took 0.2-0.6 s on the 20 KB tag repeats
