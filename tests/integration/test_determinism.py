@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("determinism_script.py")
 # A reference fit and one repeat per variant, each repeat compared with its reference: 4 comparisons
-# over the 4 variants, plus the two kill -9 tests' resumed runs, each compared with the reference
+# over the 4 variants (3 without vLLM), plus the two kill -9 tests' resumed runs, each compared with the reference
 # fit of its variant (the same 6 comparisons of runs with two micro-batch threads and the critic in
 # the background as the 3 fits of 3 variants before; a nondeterminism that hit ~1 run in 3 under
 # load was caught this way).
