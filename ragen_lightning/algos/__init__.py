@@ -38,11 +38,14 @@ from .losses import (
     agg_normalizer,
     aggregate,
     kl_penalty,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
     ppo_policy_loss,
     tis_weights,
     value_loss,
 )
-from .masked import masked_mean, masked_sum, masked_var, masked_whiten
 
 __all__ = [
     "AGG_MODES",

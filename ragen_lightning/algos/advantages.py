@@ -43,8 +43,7 @@ from typing import Literal
 
 import torch
 
-from .losses import KLKind, kl_penalty
-from .masked import as_bool_mask, masked_mean, masked_whiten
+from .losses import KLKind, as_bool_mask, kl_penalty, masked_mean, masked_whiten
 
 __all__ = [
     "FilterLossScaling",

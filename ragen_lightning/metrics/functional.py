@@ -54,7 +54,7 @@ import torch
 
 from ragen_lightning.algos.filtering import in_group_std
 from ragen_lightning.algos.logits import entropy_from_logits
-from ragen_lightning.algos.masked import masked_mean, masked_sum, masked_var
+from ragen_lightning.algos.losses import masked_mean, masked_sum, masked_var
 
 __all__ = [
     "DEFAULT_TOPK",

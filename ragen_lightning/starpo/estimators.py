@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ragen_lightning.algos import advantages as A
-from ragen_lightning.algos.masked import masked_mean, masked_var, masked_whiten
+from ragen_lightning.algos.losses import masked_mean, masked_var, masked_whiten
 from ragen_lightning.errors import Domain, check_domains
 from ragen_lightning.registry import (
     ESTIMATOR_OPTIONS,

@@ -24,7 +24,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from ragen_lightning import models
-from ragen_lightning.algos.masked import masked_mean
+from ragen_lightning.algos.losses import masked_mean
 from ragen_lightning.models import lora as lora_mod
 from ragen_lightning.models.build import build_networks
 from ragen_lightning.parallel import checkpointing, shard_networks

@@ -27,7 +27,7 @@ from ragen_lightning.algos.advantages import (
     turn_level_gae,
     zero_task_advantage,
 )
-from ragen_lightning.algos.masked import masked_mean, masked_sum, masked_var
+from ragen_lightning.algos.losses import masked_mean, masked_sum, masked_var
 from tests.unit.algos.helpers import close
 
 T = torch.tensor
