@@ -17,8 +17,9 @@ library keeps no table of env names. An env without one fails at configuration t
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -33,6 +34,7 @@ __all__ = [
     "collect_demonstrations",
     "expert_actions",
     "expert_turn",
+    "lapse",
     "reading_clause_end",
     "reading_clauses",
     "render_response",
@@ -101,6 +103,29 @@ def expert_actions(env: Any, max_actions: int = 2) -> list[str]:
     return list(expert_turn(env, max_actions).actions)
 
 
+def lapse(turn: ExpertTurn, env: Any, rng: random.Random, noise: float) -> ExpertTurn:
+    """An imperfect expert's turn: with probability ``noise`` every action of ``turn`` is replaced by
+    one drawn uniformly from ``env.action_names`` (the expert lapses for the turn), else ``turn``.
+
+    A reasoning that ends with the action list (``"...; I go Down, Right"``) names the drawn actions
+    instead, so the demonstration's reasoning and answer agree; the reading of the observation
+    before it stays the expert's. Only envs with a discrete action set can lapse."""
+    if noise <= 0 or rng.random() >= noise:
+        return turn
+    names = list(getattr(env, "action_names", None) or ())
+    if not names:
+        raise ConfigError(
+            f"--model.warm_start.expert_noise needs an env with discrete actions (action_names); "
+            f"{type(env).__name__} has none"
+        )
+    actions = tuple(rng.choice(names) for _ in turn.actions)
+    said = ", ".join(turn.actions)
+    reasoning = turn.reasoning
+    if reasoning.endswith(said):
+        reasoning = reasoning[: len(reasoning) - len(said)] + ", ".join(actions)
+    return replace(turn, reasoning=reasoning, actions=actions)
+
+
 def render_response(
     turn: ExpertTurn, enable_think: bool = True, tools: Sequence[Any] | None = None
 ) -> str:
@@ -126,11 +151,16 @@ class ExpertEngine:
         ``reasoning</think><answer>...`` (the
             runner's prefix is ``<think>``), False ``...</answer>`` after an ``<answer>`` prefix; the expert proposes
             ``max_actions_per_turn`` actions at most.
+        noise: the probability that the expert lapses on a turn (:func:`lapse`): an imperfect
+            expert, drawn from the turn's request seed (so an episode's lapses depend on its
+            rollout seed and position alone, not on how the episodes are batched).
     """
 
     needs_envs = True  # the runner passes env.unwrapped of each request as ``envs``
 
-    def __init__(self, tokenizer: Any, episode: EpisodeSettings | None = None):
+    def __init__(self, tokenizer: Any, episode: EpisodeSettings | None = None, noise: float = 0.0):
+        if not 0.0 <= noise <= 1.0:
+            raise ValueError(f"expert noise must be in [0, 1], got {noise}")
         episode = episode if episode is not None else EpisodeSettings()
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no eos token to end an expert turn with")
@@ -139,6 +169,7 @@ class ExpertEngine:
         self.max_actions_per_turn = episode.max_actions_per_turn
         self.tool_calls = episode.action_format == "tool_call"
         self.num_truncated = 0  # answers longer than max_new_tokens (cut, finish_reason "length")
+        self.noise = noise
 
     def sync_weights(self) -> None:
         return None
@@ -175,12 +206,15 @@ class ExpertEngine:
                 "ExpertEngine answers from the env state: call it through RolloutRunner (which passes envs=...) or "
                 f"pass one env per prompt (got {None if envs is None else len(envs)} envs for {len(prompts)} prompts)"
             )
+        if self.noise and (seeds is None or len(seeds) != len(envs)):
+            raise ValueError("an imperfect expert (noise > 0) needs one request seed per env")
         out = []
-        for env in envs:
+        for k, env in enumerate(envs):
             tools = env.prompt_spec().tools if self.tool_calls else None
-            text = render_response(
-                expert_turn(env, self.max_actions_per_turn), self.enable_think, tools
-            )
+            turn = expert_turn(env, self.max_actions_per_turn)
+            if self.noise:
+                turn = lapse(turn, env, random.Random(seeds[k]), self.noise)
+            text = render_response(turn, self.enable_think, tools)
             ids = self._encode_after_prefix(text) + [self.tokenizer.eos_token_id]
             finish = "stop"
             if len(ids) > params.max_new_tokens:
@@ -197,9 +231,13 @@ def collect_demonstrations(
     *,
     env_kwargs: dict[str, Any] | None = None,
     episode: EpisodeSettings | None = None,
+    noise: float = 0.0,
+    first: int = 0,
 ):
     """Run one expert episode per seed through the real :class:`RolloutRunner`; returns its
-    trajectories.
+    trajectories. ``noise``: an imperfect expert (:class:`ExpertEngine`); ``first``: the position
+    of ``seeds[0]`` in the whole demonstration set (the episodes' request seeds, and so their
+    lapses, are those of one run over the whole set).
 
     Each ``Trajectory.samples[i].conversation`` holds the exact prompt/turn token ids an RL rollout
     with the same ``episode`` settings would have and loss mask 1 on the expert's tokens.
@@ -213,13 +251,12 @@ def collect_demonstrations(
         env_id,
         env_kwargs,
         ChatTokens(tokenizer, enable_think=episode.enable_think),
-        ExpertEngine(tokenizer, episode),
+        ExpertEngine(tokenizer, episode, noise),
         episode,
     )
     try:
-        return runner.run(
-            list(seeds), 1, SamplingParams(temperature=0.0, max_new_tokens=episode.max_new_tokens)
-        )
+        params = SamplingParams(temperature=0.0, max_new_tokens=episode.max_new_tokens)
+        return runner.run(list(seeds), 1, params, first_group=first)
     finally:
         runner.close()
 

@@ -103,10 +103,12 @@ def build_demonstrations(
     only_successful: bool = False,
     progress: Progress | None = None,
     chunk: int = DEMO_CHUNK,
+    expert_noise: float = 0.0,
 ) -> tuple[list[Demonstration], dict[str, float]]:
     """Expert episodes on ``seeds`` (:func:`ragen_lightning.sft.experts.collect_demonstrations` with
     ``episode``) cut into training sequences, and statistics of the expert run. With
-    ``only_successful`` episodes the env did not mark successful are dropped.
+    ``only_successful`` episodes the env did not mark successful are dropped; ``expert_noise`` makes
+    the expert imperfect (:func:`ragen_lightning.sft.experts.lapse`).
 
     The episodes run ``chunk`` seeds at a time (an expert episode depends on its seed alone, so the
     chunking changes no demonstration); ``progress`` advances by each chunk's episodes."""
@@ -118,7 +120,13 @@ def build_demonstrations(
     for start in range(0, len(seeds), chunk):
         part = list(seeds[start : start + chunk])
         trajectories += collect_demonstrations(
-            env_id, tokenizer, part, env_kwargs=env_kwargs, episode=episode
+            env_id,
+            tokenizer,
+            part,
+            env_kwargs=env_kwargs,
+            episode=episode,
+            noise=expert_noise,
+            first=start,
         )
         if progress is not None:
             progress.update(progress.done + len(part))

@@ -180,6 +180,11 @@ class WarmStartSettings:
             every expert turn (:func:`~ragen_lightning.sft.experts.reading_clauses`;
             docs/learning.md, "Reading first"); 0: off.
         only_successful: train only on episodes the env marked successful.
+        expert_noise: an imperfect expert: the probability that it lapses on a turn, every action of
+            the turn then drawn uniformly from the env's action names (and named so in the
+            reasoning; :func:`~ragen_lightning.sft.experts.lapse`). 0: the env's expert as it is.
+            Discrete-action envs only; the demonstrations' success rate is logged as
+            ``demo/expert_success_rate``.
         dtype: parameter dtype while training and in the saved folder.
         episode: episode settings of the demonstrations that differ from the run's
             ``--data.episode`` (keys of ``EpisodeSettings``); unset: exactly the rollouts' format.
@@ -203,6 +208,7 @@ class WarmStartSettings:
     seed: int = 0
     reading_steps: int = 0
     only_successful: bool = False
+    expert_noise: float = 0.0
     dtype: str = "float32"
     episode: dict[str, Any] | None = None
     cache_dir: str | None = None
@@ -254,6 +260,7 @@ _DOMAINS = {
     "warmup_steps": Domain(low=0, integer=True),
     "seed": Domain(low=0, integer=True),
     "reading_steps": Domain(low=0, integer=True),
+    "expert_noise": Domain(low=0, high=1),
     "torch_threads": Domain(low=1, integer=True, none=True),
     "threads": Domain(low=1, integer=True),
 }
@@ -328,6 +335,8 @@ def warm_start(
     more = [(i, k, as_episode(e) if e is not None else episode) for i, k, e in more_envs]
     steps = _checked_steps(env_id, env_kwargs, more, s.steps, s.reading_steps)
     args, code = _key_args(env_id, env_kwargs, episode, more, s.recipe(steps), s.reading_steps)
+    if s.expert_noise:  # only when on: warm starts built before the option keep their keys
+        args["expert_noise"] = s.expert_noise
     final, root, base = _cache_folder(model, s.cache_dir, args, code)
     if _cached(final):
         return final
@@ -477,6 +486,7 @@ def _demonstrations(
             episode=source_episode,
             only_successful=args["only_successful"],
             progress=shown,
+            expert_noise=args.get("expert_noise", 0.0),
         )
         if not env_demos:
             raise ValueError(f"no demonstrations for {source_id}: {env_stats}")

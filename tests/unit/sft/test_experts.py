@@ -330,3 +330,50 @@ def expert_turn_for_seed(seed):
     env = gym.make("ragen/SimpleSokoban-v0")
     env.reset(seed=seed)
     return expert_turn(env, 2)
+
+
+class _Grid:
+    action_names = ("Up", "Down", "Left", "Right")
+
+
+def test_a_lapse_draws_every_action_of_the_turn_and_the_reasoning_names_them():
+    import random
+
+    from ragen_lightning.sft.experts import lapse
+
+    turn = ExpertTurn("box is below target, left of me; I go Down, Right", ("Down", "Right"))
+    assert lapse(turn, _Grid(), random.Random(0), 0.0) is turn
+    # random.Random(3): uniform 0.238, then the choices Down, Left
+    lapsed = lapse(turn, _Grid(), random.Random(3), 1.0)
+    assert lapsed == ExpertTurn(
+        "box is below target, left of me; I go Down, Left", ("Down", "Left")
+    )
+    assert lapse(turn, _Grid(), random.Random(3), 0.3) == lapsed  # 0.238 < 0.3: lapses
+    assert lapse(turn, _Grid(), random.Random(3), 0.2) is turn  # 0.238 >= 0.2: the expert's own
+    # a reasoning that does not end with the actions is kept
+    odd = ExpertTurn("thinking", ("Up",))
+    assert lapse(odd, _Grid(), random.Random(1), 1.0).reasoning == "thinking"
+    with pytest.raises(ConfigError, match="expert_noise needs an env with discrete actions"):
+        lapse(odd, object(), random.Random(1), 1.0)
+
+
+def test_an_imperfect_experts_demonstrations_do_not_depend_on_batching(tiny_tokenizer):
+    from ragen_lightning.sft.module import build_demonstrations
+
+    def build(noise, chunk):
+        return build_demonstrations(
+            "ragen/SimpleSokoban-v0",
+            tiny_tokenizer,
+            SOKOBAN_SEEDS,
+            episode=EpisodeSettings(),
+            chunk=chunk,
+            expert_noise=noise,
+        )
+
+    clean, clean_stats = build(0.0, 8)
+    noisy, noisy_stats = build(0.5, 8)
+    assert noisy == build(0.5, 3)[0]  # the same episodes in chunks of 3
+    assert clean_stats["demo/expert_success_rate"] == 1.0  # every seed here fits the budget
+    assert noisy_stats["demo/expert_success_rate"] < 1.0 and noisy != clean
+    with pytest.raises(ValueError, match=r"noise must be in \[0, 1\]"):
+        ExpertEngine(tiny_tokenizer, EpisodeSettings(), noise=-0.1)

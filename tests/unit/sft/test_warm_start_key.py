@@ -102,3 +102,19 @@ def test_the_code_fingerprint_covers_the_sibling_modules_an_env_uses(tmp_path, m
     finally:
         for name in [n for n in sys.modules if n.split(".")[0] == "toyenvs"]:
             del sys.modules[name]
+
+
+def test_an_imperfect_expert_has_its_own_key_and_a_perfect_one_keeps_the_old(monkeypatch, tmp_path):
+    monkeypatch.setattr(ws, "code_fingerprint", lambda env_id, env_kwargs=None: f"code-{env_id}")
+    monkeypatch.setattr(ws.models, "resolve_model_path", lambda model: "/x/tiny-aaa")
+    built = []
+    monkeypatch.setattr(
+        ws, "_build", lambda final, root, base, args, *rest: built.append(args) or final
+    )
+    kwargs, folder = CALLS[0]
+    assert call({**kwargs, "expert_noise": 0.0}, tmp_path) == tmp_path / folder
+    noisy = call({**kwargs, "expert_noise": 0.25}, tmp_path)
+    assert noisy != tmp_path / folder and built[1]["expert_noise"] == 0.25
+    assert "expert_noise" not in built[0]
+    with pytest.raises(ws.ConfigError, match=r"--model\.warm_start\.expert_noise"):
+        ws.WarmStartSettings(expert_noise=1.5)
