@@ -27,12 +27,15 @@ def evaluate_policy(
     temperature: float = 1.0,
     episode: EpisodeSettings | dict[str, Any] | None = None,
     max_batch_size: int = 128,
-) -> dict[str, float]:
+    per_episode: bool = False,
+) -> dict[str, Any]:
     """Roll out ``model`` with the HF engine on held-out seeds (``episode_seeds(seed, n, "eval")``)
     under the ``episode`` settings (use the RL run's).
 
     Returns ``format_valid_rate`` (turns with a well-formed answer whose actions were all valid,
-    i.e. no format penalty), ``success_rate``, ``mean_return`` (env reward) and ``mean_turns``.
+    i.e. no format penalty), ``success_rate``, ``mean_return`` (env reward) and ``mean_turns``;
+    with ``per_episode`` also ``seeds`` and ``successes`` (0/1 per episode, in seed order), for
+    paired comparisons of policies on the same levels.
     """
     from ragen_lightning.rollout.engine import HFEngine, SamplingParams
     from ragen_lightning.rollout.runner import RolloutRunner
@@ -63,9 +66,13 @@ def evaluate_policy(
     finally:
         runner.close()
     turns = sum(t.num_turns for t in trajs)
-    return {
+    out: dict[str, Any] = {
         "format_valid_rate": 1.0 - sum(t.num_format_errors for t in trajs) / max(turns, 1),
         "success_rate": sum(t.success for t in trajs) / len(trajs),
         "mean_return": sum(t.env_return for t in trajs) / len(trajs),
         "mean_turns": turns / len(trajs),
     }
+    if per_episode:
+        out["seeds"] = [int(s) for s in seeds]
+        out["successes"] = [int(bool(t.success)) for t in trajs]
+    return out

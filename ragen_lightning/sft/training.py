@@ -6,7 +6,7 @@ learning-rate schedule, and each batch's backward optionally split over CPU thre
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -85,12 +85,15 @@ def train_sft(
     reading_steps: int = 0,
     threads: int = 1,
     progress: Progress | None = None,
+    on_step: Callable[[int, float], bool] | None = None,
 ) -> list[float]:
     """``steps`` AdamW steps of the SFT loss (:func:`shuffled_batches`, seeded order): the first
     ``reading_steps`` on ``reading_demos``, the rest on ``demos``, under one learning-rate schedule;
     returns the loss of every step. ``threads`` > 1 splits each batch into that many parts computed
     at once on CPU threads (:func:`sft_backward`). ``progress`` is told every step and its loss (the
-    caller closes it)."""
+    caller closes it). ``on_step(step, loss)`` runs after every optimizer step (``step`` counts from
+    1; the model is in train mode, and an ``on_step`` that evaluates must leave it so); it returns
+    True to stop there, before ``steps``."""
     if not demos or (reading_steps and not reading_demos):
         raise ValueError("no demonstrations to train on")
     generator = torch.Generator().manual_seed(seed)
@@ -123,5 +126,7 @@ def train_sft(
                 f"({time.perf_counter() - start:.1f}s)",
                 flush=True,
             )
+        if on_step is not None and on_step(step + 1, losses[-1]):
+            break
     model.eval()
     return losses

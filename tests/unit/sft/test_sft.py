@@ -379,3 +379,49 @@ def test_threaded_sft_backward_gives_the_whole_batchs_gradient_and_metrics(tiny_
             )
         for k in grads:
             torch.testing.assert_close(other_grads[k], grads[k], atol=1e-6, rtol=1e-4, msg=k)
+
+
+def test_on_step_sees_every_step_and_stops_the_run_where_it_says(tiny_path, tiny_tokenizer, demos):
+    from ragen_lightning.models import load_causal_lm
+
+    items, _ = demos
+
+    def run(stop_at):
+        torch.manual_seed(0)
+        model = load_causal_lm(str(tiny_path))
+        seen = []
+
+        def on_step(step, loss):
+            seen.append((step, loss, model.training))
+            return step == stop_at
+
+        losses = train_sft(
+            model,
+            items,
+            tiny_tokenizer.pad_token_id,
+            steps=5,
+            lr=1e-2,
+            batch_size=4,
+            on_step=on_step,
+        )
+        return losses, seen, model.training
+
+    full, full_seen, _ = run(None)
+    cut, cut_seen, training = run(3)
+    assert [s for s, _, _ in full_seen] == [1, 2, 3, 4, 5] and [
+        loss for _, loss, _ in full_seen
+    ] == full
+    assert cut == full[:3] and [s for s, _, _ in cut_seen] == [1, 2, 3]  # the same steps, then stop
+    assert all(t for *_, t in cut_seen) and not training  # train mode in the hook, eval after
+
+
+def test_per_episode_successes_are_the_rate_episode_by_episode(tiny_path):
+    from ragen_lightning.rollout.seeds import episode_seeds
+    from ragen_lightning.sft.evaluation import evaluate_policy
+
+    episode = EpisodeSettings(max_turns=1, max_actions_per_turn=1, max_actions_per_episode=1)
+    kw = dict(num_episodes=6, seed=2, exclude_seeds=[5], episode=episode)
+    out = evaluate_policy(str(tiny_path), "ragen/Bandit-v0", per_episode=True, **kw)
+    assert out["seeds"] == episode_seeds(2, 6, "eval", exclude=[5])
+    assert sum(out["successes"]) / 6 == out["success_rate"] and set(out["successes"]) <= {0, 1}
+    assert "successes" not in evaluate_policy(str(tiny_path), "ragen/Bandit-v0", **kw)
