@@ -327,6 +327,27 @@ def warm_start(
         the folder (``save_pretrained`` model + tokenizer + ``warm_start.json`` with the arguments, demo statistics,
         losses and wall time).
     """
+    s, episode, more, args, code = _prepared(env_id, env_kwargs, settings, episode, more_envs)
+    final, root, base = _cache_folder(model, s.cache_dir, args, code)
+    if _cached(final):
+        return final
+    with torch_threads_set(s.torch_threads):
+        return _build(final, root, base, args, episode, s.verbose, s.threads, more)
+
+
+# (env_id, env_kwargs, episode) of a mixture
+Sources = Sequence[tuple[str, dict[str, Any] | None, EpisodeSettings]]
+
+
+def _prepared(
+    env_id: str,
+    env_kwargs: dict[str, Any] | None,
+    settings: WarmStartSettings | None,
+    episode: EpisodeSettings | dict[str, Any] | None,
+    more_envs: Sequence[tuple[str, dict[str, Any] | None, EpisodeSettings | None]],
+) -> tuple[WarmStartSettings, EpisodeSettings, Sources, dict[str, Any], str]:
+    """``warm_start``'s arguments checked and resolved: ``(settings, episode, more, args, code)``
+    with ``args, code`` what the cache key hashes."""
     s = settings if settings is not None else WarmStartSettings()
     require_expert(env_id, env_kwargs)  # one line naming the env class, before anything is built
     episode = as_episode(episode)
@@ -337,15 +358,41 @@ def warm_start(
     args, code = _key_args(env_id, env_kwargs, episode, more, s.recipe(steps), s.reading_steps)
     if s.expert_noise:  # only when on: warm starts built before the option keep their keys
         args["expert_noise"] = s.expert_noise
-    final, root, base = _cache_folder(model, s.cache_dir, args, code)
-    if _cached(final):
-        return final
-    with torch_threads_set(s.torch_threads):
-        return _build(final, root, base, args, episode, s.verbose, s.threads, more)
+    return s, episode, more, args, code
 
 
-# (env_id, env_kwargs, episode) of a mixture
-Sources = Sequence[tuple[str, dict[str, Any] | None, EpisodeSettings]]
+@dataclass(frozen=True)
+class SupervisedSet:
+    """What a warm start trains on (:func:`supervised_set`): the base model folder, its tokenizer,
+    the demonstrations, their reading clauses (empty without ``reading_steps``), the demonstration
+    statistics and the recipe's resolved arguments (``args["steps"]``, ``args["seed"]``, ...)."""
+
+    base: str
+    tokenizer: Any
+    demos: list[Demonstration]
+    reading_demos: list[Demonstration]
+    stats: dict[str, Any]
+    args: dict[str, Any]
+
+
+def supervised_set(
+    model: str,
+    env_id: str,
+    env_kwargs: dict[str, Any] | None = None,
+    settings: WarmStartSettings | None = None,
+    *,
+    episode: EpisodeSettings | dict[str, Any] | None = None,
+) -> SupervisedSet:
+    """The demonstrations :func:`warm_start` with the same arguments trains on, without training or
+    caching anything: for supervised loops of one's own (``benchmarks/rl_vs_sft.py`` trains to a
+    plateau measured on held-out levels)."""
+    _, episode, more, args, _ = _prepared(env_id, env_kwargs, settings, episode, ())
+    base = str(models.resolve_model_path(model))
+    tokenizer = models.load_tokenizer(base)
+    sources = [(env_id, args["env_kwargs"], episode)]
+    demos, stats = _demonstrations(sources, tokenizer, args, mixture=False)
+    reading = reading_clauses(demos, tokenizer) if args.get("reading_steps") else []
+    return SupervisedSet(base, tokenizer, demos, reading, stats, args)
 
 
 def _checked_steps(

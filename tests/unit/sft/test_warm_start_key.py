@@ -118,3 +118,17 @@ def test_an_imperfect_expert_has_its_own_key_and_a_perfect_one_keeps_the_old(mon
     assert "expert_noise" not in built[0]
     with pytest.raises(ws.ConfigError, match=r"--model\.warm_start\.expert_noise"):
         ws.WarmStartSettings(expert_noise=1.5)
+
+
+def test_supervised_set_is_what_the_warm_start_would_train_on(tiny_path, monkeypatch):
+    built = []
+    monkeypatch.setattr(
+        ws, "_build", lambda final, root, base, args, *rest: built.append(args) or final
+    )
+    settings = ws.WarmStartSettings(num_episodes=4, steps=20, reading_steps=5, expert_noise=0.5)
+    episode = {"max_turns": 1, "max_actions_per_turn": 1, "max_actions_per_episode": 1}
+    data = ws.supervised_set(str(tiny_path), "ragen/Bandit-v0", None, settings, episode=episode)
+    ws.warm_start(str(tiny_path), "ragen/Bandit-v0", None, settings, episode=episode)
+    assert data.args == built[0] and data.args["expert_noise"] == 0.5
+    assert len(data.demos) == data.stats["demo/samples"] == 4  # one turn per bandit episode
+    assert len(data.reading_demos) == 4 and data.base == str(tiny_path)
