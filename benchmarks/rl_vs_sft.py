@@ -14,7 +14,7 @@ For every SFT seed (the task config's ``model.warm_start`` recipe with that ``se
    stops ``--patience`` measurements after the best, or at ``--max-steps``. Saved as a model folder
    ``<out>/sft<seed>/plateau`` with ``plateau.json`` (the validation curve, steps, wall time).
 2. **+RL**, per RL seed ``r``: ``python main.py fit --config <task> --model.model <plateau>
-   --model.warm_start false --seed_everything r`` plus ``--rl-args`` (``benchmarks/learning.py``'s
+   --model.warm_start false --seed_everything r --data.training.seed 10000 (r + 1)`` plus ``--rl-args`` (``benchmarks/learning.py``'s
    run overlay: CSV log, the exported actor); the fit's wall time is recorded.
 3. **+SFT**: from the plateau's weights, supervised steps continue on the same demonstrations (a
    fresh AdamW at the recipe's rate with its warm-up, a new batch order) for the mean wall time of
@@ -305,6 +305,8 @@ def rl_fit(task: Task, plateau_folder: Path, run_dir: Path, rl_seed: int) -> flo
         "false",
         "--seed_everything",
         str(rl_seed),
+        "--data.training.seed",
+        str(10000 * (rl_seed + 1)),  # its own training levels, as docs/learning.md's seeds
         *task.args.rl_args,
     ]
     seconds = fit_into(task.args.task, task.cfg, run_dir, flags)
