@@ -10,6 +10,7 @@ import torch
 
 import envs  # noqa: F401  (registers the ragen/* ids)
 from ragen_lightning.rollout.settings import EpisodeSettings
+from ragen_lightning.sft import fingerprint as fp
 from ragen_lightning.sft import warm_start as ws
 
 SMALL = dict(steps=2, num_episodes=4, batch_size=2)
@@ -72,7 +73,7 @@ def test_fingerprint_is_read_once_per_process(monkeypatch):
     # the code this process imported, not the file on disk now
     assert ws.code_fingerprint(sokoban) == before
     # what a new process would see
-    fresh = ws._class_fingerprint.__wrapped__(ws._env_class(sokoban, None))
+    fresh = fp._class_fingerprint.__wrapped__(fp._env_class(sokoban, None))
     assert fresh != before
 
 

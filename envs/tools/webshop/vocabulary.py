@@ -5,7 +5,7 @@ names, the tails of product titles and the openings of instructions.
 
 The generator draws from these tables in the order written here, so editing, adding or reordering
 an entry changes the catalogue of every seed; warm starts built on the old one are then not reused
-(this module is part of the WebShop env's code fingerprint, ``ragen_lightning/sft/warm_start.py``)."""
+(this module is part of the WebShop env's code fingerprint, ``ragen_lightning/sft/fingerprint.py``)."""
 
 from __future__ import annotations
 

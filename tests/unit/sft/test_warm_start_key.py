@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import envs  # noqa: F401  (registers the ragen/* ids)
+from ragen_lightning.sft import fingerprint as fp
 from ragen_lightning.sft import warm_start as ws
 
 CALLS = [
@@ -93,12 +94,12 @@ def test_the_code_fingerprint_covers_the_sibling_modules_an_env_uses(tmp_path, m
     monkeypatch.syspath_prepend(str(tmp_path))
     toy = importlib.import_module("toyenvs.toy")
     try:
-        assert [m.__name__ for m in ws._package_helpers([toy])] == ["toyenvs._levels"]
-        before = ws._class_fingerprint.__wrapped__(toy.ToyEnv)
+        assert [m.__name__ for m in fp._package_helpers([toy])] == ["toyenvs._levels"]
+        before = fp._class_fingerprint.__wrapped__(toy.ToyEnv)
         (pkg / "_unused.py").write_text("X = 2\n")
-        assert ws._class_fingerprint.__wrapped__(toy.ToyEnv) == before
+        assert fp._class_fingerprint.__wrapped__(toy.ToyEnv) == before
         (pkg / "_levels.py").write_text("def level(seed):\n    return seed + 1\n")
-        assert ws._class_fingerprint.__wrapped__(toy.ToyEnv) != before
+        assert fp._class_fingerprint.__wrapped__(toy.ToyEnv) != before
     finally:
         for name in [n for n in sys.modules if n.split(".")[0] == "toyenvs"]:
             del sys.modules[name]
