@@ -46,12 +46,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from filter_table import mean_interval  # noqa: E402
 from learning import config_path, env_of, episode_of, fit_into, load_config  # noqa: E402
 
 import envs  # noqa: E402, F401  (registers the ragen/* ids)
+from ragen_lightning.evaluate import paired_difference  # noqa: E402
 
 VAL_STREAM_SEED = 7919  # the validation levels' stream: not the test levels' (seed 0)
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -78,29 +79,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 # --------------------------------------------------------------------------------------------------
 # Intervals
 # --------------------------------------------------------------------------------------------------
-
-
-def paired_interval(a: list[float], b: list[float], z: float = 1.96) -> tuple[float, float, float]:
-    """``(d, lo, hi)``: the mean of ``a[i] - b[i]`` over paired items and its normal-approximation
-    95 % interval (standard error of the per-item differences)."""
-    if len(a) != len(b) or len(a) < 2:
-        raise ValueError(
-            f"paired_interval needs two equal lists of >= 2 items, got {len(a)}, {len(b)}"
-        )
-    diffs = [x - y for x, y in zip(a, b, strict=True)]
-    d = statistics.fmean(diffs)
-    half = z * statistics.stdev(diffs) / math.sqrt(len(diffs))
-    return d, d - half, d + half
-
-
-def seeds_interval(values: list[float]) -> tuple[float, float, float]:
-    """``(mean, lo, hi)``: Student t 95 % interval of the mean of per-seed values (the point alone
-    when there is one seed)."""
-    m = statistics.fmean(values)
-    if len(values) < 2:
-        return m, m, m
-    half = T_975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
-    return m, m - half, m + half
 
 
 def proportion_interval(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -329,13 +307,13 @@ def compare(plateau_s: list[int], sft: list[int], rl: list[list[int]]) -> dict[s
         "n": n,
         "plateau": statistics.fmean(plateau_s),
         "sft": sft_rate,
-        "sft_minus_plateau": paired_interval(
+        "sft_minus_plateau": paired_difference(
             [float(x) for x in sft], [float(x) for x in plateau_s]
         ),
         "rl": rl_means,
-        "rl_minus_plateau": paired_interval(per_level_rl, [float(x) for x in plateau_s]),
-        "rl_minus_sft_levels": paired_interval(per_level_rl, [float(x) for x in sft]),
-        "rl_minus_sft_seeds": seeds_interval([m - sft_rate for m in rl_means]),
+        "rl_minus_plateau": paired_difference(per_level_rl, [float(x) for x in plateau_s]),
+        "rl_minus_sft_levels": paired_difference(per_level_rl, [float(x) for x in sft]),
+        "rl_minus_sft_seeds": mean_interval([m - sft_rate for m in rl_means]),
     }
 
 

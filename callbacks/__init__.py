@@ -17,6 +17,8 @@ checkpoints (``state_dict`` / ``load_state_dict``), so a resumed run continues w
   kept rollouts.
 - :class:`BestActorExport`: the actor of the best validation so far, kept as a model folder (model
   selection).
+- :class:`ValidationGain`: each validation's success gain over the first validation, paired over the
+  same levels, with its 95 % interval.
 """
 
 from callbacks.best_actor import BestActorExport
@@ -26,6 +28,7 @@ from callbacks.memory import PeakMemory
 from callbacks.stats import RolloutStatistics
 from callbacks.throughput import RolloutThroughput
 from callbacks.trajectories import TrajectoryLogger
+from callbacks.validation_gain import ValidationGain
 
 __all__ = [
     "BestActorExport",
@@ -35,4 +38,5 @@ __all__ = [
     "RolloutStatistics",
     "RolloutThroughput",
     "TrajectoryLogger",
+    "ValidationGain",
 ]

@@ -243,6 +243,24 @@ def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def paired_difference(
+    after: Sequence[float], before: Sequence[float], z: float = 1.96
+) -> tuple[float, float, float]:
+    """``(d, lo, hi)``: the mean of ``after[i] - before[i]`` over paired items (the same levels
+    played twice) and its normal-approximation interval, ``d +- z * sd(diffs) / sqrt(n)``. Pairing
+    removes the levels' own difficulty from the noise: tighter than comparing two independent
+    proportions."""
+    if len(after) != len(before) or len(after) < 2:
+        raise ValueError(
+            f"paired_difference needs two equal lists of >= 2 items, got {len(after)}, {len(before)}"
+        )
+    diffs = [float(a) - float(b) for a, b in zip(after, before, strict=True)]
+    d = sum(diffs) / len(diffs)
+    sd = math.sqrt(sum((x - d) ** 2 for x in diffs) / (len(diffs) - 1))
+    half = z * sd / math.sqrt(len(diffs))
+    return d, d - half, d + half
+
+
 def bootstrap(
     values: Sequence[float],
     resamples: int = BOOTSTRAP_RESAMPLES,

@@ -6,7 +6,9 @@ Lightning's bar redraws one line in place and draws nothing useful into a file;
 writes one line per RL iteration and one per validation, on global rank 0 only::
 
     iteration 3/80 | 14.2 s/it | ETA 18:40 | reward 0.512 | success 0.250
-    validation at iteration 20: success 0.414 | reward 0.803
+    validation at iteration 20: success 0.414 | reward 0.803 | gain +0.102 [+0.031, +0.173]
+
+(the gain and its interval where ``callbacks.ValidationGain`` runs).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from ragen_lightning.sft.progress import duration
 # (logged key, name on the line); "score" is a trajectory's reward: env return plus format penalties
 TRAIN_VALUES = (("train/score", "reward"), ("train/success", "success"))
 VAL_VALUES = (("val/success", "success"), ("val/score", "reward"))
+# callbacks.ValidationGain's paired gain over the first validation, printed with its interval
+GAIN = ("val/success_gain", "val/success_gain_lo", "val/success_gain_hi")
 
 
 class IterationLines(ProgressBar):
@@ -79,6 +83,9 @@ class IterationLines(ProgressBar):
         if trainer.sanity_checking:
             return
         values = _values(trainer.callback_metrics, VAL_VALUES)
+        gain = [float(trainer.callback_metrics[k]) for k in GAIN if k in trainer.callback_metrics]
+        if values and len(gain) == 3:
+            values.append(f"gain {gain[0]:+.3f} [{gain[1]:+.3f}, {gain[2]:+.3f}]")
         if values:
             where = f" at iteration {self._done}" if trainer.state.fn == "fit" else ""
             self._write(f"validation{where}: " + " | ".join(values))

@@ -103,3 +103,18 @@ def test_plain_lines_only_when_stderr_is_not_a_terminal():
 
     assert plain_lines_wanted(io.StringIO()) is True
     assert plain_lines_wanted(_Tty()) is False
+
+
+def test_a_validation_line_carries_the_paired_gain_where_it_was_logged():
+    out = io.StringIO()
+    bar = IterationLines(stream=out, clock=_Clock())
+    gain = {"val/success_gain": 0.1094, "val/success_gain_lo": 0.031, "val/success_gain_hi": 0.1875}
+    trainer = _trainer({"val/success": 0.7734, **gain}, fn="validate")
+    bar.setup(trainer, None, "validate")
+    bar.on_validation_end(trainer, None)
+    partial = _trainer({"val/success": 0.5, "val/success_gain": 0.1}, fn="validate")
+    bar.on_validation_end(partial, None)  # without its interval: no gain printed
+    assert out.getvalue().splitlines() == [
+        "validation: success 0.7734 | gain +0.109 [+0.031, +0.188]",
+        "validation: success 0.5",
+    ]

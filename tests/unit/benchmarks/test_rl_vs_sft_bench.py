@@ -13,18 +13,18 @@ bench = load_script("benchmarks/rl_vs_sft.py", "rl_vs_sft_bench")
 
 def test_paired_interval_by_hand():
     # differences 1, 0, 0, 1: mean 0.5, sample sd sqrt(1/3), se sqrt(1/3)/2 = 0.288675
-    d, lo, hi = bench.paired_interval([1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0])
+    d, lo, hi = bench.paired_difference([1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0])
     half = 1.96 * math.sqrt(1 / 3) / 2
     assert (d, lo, hi) == pytest.approx((0.5, 0.5 - half, 0.5 + half))
     with pytest.raises(ValueError, match="two equal lists"):
-        bench.paired_interval([1.0], [0.0])
+        bench.paired_difference([1.0], [0.0])
 
 
-def test_seeds_interval_is_student_t():
+def test_the_seeds_interval_is_student_t():
     # 0.1, 0.2, 0.3: mean 0.2, sd 0.1, t(2) = 4.303: half 4.303 * 0.1 / sqrt(3) = 0.248434
-    m, lo, hi = bench.seeds_interval([0.1, 0.2, 0.3])
+    m, lo, hi = bench.mean_interval([0.1, 0.2, 0.3])
     assert (m, lo, hi) == pytest.approx((0.2, 0.2 - 0.248434, 0.2 + 0.248434), abs=1e-6)
-    assert bench.seeds_interval([0.4]) == (0.4, 0.4, 0.4)
+    assert bench.mean_interval([0.4]) == (0.4, 0.4, 0.4)
 
 
 def test_compare_pairs_levels_and_averages_rl_seeds_per_level():
