@@ -163,7 +163,18 @@ def _supervised(task: Task, seed: int):
     )
 
 
-def _train(task: Task, seed: int, data, net, *, steps: int, warmup: bool, on_step, batch_seed: int):
+def _train(
+    task: Task,
+    seed: int,
+    data,
+    net,
+    *,
+    steps: int,
+    warmup: bool,
+    on_step,
+    batch_seed: int,
+    optimizer=None,
+):
     from ragen_lightning.parallel.threads import torch_threads_set
     from ragen_lightning.sft.training import train_sft
 
@@ -178,18 +189,24 @@ def _train(task: Task, seed: int, data, net, *, steps: int, warmup: bool, on_ste
             lr=r.lr,
             batch_size=r.batch_size,
             weight_decay=r.weight_decay,
-            warmup_steps=r.warmup_steps,
+            warmup_steps=r.warmup_steps if warmup else 0,
             lr_schedule=r.lr_schedule,
             seed=batch_seed,
             reading_demos=data.reading_demos if reading else (),
             reading_steps=reading,
             threads=r.threads,
             on_step=on_step,
+            optimizer=optimizer,
         )
 
 
 def plateau(task: Task, seed: int, folder: Path) -> dict[str, Any]:
-    """Stage 1: supervised steps to the best validation success; the model folder and its record."""
+    """Stage 1: supervised steps to the best validation success; the model folder and its record.
+
+    Resumable: at every validation the search saves its model, AdamW state and curve under
+    ``<sft seed>/search`` (and the best model so far under ``search/best``); a run that finds them
+    continues from that step, with a new batch order (``seed + step``), its record naming the step
+    it resumed at."""
     import torch
 
     from ragen_lightning import models
@@ -197,12 +214,23 @@ def plateau(task: Task, seed: int, folder: Path) -> dict[str, Any]:
     args, r = task.args, task.recipes[seed]
     started = time.perf_counter()
     data = _supervised(task, seed)
+    search = folder.parent / "search"
     torch.manual_seed(seed)
-    net = models.load_causal_lm(data.base, r.dtype)
-    curve: list[dict[str, Any]] = []
-    best: dict[str, Any] = {"success": -1.0, "step": 0, "state": None}
+    saved = search / "state.pt"
+    state = torch.load(saved, weights_only=False) if saved.is_file() else None
+    net = models.load_causal_lm(str(search / "model") if state else data.base, r.dtype)
+    params = [p for p in net.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=r.lr, weight_decay=r.weight_decay)
+    first = 0
+    record: dict[str, Any] = {"curve": [], "best_success": -1.0, "best_step": 0, "resumed_at": []}
+    if state:
+        optimizer.load_state_dict(state["optimizer"])
+        first, record = state["step"], state["record"]
+        record["resumed_at"].append(first)
+        print(f"plateau sft{seed}: resuming the search at step {first}", flush=True)
 
-    def on_step(step: int, loss: float) -> bool:
+    def on_step(local: int, loss: float) -> bool:
+        step = first + local
         if step % args.every or step <= r.reading_steps:
             return False
         net.eval()
@@ -215,37 +243,55 @@ def plateau(task: Task, seed: int, folder: Path) -> dict[str, Any]:
             "format_valid": res["format_valid_rate"],
             "wall_s": time.perf_counter() - started,
         }
-        curve.append(point)
-        if res["success_rate"] > best["success"]:
-            state = {k: v.detach().clone() for k, v in net.state_dict().items()}
-            best.update(success=res["success_rate"], step=step, state=state)
+        record["curve"].append(point)
+        if res["success_rate"] > record["best_success"]:
+            record.update(best_success=res["success_rate"], best_step=step)
+            _save(net, data.tokenizer, search / "best")
+        _save(net, data.tokenizer, search / "model")
+        tmp = saved.with_suffix(".tmp")
+        torch.save({"step": step, "optimizer": optimizer.state_dict(), "record": record}, tmp)
+        tmp.replace(saved)
         print(
-            f"plateau sft{seed}: step {step} val {res['success_rate']:.3f} (best {best['success']:.3f} "
-            f"at {best['step']}) {point['wall_s']:.0f} s",
+            f"plateau sft{seed}: step {step} val {res['success_rate']:.3f} (best "
+            f"{record['best_success']:.3f} at {record['best_step']}) {point['wall_s']:.0f} s",
             flush=True,
         )
-        return step - best["step"] >= args.patience * args.every
+        return step - record["best_step"] >= args.patience * args.every
 
-    _train(
-        task, seed, data, net, steps=args.max_steps, warmup=True, on_step=on_step, batch_seed=seed
-    )
-    if best["state"] is None:
+    if first < args.max_steps and not (
+        state and first - record["best_step"] >= args.patience * args.every
+    ):
+        _train(
+            task,
+            seed,
+            data,
+            net,
+            steps=args.max_steps - first,
+            warmup=first == 0,
+            on_step=on_step,
+            batch_seed=seed + first,
+            optimizer=optimizer,
+        )
+    if not (search / "best").is_dir():
         raise SystemExit(
             f"--max-steps {args.max_steps} leaves no validation after the reading steps"
         )
-    net.load_state_dict(best["state"])
-    _save(net, data.tokenizer, folder)
-    record = {
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(search / "best", folder)
+    out = {
         "sft_seed": seed,
-        "step": best["step"],
-        "val_success": best["success"],
-        "curve": curve,
+        "step": record["best_step"],
+        "val_success": record["best_success"],
+        "curve": record["curve"],
+        "resumed_at": record["resumed_at"],
         "wall_s": time.perf_counter() - started,
         "demo_stats": data.stats,
         "recipe": data.args,
     }
-    (folder.parent / "plateau.json").write_text(json.dumps(record, indent=1, default=str))
-    return record
+    (folder.parent / "plateau.json").write_text(json.dumps(out, indent=1, default=str))
+    return out
 
 
 def more_sft(task: Task, seed: int, start: Path, folder: Path, seconds: float) -> dict[str, Any]:

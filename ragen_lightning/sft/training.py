@@ -86,6 +86,7 @@ def train_sft(
     threads: int = 1,
     progress: Progress | None = None,
     on_step: Callable[[int, float], bool] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> list[float]:
     """``steps`` AdamW steps of the SFT loss (:func:`shuffled_batches`, seeded order): the first
     ``reading_steps`` on ``reading_demos``, the rest on ``demos``, under one learning-rate schedule;
@@ -93,12 +94,15 @@ def train_sft(
     at once on CPU threads (:func:`sft_backward`). ``progress`` is told every step and its loss (the
     caller closes it). ``on_step(step, loss)`` runs after every optimizer step (``step`` counts from
     1; the model is in train mode, and an ``on_step`` that evaluates must leave it so); it returns
-    True to stop there, before ``steps``."""
+    True to stop there, before ``steps``. ``optimizer``: the optimizer over the model's trainable
+    parameters to step (the caller keeps it, to save or continue its state; its learning rate is
+    then the schedule's peak); None: a fresh AdamW at ``lr`` and ``weight_decay``."""
     if not demos or (reading_steps and not reading_demos):
         raise ValueError("no demonstrations to train on")
     generator = torch.Generator().manual_seed(seed)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    if optimizer is None:
+        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, warmup_steps, steps, lr_schedule)
     )
