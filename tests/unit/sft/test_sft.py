@@ -425,3 +425,21 @@ def test_per_episode_successes_are_the_rate_episode_by_episode(tiny_path):
     assert out["seeds"] == episode_seeds(2, 6, "eval", exclude=[5])
     assert sum(out["successes"]) / 6 == out["success_rate"] and set(out["successes"]) <= {0, 1}
     assert "successes" not in evaluate_policy(str(tiny_path), "ragen/Bandit-v0", **kw)
+
+
+def test_a_callers_optimizer_is_the_one_stepped(tiny_path, tiny_tokenizer, demos):
+    from ragen_lightning.models import load_causal_lm
+
+    items, _ = demos
+    model = load_causal_lm(str(tiny_path))
+    before = [p.detach().clone() for p in model.parameters()]
+    frozen = torch.optim.SGD(model.parameters(), lr=0.0)  # its rate, not lr=1e-2, applies
+    train_sft(
+        model, items, tiny_tokenizer.pad_token_id, steps=2, lr=1e-2, batch_size=4, optimizer=frozen
+    )
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    adam = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    train_sft(
+        model, items, tiny_tokenizer.pad_token_id, steps=2, lr=1e-2, batch_size=4, optimizer=adam
+    )
+    assert int(adam.state[next(model.parameters())]["step"]) == 2
