@@ -11,7 +11,8 @@ For every SFT seed (the task config's ``model.warm_start`` recipe with that ``se
 1. **plateau**: supervised steps on the recipe's demonstrations at its learning rate, held-out
    success measured every ``--every`` steps (after the reading steps) on ``--val-levels``
    validation levels at ``--temperature``. The plateau is the best of these checkpoints; the search
-   stops ``--patience`` measurements after the best, or at ``--max-steps``. Saved as a model folder
+   stops ``--patience`` measurements after the best (default 6: supervised success climbs in steps,
+   flat for a few measurements and then up), or at ``--max-steps``. Saved as a model folder
    ``<out>/sft<seed>/plateau`` with ``plateau.json`` (the validation curve, steps, wall time).
 2. **+RL**, per RL seed ``r``: ``python main.py fit --config <task> --model.model <plateau>
    --model.warm_start false --seed_everything r --data.training.seed 10000 (r + 1)`` plus ``--rl-args`` (``benchmarks/learning.py``'s
@@ -63,8 +64,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rl-seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--expert-noise", type=float, default=0.0, help="an imperfect expert")
     p.add_argument("--every", type=int, default=250, help="SFT steps between validations")
-    p.add_argument("--patience", type=int, default=3, help="validations without a new best")
-    p.add_argument("--max-steps", type=int, default=5000)
+    p.add_argument("--patience", type=int, default=6, help="validations without a new best")
+    p.add_argument("--max-steps", type=int, default=6000)
     p.add_argument("--val-levels", type=int, default=256)
     p.add_argument("--test-levels", type=int, default=1024)
     p.add_argument("--temperature", type=float, default=1.0)
