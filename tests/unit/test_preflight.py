@@ -64,7 +64,7 @@ def changed(config, **changes) -> Namespace:
 INF, NAN = math.inf, math.nan
 ALLOWED_WARM_START = (
     "steps, num_episodes, lr, batch_size, weight_decay, warmup_steps, lr_schedule, seed, "
-    "reading_steps, only_successful, dtype, episode, cache_dir, torch_threads, threads, verbose"
+    "reading_steps, only_successful, expert_noise, dtype, episode, cache_dir, torch_threads, threads, verbose"
 )
 BAD = [  # (changes, the whole message)
     (
