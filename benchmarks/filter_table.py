@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # learning.py
 # before benchmarks/: `import envs` is the project's envs package, not benchmarks/envs.py
 sys.path.insert(0, str(ROOT))
 
-from ragen_lightning.evaluate import wilson
+from ragen_lightning.metrics.intervals import wilson
 
 ARMS: dict[str, str] = {
     "none": "{strategy: top_p, value: 1.0, include_zero: true}",

@@ -51,7 +51,7 @@ from filter_table import mean_interval  # noqa: E402
 from learning import config_path, env_of, episode_of, fit_into, load_config  # noqa: E402
 
 import envs  # noqa: E402, F401  (registers the ragen/* ids)
-from ragen_lightning.evaluate import paired_difference  # noqa: E402
+from ragen_lightning.metrics.intervals import paired_difference  # noqa: E402
 
 VAL_STREAM_SEED = 7919  # the validation levels' stream: not the test levels' (seed 0)
 

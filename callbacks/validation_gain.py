@@ -4,7 +4,7 @@ same levels, with its 95 % interval.
 A run validates on fixed levels (the same reset seeds every time), so each level's outcome at a
 later validation pairs with its outcome at the first one (iteration 0 with ``--validate_first``):
 the gain ``d = mean(s_now - s_first)`` has the standard error ``sd(s_now - s_first) / sqrt(n)``,
-tighter than two independent proportions (``ragen_lightning.evaluate.paired_difference``). Logged
+tighter than two independent proportions (``ragen_lightning.metrics.intervals.paired_difference``). Logged
 as ``val/success_gain``, ``val/success_gain_lo`` and ``val/success_gain_hi``; the plain progress
 lines print ``gain +0.109 [+0.031, +0.187]``. The first validation's outcomes are kept in
 checkpoints, so a resumed run keeps comparing with the same start. ``main.py validate`` (a
@@ -21,7 +21,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-from ragen_lightning.evaluate import paired_difference
+from ragen_lightning.metrics.intervals import paired_difference
 
 KEYS = ("val/success_gain", "val/success_gain_lo", "val/success_gain_hi")
 

@@ -90,7 +90,7 @@ def test_reward_only_env_settings_share_the_warm_start():
 
 
 def test_default_steps_per_env():
-    assert ws.default_steps("ragen/SimpleSokoban-v0") == ws.DEFAULT_STEPS == 150
+    assert ws.default_steps("ragen/SimpleSokoban-v0") == fp.DEFAULT_STEPS == 150
     assert ws.default_steps("ragen/Bandit-v0") == ws.default_steps("ragen/BanditTest-v0") == 500
 
 

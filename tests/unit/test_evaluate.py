@@ -16,6 +16,7 @@ from ragen_lightning import evaluate as ev
 from ragen_lightning.data.shared_flags import parse
 from ragen_lightning.data.suite import SuiteEntry, as_entry, check_suite, load_suite
 from ragen_lightning.errors import ConfigError
+from ragen_lightning.metrics import intervals
 from ragen_lightning.rollout.engine import HFEngine
 from ragen_lightning.rollout.records import read_jsonl
 from ragen_lightning.rollout.settings import EpisodeSettings
@@ -249,15 +250,19 @@ def test_intervals_stay_inside_the_value_range_by_hand(tmp_path):
     # values 0, 0, 0, 1: a resample's mean is 0 with probability (3/4)^4 = 32 % (> 2.5 %: the lower
     # end is 0), 1 with 1/256 = 0.4 % and >= 0.75 with 13/256 = 5.1 % (so the 97.5 % quantile is
     # 0.75); the same seed, the same interval
-    assert ev.bootstrap([0.0, 0.0, 0.0, 1.0]) == (0.0, 0.75) == ev.bootstrap([0.0, 0.0, 0.0, 1.0])
-    assert ev.bootstrap([0.25] * 5) == (0.25, 0.25)
+    assert (
+        intervals.bootstrap([0.0, 0.0, 0.0, 1.0])
+        == (0.0, 0.75)
+        == intervals.bootstrap([0.0, 0.0, 0.0, 1.0])
+    )
+    assert intervals.bootstrap([0.25] * 5) == (0.25, 0.25)
     # the case: a mean return of 0.133 over 15 seeds, returns in [0, 1]: normal said
     # [-0.016, 0.282]
     returns = [0.0] * 11 + [0.5, 0.5, 0.5, 0.5]
-    mean, lo, hi = ev.interval(returns)
+    mean, lo, hi = intervals.interval(returns)
     assert mean == pytest.approx(0.13333, abs=1e-5) and 0.0 <= lo < mean < hi <= 0.5
     # Wilson's for [0, 1] values: 2 of 15 -> never below 0
-    assert ev.interval([1.0, 1.0] + [0.0] * 13, unit=True)[1] > 0.0
+    assert intervals.interval([1.0, 1.0] + [0.0] * 13, unit=True)[1] > 0.0
     rows = ev.summarize(
         [rec("t", "greedy", s, 0, False, r, 1, 0) for s, r in enumerate(returns)],
         [SuiteEntry("e", tag="t")],
@@ -408,7 +413,7 @@ def test_cli_evaluates_an_openai_compatible_endpoint(tmp_path, tiny_path, monkey
 
 
 def test_wilson_by_hand():
-    from ragen_lightning.evaluate import wilson
+    from ragen_lightning.metrics.intervals import wilson
 
     # k = 5, n = 10, z = 1.96: centre = (0.5 + 0.19208) / 1.38416 = 0.5; half = 1.96 sqrt(0.025 +
     # 0.009604) / 1.38416
