@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 import envs  # noqa: F401  (main.py imports it: the ragen/* gymnasium ids the configs name)
@@ -159,3 +160,12 @@ def _restore_loggers(states: dict[str, tuple]) -> None:
         logger.filters[:] = filters
         logger.propagate, logger.disabled = propagate, disabled
     manager._clear_cache()
+
+
+@pytest.fixture(autouse=True)
+def in_process(tmp_path: Path) -> Iterator[None]:
+    """A module that imports this fixture runs ``main()`` in this process: in ``tmp_path``, with the
+    process state it may change (the environment, warnings filters, loggers, torch flags, random
+    states, ...) put back after each test (:func:`isolated_process_state`)."""
+    with isolated_process_state(tmp_path):
+        yield

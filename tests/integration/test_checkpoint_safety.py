@@ -13,7 +13,7 @@ from ragen_lightning.cli import main
 from ragen_lightning.errors import ConfigError
 from ragen_lightning.parallel import checkpointing
 from ragen_lightning.parallel.checkpointing import CheckpointError
-from tests.integration.inprocess import isolated_process_state
+from tests.integration.inprocess import in_process  # noqa: F401  (autouse: main() in this process)
 
 pytestmark = pytest.mark.slow
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -41,15 +41,6 @@ COMMON = [
     "--data.engine.name",
     "hf",
 ]
-
-
-@pytest.fixture(autouse=True)
-def _in_process(tmp_path):
-    """main() runs in this process: in ``tmp_path``, with the process state it may change (the
-    environment, warnings filters, loggers, torch flags, random states, ...) put back afterwards
-    (tests/integration/inprocess.py)."""
-    with isolated_process_state(tmp_path):
-        yield
 
 
 def test_resume_refuses_other_model_settings_and_damaged_files(tmp_path):

@@ -12,7 +12,7 @@ import envs  # noqa: F401
 from ragen_lightning.cli import StarPOCLI, main
 from ragen_lightning.data.datamodule import RolloutDataModule
 from ragen_lightning.starpo.module import StarPOModule
-from tests.integration.inprocess import isolated_process_state
+from tests.integration.inprocess import in_process  # noqa: F401  (autouse: main() in this process)
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 RECIPES = sorted((CONFIGS / "recipes").glob("24gb-*.yaml"))
@@ -52,15 +52,6 @@ class ParseOnly(StarPOCLI):
 def parse(*configs: Path, extra: tuple[str, ...] = ()):
     args = [*(a for c in configs for a in ("--config", str(c))), *extra]
     return ParseOnly(StarPOModule, RolloutDataModule, args=args, run=False).config
-
-
-@pytest.fixture(autouse=True)
-def _in_process(tmp_path):
-    """main() runs in this process: in ``tmp_path``, with the process state it may change (the
-    environment, warnings filters, loggers, torch flags, random states, ...) put back afterwards
-    (tests/integration/inprocess.py)."""
-    with isolated_process_state(tmp_path):
-        yield
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)

@@ -12,7 +12,7 @@ import pytest
 
 import envs  # noqa: F401
 from ragen_lightning.cli import main
-from tests.integration.inprocess import isolated_process_state
+from tests.integration.inprocess import in_process  # noqa: F401  (autouse: main() in this process)
 
 pytestmark = pytest.mark.slow
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -53,15 +53,6 @@ def _row_with(rows, key):
     """The last logged row holding ``key``."""
     row = [r for r in rows if r.get(key)][-1]
     return {k: float(v) for k, v in row.items() if v not in ("", None)}
-
-
-@pytest.fixture(autouse=True)
-def _in_process(tmp_path):
-    """main() runs in this process: in ``tmp_path``, with the process state it may change (the
-    environment, warnings filters, loggers, torch flags, random states, ...) put back afterwards
-    (tests/integration/inprocess.py)."""
-    with isolated_process_state(tmp_path):
-        yield
 
 
 def test_mixture_config_logs_per_tag_metrics(tmp_path):

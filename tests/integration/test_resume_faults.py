@@ -13,21 +13,12 @@ import pytest
 import envs  # noqa: F401
 from ragen_lightning.cli import main
 from ragen_lightning.errors import ConfigError
-from tests.integration.inprocess import isolated_process_state
+from tests.integration.inprocess import in_process  # noqa: F401  (autouse: main() in this process)
 from tests.integration.test_checkpoint_safety import (
     COMMON,  # a short Bandit fit on the HF engine
 )
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True)
-def _in_process(tmp_path):
-    """main() runs in this process: in ``tmp_path``, with the process state it may change (the
-    environment, warnings filters, loggers, torch flags, random states, ...) put back afterwards
-    (tests/integration/inprocess.py)."""
-    with isolated_process_state(tmp_path):
-        yield
 
 
 def test_a_finished_run_extends_and_a_run_with_nothing_left_is_refused(tmp_path):
