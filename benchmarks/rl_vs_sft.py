@@ -36,6 +36,7 @@ are read back, so a run can be resumed or extended with more RL seeds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -106,13 +107,7 @@ class Task:
         self.model = self.cfg["model"].get("model", "tiny")
         recipe = as_warm_start(self.cfg["model"].get("warm_start")) or WarmStartSettings()
         self.recipes = {
-            s: WarmStartSettings(
-                **{
-                    **{f: getattr(recipe, f) for f in recipe.__dataclass_fields__},
-                    "seed": s,
-                    "expert_noise": args.expert_noise,
-                }
-            )
+            s: dataclasses.replace(recipe, seed=s, expert_noise=args.expert_noise)
             for s in args.sft_seeds
         }
         demo = sorted(
